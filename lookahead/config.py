@@ -1,0 +1,62 @@
+"""`LookaheadConfig`: every knob of the decoder, validated once.
+
+Terms used across the package (defined here once):
+
+- *context*: the prompt plus every token emitted so far.
+- *pending tokens*: emitted tokens whose keys/values are not in the KV cache yet (the whole
+  prompt before the first step, then the last emitted token).
+- *draft tree*: candidate continuations of the context, as token ids plus parent indices in
+  breadth-first order (parent -1 means "child of the last context token").
+- *step*: one forward pass of the target model over pending tokens + draft tree (+ window rows),
+  followed by exact verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+def _bad(field: str, value, why: str) -> ValueError:
+    return ValueError(f"LookaheadConfig.{field}={value!r} is invalid: {why}")
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Settings of :class:`~lookahead.LookaheadDecoder`.
+
+    Draft tree (from the n-gram trie of the prompt and output):
+
+    - ``ngram_size``: longest n-gram the trie stores (``max_n``). A match of ``L`` context tokens
+      can draft at most ``ngram_size - L`` tokens deep.
+    - ``max_match``: longest context suffix looked up in the trie (longer first, shorter as fallback).
+    - ``tree_nodes``: most draft tokens verified per step (the tree's size).
+    - ``tree_depth``: most draft tokens on one branch.
+    - ``trie_capacity``: node capacity of the trie; least-recently-used n-grams are evicted past it.
+
+    Example::
+
+        LookaheadConfig(tree_nodes=8, tree_depth=6)   # a smaller tree for a slow CPU
+    """
+
+    ngram_size: int = 8
+    max_match: int = 3
+    tree_nodes: int = 12
+    tree_depth: int = 6
+    trie_capacity: int = 1 << 18
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
+                raise _bad(f.name, value, "must be an int")
+        if self.ngram_size < 2:
+            raise _bad("ngram_size", self.ngram_size, "must be >= 2")
+        if not 1 <= self.max_match <= self.ngram_size - 1:
+            raise _bad("max_match", self.max_match, f"must be in [1, ngram_size - 1 = {self.ngram_size - 1}]")
+        if self.tree_nodes < 0:
+            raise _bad("tree_nodes", self.tree_nodes, "must be >= 0 (0 turns the draft tree off)")
+        if self.tree_depth < 0:
+            raise _bad("tree_depth", self.tree_depth, "must be >= 0 (0 turns the draft tree off)")
+        min_capacity = 4 * self.ngram_size * self.ngram_size
+        if self.trie_capacity < min_capacity:
+            raise _bad("trie_capacity", self.trie_capacity, f"must be >= 4 * ngram_size**2 = {min_capacity}")

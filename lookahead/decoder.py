@@ -1,0 +1,257 @@
+"""`LookaheadDecoder`: the decode loop behind ``generate(..., custom_generate=LookaheadDecoder())``.
+
+Each step: propose a draft tree from the n-gram trie, pack it after the pending tokens, run ONE
+forward of the target model, verify exactly, emit the accepted tokens plus one, keep only the
+accepted path's KV entries, teach the trie the new tokens. See ``tree.py``, ``verify.py`` and
+``kv_cache.py`` for the pieces and ``config.py`` for the terms.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import numpy as np
+import torch
+
+from cache import NgramTrie
+
+from .config import LookaheadConfig
+from .kv_cache import check_rollbackable, keep_entries
+from .stats import DecodeStats
+from .tree import pack_step
+from .verify import greedy_verify
+
+# model kwargs that generate() prepares and that the decoder handles itself
+_HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values"}
+
+
+class LookaheadDecoder:
+    """Exact speculative decoding without a draft model, for ``model.generate``.
+
+    Usage::
+
+        from lookahead import LookaheadDecoder
+        decoder = LookaheadDecoder()
+        out = model.generate(**inputs, max_new_tokens=256, custom_generate=decoder)
+        print(decoder.stats)   # target calls, tokens per call, accepted lengths, time per phase
+
+    The output is token for token what ``model.generate(**inputs, do_sample=False, ...)`` returns.
+    """
+
+    def __init__(self, config: LookaheadConfig | None = None, **overrides):
+        if config is None:
+            config = LookaheadConfig(**overrides)
+        elif overrides:
+            from dataclasses import replace
+
+            config = replace(config, **overrides)
+        if not isinstance(config, LookaheadConfig):
+            raise TypeError(f"config must be a LookaheadConfig, got {type(config).__name__}")
+        self.config = config
+        self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
+        self.stats = DecodeStats()
+
+    def __repr__(self) -> str:
+        return f"LookaheadDecoder({self.config})"
+
+    # The signature mirrors GenerationMixin._sample so that generate() passes what it prepared.
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,
+        logits_processor=None,
+        stopping_criteria=None,
+        generation_config=None,
+        synced_gpus: bool = False,
+        streamer=None,
+        **model_kwargs,
+    ):
+        _check_supported(model, input_ids, generation_config, synced_gpus)
+        return _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                       streamer, model_kwargs)
+
+
+def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
+    """Refuse, with a clear message, everything the decoder would not decode exactly as asked."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(
+            "LookaheadDecoder supports decoder-only models; this is an encoder-decoder model. "
+            "Use plain generate() for it."
+        )
+    if generation_config is not None:
+        if generation_config.num_beams != 1:
+            raise ValueError(
+                f"LookaheadDecoder does not do beam search (num_beams={generation_config.num_beams}). "
+                "Remove num_beams or use plain generate()."
+            )
+        if generation_config.do_sample:
+            raise ValueError(
+                "LookaheadDecoder does not support do_sample=True yet: it decodes greedily only. "
+                "Pass do_sample=False, or use plain generate() for sampling."
+            )
+        if getattr(generation_config, "num_assistant_tokens", None) and getattr(
+            generation_config, "prompt_lookup_num_tokens", None
+        ):
+            raise ValueError("LookaheadDecoder cannot be combined with prompt_lookup_num_tokens; pick one.")
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"LookaheadDecoder decodes one sequence at a time (batch size 1); got batch size {input_ids.shape[0]}"
+            " (after num_return_sequences). Call generate once per prompt."
+        )
+    if synced_gpus:
+        raise ValueError("LookaheadDecoder does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
+
+
+def _cache_kwarg_name(model) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+            model_kwargs):
+    cfg = decoder.config
+    stats = decoder.stats = DecodeStats()
+    gen = generation_config if generation_config is not None else model.generation_config
+    unknown = {k for k, v in model_kwargs.items() if v is not None and k not in _HANDLED_KWARGS}
+    if unknown:
+        raise ValueError(
+            f"LookaheadDecoder does not support these model inputs: {sorted(unknown)}. "
+            "Use plain generate() for multimodal or other extra inputs."
+        )
+    cache_name = _cache_kwarg_name(model)
+    keeps_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    if cache is None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+    device = input_ids.device
+    attn = model_kwargs.get("attention_mask")
+    if attn is not None and attn.dim() != 2:
+        raise ValueError("attention_mask must be 2D [batch, sequence]")
+    has_padding = attn is not None and not bool((attn == 1).all())
+    # col_visible: bool[total_len] for every token so far; None when nothing is padding
+    col_visible = attn[0].bool() if has_padding else None
+    if has_padding:
+        prompt_pos = (attn[0].long().cumsum(-1) - 1).clamp_min(0)[None]
+    else:
+        prompt_pos = torch.arange(input_ids.shape[1], device=device)[None]
+
+    output_scores = gen.return_dict_in_generate and gen.output_scores
+    output_logits = gen.return_dict_in_generate and gen.output_logits
+    all_scores: list[torch.Tensor] = []
+    all_raw: list[torch.Tensor] = []
+    max_length = gen.max_length
+    dtype = model.dtype
+
+    # the trie learns the prompt
+    trie = decoder.trie
+    trie.clear()
+    prompt_host = input_ids[0].tolist()
+    trie.insert(np.asarray(prompt_host, dtype=np.int64))
+    context = prompt_host  # host list of all tokens so far, for the trie's lookups
+
+    past_len = cache.get_seq_length()
+    if past_len >= input_ids.shape[1]:
+        raise ValueError(
+            f"the cache already holds {past_len} tokens but input_ids has {input_ids.shape[1]}: "
+            "nothing is left to decode from"
+        )
+    pending = input_ids[:, past_len:]  # [1, p]
+    pending_pos = prompt_pos[:, past_len:]  # [1, p]
+    sequences = input_ids
+    checked_cache = False
+    done = False
+
+    while not done:
+        # -- propose -------------------------------------------------------------------------
+        t0 = time.perf_counter()
+        room = max_length - sequences.shape[1] - 1  # draft tokens that can still be emitted before the bonus
+        depth = min(cfg.tree_depth, room)
+        if depth > 0 and cfg.tree_nodes > 0:
+            tree_tokens, tree_parents = trie.propose(
+                np.asarray(context[-cfg.max_match :], dtype=np.int64), cfg.tree_nodes, depth, cfg.max_match
+            )
+        else:
+            tree_tokens = tree_parents = np.zeros(0, dtype=np.int64)
+        n = len(tree_tokens)
+        p = pending.shape[1]
+        ids, pos, mask = pack_step(pending, pending_pos, tree_tokens, tree_parents, col_visible, past_len, dtype)
+        t1 = time.perf_counter()
+
+        # -- forward ---------------------------------------------------------------------------
+        out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, **{cache_name: cache},
+                    **({"logits_to_keep": n + 1} if keeps_logits else {}))
+        stats.target_calls += 1
+        if not checked_cache:
+            check_rollbackable(cache)
+            checked_cache = True
+        logits = out.logits[0, -(n + 1) :].float()  # [n+1, V]: the last pending token, then the nodes
+        del out
+        t2 = time.perf_counter()
+
+        # -- verify ----------------------------------------------------------------------------
+        verdict = greedy_verify(
+            logits, tree_tokens.tolist(), tree_parents.tolist(), sequences, logits_processor,
+            keep_scores=output_scores, keep_raw=output_logits,
+        )
+        t3 = time.perf_counter()
+
+        # -- emit, token by token against the stopping criteria --------------------------------
+        emitted = verdict.tokens
+        new = torch.tensor(emitted, dtype=torch.long, device=device)[None]  # [1, k]
+        base_len = sequences.shape[1]
+        candidate = torch.cat([sequences, new], dim=1)
+        n_emit = len(emitted)
+        for i in range(len(emitted)):
+            step_scores = verdict.scores[i] if verdict.scores is not None else None
+            if bool(stopping_criteria(candidate[:, : base_len + i + 1], step_scores).all()):
+                n_emit = i + 1
+                done = True
+                break
+        sequences = candidate[:, : base_len + n_emit]
+        emitted = emitted[:n_emit]
+        if verdict.scores is not None:
+            all_scores.extend(verdict.scores[:n_emit])
+        if verdict.raw is not None:
+            all_raw.extend(verdict.raw[:n_emit])
+        n_acc = min(len(verdict.nodes), n_emit)
+        stats.drafted += n
+        stats.accepted += n_acc
+        stats.accepted_hist[n_acc] += 1
+        stats.new_tokens += n_emit
+
+        # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------
+        # keep the pending tokens and the accepted nodes; the last emitted token becomes pending
+        keep = list(range(p)) + [p + j for j in verdict.nodes[:n_acc]]
+        keep_entries(cache, p + n, keep)
+        past_len += len(keep)
+        last_pos = pending_pos[:, -1:]
+        pending = sequences[:, -1:]
+        pending_pos = last_pos + n_acc + 1
+        if col_visible is not None:
+            col_visible = torch.cat([col_visible, col_visible.new_ones(n_emit)])
+        trie.insert(np.asarray(emitted, dtype=np.int64))
+        context.extend(emitted)
+        if streamer is not None:
+            streamer.put(new[0, :n_emit].cpu())
+        stats.time_propose += t1 - t0
+        stats.time_forward += t2 - t1
+        stats.time_verify += t3 - t2
+        stats.time_bookkeeping += time.perf_counter() - t3
+
+    if streamer is not None:
+        streamer.end()
+    if not gen.return_dict_in_generate:
+        return sequences
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    fields = GenerateDecoderOnlyOutput.__dataclass_fields__
+    extra = {"cache": cache} if "cache" in fields else {"past_key_values": cache}
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=tuple(all_scores) if output_scores else None,
+        logits=tuple(all_raw) if output_logits else None,
+        **extra,
+    )
