@@ -9,6 +9,7 @@ accepted path's KV entries, teach the trie the new tokens. See ``tree.py``, ``ve
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 
 import numpy as np
@@ -68,8 +69,33 @@ class LookaheadDecoder:
         **model_kwargs,
     ):
         _check_supported(model, input_ids, generation_config, synced_gpus)
+        if streamer is None:
+            streamer = _streamer_of_calling_generate(self)
         return _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                        streamer, model_kwargs)
+
+
+def _streamer_of_calling_generate(decoder):
+    """The ``streamer=`` of the ``generate(custom_generate=decoder, streamer=...)`` call running us, or None.
+
+    ``generate`` puts the prompt into its streamer but does not hand the streamer to a callable
+    ``custom_generate``, and has no public route for it: without this, the streamer would get the prompt
+    and then nothing (a ``TextIteratorStreamer`` would wait forever). So look, read-only, at the calling
+    ``generate`` frame's ``streamer``. Only a frame whose ``custom_generate`` is this very decoder counts;
+    ``lookahead.enable``'s wrapper passes the streamer explicitly and does not rely on this.
+    ``tests/test_integration.py`` pins it against the installed transformers.
+    """
+    frame = sys._getframe(2)  # 0: here, 1: __call__, 2: generate (when called by it)
+    try:
+        for _ in range(3):
+            if frame is None:
+                return None
+            if frame.f_code.co_name == "generate" and frame.f_locals.get("custom_generate") is decoder:
+                return frame.f_locals.get("streamer")
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
