@@ -1,0 +1,68 @@
+"""``python -m lookahead demo``: plain greedy vs LookaheadDecoder on the bundled SmolLM2-135M."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+DEMO_PROMPT = (
+    "Here is a Python class. Add a docstring to every method and return the whole class.\n\n"
+    "```python\n"
+    "class Inventory:\n"
+    "    def __init__(self):\n"
+    "        self.items = {}\n\n"
+    "    def add(self, name, count):\n"
+    "        self.items[name] = self.items.get(name, 0) + count\n\n"
+    "    def remove(self, name, count):\n"
+    "        if self.items.get(name, 0) < count:\n"
+    "            raise ValueError(name)\n"
+    "        self.items[name] -= count\n\n"
+    "    def total(self):\n"
+    "        return sum(self.items.values())\n"
+    "```"
+)
+
+
+def chat_inputs(tokenizer, text: str, device=None):
+    """The tokenized chat-template prompt of one user message, as generate() kwargs."""
+    enc = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    return {k: v.to(device) if device is not None else v for k, v in enc.items()}
+
+
+def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None) -> dict:
+    from .decoder import LookaheadDecoder
+    from .models import load_model
+
+    print("loading the model ...", flush=True)
+    model, tok = load_model(model_name)
+    inputs = chat_inputs(tok, prompt or DEMO_PROMPT, model.device)
+    kw = dict(max_new_tokens=max_new_tokens, do_sample=False)
+    model.generate(**inputs, max_new_tokens=8, do_sample=False)  # warm-up, excluded from timing
+    decoder = LookaheadDecoder()
+    model.generate(**inputs, max_new_tokens=8, custom_generate=decoder)
+
+    t = time.perf_counter()
+    plain = model.generate(**inputs, **kw)
+    t_plain = time.perf_counter() - t
+    t = time.perf_counter()
+    ours = model.generate(**inputs, custom_generate=decoder, max_new_tokens=max_new_tokens)
+    t_ours = time.perf_counter() - t
+
+    n_prompt = inputs["input_ids"].shape[1]
+    n_plain, n_ours = plain.shape[1] - n_prompt, ours.shape[1] - n_prompt
+    identical = torch.equal(plain, ours)
+    s = decoder.stats
+    print("\n--- output (LookaheadDecoder) ---")
+    print(tok.decode(ours[0, n_prompt:], skip_special_tokens=True))
+    print("--- end of output ---\n")
+    device = str(model.device)
+    print(f"model: SmolLM2-135M-Instruct ({model.dtype}, {device}), greedy, {n_ours} new tokens, code-editing prompt")
+    print(f"plain generate     : {n_plain / t_plain:7.1f} tokens/s  ({n_plain} target calls)")
+    print(f"LookaheadDecoder   : {n_ours / t_ours:7.1f} tokens/s  ({s.target_calls} target calls, "
+          f"{s.target_calls / max(n_ours, 1):.2f} calls/token, {s.tokens_per_call:.2f} tokens/call)")
+    print(f"speed-up           : {t_plain / t_ours:.2f}x")
+    print(f"identical output   : {'yes' if identical else 'NO'}")
+    return {"t_plain": t_plain, "t_ours": t_ours, "identical": identical, "stats": s.as_dict()}

@@ -1,0 +1,176 @@
+"""Unit tests with hand-written inputs and exact expected outputs: packing, verification, KV compaction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache, LogitsProcessorList
+
+from lookahead.kv_cache import keep_entries
+from lookahead.tree import pack_step, tree_depths, tree_visibility
+from lookahead.verify import children_lists, greedy_verify, greedy_verify_argmax
+
+# --- tree packing ---------------------------------------------------------------------------
+
+
+def test_depths_and_visibility():
+    parents = np.array([-1, -1, 0, 2, 1])
+    assert tree_depths(parents).tolist() == [1, 1, 2, 3, 2]
+    assert tree_visibility(parents).astype(int).tolist() == [
+        [1, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0],
+        [1, 0, 1, 0, 0],
+        [1, 0, 1, 1, 0],
+        [0, 1, 0, 0, 1],
+    ]
+
+
+def test_depths_reject_non_breadth_first():
+    with pytest.raises(ValueError, match="breadth-first"):
+        tree_depths(np.array([1, -1]))
+
+
+def test_pack_step_docstring_example():
+    pending = torch.tensor([[50]])
+    pending_pos = torch.tensor([[10]])
+    ids, pos, mask = pack_step(pending, pending_pos, np.array([7, 8, 9]), np.array([-1, -1, 0]), None, 2,
+                               torch.float32)
+    assert ids.tolist() == [[50, 7, 8, 9]]
+    assert pos.tolist() == [[10, 11, 11, 12]]
+    assert mask.shape == (1, 1, 4, 6)
+    seen = (mask[0, 0] == 0).int().tolist()
+    assert seen == [
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 1, 0],
+        [1, 1, 1, 1, 0, 1],
+    ]
+    assert mask.min().item() == torch.finfo(torch.float32).min
+
+
+def test_pack_step_prefill_with_padding_and_tree():
+    pending = torch.tensor([[0, 5, 6]])  # first token is padding
+    pending_pos = torch.tensor([[0, 0, 1]])
+    col_visible = torch.tensor([False, True, True])
+    ids, pos, mask = pack_step(pending, pending_pos, np.array([4]), np.array([-1]), col_visible, 0, torch.float64)
+    assert ids.tolist() == [[0, 5, 6, 4]]
+    assert pos.tolist() == [[0, 0, 1, 2]]
+    assert (mask[0, 0] == 0).int().tolist() == [
+        [0, 0, 0, 0],
+        [0, 1, 0, 0],
+        [0, 1, 1, 0],
+        [0, 1, 1, 1],
+    ]
+
+
+def test_pack_step_without_tree_is_a_plain_step():
+    ids, pos, mask = pack_step(torch.tensor([[3]]), torch.tensor([[4]]), np.zeros(0, np.int64),
+                               np.zeros(0, np.int64), None, 4, torch.float32)
+    assert ids.tolist() == [[3]] and pos.tolist() == [[4]]
+    assert (mask == 0).all() and mask.shape == (1, 1, 1, 5)
+
+
+# --- greedy verification --------------------------------------------------------------------
+
+
+def test_children_lists():
+    assert children_lists([5, 7, 9], [-1, -1, 0]) == [{5: 0, 7: 1}, {9: 2}, {}, {}]
+
+
+def test_greedy_docstring_example():
+    v = greedy_verify_argmax([5, 9, 3, 4], [5, 7, 9], [-1, -1, 0])
+    assert v.nodes == [0, 2] and v.tokens == [5, 9, 4]
+
+
+def test_greedy_rejects_at_root():
+    v = greedy_verify_argmax([6, 9, 3, 4], [5, 7, 9], [-1, -1, 0])
+    assert v.nodes == [] and v.tokens == [6]
+
+
+def test_greedy_takes_second_branch():
+    v = greedy_verify_argmax([7, 0, 2, 1], [5, 7, 9], [-1, -1, 0])
+    assert v.nodes == [1] and v.tokens == [7, 2]
+
+
+def _onehot_logits(argmaxes, vocab=12):
+    logits = torch.zeros(len(argmaxes), vocab)
+    for r, a in enumerate(argmaxes):
+        logits[r, a] = 5.0
+        logits[r, (a + 1) % vocab] = 4.0  # runner-up
+    return logits
+
+
+def test_greedy_verify_tensor_path_matches_host_walk():
+    logits = _onehot_logits([5, 9, 3, 4])
+    v = greedy_verify(logits, [5, 7, 9], [-1, -1, 0], torch.tensor([[1, 2]]))
+    assert v.nodes == [0, 2] and v.tokens == [5, 9, 4]
+
+
+class _Ban:
+    """A logits processor that bans token ``tok`` once the prefix is longer than ``after``."""
+
+    def __init__(self, tok, after):
+        self.tok, self.after, self.seen = tok, after, []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append(input_ids[0].tolist())
+        if input_ids.shape[1] > self.after:
+            scores = scores.clone()
+            scores[:, self.tok] = -float("inf")
+        return scores
+
+
+def test_greedy_verify_applies_processors_lazily_with_each_prefix():
+    logits = _onehot_logits([5, 9, 3, 4])
+    ban = _Ban(9, after=2)  # from prefix length 3 on, token 9 is banned: node 0's argmax becomes 10
+    v = greedy_verify(logits, [5, 7, 9], [-1, -1, 0], torch.tensor([[1, 2]]), LogitsProcessorList([ban]),
+                      keep_scores=True)
+    assert v.nodes == [0] and v.tokens == [5, 10]
+    assert ban.seen == [[1, 2], [1, 2, 5]]  # only the walked path, each with its own prefix
+    assert len(v.scores) == 2 and v.scores[1][0, 9] == -float("inf")
+
+
+# --- KV compaction --------------------------------------------------------------------------
+
+
+def _cache_with(values: list[list[float]]):
+    """A 1-layer DynamicCache whose keys/values at position i equal values[i]."""
+    cache = DynamicCache()
+    t = torch.tensor(values, dtype=torch.float32)[None, None]  # [1, 1, seq, dim]
+    cache.update(t, t + 100, 0)
+    return cache
+
+
+def test_keep_entries_gathers_then_crops():
+    cache = _cache_with([[0.0], [1.0], [2.0], [3.0], [4.0], [5.0], [6.0]])  # 2 old + 5 new
+    keep_entries(cache, n_new=5, keep=[0, 2, 4])
+    keys = cache.layers[0].keys[0, 0, :, 0].tolist()
+    assert keys == [0.0, 1.0, 2.0, 4.0, 6.0]
+    assert cache.layers[0].values[0, 0, :, 0].tolist() == [100.0, 101.0, 102.0, 104.0, 106.0]
+    assert cache.get_seq_length() == 5
+
+
+def test_keep_entries_prefix_only_crops():
+    cache = _cache_with([[0.0], [1.0], [2.0], [3.0]])
+    keep_entries(cache, n_new=3, keep=[0, 1])
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_compacted_cache_matches_plain_decoding(tiny_models):
+    """Forward a tree, keep one branch: the cache equals the cache of decoding that branch plainly."""
+    model = tiny_models("llama")
+    prompt = torch.tensor([[3, 10, 11, 12]])
+    tree_tokens, tree_parents = np.array([20, 30, 31, 32]), np.array([-1, -1, 1, 2])  # branch 30,31,32
+    cache = DynamicCache(config=model.config)
+    pos = torch.arange(4)[None]
+    ids, tpos, mask = pack_step(prompt, pos, tree_tokens, tree_parents, None, 0, model.dtype)
+    model(input_ids=ids, position_ids=tpos, attention_mask=mask, cache=cache, use_cache=True)
+    keep_entries(cache, n_new=8, keep=[0, 1, 2, 3, 5, 6, 7])
+
+    ref = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([[3, 10, 11, 12, 30, 31, 32]]), cache=ref, use_cache=True)
+    assert cache.get_seq_length() == ref.get_seq_length() == 7
+    for a, b in zip(cache.layers, ref.layers):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(a.values, b.values, rtol=1e-9, atol=1e-9)
