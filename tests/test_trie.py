@@ -1,0 +1,334 @@
+"""Tests of the n-gram trie (``cache``): exact hand-worked cases, and property tests against the
+pygtrie reference in ``trie_reference.py``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from trie_reference import ReferenceTrie  # noqa: E402
+
+from cache import NgramTrie  # noqa: E402
+from cache import kernels as K  # noqa: E402
+
+
+def _eq(got, tokens, parents):
+    t, p = got
+    assert t.dtype == np.int64 and p.dtype == np.int32
+    assert t.tolist() == tokens
+    assert p.tolist() == parents
+
+
+def _trie(max_n, stream_parts, capacity=None):
+    trie = NgramTrie(max_n=max_n, capacity=capacity or 4 * max_n * max_n * 4)
+    for i, part in enumerate(stream_parts):
+        if i:
+            trie.reset_stream()
+        trie.insert(part)
+    return trie
+
+
+# -- hand-worked cases -------------------------------------------------------------------------
+
+
+def test_docstring_example():
+    trie = NgramTrie(max_n=4, capacity=64)
+    trie.insert([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    assert trie.step == 9
+    ng = trie.ngrams()
+    assert ng[(1, 2)] == (3, 8)
+    assert ng[(1, 2, 3)] == (2, 9)
+    assert ng[(1, 2, 4)] == (1, 6)
+    assert ng[(1, 2, 3, 1)] == (1, 4)
+    assert ng[(1, 2, 4, 1)] == (1, 7)
+    assert len(trie) == len(ng) == 21
+    _eq(trie.propose([5, 1, 2], max_nodes=8, max_depth=8), [3, 4, 1, 1], [-1, -1, 0, 1])
+    _eq(trie.propose([5, 1, 2], max_nodes=2, max_depth=8), [3, 1], [-1, 0])
+    _eq(trie.propose([5, 1, 2], max_nodes=8, max_depth=1), [3, 4], [-1, -1])
+
+
+def test_counts_and_last_used():
+    trie = NgramTrie(max_n=3, capacity=36)
+    trie.insert([7, 7, 7])
+    assert trie.ngrams() == {(7,): (3, 3), (7, 7): (2, 3), (7, 7, 7): (1, 3)}
+    trie.insert(np.array([8], np.int32))
+    assert trie.ngrams()[(7, 7, 8)] == (1, 4)
+    assert trie.ngrams()[(7, 8)] == (1, 4)
+    assert trie.step == 4 and len(trie) == 6
+
+
+def test_tie_equal_counts_most_recent_first():
+    trie = _trie(2, [[1, 2], [1, 3], [1, 4]])
+    _eq(trie.propose([1], 8, 8), [4, 3, 2], [-1, -1, -1])
+
+
+def test_higher_count_beats_recency():
+    trie = _trie(2, [[1, 2, 1, 2, 1, 3]])
+    _eq(trie.propose([1], 8, 8), [2, 3], [-1, -1])
+
+
+def test_tie_equal_score_shallower_first():
+    # children of (1,): 9 (count 1, step 2) and 2 (count 1, step 4); (1, 2, 3) has score 1/2 * 1/1.
+    # After 2 is taken, 9 (depth 1, step 2) and 3 (depth 2, step 5) tie on score: 9 wins on depth.
+    trie = _trie(3, [[1, 9], [1, 2, 3]])
+    _eq(trie.propose([7, 1], 2, 8), [2, 9], [-1, -1])
+    _eq(trie.propose([7, 1], 3, 8), [2, 9, 3], [-1, -1, 0])
+
+
+def test_best_first_goes_deep_on_high_score():
+    # (1,): 2 has count 3, 5 has count 1 -> 2 scores 3/4, its only child 3 scores 3/4 > 1/4.
+    trie = _trie(3, [[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 5]])
+    _eq(trie.propose([1], 2, 8), [2, 3], [-1, 0])
+    _eq(trie.propose([1], 3, 8), [2, 5, 3], [-1, -1, 0])
+
+
+def test_fallback_to_shorter_suffix():
+    trie = _trie(3, [[4, 2], [2, 7]])
+    # (4, 2) exists but has no children; (2,) has child 7
+    _eq(trie.propose([4, 2], 8, 8), [7], [-1])
+    # (6, 2) does not exist at all
+    _eq(trie.propose([6, 2], 8, 8), [7], [-1])
+    # nothing matches
+    _eq(trie.propose([99], 8, 8), [], [])
+    _eq(trie.propose([], 8, 8), [], [])
+    # the leaf (2, 7) is a match for nobody
+    _eq(trie.propose([2, 7], 8, 8), [], [])
+
+
+def test_depth_and_node_limits():
+    trie = _trie(6, [[1, 2, 3, 4, 5, 6]])
+    _eq(trie.propose([1], 8, 3), [2, 3, 4], [-1, 0, 1])
+    _eq(trie.propose([1], 2, 8), [2, 3], [-1, 0])
+    _eq(trie.propose([1], 8, 8), [2, 3, 4, 5, 6], [-1, 0, 1, 2, 3])  # depth <= max_n - 1
+    _eq(trie.propose([1, 2], 8, 8), [3, 4, 5, 6], [-1, 0, 1, 2])  # depth <= max_n - 2
+    _eq(trie.propose([1], 0, 8), [], [])
+    _eq(trie.propose([1], 8, 0), [], [])
+
+
+def test_max_match():
+    trie = _trie(3, [[1, 2, 3], [2, 4]])
+    _eq(trie.propose([1, 2], 8, 8), [3], [-1])
+    _eq(trie.propose([1, 2], 8, 8, max_match=2), [3], [-1])
+    _eq(trie.propose([1, 2], 8, 8, max_match=1), [4, 3], [-1, -1])
+    _eq(trie.propose([1, 2], 8, 8, max_match=0), [4, 3], [-1, -1])  # clipped to 1
+    _eq(trie.propose([1, 2], 8, 8, max_match=99), [3], [-1])  # clipped to max_n - 1
+
+
+def test_reset_stream_blocks_spanning_ngrams():
+    trie = _trie(3, [[1, 2], [3, 4]])
+    assert trie.ngrams() == {
+        (1,): (1, 1), (1, 2): (1, 2), (2,): (1, 2),
+        (3,): (1, 3), (3, 4): (1, 4), (4,): (1, 4),
+    }
+    _eq(trie.propose([2], 8, 8), [], [])
+    trie.reset_stream()
+    trie.reset_stream()
+    trie.insert([2, 3])
+    assert trie.ngrams()[(2, 3)] == (1, 6)
+    assert (1, 2, 3) not in trie.ngrams()
+
+
+def test_propose_is_read_only_and_clear():
+    trie = _trie(4, [[1, 2, 3, 1, 2, 4, 1, 2, 3]])
+    before = trie.ngrams()
+    for ctx in ([1], [1, 2], [2, 3], [9, 9, 1, 2]):
+        trie.propose(ctx, 16, 8)
+    assert trie.ngrams() == before
+    trie.clear()
+    assert len(trie) == 0 and trie.step == 0 and trie.ngrams() == {}
+    trie.insert([5, 6])
+    assert trie.ngrams() == {(5,): (1, 1), (5, 6): (1, 2), (6,): (1, 2)}  # no span from before clear
+
+
+def test_input_types():
+    trie = NgramTrie(max_n=3, capacity=64)
+    trie.insert([])
+    trie.insert(np.array([], np.int64))
+    assert trie.step == 0
+    trie.insert((1, 2))
+    trie.insert(np.array([3], np.uint8))
+    trie.insert(np.arange(10, dtype=np.int64)[4:9:2])  # non-contiguous view: 4, 6, 8
+    trie.insert(np.array([2**31 - 1], np.uint64))
+    assert trie.step == 7
+    assert (1, 2, 3) in trie.ngrams() and (4, 6, 8) in trie.ngrams() and (8, 2**31 - 1) in trie.ngrams()
+    trie2 = _trie(3, [[1, 2, 3]])
+    _eq(trie2.propose(np.array([1, 2], np.int32), 4, 4), [3], [-1])
+    _eq(trie2.propose((9, 9, 9, 9, 1), 4, 4), [2, 3], [-1, 0])  # only the last max_match tokens matter
+    _eq(trie2.propose(np.array([-1, 7, 1]), 4, 4), [2, 3], [-1, 0])  # ... and the only ones checked
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_n=1), "max_n"),
+        (dict(max_n=2.5), "max_n"),
+        (dict(max_n=3, capacity=35), "capacity"),
+        (dict(max_n=8, capacity=255), "capacity"),
+        (dict(max_n=3, capacity=None), "capacity"),
+    ],
+)
+def test_constructor_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field) as err:
+        NgramTrie(**kwargs)
+    assert repr(list(kwargs.values())[-1]) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [[1, -2], np.array([1.0, 2.0]), np.array([True]), [[1, 2]], [2**31], np.array([2**63], np.uint64), ["a"]],
+)
+def test_insert_validation(tokens):
+    trie = NgramTrie(max_n=3, capacity=64)
+    trie.insert([1])
+    with pytest.raises(ValueError, match="tokens"):
+        trie.insert(tokens)
+    assert trie.step == 1 and len(trie) == 1  # nothing half-inserted
+
+
+def test_propose_validation():
+    trie = _trie(3, [[1, 2, 3]])
+    with pytest.raises(ValueError, match="context"):
+        trie.propose([1, -1], 4, 4)
+    with pytest.raises(ValueError, match="context"):
+        trie.propose([1.5], 4, 4)
+    with pytest.raises(ValueError, match="max_nodes"):
+        trie.propose([1], -1, 4)
+    with pytest.raises(ValueError, match="max_depth"):
+        trie.propose([1], 4, -1)
+    with pytest.raises(TypeError):
+        trie.propose([1], 4.0, 4)
+
+
+def test_kth_smallest_matches_numpy():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 10, 100, 1000):
+        for hi in (2, 5, 10**6):
+            a = rng.integers(0, hi, n).astype(np.int64)
+            for k in {0, n // 4, n // 2, n - 1}:
+                assert K.kth_smallest(a.copy(), n, k) == np.partition(a, k)[k]
+    a = np.arange(1000, dtype=np.int64)
+    assert K.kth_smallest(a.copy(), 1000, 249) == 249
+    assert K.kth_smallest(a[::-1].copy(), 1000, 249) == 249
+
+
+def test_eviction_keeps_recent_and_bounded():
+    max_n, cap = 3, 36
+    trie, ref = NgramTrie(max_n, cap), ReferenceTrie(max_n, cap)
+    rng = np.random.default_rng(1)
+    stream = rng.integers(0, 50, 2000)
+    for i in range(0, len(stream), 7):
+        trie.insert(stream[i:i + 7])
+        ref.insert(stream[i:i + 7])
+        assert len(trie) <= cap
+        assert trie.ngrams() == ref.ngrams()
+    assert trie.n_evictions > 10
+    # the last max_n tokens' n-grams always survive
+    ng = trie.ngrams()
+    tail = [int(x) for x in stream[-max_n:]]
+    for i in range(max_n):
+        assert tuple(tail[i:]) in ng
+
+
+def test_memory_is_fixed():
+    trie = NgramTrie(max_n=4, capacity=64)
+    arrays = [trie._nodes, trie._stats, trie._table, trie._state]
+    trie.insert(np.arange(500) % 37)
+    trie.clear()
+    trie.insert(np.arange(500) % 23)
+    assert all(a is b for a, b in zip([trie._nodes, trie._stats, trie._table, trie._state], arrays, strict=True))
+
+
+# -- property tests against the reference -------------------------------------------------------
+
+_propose_args = st.tuples(
+    st.lists(st.integers(0, 6), max_size=7),  # context (6 is never inserted below: a miss)
+    st.integers(0, 12),  # max_nodes
+    st.integers(0, 6),  # max_depth
+    st.one_of(st.none(), st.integers(-1, 7)),  # max_match
+)
+
+
+def _ops(vocab: int, max_chunk: int, max_ops: int):
+    insert = st.tuples(st.just("insert"), st.lists(st.integers(0, vocab - 1), max_size=max_chunk))
+    return st.lists(
+        st.one_of(insert, insert, insert, st.tuples(st.just("reset"), st.none()),
+                  st.tuples(st.just("propose"), _propose_args)),
+        max_size=max_ops,
+    )
+
+
+def _run(max_n, capacity, ops, check_every_op):
+    trie, ref = NgramTrie(max_n, capacity), ReferenceTrie(max_n, capacity)
+    for kind, arg in ops:
+        if kind == "insert":
+            trie.insert(arg)
+            ref.insert(arg)
+        elif kind == "reset":
+            trie.reset_stream()
+            ref.reset_stream()
+        else:
+            ctx, max_nodes, max_depth, max_match = arg
+            got = trie.propose(ctx, max_nodes, max_depth, max_match)
+            want = ref.propose(ctx, max_nodes, max_depth, max_match)
+            assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist(), (arg, got, want)
+        assert len(trie) <= capacity
+        assert len(trie) == len(ref) and trie.step == ref.step
+        if check_every_op:
+            assert trie.ngrams() == ref.ngrams()
+    assert trie.ngrams() == ref.ngrams()
+    return trie, ref
+
+
+_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+@settings(max_examples=300, **_SETTINGS)
+@given(max_n=st.integers(2, 5), ops=_ops(vocab=6, max_chunk=12, max_ops=25))
+def test_matches_reference(max_n, ops):
+    _run(max_n, 1 << 12, ops, check_every_op=True)
+
+
+@settings(max_examples=60, **_SETTINGS)
+@given(
+    capacity=st.integers(36, 60),
+    ops=_ops(vocab=6, max_chunk=60, max_ops=40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_matches_reference_under_eviction(capacity, ops, seed):
+    # prepend a long random stream so that evictions are certain, then the random operations
+    rng = np.random.default_rng(seed)
+    lead = [("insert", rng.integers(0, 6, 150).tolist()), ("reset", None), ("insert", rng.integers(0, 3, 50).tolist())]
+    trie, _ = _run(3, capacity, lead + ops, check_every_op=False)
+    assert trie.n_evictions > 0
+
+
+@settings(max_examples=40, **_SETTINGS)
+@given(max_n=st.integers(2, 4), seed=st.integers(0, 2**32 - 1))
+def test_matches_reference_at_minimum_capacity(max_n, seed):
+    # capacity exactly 4 * max_n**2, the tightest the eviction guarantee allows
+    rng = np.random.default_rng(seed)
+    ops = []
+    for _ in range(30):
+        ops.append(("insert", rng.integers(0, int(rng.integers(2, 20)), int(rng.integers(1, 30))).tolist()))
+        if rng.random() < 0.3:
+            ops.append(("reset", None))
+        ctx = rng.integers(0, 8, int(rng.integers(0, 6))).tolist()
+        ops.append(("propose", (ctx, int(rng.integers(1, 10)), int(rng.integers(1, 6)), None)))
+    trie, _ = _run(max_n, 4 * max_n * max_n, ops, check_every_op=True)
+    assert trie.n_evictions > 0
+
+
+def test_package_docstring_example():
+    import doctest
+
+    import cache
+
+    result = doctest.testmod(cache)
+    assert result.failed == 0 and result.attempted >= 5
