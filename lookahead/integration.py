@@ -1,0 +1,231 @@
+"""Turning lookahead on for one model or one text-generation pipeline: :func:`enable` / :func:`disable`.
+
+    import lookahead
+    from lookahead import LookaheadDecoder
+
+    lookahead.enable(model)
+    model.generate(**inputs, assistant=LookaheadDecoder(tree_nodes=8))  # decodes with that decoder
+    model.generate(**inputs, lookahead=True)                            # with the default decoder
+
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    lookahead.enable(pipe, default=LookaheadDecoder())   # the one added line: existing calls use it
+    pipe("def fib(n):", max_new_tokens=64, do_sample=False)
+    pipe("def fib(n):", lookahead=False)                 # plain generate for this call
+
+The spellings of a call to an enabled model's ``generate``:
+
+==============================  =====================================================================
+``assistant=decoder``           that :class:`~lookahead.LookaheadDecoder`
+``lookahead=True``              the default decoder (``default=`` of ``enable``, else a ``LookaheadDecoder()``)
+``custom_generate=decoder``     that decoder (works without ``enable`` too)
+``lookahead=False``             plain ``generate``
+no flag                         the default decoder if ``enable`` got ``default=`` and the decoder
+                                supports the call, else plain ``generate`` (see below)
+==============================  =====================================================================
+
+Every other argument goes to ``generate`` unchanged; ``assistant_model=`` keeps its Hugging Face
+meaning (assisted decoding with a draft model) and cannot be combined with an explicit flag.
+
+How it works (the decisions):
+
+- **One instance attribute, nothing on the class.** ``enable`` sets ``model.generate`` on that one
+  object to a :class:`LookaheadGenerate` wrapper (the model's class and every other instance are left
+  alone); ``disable`` deletes it (``del model.generate``) and the class's method shows through again.
+  Both are idempotent. The wrapper translates the flags into ``custom_generate=decoder``, the public
+  plugin point of ``generate``, and calls the class's ``generate`` with everything else untouched.
+  A model whose ``generate`` is already replaced on the instance (e.g. a Hub ``custom_generate``
+  loaded with ``trust_remote_code=True``) is refused rather than stacked on.
+- **Pipelines.** A text-generation pipeline hands the keyword arguments it does not know itself to
+  ``self.model.generate`` (``TextGenerationPipeline._sanitize_parameters`` keeps them as generate
+  kwargs). So ``enable(pipe)`` enables ``pipe.model`` and ``pipe(text, lookahead=True)`` /
+  ``pipe(text, assistant=...)`` / ``pipe(text, streamer=...)`` reach the wrapper; no pipeline method
+  is overridden. Note that the model object is what is enabled: direct ``pipe.model.generate`` calls and
+  other pipelines sharing that model see the same flags and default.
+- **Streamers.** ``generate`` puts the prompt into ``streamer=`` but does not pass the streamer to a
+  callable ``custom_generate``. The wrapper passes both ``streamer=streamer`` (so ``generate`` puts the
+  prompt once, exactly as plain ``generate`` does) and ``custom_generate=partial(decoder,
+  streamer=streamer)`` (so the decoder puts each emitted block in order and calls ``end()``). The plain
+  ``custom_generate=decoder, streamer=s`` spelling, without ``enable``, is routed by the decoder itself
+  (see ``decoder._streamer_of_calling_generate``).
+- **The implicit default falls back, explicit flags never do.** With ``default=``, a call without a
+  flag that the decoder would refuse (beam search, batch size > 1, sampling while the decoder is
+  greedy-only, an encoder-decoder model, ...) or that asks for another method (``assistant_model=``,
+  ``prompt_lookup_num_tokens=``, ``custom_generate=``) runs plain ``generate``, with a warning naming
+  the reason, so that adding the default never breaks an existing call. An explicit ``assistant=`` /
+  ``lookahead=True`` raises the decoder's error instead.
+- **Shared state.** A decoder holds its trie and its last call's ``stats``: use one decoder per
+  concurrent stream. The default decoder of an enabled model is ``model.generate.decoder``.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from .decoder import LookaheadDecoder, _check_supported
+
+__all__ = ["LookaheadGenerate", "enable", "disable", "is_enabled"]
+
+# generate() arguments that select another decoding method than ours
+_OTHER_METHODS = ("assistant_model", "prompt_lookup_num_tokens", "custom_generate")
+
+
+class LookaheadGenerate:
+    """The ``generate`` that :func:`enable` puts on one model instance (see the module docstring).
+
+    - ``model``: the model it belongs to.
+    - ``default``: the decoder used by calls without a flag, or None (calls without a flag are plain).
+    - ``decoder``: the decoder used by ``lookahead=True`` (``default``, else one ``LookaheadDecoder()``).
+    """
+
+    def __init__(self, model, default: LookaheadDecoder | None = None):
+        self.model = model
+        self.default = default
+        self._decoder = default
+
+    @property
+    def decoder(self) -> LookaheadDecoder:
+        if self._decoder is None:
+            self._decoder = LookaheadDecoder()
+        return self._decoder
+
+    def __repr__(self) -> str:
+        return f"<lookahead-enabled generate of {type(self.model).__name__}, default={self.default!r}>"
+
+    def __call__(self, *args, assistant: LookaheadDecoder | None = None, lookahead: bool | None = None,
+                 **kwargs):
+        decoder = self._choose(assistant, lookahead, args, kwargs)
+        if decoder is None and isinstance(kwargs.get("custom_generate"), LookaheadDecoder):
+            decoder = kwargs.pop("custom_generate")
+        if decoder is not None:
+            streamer = kwargs.get("streamer")
+            # generate() puts the prompt into `streamer` itself; the decoder gets it for the rest
+            kwargs["custom_generate"] = decoder if streamer is None else functools.partial(decoder,
+                                                                                           streamer=streamer)
+        return type(self.model).generate(self.model, *args, **kwargs)
+
+    def _choose(self, assistant, lookahead, args, kwargs) -> LookaheadDecoder | None:
+        """The decoder this call uses, or None for plain generate()."""
+        if assistant is not None and not isinstance(assistant, LookaheadDecoder):
+            raise TypeError(
+                f"assistant= takes a LookaheadDecoder, got {type(assistant).__name__}. "
+                "For assisted decoding with a draft model, pass assistant_model= instead."
+            )
+        if lookahead is not None and not isinstance(lookahead, bool):
+            raise TypeError(
+                f"lookahead= takes True or False, got {type(lookahead).__name__}; "
+                "pass a configured decoder as assistant=LookaheadDecoder(...)"
+            )
+        if assistant is not None and lookahead is not None:
+            raise ValueError("pass either assistant=LookaheadDecoder(...) or lookahead=True/False, not both")
+        if assistant is not None or lookahead:
+            others = [k for k in _OTHER_METHODS if kwargs.get(k) is not None]
+            if others:
+                flag = "assistant=" if assistant is not None else "lookahead=True"
+                raise ValueError(f"{flag} cannot be combined with {', '.join(k + '=' for k in others)}; pick one")
+            return assistant if assistant is not None else self.decoder
+        if lookahead is False or self.default is None:
+            return None
+        reason = self._why_not_default(args, kwargs)
+        if reason is not None:
+            warnings.warn(f"lookahead: this call runs plain generate(), not the default LookaheadDecoder: {reason}",
+                          UserWarning, stacklevel=3)
+            return None
+        return self.default
+
+    def _why_not_default(self, args, kwargs) -> str | None:
+        """Why the default decoder would not take this call (it would raise), or None when it would."""
+        others = [k for k in _OTHER_METHODS if kwargs.get(k) is not None]
+        if others:
+            return f"the call passes {', '.join(k + '=' for k in others)}"
+        model = self.model
+        gen_kwargs = {k: v for k, v in kwargs.items() if k not in ("generation_config", "streamer")}
+        try:
+            # the config generate() will use: the call's kwargs over generation_config over the model's
+            config, _ = model._prepare_generation_config(kwargs.get("generation_config"), **gen_kwargs)
+        except Exception:  # generate() itself will raise the same, with its own message
+            return None
+        inputs = args[0] if args else next(
+            (kwargs[k] for k in ("inputs", "input_ids", "inputs_embeds") if kwargs.get(k) is not None), None
+        )
+        batch = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else 1
+        batch *= max(config.num_return_sequences or 1, 1)
+        try:
+            _check_supported(model, torch.empty((batch, 0), dtype=torch.long), config,
+                             bool(kwargs.get("synced_gpus")))
+        except ValueError as err:
+            return str(err)
+        return None
+
+
+def _model_of(target):
+    """The model to enable for ``target`` (a generating model or a text-generation pipeline)."""
+    from transformers import GenerationMixin, TextGenerationPipeline
+
+    if isinstance(target, TextGenerationPipeline):
+        model, what = target.model, f"the model of this {type(target).__name__}"
+    else:
+        model, what = target, "this object"
+    if isinstance(model, GenerationMixin) and isinstance(model, torch.nn.Module):
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise TypeError(
+                f"lookahead.enable: {what} is an encoder-decoder model ({type(model).__name__}); "
+                "LookaheadDecoder supports decoder-only models"
+            )
+        return model
+    from transformers import Pipeline
+
+    if isinstance(target, Pipeline):
+        raise TypeError(
+            f"lookahead.enable takes a generating model or a text-generation pipeline, got a "
+            f"{type(target).__name__} (task {getattr(target, 'task', '?')!r})"
+        )
+    raise TypeError(
+        "lookahead.enable takes a generating model or a text-generation pipeline (a transformers model "
+        f"with a language-model head, e.g. from AutoModelForCausalLM), got {type(target).__name__}"
+    )
+
+
+def enable(target, default: LookaheadDecoder | None = None):
+    """Let ``target.generate`` (or the pipeline's) take ``assistant=`` and ``lookahead=`` flags.
+
+    - ``target``: a decoder-only generating model, or a ``pipeline("text-generation", ...)`` (its model
+      is enabled).
+    - ``default``: a :class:`~lookahead.LookaheadDecoder` that calls *without* a flag use too (where it
+      supports the call), and that ``lookahead=True`` uses. Without it, only flagged calls use lookahead
+      and ``lookahead=True`` uses a ``LookaheadDecoder()``.
+
+    Acts on that one instance only (an instance attribute ``generate``; the class is untouched).
+    Calling it again replaces the default with the new call's. Returns ``target``. Undo with
+    :func:`disable`.
+    """
+    model = _model_of(target)
+    if default is not None and not isinstance(default, LookaheadDecoder):
+        raise TypeError(f"default= takes a LookaheadDecoder or None, got {type(default).__name__}")
+    current = vars(model).get("generate")
+    if isinstance(current, LookaheadGenerate):
+        current.default = current._decoder = default
+        return target
+    if current is not None:
+        raise ValueError(
+            f"lookahead.enable: this {type(model).__name__}'s generate was already replaced on the instance "
+            f"({current!r}), e.g. by a Hub custom_generate loaded with trust_remote_code=True; "
+            "lookahead will not stack on it"
+        )
+    model.generate = LookaheadGenerate(model, default)
+    return target
+
+
+def disable(target):
+    """Undo :func:`enable`: ``target.generate`` is the class's plain ``generate`` again. Returns ``target``."""
+    model = _model_of(target)
+    if isinstance(vars(model).get("generate"), LookaheadGenerate):
+        del model.generate
+    return target
+
+
+def is_enabled(target) -> bool:
+    """Whether :func:`enable` is in effect for ``target`` (a model or a text-generation pipeline)."""
+    return isinstance(vars(_model_of(target)).get("generate"), LookaheadGenerate)
