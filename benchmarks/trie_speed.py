@@ -11,9 +11,12 @@ Columns:
   bulk       insert the whole stream in one call (capacity 2**20), us per token
   x4         a fresh trie fed 4 tokens per call (what a decoder does each step), us per token
   evict      bulk insert with capacity 2**16, so LRU eviction runs repeatedly, us per token
-  propose    propose(last 16 tokens before a random position, max_nodes=16, max_depth=8) on the
-             full trie, us per call; `draft` is the mean number of nodes returned
-  decode     a fresh trie: propose from the stream so far, then insert the next token, us per step
+  propose    propose(the 16 tokens before a random position, max_nodes=16, max_depth=8, max_match=mm)
+             on the full trie, us per call, for mm = max_n - 1 (the default) and mm = 3 (the
+             decoder's default); `draft` is the mean number of nodes returned. A match of L tokens
+             leaves max_n - L levels, so long matches give small, sure drafts.
+  decode     a fresh trie: propose (mm=3) from the stream so far, then insert the next token, us
+             per step
 """
 
 from __future__ import annotations
@@ -100,14 +103,15 @@ def bench(name: str, stream: np.ndarray, calls: int, max_n: int) -> dict:
     rng = np.random.default_rng(1)
     pos = rng.integers(16, n, calls)
     ctxs = [stream[p - 16:p] for p in pos]
-    sizes = []
+    for mm in (max_n - 1, 3):
+        sizes = []
 
-    def prop():
-        for c in ctxs:
-            sizes.append(len(trie.propose(c, 16, 8)[0]))
+        def prop(mm=mm, sizes=sizes):
+            for c in ctxs:
+                sizes.append(len(trie.propose(c, 16, 8, mm)[0]))
 
-    row["propose"] = timed(prop) / calls * 1e6
-    row["draft"] = float(np.mean(sizes))
+        row[f"propose{mm}"] = timed(prop) / calls * 1e6
+        row[f"draft{mm}"] = float(np.mean(sizes))
 
     dec = NgramTrie(max_n=max_n, capacity=1 << 20)
     steps = min(n, calls)
@@ -117,7 +121,7 @@ def bench(name: str, stream: np.ndarray, calls: int, max_n: int) -> dict:
 
     def decode():
         for c, t in zip(ctx_views, next_tok, strict=True):
-            dec.propose(c, 16, 8)
+            dec.propose(c, 16, 8, 3)
             dec.insert(t)
 
     row["decode"] = timed(decode) / len(ctx_views) * 1e6
@@ -141,16 +145,17 @@ def main() -> None:
     }
     rows = [bench(name, s, args.calls, args.max_n) for name, s in streams.items()]
 
-    print(f"\nmax_n={args.max_n}, {os.cpu_count()} CPUs; times in microseconds")
-    head = (f"{'stream':<10} {'tokens':>7} {'vocab':>6} {'nodes':>8} | {'bulk':>5} {'x4':>5} "
-            f"{'evict':>5} {'(n_ev)':>6} | {'propose':>7} {'draft':>5} | {'decode':>6}")
+    mm = args.max_n - 1
+    print(f"\nmax_n={args.max_n}, {os.cpu_count()} CPUs; times in microseconds (us)")
+    head = (f"{'stream':<10} {'tokens':>7} {'vocab':>6} {'nodes':>7} | {'bulk':>5} {'x4':>5} {'evict':>5} "
+            f"{'(n_ev)':>6} | {f'propose mm={mm}':>13} {'draft':>5} | {'propose mm=3':>12} {'draft':>5} | "
+            f"{'decode':>6}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['stream']:<10} {r['tokens']:>7} {r['vocab']:>6} {r['nodes']:>8} | {r['bulk']:>5.2f} "
-              f"{r['x4']:>5.2f} {r['evict']:>5.2f} {r['n_ev']:>6} | {r['propose']:>7.2f} {r['draft']:>5.1f} | "
-              f"{r['decode']:>6.2f}")
-
+        print(f"{r['stream']:<10} {r['tokens']:>7} {r['vocab']:>6} {r['nodes']:>7} | {r['bulk']:>5.2f} "
+              f"{r['x4']:>5.2f} {r['evict']:>5.2f} {r['n_ev']:>6} | {r[f'propose{mm}']:>13.2f} "
+              f"{r[f'draft{mm}']:>5.1f} | {r['propose3']:>12.2f} {r['draft3']:>5.1f} | {r['decode']:>6.2f}")
 
 if __name__ == "__main__":
     main()

@@ -2,20 +2,31 @@
 
 The trie lives in four arrays that :class:`cache.trie.NgramTrie` allocates once:
 
-``nodes``  int32 ``(capacity + 1, 4)``, one row per node slot; columns ``TOKEN``, ``PARENT``,
-           ``FIRST_CHILD``, ``NEXT_SIBLING``. Row 0 is the root. A free slot has ``TOKEN == -1``
-           and its ``NEXT_SIBLING`` links the free list. Child lists are singly linked, unordered.
-``stats``  int64 ``(capacity + 1, 2)``: columns ``COUNT`` and ``LAST_USED`` (the step of the
-           token that last recorded the node's n-gram).
+``nodes``  int32 ``(capacity + 1, 8)``, one row per node slot, row 0 the root. Columns:
+           ``TOKEN``, ``PARENT``; ``FIRST_CHILD``, ``LAST_CHILD`` and ``NEXT_SIBLING``,
+           ``PREV_SIBLING`` (a doubly linked child list per node); ``GROUP`` (see below).
+           A free slot has ``TOKEN == -1`` and its ``NEXT_SIBLING`` links the free list.
+           Column ``GROUP_HEAD`` is indexed by *group id*, not by node (see below).
+``stats``  int64 ``(capacity + 1, 3)``: ``COUNT``; ``LAST_USED`` (the step of the token that
+           last recorded the n-gram); ``CHILD_SUM`` (sum of the children's counts).
 ``table``  int64, a power-of-two open-addressing hash table (linear probing) from
            ``(parent, token)`` to the child's slot; 0 marks an empty entry (the root is never
-           a child). It makes a child lookup O(1) however many children a node has (the root
-           has one per vocabulary entry seen). Eviction rebuilds it, and borrows it as scratch
-           space first (selection buffer, keep flags), so eviction allocates nothing.
+           a child). A child lookup is O(1) however many children a node has (the root has one
+           per vocabulary entry seen). Eviction rebuilds it, and borrows it as scratch space
+           first (selection buffer, keep flags), so eviction allocates nothing.
 ``state``  int64: the scalars below (``S_*``), then ``max_n`` slots ``S_OPEN + k`` holding the
            node of the open path of length ``k + 1`` (the n-gram ending at the last token).
 
-Every kernel takes the arrays and mutates them in place; none allocates per node. Rows are
+Sorted children. Every child list is kept sorted by (count desc, last_used desc), the order in
+which ``propose`` wants siblings, so a proposal reads only the first few children of a node
+instead of scanning them all (a frequent token can have thousands). Each update of a node is
+"count += 1 and become the most recent", which moves it to the front of the run of siblings
+with the new count. Runs of equal count are *groups* (the O(1) LFU scheme): ``GROUP`` of a node
+is its group id, ``nodes[g, GROUP_HEAD]`` is the first node of group ``g`` (group ids share the
+row index space; free group ids are chained through the same column). So an update is O(1):
+the target run is the group just before the node's own group.
+
+Every kernel takes the arrays and mutates them in place; none allocates per node. Columns are
 grouped into few 2-D arrays because each array argument costs ~0.15 us of Numba dispatch.
 """
 
@@ -25,15 +36,17 @@ import numpy as np
 from numba import njit
 
 # columns of ``nodes``
-TOKEN, PARENT, FIRST_CHILD, NEXT_SIBLING = 0, 1, 2, 3
+TOKEN, PARENT, FIRST_CHILD, LAST_CHILD, NEXT_SIBLING, PREV_SIBLING, GROUP, GROUP_HEAD = range(8)
+NODE_COLUMNS = 8
 # columns of ``stats``
-COUNT, LAST_USED = 0, 1
+COUNT, LAST_USED, CHILD_SUM = 0, 1, 2
+STAT_COLUMNS = 3
 # slots of ``state``
-S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS = 0, 1, 2, 3, 4, 5, 6
+S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE = range(8)
 S_OPEN = 8  # state[S_OPEN + k]: node of the open path of length k + 1
 
 # kernel status codes
-OK, ERR_TOKEN, ERR_EVICT = 0, 1, 2
+OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
 INT32_MAX = 2**31 - 1
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -44,6 +57,9 @@ def table_size(capacity: int) -> int:
     """Hash-table entries for ``capacity`` nodes: a power of two, load factor <= 2/3."""
     need = capacity + capacity // 2 + 1
     return 1 << (need - 1).bit_length()
+
+
+# -- hash table ----------------------------------------------------------------------------------
 
 
 @njit(cache=True, inline="always")
@@ -72,9 +88,80 @@ def find_child(nodes, table, parent, token):
         i = (i + 1) & mask
 
 
+# -- sorted child lists ---------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _new_group(nodes, state, head):
+    g = state[S_GROUP_FREE]
+    state[S_GROUP_FREE] = nodes[g, GROUP_HEAD]
+    nodes[g, GROUP_HEAD] = head
+    nodes[head, GROUP] = g
+    return g
+
+
+@njit(cache=True, inline="always")
+def _free_group(nodes, state, g):
+    nodes[g, GROUP_HEAD] = state[S_GROUP_FREE]
+    state[S_GROUP_FREE] = g
+
+
+@njit(cache=True, inline="always")
+def _move_before(nodes, x, b):
+    """Move ``x`` to just before its sibling ``b`` (``b != x``)."""
+    p = nodes[x, PARENT]
+    px = nodes[x, PREV_SIBLING]
+    nx = nodes[x, NEXT_SIBLING]
+    if px != 0:
+        nodes[px, NEXT_SIBLING] = nx
+    else:
+        nodes[p, FIRST_CHILD] = nx
+    if nx != 0:
+        nodes[nx, PREV_SIBLING] = px
+    else:
+        nodes[p, LAST_CHILD] = px
+    pb = nodes[b, PREV_SIBLING]
+    nodes[x, PREV_SIBLING] = pb
+    nodes[x, NEXT_SIBLING] = b
+    nodes[b, PREV_SIBLING] = x
+    if pb != 0:
+        nodes[pb, NEXT_SIBLING] = x
+    else:
+        nodes[p, FIRST_CHILD] = x
+
+
+@njit(cache=True, inline="always")
+def _touch(nodes, stats, state, x, s):
+    """``count += 1``, ``last_used = s`` for node ``x``, keeping its sibling list sorted."""
+    c = stats[x, COUNT]
+    g = nodes[x, GROUP]
+    h = nodes[g, GROUP_HEAD]
+    y = nodes[h, PREV_SIBLING]  # last node of the group before (count > c), 0 if none
+    nx = nodes[x, NEXT_SIBLING]
+    others = h != x or (nx != 0 and nodes[nx, GROUP] == g)  # g has members besides x
+    if h == x and others:
+        nodes[g, GROUP_HEAD] = nx
+    if y != 0 and stats[y, COUNT] == c + 1:  # join the front of that group
+        g2 = nodes[y, GROUP]
+        _move_before(nodes, x, nodes[g2, GROUP_HEAD])
+        nodes[g2, GROUP_HEAD] = x
+        nodes[x, GROUP] = g2
+        if not others:
+            _free_group(nodes, state, g)
+    elif others:  # a group of its own, just before g
+        if h != x:
+            _move_before(nodes, x, h)
+        _new_group(nodes, state, x)
+    # else: x alone in g stays where it is, and g now holds count c + 1
+    stats[x, COUNT] = c + 1
+    stats[x, LAST_USED] = s
+    stats[nodes[x, PARENT], CHILD_SUM] += 1
+
+
 @njit(cache=True, inline="always")
 def _child_or_new(nodes, stats, table, state, parent, token):
-    """Slot of the child of ``parent`` with ``token``; a new zero-count node if there is none."""
+    """Slot of the child of ``parent`` with ``token``; a new count-0 node (at the end of the child
+    list, in a group of its own) if there is none."""
     mask = table.shape[0] - 1
     i = _slot(parent, token, mask)
     while True:
@@ -87,33 +174,44 @@ def _child_or_new(nodes, stats, table, state, parent, token):
     v = state[S_FREE_HEAD]
     state[S_FREE_HEAD] = nodes[v, NEXT_SIBLING]
     state[S_N_LIVE] += 1
+    last = nodes[parent, LAST_CHILD]
     nodes[v, TOKEN] = token
     nodes[v, PARENT] = parent
     nodes[v, FIRST_CHILD] = 0
-    nodes[v, NEXT_SIBLING] = nodes[parent, FIRST_CHILD]
-    nodes[parent, FIRST_CHILD] = v
+    nodes[v, LAST_CHILD] = 0
+    nodes[v, NEXT_SIBLING] = 0
+    nodes[v, PREV_SIBLING] = last
+    if last != 0:
+        nodes[last, NEXT_SIBLING] = v
+    else:
+        nodes[parent, FIRST_CHILD] = v
+    nodes[parent, LAST_CHILD] = v
+    _new_group(nodes, state, v)
     stats[v, COUNT] = 0
     stats[v, LAST_USED] = 0
+    stats[v, CHILD_SUM] = 0
     table[i] = v
     return v
 
 
+# -- whole-trie operations -------------------------------------------------------------------------
+
+
 @njit(cache=True)
 def reset(nodes, stats, table, state):
-    """Empty trie: every slot but the root free (free list 1, 2, ..., capacity), step 0."""
+    """Empty trie: every node slot but the root free (free list 1, 2, ..., capacity), step 0."""
     cap = state[S_CAPACITY]
+    nodes[:, :] = 0
     nodes[:, TOKEN] = -1
-    nodes[:, PARENT] = 0
-    nodes[:, FIRST_CHILD] = 0
     nodes[0, PARENT] = -1
     for v in range(1, cap):
         nodes[v, NEXT_SIBLING] = v + 1
-    nodes[cap, NEXT_SIBLING] = 0
-    nodes[0, NEXT_SIBLING] = 0
+        nodes[v, GROUP_HEAD] = v + 1
     stats[:, :] = 0
     table[:] = 0
     state[S_N_LIVE] = 0
-    state[S_FREE_HEAD] = 1 if cap > 0 else 0
+    state[S_FREE_HEAD] = 1
+    state[S_GROUP_FREE] = 1
     state[S_STEP] = 0
     state[S_N_OPEN] = 0
     state[S_N_EVICTIONS] = 0
@@ -158,6 +256,15 @@ def evict(nodes, stats, table, state):
     With ``s`` the last step, ``T = min(the (capacity // 4)-th smallest last_used, s - 2 max_n)``;
     a node goes when its whole subtree has ``last_used <= T``. Equivalently: keep every node with
     ``last_used > T`` and all its ancestors, free the rest. O(capacity).
+
+    Why this frees >= max_n slots when ``capacity >= 4 max_n**2`` (it runs when fewer than max_n
+    are free, so more than ``capacity - max_n`` nodes live): a step sets last_used on at most
+    max_n nodes, and an ancestor of a node used at step u was itself used at step >= u - max_n + 1.
+    So the kept nodes with last_used <= T (ancestors of nodes used after T) were last used in the
+    max_n - 1 steps up to T: at most max_n (max_n - 1) of them. If T is the (capacity // 4)-th
+    smallest, at least capacity // 4 >= max_n**2 nodes have last_used <= T and at least
+    max_n**2 - max_n (max_n - 1) = max_n of them go. Otherwise T = s - 2 max_n and at most
+    2 max_n**2 + max_n (max_n - 1) nodes are kept, leaving >= max_n**2 + max_n slots free.
     """
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
@@ -181,25 +288,45 @@ def evict(nodes, stats, table, state):
             while table[u] == 0:
                 table[u] = 1
                 u = nodes[u, PARENT]
-    # 3. unlink evicted children from the child lists of kept nodes
+    # 3. drop evicted children from the (sorted) child lists of kept nodes; regroup; child sums
+    g_next = 1
     for v in range(cap + 1):
         if table[v] == 0:
             continue
         prev = 0
+        total = 0
         c = nodes[v, FIRST_CHILD]
         while c != 0:
             nxt = nodes[c, NEXT_SIBLING]
             if table[c] != 0:
+                nodes[c, PREV_SIBLING] = prev
                 if prev == 0:
                     nodes[v, FIRST_CHILD] = c
                 else:
                     nodes[prev, NEXT_SIBLING] = c
+                cnt = stats[c, COUNT]
+                total += cnt
+                if prev != 0 and stats[prev, COUNT] == cnt:
+                    nodes[c, GROUP] = nodes[prev, GROUP]
+                else:
+                    nodes[g_next, GROUP_HEAD] = c
+                    nodes[c, GROUP] = g_next
+                    g_next += 1
                 prev = c
             c = nxt
         if prev == 0:
             nodes[v, FIRST_CHILD] = 0
         else:
             nodes[prev, NEXT_SIBLING] = 0
+        nodes[v, LAST_CHILD] = prev
+        stats[v, CHILD_SUM] = total
+    if g_next <= cap:  # chain the unused group ids
+        for g in range(g_next, cap):
+            nodes[g, GROUP_HEAD] = g + 1
+        nodes[cap, GROUP_HEAD] = 0
+        state[S_GROUP_FREE] = g_next
+    else:
+        state[S_GROUP_FREE] = 0
     # 4. free the rest (descending, so the free list hands out low slots first)
     head = state[S_FREE_HEAD]
     freed = 0
@@ -208,9 +335,13 @@ def evict(nodes, stats, table, state):
             nodes[v, TOKEN] = -1
             nodes[v, PARENT] = 0
             nodes[v, FIRST_CHILD] = 0
+            nodes[v, LAST_CHILD] = 0
+            nodes[v, PREV_SIBLING] = 0
+            nodes[v, GROUP] = 0
             nodes[v, NEXT_SIBLING] = head
             stats[v, COUNT] = 0
             stats[v, LAST_USED] = 0
+            stats[v, CHILD_SUM] = 0
             head = v
             freed += 1
     state[S_FREE_HEAD] = head
@@ -253,102 +384,48 @@ def insert(nodes, stats, table, state, tokens):
         n_open = state[S_N_OPEN]
         for k in range(min(n_open, max_n - 1), 0, -1):
             v = _child_or_new(nodes, stats, table, state, state[S_OPEN + k - 1], t)
-            stats[v, COUNT] += 1
-            stats[v, LAST_USED] = s
+            _touch(nodes, stats, state, v, s)
             state[S_OPEN + k] = v
         v = _child_or_new(nodes, stats, table, state, 0, t)
-        stats[v, COUNT] += 1
-        stats[v, LAST_USED] = s
+        _touch(nodes, stats, state, v, s)
         state[S_OPEN] = v
         state[S_N_OPEN] = min(n_open + 1, max_n)
     return OK
 
 
+# -- proposals ------------------------------------------------------------------------------------
+
+
 @njit(cache=True, inline="always")
 def _better(es, ei, a, b):
     """Entry ``a`` pops before entry ``b``: key (-score, depth, -last_used)."""
-    if es[a] != es[b]:
-        return es[a] > es[b]
+    if es[a, 0] != es[b, 0]:
+        return es[a, 0] > es[b, 0]
     if ei[a, 1] != ei[b, 1]:
         return ei[a, 1] < ei[b, 1]
     return ei[a, 2] > ei[b, 2]
 
 
 @njit(cache=True)
-def _expand(nodes, stats, node, score, depth, ppop, r, buf, es, ei, n_ent, heap, n_heap):
-    """Push the best ``r`` children of ``node`` (the only ones that can still be selected).
+def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, out_parents):
+    """Draft tree for ``ctx`` written to ``out_tokens[:k]``, ``out_parents[:k]``; returns ``k``
+    (at most ``len(out_tokens)``, the caller's max_nodes), or ``ERR_TOKEN``. Read-only on the trie.
 
-    ``score(child) = score * count(child) / S`` with ``S`` the count sum of all children. Siblings
-    share ``score / S``, so their order is (count desc, last_used desc). Returns the new
-    ``(es, ei, n_ent, heap, n_heap)`` (the entry arrays grow by doubling when full).
-    """
-    total = 0
-    nb = 0
-    c = nodes[node, FIRST_CHILD]
-    while c != 0:
-        cnt = stats[c, COUNT]
-        lu = stats[c, LAST_USED]
-        total += cnt
-        if nb < r or cnt > buf[nb - 1, 1] or (cnt == buf[nb - 1, 1] and lu > buf[nb - 1, 2]):
-            i = nb if nb < r else r - 1
-            while i > 0 and (buf[i - 1, 1] < cnt or (buf[i - 1, 1] == cnt and buf[i - 1, 2] < lu)):
-                buf[i, 0] = buf[i - 1, 0]
-                buf[i, 1] = buf[i - 1, 1]
-                buf[i, 2] = buf[i - 1, 2]
-                i -= 1
-            buf[i, 0] = c
-            buf[i, 1] = cnt
-            buf[i, 2] = lu
-            if nb < r:
-                nb += 1
-        c = nodes[c, NEXT_SIBLING]
-    if n_ent + nb > es.shape[0]:
-        size = max(2 * es.shape[0], n_ent + nb)
-        es2 = np.empty(size, np.float64)
-        ei2 = np.empty((size, 4), np.int64)
-        heap2 = np.empty(size, np.int64)
-        es2[:n_ent] = es[:n_ent]
-        ei2[:n_ent] = ei[:n_ent]
-        heap2[:n_heap] = heap[:n_heap]
-        es, ei, heap = es2, ei2, heap2
-    fs = np.float64(total)
-    for b in range(nb):
-        e = n_ent
-        n_ent += 1
-        es[e] = score * np.float64(buf[b, 1]) / fs
-        ei[e, 0] = buf[b, 0]
-        ei[e, 1] = depth
-        ei[e, 2] = buf[b, 2]
-        ei[e, 3] = ppop
-        # sift up
-        i = n_heap
-        n_heap += 1
-        while i > 0:
-            p = (i - 1) >> 1
-            if _better(es, ei, e, heap[p]):
-                heap[i] = heap[p]
-                i = p
-            else:
-                break
-        heap[i] = e
-    return es, ei, n_ent, heap, n_heap
-
-
-@njit(cache=True)
-def propose(nodes, stats, table, state, ctx, max_nodes, max_depth, max_match):
-    """Draft tree for the context ``ctx``: returns ``(status, tokens int64[k], parents int32[k])``.
-
-    See the package docstring for the rules. Read-only on the trie.
+    Best-first with lazy siblings: a child list is sorted in pop order, so a node's next sibling is
+    pushed only when the node is popped, and its first child only when it is selected. Each pop
+    pushes at most two entries: no scan of child lists, and a heap of at most 2 * max_nodes + 1.
+    (Sorted by count, siblings are sorted by score too: two distinct counts below 2**52 never
+    round to equal scores.)
     """
     n = ctx.shape[0]
-    for i in range(n):
-        if ctx[i] < 0 or ctx[i] > INT32_MAX:
-            return ERR_TOKEN, np.empty(0, np.int64), np.empty(0, np.int32)
     max_n = state[S_MAX_N]
     mm = min(max(max_match, 1), max_n - 1)
-    max_nodes = min(max_nodes, state[S_N_LIVE])
+    for i in range(max(n - mm, 0), n):  # only the last mm tokens are read
+        if ctx[i] < 0 or ctx[i] > INT32_MAX:
+            return ERR_TOKEN
+    max_nodes = out_tokens.shape[0]
     if max_nodes <= 0 or max_depth <= 0:
-        return OK, np.empty(0, np.int64), np.empty(0, np.int32)
+        return 0
     # 1. match: the longest suffix (<= mm tokens) whose node has children
     match = 0
     length = min(mm, n)
@@ -363,17 +440,29 @@ def propose(nodes, stats, table, state, ctx, max_nodes, max_depth, max_match):
             break
         length -= 1
     if match == 0:
-        return OK, np.empty(0, np.int64), np.empty(0, np.int32)
+        return 0
     dlim = min(max_depth, max_n - length)
-    # 2. best-first selection. Entries: es = score; ei = (node, depth, last_used, parent pop index)
-    size = 4 * max_nodes + 16
-    es = np.empty(size, np.float64)
-    ei = np.empty((size, 4), np.int64)
+    # 2. best-first selection. Entry e: es[e] = (score, parent's score);
+    #    ei[e] = (node, depth, last_used, pop index of the parent or -1)
+    size = 2 * max_nodes + 1
+    es = np.empty((size, 2), np.float64)
+    ints = np.empty((size + max_nodes, 5), np.int64)
+    ei = ints[:size]
+    # selected, in pop order: node, parent's pop index, first and last selected child, next sibling
+    sel = ints[size:]
     heap = np.empty(size, np.int64)
-    buf = np.empty((max_nodes, 3), np.int64)
-    sel = np.empty((max_nodes, 4), np.int64)  # node, parent pop index, count, last_used
-    es, ei, n_ent, heap, n_heap = _expand(nodes, stats, match, 1.0, 1, -1, max_nodes, buf,
-                                          es, ei, 0, heap, 0)
+    first_root = -1
+    last_root = -1
+    c = nodes[match, FIRST_CHILD]
+    es[0, 0] = np.float64(stats[c, COUNT]) / np.float64(stats[match, CHILD_SUM])
+    es[0, 1] = 1.0
+    ei[0, 0] = c
+    ei[0, 1] = 1
+    ei[0, 2] = stats[c, LAST_USED]
+    ei[0, 3] = -1
+    heap[0] = 0
+    n_heap = 1
+    n_ent = 1
     n_sel = 0
     while n_heap > 0 and n_sel < max_nodes:
         top = heap[0]
@@ -381,70 +470,99 @@ def propose(nodes, stats, table, state, ctx, max_nodes, max_depth, max_match):
         last = heap[n_heap]
         i = 0
         while True:  # sift down
-            c = 2 * i + 1
-            if c >= n_heap:
+            j = 2 * i + 1
+            if j >= n_heap:
                 break
-            if c + 1 < n_heap and _better(es, ei, heap[c + 1], heap[c]):
-                c += 1
-            if _better(es, ei, heap[c], last):
-                heap[i] = heap[c]
-                i = c
+            if j + 1 < n_heap and _better(es, ei, heap[j + 1], heap[j]):
+                j += 1
+            if _better(es, ei, heap[j], last):
+                heap[i] = heap[j]
+                i = j
             else:
                 break
         heap[i] = last
-        node = ei[top, 0]
+        x = ei[top, 0]
         depth = ei[top, 1]
-        sel[n_sel, 0] = node
-        sel[n_sel, 1] = ei[top, 3]
-        sel[n_sel, 2] = stats[node, COUNT]
-        sel[n_sel, 3] = stats[node, LAST_USED]
+        ppop = ei[top, 3]
+        score = es[top, 0]
+        # select x; siblings arrive in output order, so append to the parent's selected children
+        me = n_sel
         n_sel += 1
-        if depth < dlim and n_sel < max_nodes and nodes[node, FIRST_CHILD] != 0:
-            es, ei, n_ent, heap, n_heap = _expand(nodes, stats, node, es[top], depth + 1, n_sel - 1,
-                                                  max_nodes - n_sel, buf, es, ei, n_ent, heap, n_heap)
-    # 3. breadth-first output. Child lists per selected node (index n_sel = the matched node),
-    #    kept sorted by (count desc, last_used desc).
-    first = np.full(n_sel + 1, -1, np.int64)
-    nxt = np.empty(n_sel, np.int64)
-    for j in range(n_sel):
-        p = sel[j, 1] if sel[j, 1] >= 0 else n_sel
-        cnt = sel[j, 2]
-        lu = sel[j, 3]
-        prev = -1
-        c = first[p]
-        while c >= 0 and (sel[c, 2] > cnt or (sel[c, 2] == cnt and sel[c, 3] > lu)):
-            prev = c
-            c = nxt[c]
-        nxt[j] = c
-        if prev < 0:
-            first[p] = j
+        sel[me, 0] = x
+        sel[me, 1] = ppop
+        sel[me, 2] = -1
+        sel[me, 3] = -1
+        sel[me, 4] = -1
+        if ppop < 0:
+            if last_root < 0:
+                first_root = me
+            else:
+                sel[last_root, 4] = me
+            last_root = me
         else:
-            nxt[prev] = j
-    order = np.empty(n_sel, np.int64)
-    out_idx = np.empty(n_sel, np.int64)
+            if sel[ppop, 2] < 0:
+                sel[ppop, 2] = me
+            else:
+                sel[sel[ppop, 3], 4] = me
+            sel[ppop, 3] = me
+        # push the next sibling, then the first child
+        for which in range(2):
+            if which == 0:
+                y = nodes[x, NEXT_SIBLING]
+                parent_score = es[top, 1]
+                total = stats[nodes[x, PARENT], CHILD_SUM]
+                d = depth
+                pp = ppop
+            else:
+                if depth >= dlim:
+                    break
+                y = nodes[x, FIRST_CHILD]
+                parent_score = score
+                total = stats[x, CHILD_SUM]
+                d = depth + 1
+                pp = me
+            if y == 0:
+                continue
+            e = n_ent
+            n_ent += 1
+            es[e, 0] = parent_score * np.float64(stats[y, COUNT]) / np.float64(total)
+            es[e, 1] = parent_score
+            ei[e, 0] = y
+            ei[e, 1] = d
+            ei[e, 2] = stats[y, LAST_USED]
+            ei[e, 3] = pp
+            i = n_heap
+            n_heap += 1
+            while i > 0:  # sift up
+                p = (i - 1) >> 1
+                if _better(es, ei, e, heap[p]):
+                    heap[i] = heap[p]
+                    i = p
+                else:
+                    break
+            heap[i] = e
+    # 3. breadth-first output: queue over the selected tree (reuse ``heap`` as the queue)
+    order = heap
     pos = 0
-    c = first[n_sel]
+    c = first_root
     while c >= 0:
         order[pos] = c
-        out_idx[c] = pos
+        out_parents[pos] = -1
         pos += 1
-        c = nxt[c]
+        c = sel[c, 4]
     head = 0
     while head < pos:
-        c = first[order[head]]
-        head += 1
+        j = order[head]
+        c = sel[j, 2]
         while c >= 0:
             order[pos] = c
-            out_idx[c] = pos
+            out_parents[pos] = head
             pos += 1
-            c = nxt[c]
-    tokens = np.empty(n_sel, np.int64)
-    parents = np.empty(n_sel, np.int32)
+            c = sel[c, 4]
+        head += 1
     for k in range(n_sel):
-        j = order[k]
-        tokens[k] = nodes[sel[j, 0], TOKEN]
-        parents[k] = -1 if sel[j, 1] < 0 else out_idx[sel[j, 1]]
-    return OK, tokens, parents
+        out_tokens[k] = nodes[sel[order[k], 0], TOKEN]
+    return n_sel
 
 
 @njit(cache=True)

@@ -3,20 +3,14 @@ pygtrie reference in ``trie_reference.py``."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from trie_reference import ReferenceTrie  # pytest puts tests/ (no __init__.py) on sys.path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from trie_reference import ReferenceTrie  # noqa: E402
-
-from cache import NgramTrie  # noqa: E402
-from cache import kernels as K  # noqa: E402
+from cache import NgramTrie
+from cache import kernels as K
 
 
 def _eq(got, tokens, parents):
@@ -33,6 +27,53 @@ def _trie(max_n, stream_parts, capacity=None):
             trie.reset_stream()
         trie.insert(part)
     return trie
+
+
+def _check_invariants(trie: NgramTrie) -> None:
+    """The array-level invariants the kernels rely on (see ``cache/kernels.py``)."""
+    nodes, stats, table, state = trie._nodes, trie._stats, trie._table, trie._state
+    cap = trie.capacity
+    live = [v for v in range(1, cap + 1) if nodes[v, K.TOKEN] >= 0]
+    assert len(live) == state[K.S_N_LIVE] == len(trie)
+    # the hash table holds exactly the live nodes
+    entries = table[table != 0]
+    assert sorted(entries.tolist()) == live
+    # free list
+    free, v = 0, state[K.S_FREE_HEAD]
+    while v != 0:
+        assert nodes[v, K.TOKEN] == -1
+        free += 1
+        v = nodes[v, K.NEXT_SIBLING]
+    assert free == cap - len(live)
+    # sorted, doubly linked child lists with count groups and child sums
+    groups_used = set()
+    n_listed = 0
+    for v in [0] + live:
+        kids, prev, c = [], 0, nodes[v, K.FIRST_CHILD]
+        while c != 0:
+            assert nodes[c, K.PARENT] == v and nodes[c, K.PREV_SIBLING] == prev and nodes[c, K.TOKEN] >= 0
+            kids.append(c)
+            prev, c = c, nodes[c, K.NEXT_SIBLING]
+        assert nodes[v, K.LAST_CHILD] == prev
+        n_listed += len(kids)
+        assert stats[v, K.CHILD_SUM] == sum(stats[k, K.COUNT] for k in kids)
+        keys = [(-stats[k, K.COUNT], -stats[k, K.LAST_USED]) for k in kids]
+        assert keys == sorted(keys)
+        for i, k in enumerate(kids):
+            g = nodes[k, K.GROUP]
+            same_as_prev = i > 0 and stats[kids[i - 1], K.COUNT] == stats[k, K.COUNT]
+            if same_as_prev:
+                assert g == nodes[kids[i - 1], K.GROUP]
+            else:
+                assert g not in groups_used and nodes[g, K.GROUP_HEAD] == k
+                groups_used.add(g)
+    assert n_listed == len(live)  # every live node is in its parent's list
+    free_groups, g = 0, state[K.S_GROUP_FREE]
+    while g != 0:
+        assert g not in groups_used
+        free_groups += 1
+        g = nodes[g, K.GROUP_HEAD]
+    assert free_groups + len(groups_used) == cap
 
 
 # -- hand-worked cases -------------------------------------------------------------------------
@@ -156,8 +197,13 @@ def test_input_types():
     trie.insert(np.array([3], np.uint8))
     trie.insert(np.arange(10, dtype=np.int64)[4:9:2])  # non-contiguous view: 4, 6, 8
     trie.insert(np.array([2**31 - 1], np.uint64))
-    assert trie.step == 7
-    assert (1, 2, 3) in trie.ngrams() and (4, 6, 8) in trie.ngrams() and (8, 2**31 - 1) in trie.ngrams()
+    ro = np.array([5, 5], np.int64)
+    ro.flags.writeable = False
+    trie.insert(ro)
+    trie.insert(np.array([5], ">i8"))  # big-endian
+    assert trie.step == 10
+    assert (1, 2, 3) in trie.ngrams() and (4, 6, 8) in trie.ngrams() and (8, 2**31 - 1, 5) in trie.ngrams()
+    assert trie.ngrams()[(5, 5, 5)] == (1, 10)
     trie2 = _trie(3, [[1, 2, 3]])
     _eq(trie2.propose(np.array([1, 2], np.int32), 4, 4), [3], [-1])
     _eq(trie2.propose((9, 9, 9, 9, 1), 4, 4), [2, 3], [-1, 0])  # only the last max_match tokens matter
@@ -228,6 +274,7 @@ def test_eviction_keeps_recent_and_bounded():
         ref.insert(stream[i:i + 7])
         assert len(trie) <= cap
         assert trie.ngrams() == ref.ngrams()
+        _check_invariants(trie)
     assert trie.n_evictions > 10
     # the last max_n tokens' n-grams always survive
     ng = trie.ngrams()
@@ -282,6 +329,7 @@ def _run(max_n, capacity, ops, check_every_op):
         assert len(trie) == len(ref) and trie.step == ref.step
         if check_every_op:
             assert trie.ngrams() == ref.ngrams()
+            _check_invariants(trie)
     assert trie.ngrams() == ref.ngrams()
     return trie, ref
 
@@ -306,6 +354,7 @@ def test_matches_reference_under_eviction(capacity, ops, seed):
     rng = np.random.default_rng(seed)
     lead = [("insert", rng.integers(0, 6, 150).tolist()), ("reset", None), ("insert", rng.integers(0, 3, 50).tolist())]
     trie, _ = _run(3, capacity, lead + ops, check_every_op=False)
+    _check_invariants(trie)
     assert trie.n_evictions > 0
 
 
@@ -332,3 +381,4 @@ def test_package_docstring_example():
 
     result = doctest.testmod(cache)
     assert result.failed == 0 and result.attempted >= 5
+
