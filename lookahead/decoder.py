@@ -21,7 +21,7 @@ from .config import LookaheadConfig
 from .kv_cache import check_rollbackable, keep_entries
 from .stats import DecodeStats
 from .tree import pack_step
-from .verify import greedy_verify
+from .verify import verify
 
 # model kwargs that generate() prepares and that the decoder handles itself
 _HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values"}
@@ -111,11 +111,6 @@ def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
                 f"LookaheadDecoder does not do beam search (num_beams={generation_config.num_beams}). "
                 "Remove num_beams or use plain generate()."
             )
-        if generation_config.do_sample:
-            raise ValueError(
-                "LookaheadDecoder does not support do_sample=True yet: it decodes greedily only. "
-                "Pass do_sample=False, or use plain generate() for sampling."
-            )
         if getattr(generation_config, "num_assistant_tokens", None) and getattr(
             generation_config, "prompt_lookup_num_tokens", None
         ):
@@ -169,6 +164,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     all_scores: list[torch.Tensor] = []
     all_raw: list[torch.Tensor] = []
     max_length = gen.max_length
+    do_sample = bool(gen.do_sample)
     dtype = model.dtype
 
     # the trie learns the prompt
@@ -218,9 +214,9 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         t2 = time.perf_counter()
 
         # -- verify ----------------------------------------------------------------------------
-        verdict = greedy_verify(
+        verdict = verify(
             logits, tree_tokens.tolist(), tree_parents.tolist(), sequences, logits_processor,
-            keep_scores=output_scores, keep_raw=output_logits,
+            do_sample=do_sample, keep_scores=output_scores, keep_raw=output_logits,
         )
         t3 = time.perf_counter()
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+# Tiny models run far faster on one thread (no OpenMP hand-offs, no spinning when cores are busy);
+# the SmolLM2 tests switch to all cores for their duration.
+_ALL_THREADS = torch.get_num_threads()
+torch.set_num_threads(1)
+
 
 def _tiny(arch: str):
     import transformers as tf
@@ -48,6 +53,16 @@ def tiny_models():
         return cache[arch]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _threads_for_real_model(request):
+    if request.node.get_closest_marker("smollm") is None:
+        yield
+        return
+    torch.set_num_threads(_ALL_THREADS)
+    yield
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

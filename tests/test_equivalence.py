@@ -130,8 +130,8 @@ def test_left_padded_and_all_ones_attention_mask(tiny_models):
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(do_sample=True), "do_sample"),
         (dict(num_beams=2), "num_beams"),
+        (dict(num_beams=2, do_sample=True), "num_beams"),
     ],
 )
 def test_unsupported_modes_are_refused(tiny_models, kw, match):

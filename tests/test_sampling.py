@@ -1,0 +1,171 @@
+"""Exact sampling: the decoder's samples follow the target's processed distribution exactly.
+
+The exact distribution of the next two tokens is enumerated with plain forward passes and the
+same processors plain ``generate`` uses; many samples drawn with the decoder are compared with it
+by a chi-square test at a strict level. A deliberately wrong acceptance rule fails the same check,
+so the check can fail. Seeds are fixed: the test is deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import lookahead.verify as verify_mod
+from lookahead import LookaheadDecoder
+
+VOCAB = 16
+# "2 2" is followed by 7, 12 and 3 in the prompt, so the trie drafts three siblings after the last
+# "2 2" -- tokens this model ranks high, so acceptance and rejection both happen often.
+PROMPT = [1, 2, 2, 7, 2, 2, 12, 2, 2, 3, 2, 2]
+N_SAMPLES = 1500
+LEVEL = 1e-4  # the exact rule fails this only once in 10,000 seeds; the wrong rule fails it by far
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(7)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    m = LlamaForCausalLM(cfg).eval().to(torch.float64)
+    with torch.no_grad():  # a peakier model: drafts are sometimes accepted, sometimes rejected
+        m.lm_head.weight.mul_(3.0)
+    return m
+
+
+SETTINGS = {
+    "temperature": dict(temperature=0.7),
+    "top-k+top-p+penalty": dict(temperature=0.9, top_k=8, top_p=0.95, repetition_penalty=1.1),
+}
+
+
+def _processors(kw) -> LogitsProcessorList:
+    """The processors plain generate builds for these settings, in generate's order."""
+    procs = LogitsProcessorList()
+    if "repetition_penalty" in kw:
+        procs.append(RepetitionPenaltyLogitsProcessor(kw["repetition_penalty"]))
+    procs.append(TemperatureLogitsWarper(kw["temperature"]))
+    if "top_k" in kw:
+        procs.append(TopKLogitsWarper(kw["top_k"]))
+    if "top_p" in kw:
+        procs.append(TopPLogitsWarper(kw["top_p"]))
+    return procs
+
+
+def _exact_two_token_distribution(model, kw) -> np.ndarray:
+    """P(a, b) for the next two tokens, float[V, V], by enumeration."""
+    procs = _processors(kw)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        p1 = torch.softmax(procs(ids, model(ids).logits[:, -1].float()), -1)[0]
+        both = torch.cat([ids.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], 1)  # [V, L+1]
+        logits2 = model(both).logits[:, -1].float()
+        p2 = torch.stack([torch.softmax(procs(both[a : a + 1], logits2[a : a + 1]), -1)[0] for a in range(VOCAB)])
+    return (p1[:, None] * p2).double().numpy()
+
+
+def _draw(model, kw, n) -> tuple[np.ndarray, int, int]:
+    counts = np.zeros((VOCAB, VOCAB))
+    dec = LookaheadDecoder(trie_capacity=4096)
+    ids = torch.tensor([PROMPT])
+    drafted = accepted = 0
+    for _ in range(n):
+        out = model.generate(ids, custom_generate=dec, do_sample=True, max_new_tokens=2, eos_token_id=None,
+                             pad_token_id=0, **kw)
+        a, b = out[0, len(PROMPT):].tolist()
+        counts[a, b] += 1
+        drafted += dec.stats.drafted
+        accepted += dec.stats.accepted
+    return counts, drafted, accepted
+
+
+def _pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square goodness of fit; cells expected below 5 are pooled into one."""
+    n = counts.sum()
+    expected = probs.ravel() * n
+    observed = counts.ravel()
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] < 1e-12:
+        obs, exp = obs[:-1], exp[:-1]
+    exp = exp * obs.sum() / exp.sum()
+    return float(chisquare(obs, exp).pvalue)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_sampled_distribution_is_exact(model, name):
+    kw = SETTINGS[name]
+    torch.manual_seed(2024)
+    counts, drafted, accepted = _draw(model, kw, N_SAMPLES)
+    assert 0 < accepted < drafted, "the test must exercise both acceptance and rejection"
+    p = _pvalue(counts, _exact_two_token_distribution(model, kw))
+    assert p > LEVEL, f"{name}: samples do not follow the target distribution (p={p:.2e})"
+
+
+_exact_choose = verify_mod._choose_sampled
+
+
+def _accept_top3(scores, kids):
+    """Wrong: accept a drafted child whenever it is among the top-3 tokens."""
+    if kids:
+        top = scores[0].topk(3).indices.tolist()
+        for x, child in kids.items():
+            if x in top:
+                return x, child
+    return _exact_choose(scores, {})
+
+
+def _no_residual(scores, kids):
+    """Wrong (a classic bug): on rejection, sample from p itself instead of the residual."""
+    x, child = _exact_choose(scores, kids)
+    if child >= 0:
+        return x, child
+    return _exact_choose(scores, {})[0], -1
+
+
+@pytest.mark.parametrize("wrong", [_accept_top3, _no_residual])
+def test_wrong_rule_fails_the_same_check(model, monkeypatch, wrong):
+    kw = SETTINGS["temperature"]
+    monkeypatch.setattr(verify_mod, "_choose_sampled", wrong)
+    torch.manual_seed(2024)
+    counts, _, _ = _draw(model, kw, N_SAMPLES)
+    p = _pvalue(counts, _exact_two_token_distribution(model, kw))
+    assert p < LEVEL, f"the check did not catch a wrong acceptance rule (p={p:.2e})"
+
+
+def test_seeded_runs_repeat(model):
+    dec = LookaheadDecoder(trie_capacity=4096)
+    ids = torch.tensor([PROMPT])
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(99)
+        outs.append(model.generate(ids, custom_generate=dec, do_sample=True, temperature=0.8, max_new_tokens=30,
+                                   eos_token_id=None, pad_token_id=0).tolist())
+    assert outs[0] == outs[1]
+
+
+def test_accept_among_children_example():
+    assert verify_mod.accept_among_children([0.5, 0.3], [0.7, 0.5]) == 1
+    assert verify_mod.accept_among_children([0.5, 0.3], [0.7, 0.7]) == -1
+    assert verify_mod.accept_among_children([0.5, 0.3], [0.2, 0.9]) == 0
+    assert verify_mod.accept_among_children([1.0], [0.999999]) == 0
+
+
+def test_trie_drafts_siblings_for_this_prompt(model):
+    """Guards the premise above: multi-candidate rejection sampling is what gets tested."""
+    dec = LookaheadDecoder(trie_capacity=4096)
+    dec.trie.insert(np.array(PROMPT))
+    tokens, parents = dec.trie.propose(np.array(PROMPT[-3:]), 12, 2, 3)
+    assert sorted(tokens[parents == -1].tolist()) == [3, 7, 12]
