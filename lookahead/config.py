@@ -33,6 +33,13 @@ class LookaheadConfig:
     - ``tree_depth``: most draft tokens on one branch.
     - ``trie_capacity``: node capacity of the trie; least-recently-used n-grams are evicted past it.
 
+    Jacobi lookahead window (Fu et al. 2024; see ``window.py``), which grows n-grams that have not
+    occurred yet, in the same forward pass:
+
+    - ``window_width`` (the paper's W): columns of the window; 0 turns the window off.
+    - ``window_ngram`` (N): n-gram size; the window keeps N - 1 levels of W guesses.
+    - ``window_candidates`` (G): window n-grams verified per step (at most G * (N - 1) draft tokens).
+
     Example::
 
         LookaheadConfig(tree_nodes=8, tree_depth=6)   # a smaller tree for a slow CPU
@@ -43,6 +50,9 @@ class LookaheadConfig:
     tree_nodes: int = 12
     tree_depth: int = 6
     trie_capacity: int = 1 << 18
+    window_width: int = 0
+    window_ngram: int = 4
+    window_candidates: int = 4
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -57,6 +67,12 @@ class LookaheadConfig:
             raise _bad("tree_nodes", self.tree_nodes, "must be >= 0 (0 turns the draft tree off)")
         if self.tree_depth < 0:
             raise _bad("tree_depth", self.tree_depth, "must be >= 0 (0 turns the draft tree off)")
+        if self.window_width < 0:
+            raise _bad("window_width", self.window_width, "must be >= 0 (0 turns the window off)")
+        if self.window_ngram < 2:
+            raise _bad("window_ngram", self.window_ngram, "must be >= 2")
+        if self.window_candidates < 0:
+            raise _bad("window_candidates", self.window_candidates, "must be >= 0")
         min_capacity = 4 * self.ngram_size * self.ngram_size
         if self.trie_capacity < min_capacity:
             raise _bad("trie_capacity", self.trie_capacity, f"must be >= 4 * ngram_size**2 = {min_capacity}")

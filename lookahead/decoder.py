@@ -12,13 +12,13 @@ import inspect
 import sys
 import time
 
-import numpy as np
 import torch
 
 from cache import NgramTrie
 
 from .config import LookaheadConfig
 from .kv_cache import check_rollbackable, keep_entries
+from .proposer import ORIGINS, Proposer
 from .stats import DecodeStats
 from .tree import pack_step
 from .verify import verify
@@ -51,6 +51,7 @@ class LookaheadDecoder:
             raise TypeError(f"config must be a LookaheadConfig, got {type(config).__name__}")
         self.config = config
         self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
+        self.proposer = Proposer(config, self.trie)
         self.stats = DecodeStats()
 
     def __repr__(self) -> str:
@@ -131,7 +132,6 @@ def _cache_kwarg_name(model) -> str:
 
 def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
             model_kwargs):
-    cfg = decoder.config
     stats = decoder.stats = DecodeStats()
     gen = generation_config if generation_config is not None else model.generation_config
     unknown = {k for k, v in model_kwargs.items() if v is not None and k not in _HANDLED_KWARGS}
@@ -167,12 +167,8 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     do_sample = bool(gen.do_sample)
     dtype = model.dtype
 
-    # the trie learns the prompt
-    trie = decoder.trie
-    trie.clear()
-    prompt_host = input_ids[0].tolist()
-    trie.insert(np.asarray(prompt_host, dtype=np.int64))
-    context = prompt_host  # host list of all tokens so far, for the trie's lookups
+    proposer = decoder.proposer
+    proposer.start(input_ids[0].tolist())
 
     past_len = cache.get_seq_length()
     if past_len >= input_ids.shape[1]:
@@ -190,32 +186,29 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         # -- propose -------------------------------------------------------------------------
         t0 = time.perf_counter()
         room = max_length - sequences.shape[1] - 1  # draft tokens that can still be emitted before the bonus
-        depth = min(cfg.tree_depth, room)
-        if depth > 0 and cfg.tree_nodes > 0:
-            tree_tokens, tree_parents = trie.propose(
-                np.asarray(context[-cfg.max_match :], dtype=np.int64), cfg.tree_nodes, depth, cfg.max_match
-            )
-        else:
-            tree_tokens = tree_parents = np.zeros(0, dtype=np.int64)
-        n = len(tree_tokens)
+        draft = proposer.propose(room)
+        n, m = len(draft.tokens), draft.n_window_rows
         p = pending.shape[1]
-        ids, pos, mask = pack_step(pending, pending_pos, tree_tokens, tree_parents, col_visible, past_len, dtype)
+        ids, pos, mask = pack_step(pending, pending_pos, draft.tokens, draft.parents, col_visible, past_len, dtype,
+                                   draft.window)
         t1 = time.perf_counter()
 
         # -- forward ---------------------------------------------------------------------------
         out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, **{cache_name: cache},
-                    **({"logits_to_keep": n + 1} if keeps_logits else {}))
+                    **({"logits_to_keep": n + m + 1} if keeps_logits else {}))
         stats.target_calls += 1
         if not checked_cache:
             check_rollbackable(cache)
             checked_cache = True
-        logits = out.logits[0, -(n + 1) :].float()  # [n+1, V]: the last pending token, then the nodes
+        # [1+n+m, V]: the last pending token, the tree nodes, the window rows
+        logits = out.logits[0, -(n + m + 1) :].float()
         del out
+        window_argmax = logits[n + 1 :].argmax(-1).cpu().numpy() if m else None
         t2 = time.perf_counter()
 
         # -- verify ----------------------------------------------------------------------------
         verdict = verify(
-            logits, tree_tokens.tolist(), tree_parents.tolist(), sequences, logits_processor,
+            logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(), sequences, logits_processor,
             do_sample=do_sample, keep_scores=output_scores, keep_raw=output_logits,
         )
         t3 = time.perf_counter()
@@ -242,20 +235,23 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         stats.drafted += n
         stats.accepted += n_acc
         stats.accepted_hist[n_acc] += 1
+        for o in draft.origin.tolist():
+            stats.drafted_by_origin[ORIGINS[o]] += 1
+        for j in verdict.nodes[:n_acc]:
+            stats.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
         stats.new_tokens += n_emit
 
         # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------
         # keep the pending tokens and the accepted nodes; the last emitted token becomes pending
         keep = list(range(p)) + [p + j for j in verdict.nodes[:n_acc]]
-        keep_entries(cache, p + n, keep)
+        keep_entries(cache, p + n + m, keep)  # the window's entries are never kept
         past_len += len(keep)
         last_pos = pending_pos[:, -1:]
         pending = sequences[:, -1:]
         pending_pos = last_pos + n_acc + 1
         if col_visible is not None:
             col_visible = torch.cat([col_visible, col_visible.new_ones(n_emit)])
-        trie.insert(np.asarray(emitted, dtype=np.int64))
-        context.extend(emitted)
+        proposer.learn(emitted, window_argmax)
         if streamer is not None:
             streamer.put(new[0, :n_emit].cpu())
         stats.time_propose += t1 - t0

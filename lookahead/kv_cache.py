@@ -12,7 +12,6 @@ entries 12 and 14 are copied to 11 and 12, then the cache is cropped to 13 entri
 from __future__ import annotations
 
 import torch
-
 from transformers import Cache
 
 

@@ -15,6 +15,8 @@ class DecodeStats:
     - ``drafted``: draft-tree tokens verified, summed over steps.
     - ``accepted``: draft tokens accepted, summed over steps.
     - ``accepted_hist``: accepted draft tokens per step -> number of steps.
+    - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
+      ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
     - ``time_*``: seconds spent proposing drafts, in the model's forward, verifying (on a GPU this
       includes waiting for the forward to finish) and in bookkeeping (KV cache, trie, stopping).
     """
@@ -24,6 +26,8 @@ class DecodeStats:
     drafted: int = 0
     accepted: int = 0
     accepted_hist: Counter = field(default_factory=Counter)
+    drafted_by_origin: Counter = field(default_factory=Counter)
+    accepted_by_origin: Counter = field(default_factory=Counter)
     time_propose: float = 0.0
     time_forward: float = 0.0
     time_verify: float = 0.0
@@ -48,6 +52,8 @@ class DecodeStats:
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
             "accepted_hist": {int(k): int(v) for k, v in sorted(self.accepted_hist.items())},
+            "drafted_by_origin": dict(self.drafted_by_origin),
+            "accepted_by_origin": dict(self.accepted_by_origin),
             "time_propose": self.time_propose,
             "time_forward": self.time_forward,
             "time_verify": self.time_verify,

@@ -4,7 +4,9 @@ One step's query rows are, in order:
 
 1. the *pending* tokens (causal among themselves; they see the whole KV cache),
 2. the *draft tree* nodes in breadth-first order: node ``i`` sees the KV cache, all pending
-   tokens and exactly its own ancestors (and itself) in the tree.
+   tokens and exactly its own ancestors (and itself) in the tree,
+3. optionally the lookahead *window* rows (see ``window.py``): they see the KV cache, all pending
+   tokens and the window rows their layout allows; tree and window rows never see each other.
 
 Worked example: one pending token ``p`` at position 10, draft tree tokens ``[a, b, c]`` with
 parents ``[-1, -1, 0]`` (``a`` and ``b`` follow ``p``; ``c`` follows ``a``)::
@@ -61,6 +63,7 @@ def pack_step(
     col_visible: torch.Tensor | None,
     past_len: int,
     dtype: torch.dtype,
+    window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Build the model inputs of one step.
 
@@ -68,20 +71,25 @@ def pack_step(
     - ``tree_tokens``: int[n]; ``tree_parents``: int[n] (host arrays from the trie).
     - ``col_visible``: bool[past_len + p], False for padding among the cached and pending tokens,
       or None when there is no padding.
-    - Returns ``input_ids`` long[1, p+n], ``position_ids`` long[1, p+n] and an additive float
-      ``mask`` [1, 1, p+n, past_len+p+n] (0 where visible, dtype's min elsewhere), all on the
-      device of ``pending``.
+    - ``window``: optional (tokens int[m], position offsets from the last pending token int[m],
+      visibility bool[m, m]) of the window rows.
+    - Returns ``input_ids`` long[1, q], ``position_ids`` long[1, q] and an additive float
+      ``mask`` [1, 1, q, past_len+q] (0 where visible, dtype's min elsewhere), q = p + n + m, all
+      on the device of ``pending``.
     """
     device = pending.device
     p = pending.shape[1]
     n = len(tree_tokens)
-    q = p + n
+    m = 0 if window is None else len(window[0])
+    q = p + n + m
     # new-columns block, built on the host (tiny) and copied once
     block = np.zeros((q, q), dtype=bool)
     block[:p, :p] = np.tril(np.ones((p, p), dtype=bool))
+    block[p:, :p] = True
     if n:
-        block[p:, :p] = True
-        block[p:, p:] = tree_visibility(tree_parents)
+        block[p : p + n, p : p + n] = tree_visibility(tree_parents)
+    if m:
+        block[p + n :, p + n :] = window[2]
     visible = torch.from_numpy(block).to(device, non_blocking=True)  # [q, q]
     if past_len:
         visible = torch.cat([torch.ones(q, past_len, dtype=torch.bool, device=device), visible], dim=1)
@@ -90,10 +98,50 @@ def pack_step(
     # visible: [q, past_len + q]
     mask = torch.zeros(visible.shape, dtype=dtype, device=device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    if n:
-        ids = torch.cat([pending, torch.from_numpy(np.asarray(tree_tokens, dtype=np.int64)).to(device)[None]], 1)
-        depth = torch.from_numpy(tree_depths(tree_parents)).to(device)
-        pos = torch.cat([pending_pos, pending_pos[:, -1:] + depth[None]], dim=1)
+    if n or m:
+        extra_ids = np.concatenate([np.asarray(tree_tokens, dtype=np.int64)]
+                                   + ([np.asarray(window[0], dtype=np.int64)] if m else []))
+        offsets = np.concatenate([tree_depths(tree_parents)] + ([np.asarray(window[1], dtype=np.int64)] if m else []))
+        ids = torch.cat([pending, torch.from_numpy(extra_ids).to(device)[None]], 1)
+        pos = torch.cat([pending_pos, pending_pos[:, -1:] + torch.from_numpy(offsets).to(device)[None]], dim=1)
     else:
         ids, pos = pending, pending_pos
     return ids, pos, mask[None, None]
+
+
+def merge_trees(
+    first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Union of two draft trees with the same root; shared paths appear once.
+
+    Each tree is (tokens int[n], parents int[n]) in breadth-first order. Returns (tokens, parents,
+    origin) in breadth-first order, ``origin[i]`` = 0 if node ``i`` is in ``first``, else 1.
+
+    Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
+    parents ``[-1, 0, -1]`` -> tokens ``[5, 8, 6, 7]``, parents ``[-1, -1, 0, 0]``,
+    origin ``[0, 1, 0, 1]``.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    origin: list[int] = []
+    depth: list[int] = []
+    index: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
+    for o, (toks, pars) in enumerate((first, second)):
+        local: list[int] = []  # this tree's node -> merged index
+        for tok, par in zip(np.asarray(toks).tolist(), np.asarray(pars).tolist()):
+            mp = local[par] if par >= 0 else -1
+            key = (mp, tok)
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(mp)
+                origin.append(o)
+                depth.append(1 if mp < 0 else depth[mp] + 1)
+            local.append(index[key])
+    order = sorted(range(len(tokens)), key=lambda i: (depth[i], i))  # stable: breadth-first again
+    new_index = {old: new for new, old in enumerate(order)}
+    return (
+        np.asarray([tokens[i] for i in order], dtype=np.int64),
+        np.asarray([new_index[parents[i]] if parents[i] >= 0 else -1 for i in order], dtype=np.int64),
+        np.asarray([origin[i] for i in order], dtype=np.int8),
+    )

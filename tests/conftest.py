@@ -23,7 +23,7 @@ def _tiny(arch: str):
     elif arch == "mistral":
         cfg, cls = tf.MistralConfig(num_key_value_heads=2, sliding_window=4096, **common), tf.MistralForCausalLM
     elif arch == "phi3":
-        cfg, cls = tf.Phi3Config(num_key_value_heads=2, pad_token_id=0, **common), tf.Phi3ForCausalLM
+        cfg, cls = tf.Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, **common), tf.Phi3ForCausalLM
     elif arch == "gemma":
         cfg, cls = tf.GemmaConfig(num_key_value_heads=2, head_dim=8, **common), tf.GemmaForCausalLM
     elif arch == "gpt2":

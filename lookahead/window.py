@@ -1,0 +1,109 @@
+"""The Jacobi lookahead window: grows fresh n-grams in the same forward pass that verifies drafts.
+
+Terms (Fu et al., "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding", 2024):
+
+- ``W`` (``LookaheadConfig.window_width``): the window's width, in columns.
+- ``N`` (``LookaheadConfig.window_ngram``): the n-gram size; the window keeps ``N - 1`` *levels*
+  (past Jacobi iterations), each a row of ``W`` guessed tokens.
+- ``G`` (``LookaheadConfig.window_candidates``): how many window n-grams are verified per step.
+
+Layout. Let ``P`` be the position of the root (the last emitted token). The token of level ``l``
+(0 = oldest), column ``j`` sits at position ``P + 1 + l + j``. It sees the context, the root, the
+level-0 tokens of earlier columns (``(0, j')``, ``j' < j``) and its own column's earlier levels
+(``(l', j)``, ``l' < l``): together a causal guessed prefix of consecutive positions. Its argmax is
+a guess for position ``P + 2 + l + j``.
+
+Each step: the top level's outputs become the newest level (the oldest is dropped once ``N - 1``
+levels exist), and every column of a full window yields the n-gram
+``(level_0[j], ..., level_{N-2}[j], output[j])``: ``N`` tokens at consecutive positions, harvested
+into the window's n-gram store. When a step emits ``a`` tokens, the window slides ``a - 1``
+columns to the left so that every kept guess keeps its absolute position; new right-hand columns
+are filled with tokens drawn from the context.
+
+Worked example, W=3, N=3, two levels ``[[5, 6, 7], [8, 9, 4]]`` and top-level outputs
+``[1, 2, 3]``: harvested 3-grams ``(5, 8, 1), (6, 9, 2), (7, 4, 3)``; the new levels are
+``[[8, 9, 4], [1, 2, 3]]``; if that step emitted 2 tokens they become ``[[9, 4, x], [2, 3, y]]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Position offsets (from the root) and visibility of a window with ``levels`` x ``width`` tokens.
+
+    Rows are level-major: row ``l * width + j`` is level ``l``, column ``j``.
+    Returns ``offsets`` int64[L*W] (position = root position + offset) and ``visible`` bool[L*W, L*W].
+
+    Example, levels=2, width=2 (rows (0,0), (0,1), (1,0), (1,1)): offsets ``[1, 2, 2, 3]``;
+    visible rows ``[1,0,0,0], [1,1,0,0], [1,0,1,0], [1,1,0,1]``.
+    """
+    n = levels * width
+    offsets = np.empty(n, dtype=np.int64)
+    visible = np.zeros((n, n), dtype=bool)
+    for lev in range(levels):
+        for j in range(width):
+            r = lev * width + j
+            offsets[r] = 1 + lev + j
+            visible[r, :j] = True  # level-0 tokens of earlier columns
+            for earlier in range(lev + 1):  # own column, levels 0..lev (itself included)
+                visible[r, earlier * width + j] = True
+    return offsets, visible
+
+
+def harvest_ngrams(levels: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    """The n-grams completed by a full window: int64[W, N] from levels int[N-1, W] and outputs int[W].
+
+    Example: levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]`` ->
+    ``[[5, 8, 1], [6, 9, 2], [7, 4, 3]]``.
+    """
+    return np.concatenate([np.asarray(levels, dtype=np.int64), np.asarray(outputs, dtype=np.int64)[None]]).T
+
+
+class LookaheadWindow:
+    """The window's state: up to ``N - 1`` levels of ``W`` guessed tokens.
+
+    Deterministic: fresh guesses are drawn from the context with a NumPy generator seeded per
+    call, so the torch random stream (used by sampling) is untouched.
+    """
+
+    def __init__(self, width: int, ngram: int, context: list[int], seed: int = 0):
+        if width < 1 or ngram < 2:
+            raise ValueError(f"window needs width >= 1 and ngram >= 2; got width={width}, ngram={ngram}")
+        self.width, self.ngram = width, ngram
+        self._rng = np.random.default_rng(seed)
+        self._pool = np.asarray(context[-1024:], dtype=np.int64)
+        self.levels = self._fresh(width)[None]  # int64[n_levels, W]; starts with one level
+
+    def _fresh(self, k: int) -> np.ndarray:
+        return self._rng.choice(self._pool, size=k) if k else np.zeros(0, dtype=np.int64)
+
+    @property
+    def full(self) -> bool:
+        """True once ``N - 1`` levels exist (from then on every step harvests ``W`` n-grams)."""
+        return len(self.levels) == self.ngram - 1
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens int64[L*W], position offsets int64[L*W], visibility bool[L*W, L*W]) of this step."""
+        offsets, visible = window_layout(len(self.levels), self.width)
+        return self.levels.reshape(-1), offsets, visible
+
+    def advance(self, argmax: np.ndarray, emitted: int) -> np.ndarray:
+        """Apply one Jacobi step and return the harvested n-grams (int64[W, N], or [0, N] while filling).
+
+        ``argmax``: int[L*W], the target's argmax at each window row, in :meth:`rows` order.
+        ``emitted``: tokens the step emitted (accepted drafts + 1); the window slides by ``emitted - 1``.
+        """
+        out = np.asarray(argmax, dtype=np.int64).reshape(len(self.levels), self.width)[-1]
+        if self.full:
+            grams = harvest_ngrams(self.levels, out)
+            self.levels = np.concatenate([self.levels[1:], out[None]])
+        else:
+            grams = np.zeros((0, self.ngram), dtype=np.int64)
+            self.levels = np.concatenate([self.levels, out[None]])
+        shift = min(max(emitted - 1, 0), self.width)
+        if shift:
+            fresh = self._fresh(shift * len(self.levels)).reshape(len(self.levels), shift)
+            self.levels = np.concatenate([self.levels[:, shift:], fresh], axis=1)
+        return grams
