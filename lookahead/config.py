@@ -40,6 +40,14 @@ class LookaheadConfig:
     - ``window_ngram`` (N): n-gram size; the window keeps N - 1 levels of W guesses.
     - ``window_candidates`` (G): window n-grams verified per step (at most G * (N - 1) draft tokens).
 
+    Budget (see ``budget.py``):
+
+    - ``adaptive``: choose per step how many draft nodes to verify and whether to run the window,
+      from the measured cost of a forward pass and online acceptance rates (``tree_nodes`` and the
+      window settings are then upper bounds). ``False`` always verifies the full proposal.
+    - ``cost_curve``: ``((k, seconds), ...)``, the forward time for ``k`` new tokens; given, it
+      replaces the calibration (a few forwards on first use per model, device and dtype).
+
     Example::
 
         LookaheadConfig(tree_nodes=8, tree_depth=6)   # a smaller tree for a slow CPU
@@ -53,10 +61,14 @@ class LookaheadConfig:
     window_width: int = 0
     window_ngram: int = 4
     window_candidates: int = 4
+    adaptive: bool = True
+    cost_curve: tuple | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.type in ("bool", bool) and not isinstance(value, bool):
+                raise _bad(f.name, value, "must be a bool")
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
                 raise _bad(f.name, value, "must be an int")
         if self.ngram_size < 2:
@@ -73,6 +85,14 @@ class LookaheadConfig:
             raise _bad("window_ngram", self.window_ngram, "must be >= 2")
         if self.window_candidates < 0:
             raise _bad("window_candidates", self.window_candidates, "must be >= 0")
+        if self.cost_curve is not None:
+            try:
+                points = tuple((int(k), float(t)) for k, t in self.cost_curve)
+            except (TypeError, ValueError):
+                raise _bad("cost_curve", self.cost_curve, "must be ((k, seconds), ...)") from None
+            if not points or any(k < 1 or t <= 0 for k, t in points):
+                raise _bad("cost_curve", self.cost_curve, "needs points with k >= 1 and seconds > 0")
+            object.__setattr__(self, "cost_curve", points)
         min_capacity = 4 * self.ngram_size * self.ngram_size
         if self.trie_capacity < min_capacity:
             raise _bad("trie_capacity", self.trie_capacity, f"must be >= 4 * ngram_size**2 = {min_capacity}")

@@ -13,9 +13,11 @@ import sys
 import time
 
 import torch
+from transformers import DynamicCache
 
 from cache import NgramTrie
 
+from .budget import AcceptanceStats, Budget, CostModel, calibrate, subset_tree
 from .config import LookaheadConfig
 from .kv_cache import check_rollbackable, keep_entries
 from .proposer import ORIGINS, Proposer
@@ -52,6 +54,7 @@ class LookaheadDecoder:
         self.config = config
         self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
         self.proposer = Proposer(config, self.trie)
+        self.acceptance = AcceptanceStats()  # learnt across calls: how often drafts are accepted
         self.stats = DecodeStats()
 
     def __repr__(self) -> str:
@@ -144,8 +147,6 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     keeps_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     if cache is None:
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=model.config)
     device = input_ids.device
     attn = model_kwargs.get("attention_mask")
@@ -167,8 +168,15 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     do_sample = bool(gen.do_sample)
     dtype = model.dtype
 
+    cfg = decoder.config
     proposer = decoder.proposer
     proposer.start(input_ids[0].tolist())
+    budget = None
+    if cfg.adaptive:
+        cost = CostModel(cfg.cost_curve) if cfg.cost_curve else calibrate(
+            model, lambda: DynamicCache(config=model.config), cache_name, keeps_logits)
+        budget = Budget(cost, decoder.acceptance)
+        stats.cost_curve = cost.points
 
     past_len = cache.get_seq_length()
     if past_len >= input_ids.shape[1]:
@@ -187,6 +195,13 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         t0 = time.perf_counter()
         room = max_length - sequences.shape[1] - 1  # draft tokens that can still be emitted before the bonus
         draft = proposer.propose(room)
+        if budget is not None:
+            keep, use_window = budget.plan(draft.tokens, draft.parents, draft.origin, draft.n_window_rows)
+            if len(keep) < len(draft.tokens):
+                draft.tokens, draft.parents, draft.origin = subset_tree(draft.tokens, draft.parents, draft.origin, keep)
+            if not use_window:
+                draft.window = None
+        stats.budgets.append((len(draft.tokens), draft.n_window_rows))
         n, m = len(draft.tokens), draft.n_window_rows
         p = pending.shape[1]
         ids, pos, mask = pack_step(pending, pending_pos, draft.tokens, draft.parents, col_visible, past_len, dtype,
@@ -239,6 +254,9 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             stats.drafted_by_origin[ORIGINS[o]] += 1
         for j in verdict.nodes[:n_acc]:
             stats.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
+        if budget is not None:
+            budget.record(draft.parents, draft.origin, verdict.nodes, m > 0,
+                          sum(1 for j in verdict.nodes if draft.origin[j] == 1))
         stats.new_tokens += n_emit
 
         # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------

@@ -66,10 +66,10 @@ class Proposer:
             self.window_trie.clear()
             self.window = LookaheadWindow(self.config.window_width, self.config.window_ngram, self.context)
 
-    def propose(self, room: int, tree_nodes: int | None = None, use_window: bool = True) -> Draft:
+    def propose(self, room: int) -> Draft:
         """The draft of this step; ``room`` caps the depth (tokens that may still be emitted - 1)."""
         cfg = self.config
-        nodes = cfg.tree_nodes if tree_nodes is None else tree_nodes
+        nodes = cfg.tree_nodes
         depth = min(cfg.tree_depth, room)
         suffix = np.asarray(self.context[-cfg.max_match :], dtype=np.int64)
         if depth > 0 and nodes > 0:
@@ -78,7 +78,7 @@ class Proposer:
             tokens, parents = _EMPTY, _EMPTY
         origin = np.zeros(len(tokens), dtype=np.int8)
         window = None
-        if self.window is not None and use_window:
+        if self.window is not None:
             if depth > 0 and cfg.window_candidates > 0:
                 wn = cfg.window_ngram - 1
                 w_tokens, w_parents = self.window_trie.propose(

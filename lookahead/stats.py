@@ -17,6 +17,8 @@ class DecodeStats:
     - ``accepted_hist``: accepted draft tokens per step -> number of steps.
     - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
       ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
+    - ``budgets``: per step, (draft nodes verified, window rows run): the budget the step chose.
+    - ``cost_curve``: the forward-time curve ((k, seconds), ...) the budget used, if adaptive.
     - ``time_*``: seconds spent proposing drafts, in the model's forward, verifying (on a GPU this
       includes waiting for the forward to finish) and in bookkeeping (KV cache, trie, stopping).
     """
@@ -28,6 +30,8 @@ class DecodeStats:
     accepted_hist: Counter = field(default_factory=Counter)
     drafted_by_origin: Counter = field(default_factory=Counter)
     accepted_by_origin: Counter = field(default_factory=Counter)
+    budgets: list = field(default_factory=list)
+    cost_curve: tuple | None = None
     time_propose: float = 0.0
     time_forward: float = 0.0
     time_verify: float = 0.0
@@ -54,6 +58,8 @@ class DecodeStats:
             "accepted_hist": {int(k): int(v) for k, v in sorted(self.accepted_hist.items())},
             "drafted_by_origin": dict(self.drafted_by_origin),
             "accepted_by_origin": dict(self.accepted_by_origin),
+            "budgets": [list(b) for b in self.budgets],
+            "cost_curve": [list(p) for p in self.cost_curve] if self.cost_curve else None,
             "time_propose": self.time_propose,
             "time_forward": self.time_forward,
             "time_verify": self.time_verify,

@@ -1,0 +1,251 @@
+"""Hardware-aware draft budget: how many draft nodes to verify, and whether to run the window.
+
+Verifying k extra tokens is nearly free on a datacenter GPU and costs real time on a CPU, so the
+right budget depends on the hardware. Three pieces:
+
+- :class:`CostModel`: seconds of one forward as a function of the number of new tokens ``k``,
+  measured once per (model, device, dtype) in the process by :func:`calibrate` (a few forwards
+  over a short context), or supplied by ``LookaheadConfig.cost_curve``.
+- :class:`AcceptanceStats`: online estimates of ``c(origin, depth, rank)``, the probability that
+  a drafted node is accepted given that its parent was (``rank`` = its place among its siblings).
+  A node's acceptance probability is the product of ``c`` along its path.
+- :func:`choose_nodes`: each step, keep the ``k`` most probable nodes (a prefix that is always a
+  tree) maximising expected tokens per second, ``(1 + sum of their probabilities) / t(1 + k + m)``,
+  with ``m`` the window's rows; ``k = 0`` is a plain one-token step.
+
+Worked example: node probabilities ``[0.9, 0.8, 0.1]``, cost ``t(1)=1, t(2)=1.1, t(3)=1.2, t(4)=2``:
+``k=0`` gives 1/1 = 1.0 tokens per unit, ``k=1`` 1.9/1.1 = 1.73, ``k=2`` 2.7/1.2 = 2.25, ``k=3``
+2.8/2 = 1.4: verify the two most probable nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+_CURVES: dict[tuple, CostModel] = {}
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+class CostModel:
+    """Forward time as a piecewise-linear function of the number of new tokens ``k``.
+
+    Built from measured points ``[(k, seconds), ...]``; beyond the last point it extrapolates
+    linearly with the slope of the last segment (never decreasing).
+    """
+
+    def __init__(self, points: Sequence[tuple[int, float]]):
+        pts = sorted((int(k), float(t)) for k, t in points)
+        if not pts or pts[0][0] < 1 or any(t <= 0 for _, t in pts):
+            raise ValueError(f"cost curve needs points (k >= 1, seconds > 0); got {points!r}")
+        ks = np.array([k for k, _ in pts], dtype=np.float64)
+        ts = np.maximum.accumulate(np.array([t for _, t in pts], dtype=np.float64))  # monotone in k
+        self.points = tuple(zip(ks.astype(int).tolist(), ts.tolist()))
+        self._ks, self._ts = ks, ts
+
+    def __call__(self, k: int | np.ndarray) -> np.ndarray:
+        k = np.asarray(k, dtype=np.float64)
+        t = np.interp(k, self._ks, self._ts)
+        if len(self._ks) >= 2:
+            slope = max((self._ts[-1] - self._ts[-2]) / (self._ks[-1] - self._ks[-2]), 0.0)
+            t = np.where(k > self._ks[-1], self._ts[-1] + slope * (k - self._ks[-1]), t)
+        return t
+
+    def __repr__(self) -> str:
+        return "CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points) + ")"
+
+
+def _model_key(model) -> tuple:
+    cfg = model.config
+    return (type(model).__name__, getattr(cfg, "name_or_path", ""), getattr(cfg, "hidden_size", None),
+            getattr(cfg, "num_hidden_layers", None), getattr(cfg, "vocab_size", None), str(model.device),
+            str(model.dtype))
+
+
+def calibrate(model, cache_factory, forward_kwargs_name: str = "cache", keeps_logits: bool = True, context: int = 128,
+              sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 3) -> CostModel:
+    """Measure the forward time for each ``k`` in ``sizes`` after a ``context``-token prefill.
+
+    Runs once per (model, device, dtype) in the process; later calls return the kept curve.
+    """
+    key = _model_key(model)
+    if key in _CURVES:
+        return _CURVES[key]
+    device = model.device
+    vocab = model.config.vocab_size
+    limit = getattr(model.config, "max_position_embeddings", None) or 4096
+    context = max(1, min(context, limit - max(sizes) - 1))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, context + max(sizes)), generator=gen).to(device)
+    cache = cache_factory()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    with torch.no_grad():
+        model(input_ids=ids[:, :context], use_cache=True, **{forward_kwargs_name: cache})
+        best = {}
+        for _ in range(repeats):
+            for k in sizes:
+                pos = torch.arange(context, context + k, device=device)[None]
+                sync()
+                t = time.perf_counter()
+                model(input_ids=ids[:, context : context + k], position_ids=pos, use_cache=True,
+                      **{forward_kwargs_name: cache}, **({"logits_to_keep": k} if keeps_logits else {}))
+                sync()
+                elapsed = time.perf_counter() - t
+                cache.crop(-k)
+                best[k] = min(best.get(k, float("inf")), elapsed)
+    curve = CostModel(sorted(best.items()))
+    _CURVES[key] = curve
+    return curve
+
+
+def forget_calibrations() -> None:
+    """Drop every kept cost curve (the next run calibrates again)."""
+    _CURVES.clear()
+
+
+class AcceptanceStats:
+    """Online estimates of ``c(origin, depth, rank)``: P(node accepted | parent accepted).
+
+    Each estimate is ``(accepted + a) / (tried + a + b)`` with a Beta(a, b) prior (mean ``a/(a+b)``);
+    depths beyond ``max_depth`` share the last depth's cell, ranks beyond ``max_rank`` the last rank's.
+    Counts decay by ``decay`` per update so the estimates follow the text as it changes.
+    """
+
+    def __init__(self, origins: int = 2, max_depth: int = 8, max_rank: int = 4, prior: tuple[float, float] = (1.0, 2.0),
+                 decay: float = 0.98):
+        self.max_depth, self.max_rank = max_depth, max_rank
+        self.a, self.b = prior
+        self.decay = decay
+        self.tried = np.zeros((origins, max_depth, max_rank))
+        self.accepted = np.zeros((origins, max_depth, max_rank))
+
+    def _cells(self, origin, depth, rank):
+        return (np.asarray(origin, dtype=np.int64), np.minimum(np.asarray(depth) - 1, self.max_depth - 1),
+                np.minimum(np.asarray(rank), self.max_rank - 1))
+
+    def conditional(self, origin, depth, rank) -> np.ndarray:
+        cell = self._cells(origin, depth, rank)
+        return (self.accepted[cell] + self.a) / (self.tried[cell] + self.a + self.b)
+
+    def node_probabilities(self, parents: np.ndarray, origin: np.ndarray) -> np.ndarray:
+        """float[n]: P(node accepted) for a breadth-first tree, the product of ``c`` along its path."""
+        depth, rank = tree_depth_rank(parents)
+        c = self.conditional(origin, depth, rank)
+        prob = np.empty(len(parents))
+        for i, p in enumerate(np.asarray(parents).tolist()):
+            prob[i] = c[i] * (prob[p] if p >= 0 else 1.0)
+        return prob
+
+    def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int]) -> None:
+        """Record one verified tree: every node whose parent was accepted (or is the root) was tried."""
+        parents = np.asarray(parents)
+        if not len(parents):
+            return
+        ok = np.zeros(len(parents), dtype=bool)
+        ok[list(accepted_nodes)] = True
+        parent_ok = np.where(parents >= 0, ok[np.maximum(parents, 0)], True)
+        depth, rank = tree_depth_rank(parents)
+        self.tried *= self.decay
+        self.accepted *= self.decay
+        cells = self._cells(np.asarray(origin)[parent_ok], depth[parent_ok], rank[parent_ok])
+        np.add.at(self.tried, cells, 1.0)
+        np.add.at(self.accepted, cells, ok[parent_ok].astype(np.float64))
+
+
+def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depth (root's children: 1) and rank among siblings (0 = first) of each node of a BFS tree.
+
+    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[0, 1, 0, 1, 0]``.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    depth = np.zeros(len(parents), dtype=np.int64)
+    rank = np.zeros(len(parents), dtype=np.int64)
+    seen: dict[int, int] = {}
+    for i, p in enumerate(parents.tolist()):
+        depth[i] = 1 if p < 0 else depth[p] + 1
+        rank[i] = seen.get(p, 0)
+        seen[p] = rank[i] + 1
+    return depth, rank
+
+
+def choose_nodes(probs: np.ndarray, cost: CostModel, extra_rows: int = 0, extra_gain: float = 0.0) -> np.ndarray:
+    """The draft nodes worth verifying: indices (sorted) of the best prefix by probability.
+
+    ``probs``: float[n] acceptance probabilities of a tree's nodes (a child never above its parent).
+    ``extra_rows``/``extra_gain``: rows and expected tokens another part of the step adds (the window).
+    Maximises ``(1 + extra_gain + sum of chosen probs) / cost(1 + extra_rows + k)`` over k = 0..n.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))  # parents come before children
+    gains = 1.0 + extra_gain + np.concatenate([[0.0], np.cumsum(probs[order])])
+    rate = gains / cost(1 + extra_rows + np.arange(len(probs) + 1))
+    k = int(np.argmax(rate))
+    return np.sort(np.asarray(order[:k], dtype=np.int64))
+
+
+def subset_tree(tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, keep: np.ndarray):
+    """The sub-tree of the nodes ``keep`` (sorted; closed under parents), parents re-indexed.
+
+    Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> parents ``[-1, -1, 1]``.
+    """
+    keep = np.asarray(keep, dtype=np.int64)
+    new_index = np.full(len(tokens), -1, dtype=np.int64)
+    new_index[keep] = np.arange(len(keep))
+    old_par = np.asarray(parents, dtype=np.int64)[keep]
+    new_par = np.where(old_par >= 0, new_index[np.maximum(old_par, 0)], -1)
+    if np.any((old_par >= 0) & (new_par < 0)):
+        raise ValueError("keep must contain every kept node's parent")
+    return np.asarray(tokens)[keep], new_par, np.asarray(origin)[keep]
+
+
+class Budget:
+    """Per-step budget decisions of one decoder: which draft nodes to verify, whether the window runs.
+
+    The window's rows pay off in later steps (the n-grams they grow), so their worth is tracked as
+    ``window_gain``: a running mean of window-made tokens accepted per step while the window runs.
+    While the window is off it is re-tried every ``probe_every`` steps; a step that would verify no
+    node although drafts exist verifies its two most probable nodes every ``probe_every`` steps, so
+    acceptance estimates keep learning.
+    """
+
+    def __init__(self, cost: CostModel, stats: AcceptanceStats | None = None, probe_every: int = 8):
+        self.cost = cost
+        self.acceptance = stats or AcceptanceStats()
+        self.probe_every = probe_every
+        self.window_gain = 1.0  # optimistic start: the window is tried first
+        self._since_window = 0
+        self._since_draft = 0
+
+    def plan(self, tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, window_rows: int):
+        """(node indices to verify, run the window rows?) for this step's proposal."""
+        probs = self.acceptance.node_probabilities(parents, origin) if len(tokens) else np.zeros(0)
+        use_window = False
+        if window_rows:
+            with_w = choose_nodes(probs, self.cost, window_rows, self.window_gain)
+            without = choose_nodes(probs, self.cost)
+            rate_w = (1 + self.window_gain + probs[with_w].sum()) / self.cost(1 + window_rows + len(with_w))
+            rate_0 = (1 + probs[without].sum()) / self.cost(1 + len(without))
+            self._since_window += 1
+            use_window = bool(rate_w > rate_0) or self._since_window >= self.probe_every
+            keep = with_w if use_window else without
+        else:
+            keep = choose_nodes(probs, self.cost)
+        if len(tokens) and not len(keep):
+            self._since_draft += 1
+            if self._since_draft >= self.probe_every:
+                keep = np.sort(np.argsort(-probs, kind="stable")[:2])  # closed: parents sort first
+        if len(keep):
+            self._since_draft = 0
+        if use_window:
+            self._since_window = 0
+        return keep, use_window
+
+    def record(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes, window_ran: bool,
+               window_accepted: int) -> None:
+        """Learn from one verified step."""
+        self.acceptance.update(parents, origin, accepted_nodes)
+        if window_ran:
+            self.window_gain = 0.9 * self.window_gain + 0.1 * window_accepted

@@ -1,0 +1,147 @@
+"""The hardware-aware budget: cost curves, acceptance estimates, and the per-step choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lookahead import LookaheadDecoder
+from lookahead.budget import (
+    _CURVES,
+    AcceptanceStats,
+    Budget,
+    CostModel,
+    calibrate,
+    choose_nodes,
+    forget_calibrations,
+    subset_tree,
+    tree_depth_rank,
+)
+
+FLAT = CostModel([(1, 0.010), (64, 0.0105)])  # a datacenter GPU: 64 tokens cost as much as one
+STEEP = CostModel([(1, 0.036), (2, 0.041), (4, 0.057), (8, 0.067), (16, 0.075), (32, 0.114), (64, 0.136)])
+VERY_STEEP = CostModel([(1, 0.01), (2, 0.03), (64, 1.0)])
+
+
+def test_docstring_example():
+    cost = CostModel([(1, 1.0), (2, 1.1), (3, 1.2), (4, 2.0)])
+    assert choose_nodes(np.array([0.9, 0.8, 0.1]), cost).tolist() == [0, 1]
+
+
+def test_flat_cost_picks_large_budgets():
+    probs = np.linspace(0.5, 0.05, 40)
+    assert len(choose_nodes(probs, FLAT)) == 40
+
+
+def test_steep_cost_picks_small_or_none():
+    probs = np.array([0.3, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05])
+    assert len(choose_nodes(probs, STEEP)) < len(choose_nodes(probs, FLAT))
+    assert len(choose_nodes(probs, VERY_STEEP)) == 0
+
+
+def test_zero_acceptance_picks_plain_steps():
+    assert len(choose_nodes(np.zeros(12), FLAT)) == 0
+    assert len(choose_nodes(np.zeros(12), STEEP)) == 0
+
+
+def test_choice_is_a_tree_prefix():
+    parents = np.array([-1, -1, 0, 2, 1])
+    probs = np.array([0.9, 0.2, 0.8, 0.7, 0.1])
+    keep = choose_nodes(probs, CostModel([(1, 1.0), (4, 1.05), (6, 3.0)]))
+    # k=3: (1 + 0.9 + 0.8 + 0.7) / 1.05 = 3.24 tokens per unit beats k=4: 3.6 / 2.025 = 1.78
+    assert keep.tolist() == [0, 2, 3]
+    tokens, new_parents, origin = subset_tree(np.array([10, 11, 12, 13, 14]), parents, np.zeros(5), keep)
+    assert tokens.tolist() == [10, 12, 13] and new_parents.tolist() == [-1, 0, 1]
+
+
+def test_subset_tree_reindexes_and_rejects_orphans():
+    t, p, o = subset_tree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]), np.array([0, 1, 0, 1]), [0, 1, 3])
+    assert t.tolist() == [5, 6, 8] and p.tolist() == [-1, -1, 1] and o.tolist() == [0, 1, 1]
+    with pytest.raises(ValueError):
+        subset_tree(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), [1])
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    c = CostModel([(1, 1.0), (3, 2.0)])
+    assert c(2) == pytest.approx(1.5) and c(5) == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        CostModel([(0, 1.0)])
+
+
+def test_depth_rank():
+    depth, rank = tree_depth_rank(np.array([-1, -1, 0, 0, 1]))
+    assert depth.tolist() == [1, 1, 2, 2, 2] and rank.tolist() == [0, 1, 0, 1, 0]
+
+
+def test_acceptance_stats_learn():
+    acc = AcceptanceStats(prior=(1.0, 1.0), decay=1.0)
+    parents, origin = np.array([-1, -1, 0]), np.array([0, 0, 0])
+    for _ in range(20):
+        acc.update(parents, origin, [0, 2])  # first child and its child are always accepted
+    probs = acc.node_probabilities(parents, origin)
+    assert probs[0] > 0.9 and probs[1] < 0.1 and probs[2] > 0.85
+    # node 2 is only tried when node 0 was accepted: its estimate is conditional
+    assert acc.tried[0, 1, 0] == 20
+
+
+def test_budget_probes_when_it_would_never_draft():
+    budget = Budget(VERY_STEEP, AcceptanceStats(prior=(0.0001, 10.0)), probe_every=4)
+    tokens, parents, origin = np.array([1, 2]), np.array([-1, 0]), np.zeros(2, dtype=np.int8)
+    choices = [len(budget.plan(tokens, parents, origin, 0)[0]) for _ in range(8)]
+    assert choices == [0, 0, 0, 2, 0, 0, 0, 2]
+
+
+def test_budget_turns_window_off_when_it_does_not_pay():
+    budget = Budget(VERY_STEEP, probe_every=100)
+    budget.window_gain = 0.0
+    keep, use_window = budget.plan(np.zeros(0), np.zeros(0), np.zeros(0), window_rows=12)
+    assert not use_window
+    budget = Budget(FLAT, probe_every=100)
+    budget.window_gain = 0.5
+    assert budget.plan(np.zeros(0), np.zeros(0), np.zeros(0), window_rows=12)[1]
+
+
+def test_calibration_runs_once_per_model_device_dtype(tiny_models):
+    forget_calibrations()
+    model = tiny_models("llama")
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        dec = LookaheadDecoder()
+        ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
+        model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
+        first = len(calls)
+        assert dec.stats.cost_curve is not None and len(_CURVES) == 1
+        calls.clear()
+        model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=10, eos_token_id=None)
+        assert len(calls) == dec.stats.target_calls or len(calls) < first  # no second calibration
+        assert len(_CURVES) == 1
+        curve = calibrate(model, None)  # kept: the cache factory is not even needed
+        assert curve is _CURVES[next(iter(_CURVES))]
+    finally:
+        handle.remove()
+
+
+def test_explicit_curve_or_fixed_budget_skip_calibration(tiny_models):
+    forget_calibrations()
+    model = tiny_models("qwen2")
+    ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
+    dec = LookaheadDecoder(cost_curve=((1, 0.01), (64, 0.02)))
+    model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
+    assert dec.stats.cost_curve == ((1, 0.01), (64, 0.02))
+    fixed = LookaheadDecoder(adaptive=False)
+    model.generate(ids, custom_generate=fixed, max_new_tokens=10, eos_token_id=None)
+    assert fixed.stats.cost_curve is None
+    assert not _CURVES
+
+
+@pytest.mark.parametrize("curve", [FLAT.points, VERY_STEEP.points])
+def test_budget_keeps_greedy_exact(tiny_models, curve):
+    model = tiny_models("llama")
+    ids = torch.tensor([[3, 10, 11, 12, 13, 10, 11, 12, 13, 10]])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+    dec = LookaheadDecoder(cost_curve=curve, window_width=3)
+    ours = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
+    assert ours.tolist() == plain.tolist()
+    assert len(dec.stats.budgets) == dec.stats.target_calls
