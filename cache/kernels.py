@@ -9,11 +9,12 @@ The trie lives in four arrays that :class:`cache.trie.NgramTrie` allocates once:
            Column ``GROUP_HEAD`` is indexed by *group id*, not by node (see below).
 ``stats``  int64 ``(capacity + 1, 3)``: ``COUNT``; ``LAST_USED`` (the step of the token that
            last recorded the n-gram); ``CHILD_SUM`` (sum of the children's counts).
-``table``  int64, a power-of-two open-addressing hash table (linear probing) from
+``table``  int32, a power-of-two open-addressing hash table (linear probing, load <= 1/2) from
            ``(parent, token)`` to the child's slot; 0 marks an empty entry (the root is never
            a child). A child lookup is O(1) however many children a node has (the root has one
            per vocabulary entry seen). Eviction rebuilds it, and borrows it as scratch space
-           first (selection buffer, keep flags), so eviction allocates nothing.
+           first (as ``capacity`` int64 last_used values, then as keep flags), so eviction
+           allocates nothing.
 ``state``  int64: the scalars below (``S_*``), then ``max_n`` slots ``S_OPEN + k`` holding the
            node of the open path of length ``k + 1`` (the n-gram ending at the last token).
 
@@ -54,9 +55,9 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 
 def table_size(capacity: int) -> int:
-    """Hash-table entries for ``capacity`` nodes: a power of two, load factor <= 2/3."""
-    need = capacity + capacity // 2 + 1
-    return 1 << (need - 1).bit_length()
+    """Hash-table entries for ``capacity`` nodes: a power of two >= 2 * capacity (load <= 1/2;
+    viewed as int64 it holds ``capacity`` values, which eviction needs)."""
+    return 1 << (2 * capacity - 1).bit_length()
 
 
 # -- hash table ----------------------------------------------------------------------------------
@@ -86,112 +87,6 @@ def find_child(nodes, table, parent, token):
         if nodes[v, TOKEN] == token and nodes[v, PARENT] == parent:
             return v
         i = (i + 1) & mask
-
-
-# -- sorted child lists ---------------------------------------------------------------------------
-
-
-@njit(cache=True, inline="always")
-def _new_group(nodes, state, head):
-    g = state[S_GROUP_FREE]
-    state[S_GROUP_FREE] = nodes[g, GROUP_HEAD]
-    nodes[g, GROUP_HEAD] = head
-    nodes[head, GROUP] = g
-    return g
-
-
-@njit(cache=True, inline="always")
-def _free_group(nodes, state, g):
-    nodes[g, GROUP_HEAD] = state[S_GROUP_FREE]
-    state[S_GROUP_FREE] = g
-
-
-@njit(cache=True, inline="always")
-def _move_before(nodes, x, b):
-    """Move ``x`` to just before its sibling ``b`` (``b != x``)."""
-    p = nodes[x, PARENT]
-    px = nodes[x, PREV_SIBLING]
-    nx = nodes[x, NEXT_SIBLING]
-    if px != 0:
-        nodes[px, NEXT_SIBLING] = nx
-    else:
-        nodes[p, FIRST_CHILD] = nx
-    if nx != 0:
-        nodes[nx, PREV_SIBLING] = px
-    else:
-        nodes[p, LAST_CHILD] = px
-    pb = nodes[b, PREV_SIBLING]
-    nodes[x, PREV_SIBLING] = pb
-    nodes[x, NEXT_SIBLING] = b
-    nodes[b, PREV_SIBLING] = x
-    if pb != 0:
-        nodes[pb, NEXT_SIBLING] = x
-    else:
-        nodes[p, FIRST_CHILD] = x
-
-
-@njit(cache=True, inline="always")
-def _touch(nodes, stats, state, x, s):
-    """``count += 1``, ``last_used = s`` for node ``x``, keeping its sibling list sorted."""
-    c = stats[x, COUNT]
-    g = nodes[x, GROUP]
-    h = nodes[g, GROUP_HEAD]
-    y = nodes[h, PREV_SIBLING]  # last node of the group before (count > c), 0 if none
-    nx = nodes[x, NEXT_SIBLING]
-    others = h != x or (nx != 0 and nodes[nx, GROUP] == g)  # g has members besides x
-    if h == x and others:
-        nodes[g, GROUP_HEAD] = nx
-    if y != 0 and stats[y, COUNT] == c + 1:  # join the front of that group
-        g2 = nodes[y, GROUP]
-        _move_before(nodes, x, nodes[g2, GROUP_HEAD])
-        nodes[g2, GROUP_HEAD] = x
-        nodes[x, GROUP] = g2
-        if not others:
-            _free_group(nodes, state, g)
-    elif others:  # a group of its own, just before g
-        if h != x:
-            _move_before(nodes, x, h)
-        _new_group(nodes, state, x)
-    # else: x alone in g stays where it is, and g now holds count c + 1
-    stats[x, COUNT] = c + 1
-    stats[x, LAST_USED] = s
-    stats[nodes[x, PARENT], CHILD_SUM] += 1
-
-
-@njit(cache=True, inline="always")
-def _child_or_new(nodes, stats, table, state, parent, token):
-    """Slot of the child of ``parent`` with ``token``; a new count-0 node (at the end of the child
-    list, in a group of its own) if there is none."""
-    mask = table.shape[0] - 1
-    i = _slot(parent, token, mask)
-    while True:
-        v = table[i]
-        if v == 0:
-            break
-        if nodes[v, TOKEN] == token and nodes[v, PARENT] == parent:
-            return v
-        i = (i + 1) & mask
-    v = state[S_FREE_HEAD]
-    state[S_FREE_HEAD] = nodes[v, NEXT_SIBLING]
-    state[S_N_LIVE] += 1
-    last = nodes[parent, LAST_CHILD]
-    nodes[v, TOKEN] = token
-    nodes[v, PARENT] = parent
-    nodes[v, FIRST_CHILD] = 0
-    nodes[v, LAST_CHILD] = 0
-    nodes[v, NEXT_SIBLING] = 0
-    nodes[v, PREV_SIBLING] = last
-    if last != 0:
-        nodes[last, NEXT_SIBLING] = v
-    else:
-        nodes[parent, FIRST_CHILD] = v
-    nodes[parent, LAST_CHILD] = v
-    _new_group(nodes, state, v)
-    stats[v, COUNT] = 0
-    stats[v, LAST_USED] = 0
-    stats[v, CHILD_SUM] = 0
-    table[i] = v
-    return v
 
 
 # -- whole-trie operations -------------------------------------------------------------------------
@@ -270,15 +165,16 @@ def evict(nodes, stats, table, state):
     cap = state[S_CAPACITY]
     s = state[S_STEP]
     # 1. threshold (table as scratch)
+    scratch = table.view(np.int64)
     n = 0
     for v in range(1, cap + 1):
         if nodes[v, TOKEN] >= 0:
-            table[n] = stats[v, LAST_USED]
+            scratch[n] = stats[v, LAST_USED]
             n += 1
     k = cap // 4
     if n < k or k < 1:
         return cap - state[S_N_LIVE] >= max_n
-    thr = min(kth_smallest(table, n, k - 1), s - 2 * max_n)
+    thr = min(kth_smallest(scratch, n, k - 1), s - 2 * max_n)
     # 2. keep flags (table as scratch): recent nodes and their ancestors
     table[: cap + 1] = 0
     table[0] = 1
@@ -365,8 +261,11 @@ def insert(nodes, stats, table, state, tokens):
 
     For each token (step ``s``) every open path of length < max_n is extended by one child
     lookup, the token itself starts a new length-1 path, and each of these nodes gets
-    ``count += 1`` and ``last_used = s``: O(max_n) lookups per token.
+    ``count += 1`` and ``last_used = s`` (created if missing): O(max_n) lookups per token.
     Nothing is changed when a token is out of [0, 2**31 - 1] (``ERR_TOKEN``).
+
+    The per-node update is written out in this loop rather than in helper functions: Numba's
+    inlining of array-taking helpers left reference-count calls in the loop (4x slower).
     """
     n = tokens.shape[0]
     for j in range(n):
@@ -374,6 +273,7 @@ def insert(nodes, stats, table, state, tokens):
             return ERR_TOKEN
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
+    mask = table.shape[0] - 1
     for j in range(n):
         t = tokens[j]
         if cap - state[S_N_LIVE] < max_n:
@@ -382,13 +282,110 @@ def insert(nodes, stats, table, state, tokens):
         s = state[S_STEP] + 1
         state[S_STEP] = s
         n_open = state[S_N_OPEN]
-        for k in range(min(n_open, max_n - 1), 0, -1):
-            v = _child_or_new(nodes, stats, table, state, state[S_OPEN + k - 1], t)
-            _touch(nodes, stats, state, v, s)
-            state[S_OPEN + k] = v
-        v = _child_or_new(nodes, stats, table, state, 0, t)
-        _touch(nodes, stats, state, v, s)
-        state[S_OPEN] = v
+        # k > 0: extend the open path of length k by t; k = 0: the path (t,) below the root
+        for k in range(min(n_open, max_n - 1), -1, -1):
+            parent = state[S_OPEN + k - 1] if k > 0 else 0
+            i = _slot(parent, t, mask)
+            while True:
+                x = table[i]
+                if x == 0 or (nodes[x, TOKEN] == t and nodes[x, PARENT] == parent):
+                    break
+                i = (i + 1) & mask
+            if x != 0:
+                # -- existing node: count c -> c + 1, most recent; keep the sibling list sorted.
+                # Its place is the front of the group of count c + 1, which (if it exists) is
+                # the group just before x's own group g.
+                c = stats[x, COUNT]
+                px = nodes[x, PREV_SIBLING]
+                nx = nodes[x, NEXT_SIBLING]
+                if px != 0 or nx != 0:  # (an only child needs no move)
+                    g = nodes[x, GROUP]
+                    h = nodes[g, GROUP_HEAD]
+                    y = nodes[h, PREV_SIBLING]  # last node of the group before g, 0 if none
+                    others = h != x or (nx != 0 and nodes[nx, GROUP] == g)  # g has more members
+                    if h == x and others:
+                        nodes[g, GROUP_HEAD] = nx
+                    join = y != 0 and stats[y, COUNT] == c + 1
+                    if join:
+                        g2 = nodes[y, GROUP]
+                        b = nodes[g2, GROUP_HEAD]
+                    else:
+                        g2 = 0
+                        b = h
+                    if b != x and (join or others):  # move x to just before b
+                        if px != 0:
+                            nodes[px, NEXT_SIBLING] = nx
+                        else:
+                            nodes[parent, FIRST_CHILD] = nx
+                        if nx != 0:
+                            nodes[nx, PREV_SIBLING] = px
+                        else:
+                            nodes[parent, LAST_CHILD] = px
+                        pb = nodes[b, PREV_SIBLING]
+                        nodes[x, PREV_SIBLING] = pb
+                        nodes[x, NEXT_SIBLING] = b
+                        nodes[b, PREV_SIBLING] = x
+                        if pb != 0:
+                            nodes[pb, NEXT_SIBLING] = x
+                        else:
+                            nodes[parent, FIRST_CHILD] = x
+                    if join:
+                        nodes[g2, GROUP_HEAD] = x
+                        nodes[x, GROUP] = g2
+                        if not others:  # g is empty now: free it
+                            nodes[g, GROUP_HEAD] = state[S_GROUP_FREE]
+                            state[S_GROUP_FREE] = g
+                    elif others:  # a new group of its own, just before g
+                        g2 = state[S_GROUP_FREE]
+                        state[S_GROUP_FREE] = nodes[g2, GROUP_HEAD]
+                        nodes[g2, GROUP_HEAD] = x
+                        nodes[x, GROUP] = g2
+                    # else: x, alone in g, stays in place and g now holds count c + 1
+                stats[x, COUNT] = c + 1
+                stats[x, LAST_USED] = s
+                stats[parent, CHILD_SUM] += 1
+            else:
+                # -- new node, count 1 (the lowest count): the front of the last group if that
+                # group has count 1, else a new group at the end of the list
+                x = state[S_FREE_HEAD]
+                state[S_FREE_HEAD] = nodes[x, NEXT_SIBLING]
+                state[S_N_LIVE] += 1
+                table[i] = x
+                nodes[x, TOKEN] = t
+                nodes[x, PARENT] = parent
+                nodes[x, FIRST_CHILD] = 0
+                nodes[x, LAST_CHILD] = 0
+                stats[x, COUNT] = 1
+                stats[x, LAST_USED] = s
+                stats[x, CHILD_SUM] = 0
+                stats[parent, CHILD_SUM] += 1
+                last = nodes[parent, LAST_CHILD]
+                if last != 0 and stats[last, COUNT] == 1:
+                    g = nodes[last, GROUP]
+                    h = nodes[g, GROUP_HEAD]
+                    pb = nodes[h, PREV_SIBLING]
+                    nodes[x, PREV_SIBLING] = pb
+                    nodes[x, NEXT_SIBLING] = h
+                    nodes[h, PREV_SIBLING] = x
+                    if pb != 0:
+                        nodes[pb, NEXT_SIBLING] = x
+                    else:
+                        nodes[parent, FIRST_CHILD] = x
+                    nodes[g, GROUP_HEAD] = x
+                    nodes[x, GROUP] = g
+                else:
+                    nodes[x, PREV_SIBLING] = last
+                    nodes[x, NEXT_SIBLING] = 0
+                    if last != 0:
+                        nodes[last, NEXT_SIBLING] = x
+                    else:
+                        nodes[parent, FIRST_CHILD] = x
+                    nodes[parent, LAST_CHILD] = x
+                    g = state[S_GROUP_FREE]
+                    state[S_GROUP_FREE] = nodes[g, GROUP_HEAD]
+                    nodes[g, GROUP_HEAD] = x
+                    nodes[x, GROUP] = g
+            state[S_OPEN + k] = x
         state[S_N_OPEN] = min(n_open + 1, max_n)
     return OK
 

@@ -65,7 +65,7 @@ class NgramTrie:
 
     ``max_n``: the longest n-gram recorded (>= 2). ``capacity``: the most nodes kept (root not
     counted), >= ``4 * max_n**2``; least-recently-used n-grams are evicted beyond it. All memory
-    is allocated here: 68 to 80 bytes per node of capacity.
+    is allocated here: 64 to 72 bytes per node of capacity.
     """
 
     def __init__(self, max_n: int = 8, capacity: int = 1 << 20):
@@ -85,7 +85,7 @@ class NgramTrie:
         self._capacity = capacity
         self._nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
         self._stats = np.empty((capacity + 1, K.STAT_COLUMNS), np.int64)
-        self._table = np.empty(K.table_size(capacity), np.int64)
+        self._table = np.empty(K.table_size(capacity), np.int32)
         self._state = np.zeros(K.S_OPEN + max_n, np.int64)
         self._state[K.S_MAX_N] = max_n
         self._state[K.S_CAPACITY] = capacity
