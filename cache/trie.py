@@ -158,7 +158,8 @@ class NgramTrie:
         m = max_nodes if max_nodes <= 4096 else min(max_nodes, len(self))
         tokens = np.empty(m, _I64)
         parents = np.empty(m, _I32)
-        k = K.propose(self._nodes, self._stats, self._table, self._state, ctx, max_depth, mm, tokens, parents)
+        k = K.propose(self._nodes, self._stats, self._table, self._state, ctx, min(max_depth, max_n), mm,
+                      tokens, parents)
         if k < 0:
             raise _token_error("context", ctx[-mm:])
         return tokens[:k], parents[:k]

@@ -157,6 +157,7 @@ def test_depth_and_node_limits():
     _eq(trie.propose([1], 2, 8), [2, 3], [-1, 0])
     _eq(trie.propose([1], 8, 8), [2, 3, 4, 5, 6], [-1, 0, 1, 2, 3])  # depth <= max_n - 1
     _eq(trie.propose([1, 2], 8, 8), [3, 4, 5, 6], [-1, 0, 1, 2])  # depth <= max_n - 2
+    _eq(trie.propose([1], 8, 10**30), [2, 3, 4, 5, 6], [-1, 0, 1, 2, 3])
     _eq(trie.propose([1], 0, 8), [], [])
     _eq(trie.propose([1], 8, 0), [], [])
 
