@@ -1,0 +1,99 @@
+"""Decoding methods compared by the benchmark, by name.
+
+``METHODS`` maps a name to a factory ``() -> Method``. A method is the extra keyword arguments it adds
+to ``model.generate`` plus, for LookaheadDecoder, the decoder (whose ``stats`` the runner reads after
+each call). Add a method by adding a factory::
+
+    METHODS["lookahead-wide"] = lambda: lookahead_method("lookahead-wide", LookaheadConfig(tree_nodes=32))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BASELINE = "plain"
+
+
+@dataclass
+class Method:
+    name: str
+    description: str
+    settings: dict = field(default_factory=dict)  # what a reader needs to reproduce it, JSON-safe
+    generate_kwargs: dict = field(default_factory=dict)  # added to every generate call
+    decoder: Any = None  # a LookaheadDecoder, whose .stats describe its last call
+
+    def kwargs(self) -> dict:
+        kw = dict(self.generate_kwargs)
+        if self.decoder is not None:
+            kw["custom_generate"] = self.decoder
+        return kw
+
+
+def plain() -> Method:
+    return Method(BASELINE, "plain model.generate (one target call per token)")
+
+
+def prompt_lookup(num_tokens: int = 10) -> Method:
+    return Method(
+        "prompt-lookup",
+        f"transformers prompt lookup decoding, prompt_lookup_num_tokens={num_tokens}",
+        settings={"prompt_lookup_num_tokens": num_tokens},
+        generate_kwargs={"prompt_lookup_num_tokens": num_tokens},
+    )
+
+
+def lookahead_method(name: str, config=None, description: str | None = None) -> Method:
+    from lookahead import LookaheadConfig, LookaheadDecoder
+
+    config = config if config is not None else LookaheadConfig()
+    settings = dataclasses.asdict(config)
+    text = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return Method(name, description or f"LookaheadDecoder({text})", settings=settings,
+                  decoder=LookaheadDecoder(config))
+
+
+def _lookahead_small() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("lookahead-small", LookaheadConfig(tree_nodes=6, tree_depth=4))
+
+
+def _lookahead_window() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("lookahead-window", LookaheadConfig(window_width=4))
+
+
+def _lookahead_fixed() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("lookahead-fixed", LookaheadConfig(adaptive=False))
+
+
+METHODS: dict[str, Callable[[], Method]] = {
+    BASELINE: plain,
+    "prompt-lookup": prompt_lookup,
+    "lookahead": lambda: lookahead_method("lookahead"),  # the default LookaheadConfig
+    "lookahead-small": _lookahead_small,  # a smaller draft tree (for slow hardware)
+    "lookahead-window": _lookahead_window,  # the Jacobi lookahead window on (W=4, N=4, G=4)
+    "lookahead-fixed": _lookahead_fixed,  # always the full tree: no hardware-aware budget
+}
+
+# what ``python -m lookahead bench`` runs unless told otherwise
+DEFAULT_METHODS = [BASELINE, "prompt-lookup", "lookahead", "lookahead-small"]
+
+
+def make_methods(names: list[str], registry: dict[str, Callable[[], Method]] | None = None) -> list[Method]:
+    """Fresh methods by name, the plain baseline first (added when missing)."""
+    registry = METHODS if registry is None else registry
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; valid: {', '.join(registry)}")
+    ordered = [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
+    methods = [registry[n]() if n in registry else plain() for n in ordered]
+    for name, m in zip(ordered, methods, strict=True):
+        m.name = name
+    return methods

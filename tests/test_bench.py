@@ -1,0 +1,184 @@
+"""The benchmark runner and its reports, on a tiny random model with token-id prompts (no SmolLM2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from benchmarks.methods import DEFAULT_METHODS, METHODS, Method, make_methods
+from benchmarks.report import markdown, write_reports
+from benchmarks.runner import run_bench
+from benchmarks.workloads import WORKLOADS, Prompt, build_workloads
+from lookahead import LookaheadConfig
+
+REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
+NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run far faster on one thread than on two busy ones."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def greedy_run(tiny_models):
+    model = tiny_models("llama")
+    return run_bench(model, None, {"code": [REPETITIVE], "chat": [NO_REPEAT]}, ["plain", "lookahead"],
+                     max_new_tokens=16, progress=False, model_name="tiny-llama")
+
+
+def test_records_are_complete_and_consistent(greedy_run, tiny_models):
+    records = greedy_run["records"]
+    assert {(r["workload"], r["method"]) for r in records} == {
+        (w, m) for w in ("code", "chat") for m in ("plain", "lookahead")
+    }
+    for r in records:
+        assert r["status"] == "ok"
+        assert 0 < r["new_tokens"] <= 16
+        assert r["prompt_tokens"] == len(REPETITIVE if r["workload"] == "code" else NO_REPEAT)
+        assert r["wall_s"] > 0 and r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        assert r["tokens_per_call"] == pytest.approx(r["new_tokens"] / r["target_calls"])
+        assert r["identical_to_plain"] is True
+        assert "mismatch" not in r
+        if r["method"] == "plain":
+            assert r["target_calls"] == r["new_tokens"]  # one forward per token, counted by the hook
+            assert r["speedup_vs_plain"] == 1.0
+            assert r["accepted_hist"] is None
+        else:
+            assert r["target_calls"] == r["reported_target_calls"]  # hook count == decoder's own count
+            assert 1 <= r["target_calls"] <= r["new_tokens"]
+            assert sum(r["accepted_hist"].values()) == r["target_calls"]  # one histogram entry per step
+            assert r["decoder_stats"]["new_tokens"] == r["new_tokens"]
+            assert r["speedup_vs_plain"] > 0
+    code_la = next(r for r in records if r["workload"] == "code" and r["method"] == "lookahead")
+    assert code_la["target_calls"] < code_la["new_tokens"]  # the repetitive prompt drafts well
+    assert greedy_run["mismatches"] == [] and greedy_run["unsupported"] == {}
+
+
+def test_summary_and_context(greedy_run):
+    rows = {(r["workload"], r["method"]): r for r in greedy_run["summary"]}
+    assert set(rows) == {(w, m) for w in ("code", "chat", "all") for m in ("plain", "lookahead")}
+    for (wl, m), row in rows.items():
+        recs = [r for r in greedy_run["records"] if r["method"] == m and wl in ("all", r["workload"])]
+        assert row["prompts"] == len(recs)
+        assert row["new_tokens"] == sum(r["new_tokens"] for r in recs)
+        assert row["target_calls"] == sum(r["target_calls"] for r in recs)
+        assert row["identical"] == len(recs)
+        assert row["speedup_min"] <= row["speedup_q1"] <= row["speedup_median"] <= row["speedup_q3"] \
+            <= row["speedup_max"]
+    assert rows[("all", "plain")]["speedup_median"] == 1.0
+    ctx = greedy_run["context"]
+    assert ctx["model"]["name"] == "tiny-llama" and ctx["model"]["dtype"] == "float64"
+    assert ctx["model"]["device"] == "cpu" and ctx["model"]["parameters"] > 0
+    assert ctx["mode"] == "greedy"
+    for key in ("torch", "transformers", "lookahead", "python"):
+        assert ctx["versions"][key]
+    assert ctx["hardware"]["cpu"] and ctx["hardware"]["torch_threads"] >= 1
+    assert greedy_run["settings"]["max_new_tokens"] == 16
+    assert greedy_run["settings"]["prompts_per_workload"] == {"code": 1, "chat": 1}
+    assert greedy_run["methods"]["lookahead"]["settings"]["tree_nodes"] > 0
+
+
+def test_reports_written(greedy_run, tmp_path):
+    paths = write_reports(greedy_run, str(tmp_path))
+    with open(paths["json"], encoding="utf-8") as f:
+        loaded = json.load(f)
+    assert loaded["summary"] == json.loads(json.dumps(greedy_run["summary"]))
+    assert len(loaded["records"]) == 4
+    md = open(paths["markdown"], encoding="utf-8").read()
+    assert "| workload | method | prompts | speed-up (median) |" in md
+    for wl in ("code", "chat", "all"):
+        assert f"| {wl} | lookahead | 1 |" in md or f"| {wl} | lookahead | 2 |" in md
+    assert "tiny-llama" in md and "greedy" in md and "max_new_tokens=16" in md
+    with open(paths["plot"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mismatch_is_reported_with_its_position(tiny_models):
+    model = tiny_models("llama")
+    # a "method" that changes the output, to check the identity check and its diagnosis
+    methods = [Method("plain", "plain"), Method("penalised", "repetition penalty",
+                                                 generate_kwargs={"repetition_penalty": 3.0})]
+    res = run_bench(model, None, {"code": [REPETITIVE]}, methods, max_new_tokens=12, progress=False,
+                    warmup=False)
+    rec = next(r for r in res["records"] if r["method"] == "penalised")
+    assert rec["identical_to_plain"] is False
+    mm = rec["mismatch"]
+    assert 0 <= mm["first_difference"] < 12 and mm["top2_gap"] >= 0 and mm["plain_token"] != mm["method_token"]
+    assert res["mismatches"][0]["prompt_id"] == "code-0"
+    assert "NOT identical" in markdown(res)
+
+
+def _refuses_sampling(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                      **kwargs):
+    """A custom_generate that refuses do_sample=True, as a decoder without sampling support would."""
+    if generation_config.do_sample:
+        raise ValueError("this decoder does not sample")
+    return model.generate(input_ids, generation_config=generation_config, **kwargs)
+
+
+def test_sampled_run_records_refusals_as_unsupported(tiny_models, tmp_path):
+    model = tiny_models("llama")
+    methods = make_methods(["lookahead"]) + [Method("refuser", "refuses sampling",
+                                                    generate_kwargs={"custom_generate": _refuses_sampling})]
+    res = run_bench(model, None, {"code": [REPETITIVE, NO_REPEAT]}, methods, max_new_tokens=8, sample=True,
+                    progress=False)
+    assert res["context"]["mode"] == "sampled" and res["settings"]["sampling"] == {"temperature": 0.7, "top_p": 0.9}
+    assert res["unsupported"] == {"refuser": "ValueError: this decoder does not sample"}
+    by_method = {}
+    for r in res["records"]:
+        by_method.setdefault(r["method"], []).append(r)
+    assert [r["status"] for r in by_method["refuser"]] == ["unsupported", "unsupported"]
+    for r in by_method["plain"] + by_method["lookahead"]:
+        assert r["status"] == "ok" and r["identical_to_plain"] is None and r["new_tokens"] > 0
+    rows = {(r["workload"], r["method"]): r for r in res["summary"]}
+    assert rows[("code", "refuser")]["status"] == "unsupported"
+    md = markdown(res)
+    assert "| code | refuser | 0 | unsupported |" in md and "this decoder does not sample" in md
+    write_reports(res, str(tmp_path))
+
+
+def test_greedy_refusal_is_an_error_not_unsupported(tiny_models):
+    model = tiny_models("llama")
+
+    def refuses_all(model, input_ids, **kwargs):
+        raise ValueError("refused")
+
+    methods = [Method("plain", "plain"), Method("refuser", "r", generate_kwargs={"custom_generate": refuses_all})]
+    with pytest.raises(ValueError, match="refused"):
+        run_bench(model, None, {"code": [REPETITIVE]}, methods, max_new_tokens=4, progress=False, warmup=False)
+
+
+def test_prompt_forms_and_method_registry():
+    assert Prompt("a", ids=(1, 2)).ids == (1, 2)
+    with pytest.raises(ValueError):
+        Prompt("a")
+    assert set(METHODS) >= {"plain", "prompt-lookup", "lookahead", "lookahead-small", "lookahead-window"}
+    assert set(DEFAULT_METHODS) <= set(METHODS)
+    assert METHODS["lookahead"]().settings == dataclasses.asdict(LookaheadConfig())  # the default config
+    methods = make_methods(["lookahead-small", "prompt-lookup"])
+    assert [m.name for m in methods] == ["plain", "lookahead-small", "prompt-lookup"]  # baseline first
+    assert methods[2].kwargs() == {"prompt_lookup_num_tokens": 10}
+    assert methods[1].settings["tree_nodes"] < METHODS["lookahead"]().settings["tree_nodes"]
+    with pytest.raises(ValueError, match="valid: plain, prompt-lookup"):
+        make_methods(["nope"])
+
+
+def test_workloads_come_from_local_material():
+    w = build_workloads(list(WORKLOADS), 3)
+    assert list(w) == ["code-completion", "code-editing", "chat", "rewrite"]
+    for name, prompts in w.items():
+        assert len(prompts) == 3, name
+        assert len({p.id for p in prompts}) == 3 and all(p.text for p in prompts)
+    assert w["code-completion"][0].id == "HumanEval/0" and not w["code-completion"][0].chat
+    assert "def " in w["code-editing"][0].text and "```python" in w["code-editing"][0].text
+    assert len(build_workloads(["code-completion"], 500)["code-completion"]) == 164
+    with pytest.raises(ValueError, match="valid: code-completion, code-editing, chat, rewrite"):
+        build_workloads(["poetry"], 1)
