@@ -1,0 +1,181 @@
+"""Command line: ``python -m lookahead {demo,generate,bench}``.
+
+- ``demo``: plain vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up and identity.
+- ``generate``: decode one prompt with LookaheadDecoder, streaming the text, then its statistics.
+- ``bench``: side-by-side benchmark of decoding methods on code and chat workloads; writes a JSON
+  file with every figure, a Markdown table and a PNG plot.
+
+Argument errors exit with status 2 and a message naming the valid choices; they are checked before
+any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+QUICK_PROMPTS = 2
+QUICK_TOKENS = 48
+DEFAULT_PROMPTS = 8
+DEFAULT_TOKENS = 256
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _name_list(kind: str, registry_of):
+    """An argparse type: comma-separated names, each checked against ``registry_of()``."""
+
+    def parse(text: str) -> list[str]:
+        valid = list(registry_of())
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"no {kind} given; valid: {', '.join(valid)}")
+        unknown = [n for n in names if n not in valid]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {kind}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"valid: {', '.join(valid)}"
+            )
+        return names
+
+    parse.__name__ = f"{kind} list"
+    return parse
+
+
+def _methods():
+    from benchmarks.methods import METHODS
+
+    return METHODS
+
+
+def _workloads():
+    from benchmarks.workloads import WORKLOADS
+
+    return WORKLOADS
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=str, default=None,
+                   help="a local model folder or hub name (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--device", type=str, default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if present)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lookahead", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="plain vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up, identity")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=160)
+    demo.add_argument("--prompt", type=str, default=None, help="a user message instead of the code prompt")
+    demo.add_argument("--model", type=str, default=None, help="a local model folder (default: bundled SmolLM2)")
+
+    gen = sub.add_parser("generate", help="decode one prompt with LookaheadDecoder, streaming the text",
+                         description="Decode one prompt with LookaheadDecoder; the text streams to stdout, "
+                                     "the decoder's statistics go to stderr.")
+    gen.add_argument("--prompt", type=str, required=True, help="the user message (or raw text with --raw)")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=128)
+    gen.add_argument("--raw", action="store_true", help="tokenize the prompt as is, without the chat template")
+    gen.add_argument("--config", action="append", metavar="KEY=VALUE",
+                     help="a LookaheadConfig field, e.g. --config tree_nodes=8 (repeatable)")
+    gen.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
+    gen.add_argument("--temperature", type=float, default=0.7)
+    gen.add_argument("--top-p", type=float, default=0.9)
+    _add_model_args(gen)
+
+    bench = sub.add_parser(
+        "bench", help="benchmark decoding methods side by side; JSON, Markdown table, PNG plot",
+        description="Every method on the same prompt back to back (plain generate is always the baseline); "
+                    "speed-up per prompt = method tokens/s / plain tokens/s. Writes bench.json, bench.md and "
+                    "bench.png into --out.",
+    )
+    _add_model_args(bench)
+    bench.add_argument("--workloads", type=_name_list("workload", _workloads), default=None,
+                       help="comma-separated workloads (default: all: code-completion, code-editing, chat, "
+                            "rewrite)")
+    bench.add_argument("--methods", type=_name_list("method", _methods), default=None,
+                       help="comma-separated methods (default: plain, prompt-lookup, lookahead, "
+                            "lookahead-small; also lookahead-window, lookahead-fixed); plain is always run")
+    bench.add_argument("--max-new-tokens", type=positive_int, default=None,
+                       help=f"new tokens per prompt (default {DEFAULT_TOKENS}; {QUICK_TOKENS} with --quick)")
+    bench.add_argument("--prompts-per-workload", type=positive_int, default=None,
+                       help=f"prompts per workload (default {DEFAULT_PROMPTS}; {QUICK_PROMPTS} with --quick)")
+    bench.add_argument("--quick", action="store_true", help="a short run: few prompts, short outputs")
+    bench.add_argument("--sample", action="store_true",
+                       help="sampled decoding (temperature 0.7, top_p 0.9) instead of greedy")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
+    bench.add_argument("--out", type=str, default="bench-out", help="output folder (default: bench-out)")
+    bench.add_argument("--threads", type=positive_int, default=None,
+                       help="torch CPU threads (default: torch's own choice)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def run_bench_command(args, argv: list[str]) -> int:
+    import shlex
+
+    import torch
+
+    from benchmarks.methods import DEFAULT_METHODS
+    from benchmarks.report import markdown, write_reports
+    from benchmarks.runner import run_bench
+    from benchmarks.workloads import WORKLOADS, build_workloads
+
+    from .models import load_model
+
+    n_prompts = args.prompts_per_workload or (QUICK_PROMPTS if args.quick else DEFAULT_PROMPTS)
+    n_tokens = args.max_new_tokens or (QUICK_TOKENS if args.quick else DEFAULT_TOKENS)
+    workload_names = args.workloads or list(WORKLOADS)
+    method_names = args.methods or list(DEFAULT_METHODS)
+    workloads = build_workloads(workload_names, n_prompts)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
+    device = None if args.device == "auto" else args.device
+    model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
+    if args.device == "auto" and torch.cuda.is_available():
+        model = model.to("cuda")
+    model_name = args.model or "SmolLM2-135M-Instruct (bundled, GGUF Q4_1 weights dequantised)"
+    result = run_bench(model, tok, workloads, method_names, max_new_tokens=n_tokens, sample=args.sample,
+                       seed=args.seed, progress=not args.no_progress, model_name=model_name,
+                       command="python -m lookahead " + " ".join(shlex.quote(a) for a in argv))
+    paths = write_reports(result, args.out)
+    print(markdown(result))
+    print("wrote " + ", ".join(paths.values()), file=sys.stderr)
+    if result["mismatches"]:
+        print(f"warning: {len(result['mismatches'])} greedy output(s) differ from plain generate; "
+              f"see {paths['markdown']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        result = run_demo(args.max_new_tokens, args.prompt, args.model)
+        return 0 if result["identical"] else 1
+    if args.command == "generate":
+        from .cli_generate import run_generate
+
+        return run_generate(args)
+    if args.command == "bench":
+        return run_bench_command(args, argv)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

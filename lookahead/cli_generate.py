@@ -1,0 +1,115 @@
+"""``python -m lookahead generate``: decode one prompt with LookaheadDecoder, streaming the text as it comes.
+
+The streamer goes through ``generate``'s own ``streamer=`` argument (the decoder picks it up for
+``custom_generate=decoder``). Should no token reach the streamer, the whole text is printed at the end.
+The decoder's statistics follow on stderr, so stdout holds only the generated text.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["tree_nodes=8", ...]`` -> ``{"tree_nodes": 8, ...}``, checked against LookaheadConfig's fields."""
+    from dataclasses import fields
+
+    from .config import LookaheadConfig
+
+    known = {f.name: f for f in fields(LookaheadConfig)}
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"--config expects KEY=VALUE, got {item!r}")
+        if key not in known:
+            raise ValueError(f"unknown LookaheadConfig field {key!r}; valid: {', '.join(known)}")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = {"true": True, "false": False}.get(value.lower(), value)
+    LookaheadConfig(**out)  # validates the values, with the config's own messages
+    return out
+
+
+def _streamer_class():
+    from transformers import TextStreamer
+
+    class _Streamer(TextStreamer):
+        """A TextStreamer that skips the prompt and remembers whether any new text arrived."""
+
+        def __init__(self, tokenizer, file):
+            super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            self.file = file
+            self.got_tokens = False
+
+        def put(self, value):
+            if not (self.skip_prompt and self.next_tokens_are_prompt):
+                self.got_tokens = True
+            super().put(value)
+
+        def on_finalized_text(self, text: str, stream_end: bool = False):
+            self.file.write(text + ("\n" if stream_end else ""))
+            self.file.flush()
+
+    return _Streamer
+
+
+def run_generate(args, out=None, err=None) -> int:
+    """Run the ``generate`` subcommand with parsed ``args``; returns the exit status."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    import torch
+
+    from .config import LookaheadConfig
+    from .decoder import LookaheadDecoder
+    from .demo import chat_inputs
+    from .models import load_model
+
+    try:
+        overrides = parse_overrides(args.config or [])
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    print("loading the model ...", file=err, flush=True)
+    model, tok = load_model(args.model, dtype=dtype, device=None if args.device == "auto" else args.device)
+    if args.device == "auto" and torch.cuda.is_available():
+        model = model.to("cuda")
+    if args.raw or not getattr(tok, "chat_template", None):
+        enc = tok(args.prompt, return_tensors="pt")
+        inputs = {k: v.to(model.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+    else:
+        inputs = chat_inputs(tok, args.prompt, model.device)
+    n_prompt = inputs["input_ids"].shape[1]
+    decoder = LookaheadDecoder(LookaheadConfig(**overrides))
+    kw = {"max_new_tokens": args.max_new_tokens, "do_sample": bool(args.sample)}
+    if args.sample:
+        kw.update(temperature=args.temperature, top_p=args.top_p)
+    gc = model.generation_config
+    if gc.pad_token_id is None and gc.eos_token_id is not None:
+        eos = gc.eos_token_id
+        kw["pad_token_id"] = eos[0] if isinstance(eos, (list, tuple)) else eos
+    streamer = _streamer_class()(tok, out)
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            seq = model.generate(**inputs, **kw, custom_generate=decoder, streamer=streamer)
+    except ValueError as e:
+        print(f"\nerror: {e}", file=err)
+        return 2
+    seconds = time.perf_counter() - t0
+    if not streamer.got_tokens:  # no streaming route in this version: print the whole text now
+        out.write(tok.decode(seq[0, n_prompt:], skip_special_tokens=True) + "\n")
+        out.flush()
+        print("[note: the decoder streamed nothing, so the text was printed at the end]", file=err)
+    s = decoder.stats
+    print(f"\n[{s}]", file=err)
+    print(f"[{s.new_tokens} new tokens in {seconds:.2f} s: {s.new_tokens / seconds:.1f} tokens/s, "
+          f"{s.target_calls / max(s.new_tokens, 1):.2f} target calls per token; {decoder.config}]", file=err)
+    return 0
