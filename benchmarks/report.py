@@ -14,6 +14,13 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
+def _git(g: dict | None) -> str:
+    if not g:
+        return ""
+    mod = f" with uncommitted changes to {', '.join(g['modified'])}" if g["modified"] else ""
+    return f"; git {g['commit'][:10]}{mod}"
+
+
 def markdown(result: dict) -> str:
     """The run's context, then one row per workload and method: speed-up vs plain (median, min–max,
     IQR), tokens per target call, tokens/s, identical outputs."""
@@ -36,7 +43,7 @@ def markdown(result: dict) -> str:
         f"- decoding: {mode}; {ctx['exact']}",
         f"- output length: max_new_tokens={settings['max_new_tokens']}; prompts: {n_prompts}",
         f"- versions: torch {v['torch']}, transformers {v['transformers']}, lookahead {v['lookahead']}, "
-        f"python {v['python']}",
+        f"python {v['python']}" + _git(v.get("git")),
         f"- {settings['order']}; warm-up: {settings['warmup'] or 'none'}",
         f"- speed-up = {settings['speedup'].split(': ', 1)[-1]}; target calls = {settings['target_calls']}",
     ]

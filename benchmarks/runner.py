@@ -102,6 +102,21 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def _git_state() -> dict | None:
+    """Commit of the lookahead checkout and its uncommitted files, when run from a git checkout."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "modified": [line[3:] for line in dirty if line.strip()]}
+
+
 def run_context(model, model_name: str | None, sample: bool, command: str | None = None) -> dict:
     import numpy
     import transformers
@@ -132,6 +147,7 @@ def run_context(model, model_name: str | None, sample: bool, command: str | None
             "numpy": numpy.__version__,
             "lookahead": getattr(lookahead, "__version__", None),
             "platform": platform.platform(),
+            "git": _git_state(),
         },
         "mode": "sampled" if sample else "greedy",
         "exact": (
