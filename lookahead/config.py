@@ -29,7 +29,8 @@ class LookaheadConfig:
     - ``ngram_size``: longest n-gram the trie stores (``max_n``). A match of ``L`` context tokens
       can draft at most ``ngram_size - L`` tokens deep.
     - ``max_match``: longest context suffix looked up in the trie (longer first, shorter as fallback).
-    - ``tree_nodes``: most draft tokens verified per step (the tree's size).
+    - ``tree_nodes``: most draft tokens each n-gram store (the request's trie, and the shared one if
+      any) proposes per step.
     - ``tree_depth``: most draft tokens on one branch.
     - ``trie_capacity``: node capacity of the trie; least-recently-used n-grams are evicted past it.
 

@@ -20,10 +20,10 @@ from cache import NgramTrie
 from .budget import AcceptanceStats, Budget, CostModel, calibrate, subset_tree
 from .config import LookaheadConfig
 from .kv_cache import check_rollbackable, keep_entries
-from .proposer import ORIGINS, Proposer
+from .proposer import ORIGINS, WINDOW, Proposer
 from .stats import DecodeStats
 from .tree import pack_step
-from .verify import verify
+from .verify import PositionUniforms, verify
 
 # model kwargs that generate() prepares and that the decoder handles itself
 _HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values"}
@@ -42,7 +42,7 @@ class LookaheadDecoder:
     The output is token for token what ``model.generate(**inputs, do_sample=False, ...)`` returns.
     """
 
-    def __init__(self, config: LookaheadConfig | None = None, **overrides):
+    def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None, **overrides):
         if config is None:
             config = LookaheadConfig(**overrides)
         elif overrides:
@@ -52,9 +52,12 @@ class LookaheadDecoder:
         if not isinstance(config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig, got {type(config).__name__}")
         self.config = config
-        self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
-        self.proposer = Proposer(config, self.trie)
-        self.acceptance = AcceptanceStats()  # learnt across calls: how often drafts are accepted
+        if trie is not None and not isinstance(trie, NgramTrie):
+            raise TypeError(f"trie must be a cache.NgramTrie shared across calls, got {type(trie).__name__}")
+        self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)  # this request's
+        self.memory = trie  # shared across calls: output n-grams of earlier requests
+        self.proposer = Proposer(config, self.trie, self.memory)
+        self.acceptance = AcceptanceStats(origins=len(ORIGINS))  # learnt across calls
         self.stats = DecodeStats()
 
     def __repr__(self) -> str:
@@ -166,6 +169,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     all_raw: list[torch.Tensor] = []
     max_length = gen.max_length
     do_sample = bool(gen.do_sample)
+    uniforms = PositionUniforms() if do_sample else None  # seeded from torch's generator
     dtype = model.dtype
 
     cfg = decoder.config
@@ -225,6 +229,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         verdict = verify(
             logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(), sequences, logits_processor,
             do_sample=do_sample, keep_scores=output_scores, keep_raw=output_logits,
+            uniforms=uniforms.take(stats.new_tokens, n + 1) if do_sample else None,
         )
         t3 = time.perf_counter()
 
@@ -256,7 +261,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             stats.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
         if budget is not None:
             budget.record(draft.parents, draft.origin, verdict.nodes, m > 0,
-                          sum(1 for j in verdict.nodes if draft.origin[j] == 1))
+                          sum(1 for j in verdict.nodes if draft.origin[j] == WINDOW))
         stats.new_tokens += n_emit
 
         # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------

@@ -1,10 +1,15 @@
-"""Where drafts come from: the n-gram trie of the prompt and output, and the lookahead window.
+"""Where drafts come from: the n-gram tries and the lookahead window.
 
-:class:`Proposer` owns the proposers' state for one decoding run and hands the decode loop one
-:class:`Draft` per step; after verification it learns the emitted tokens (and the window's
-outputs). Window n-grams live in their own store (``window_trie``) so that the main trie's counts
-describe only text that really occurred (they persist across requests), and so that every draft
-node knows its origin.
+Three stores, each node of a draft tree knows which one it came from (its *origin*):
+
+- ``"trie"``: the request's own trie, the prompt and the output so far; cleared at every call.
+- ``"memory"``: an optional trie shared across calls (``LookaheadDecoder(trie=NgramTrie(...))``).
+  It learns only *output* tokens, so the n-grams of earlier answers persist while a finished
+  request's prompt n-grams fade with it; its node capacity bounds its memory (LRU eviction).
+- ``"window"``: n-grams grown by the Jacobi lookahead window (see ``window.py``); per call.
+
+:class:`Proposer` owns this state and hands the decode loop one :class:`Draft` per step; after
+verification it learns the emitted tokens (and the window's outputs).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from .config import LookaheadConfig
 from .tree import merge_trees
 from .window import LookaheadWindow
 
-ORIGINS = ("trie", "window")
+ORIGINS = ("trie", "window", "memory")
+TRIE, WINDOW, MEMORY = range(3)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -46,9 +52,10 @@ class Draft:
 class Proposer:
     """Draft trees from the trie (and the window's n-gram store), and the window's Jacobi state."""
 
-    def __init__(self, config: LookaheadConfig, trie: NgramTrie):
+    def __init__(self, config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None = None):
         self.config = config
         self.trie = trie
+        self.memory = memory
         self.window_trie = (
             NgramTrie(max_n=config.window_ngram, capacity=max(1 << 14, 4 * config.window_ngram**2))
             if config.window_width
@@ -62,6 +69,8 @@ class Proposer:
         self.trie.clear()
         self.trie.insert(np.asarray(prompt, dtype=np.int64))
         self.context = list(prompt)
+        if self.memory is not None:
+            self.memory.reset_stream()  # no n-gram spans two requests
         if self.window_trie is not None:
             self.window_trie.clear()
             self.window = LookaheadWindow(self.config.window_width, self.config.window_ngram, self.context)
@@ -72,26 +81,36 @@ class Proposer:
         nodes = cfg.tree_nodes
         depth = min(cfg.tree_depth, room)
         suffix = np.asarray(self.context[-cfg.max_match :], dtype=np.int64)
+        trees, origins = [], []
         if depth > 0 and nodes > 0:
-            tokens, parents = self.trie.propose(suffix, nodes, depth, cfg.max_match)
+            trees.append(self.trie.propose(suffix, nodes, depth, cfg.max_match))
+            origins.append(TRIE)
+            if self.memory is not None:
+                trees.append(self.memory.propose(suffix, nodes, depth, min(cfg.max_match, self.memory.max_n - 1)))
+                origins.append(MEMORY)
+        if self.window is not None and depth > 0 and cfg.window_candidates > 0:
+            wn = cfg.window_ngram - 1
+            trees.append(self.window_trie.propose(
+                suffix, cfg.window_candidates * wn, min(depth, wn), min(cfg.max_match, wn)))
+            origins.append(WINDOW)
+        found = [(tree, o) for tree, o in zip(trees, origins) if len(tree[0])]
+        trees, origins = [tree for tree, _ in found], [o for _, o in found]
+        if len(trees) == 1:
+            tokens, parents = trees[0]
+            origin = np.full(len(tokens), origins[0], dtype=np.int8)
+        elif trees:
+            tokens, parents, origin = merge_trees(*trees, origins=origins)
         else:
-            tokens, parents = _EMPTY, _EMPTY
-        origin = np.zeros(len(tokens), dtype=np.int8)
-        window = None
-        if self.window is not None:
-            if depth > 0 and cfg.window_candidates > 0:
-                wn = cfg.window_ngram - 1
-                w_tokens, w_parents = self.window_trie.propose(
-                    suffix, cfg.window_candidates * wn, min(depth, wn), min(cfg.max_match, wn)
-                )
-                if len(w_tokens):
-                    tokens, parents, origin = merge_trees((tokens, parents), (w_tokens, w_parents))
-            window = self.window.rows()
+            tokens, parents, origin = _EMPTY, _EMPTY, np.zeros(0, dtype=np.int8)
+        window = self.window.rows() if self.window is not None else None
         return Draft(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), origin, window)
 
     def learn(self, emitted: list[int], window_argmax: np.ndarray | None = None) -> None:
         """After a step: the trie learns the emitted tokens; the window advances and is harvested."""
-        self.trie.insert(np.asarray(emitted, dtype=np.int64))
+        emitted_arr = np.asarray(emitted, dtype=np.int64)
+        self.trie.insert(emitted_arr)
+        if self.memory is not None:
+            self.memory.insert(emitted_arr)
         self.context.extend(emitted)
         if window_argmax is not None and self.window is not None:
             for gram in self.window.advance(window_argmax, len(emitted)):

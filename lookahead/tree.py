@@ -110,12 +110,13 @@ def pack_step(
 
 
 def merge_trees(
-    first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]
+    *trees: tuple[np.ndarray, np.ndarray], origins: list[int] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Union of two draft trees with the same root; shared paths appear once.
+    """Union of draft trees with the same root; shared paths appear once.
 
     Each tree is (tokens int[n], parents int[n]) in breadth-first order. Returns (tokens, parents,
-    origin) in breadth-first order, ``origin[i]`` = 0 if node ``i`` is in ``first``, else 1.
+    origin) in breadth-first order; ``origin[i]`` is ``origins[t]`` (default ``t``) for the first
+    tree ``t`` that holds node ``i``.
 
     Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
     parents ``[-1, 0, -1]`` -> tokens ``[5, 8, 6, 7]``, parents ``[-1, -1, 0, 0]``,
@@ -126,7 +127,8 @@ def merge_trees(
     origin: list[int] = []
     depth: list[int] = []
     index: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
-    for o, (toks, pars) in enumerate((first, second)):
+    origins = list(range(len(trees))) if origins is None else origins
+    for o, (toks, pars) in zip(origins, trees):
         local: list[int] = []  # this tree's node -> merged index
         for tok, par in zip(np.asarray(toks).tolist(), np.asarray(pars).tolist()):
             mp = local[par] if par >= 0 else -1

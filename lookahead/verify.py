@@ -7,14 +7,16 @@ target's *processed* logits there (the user's logits processors applied with tha
 prefix); if a child of the node carries ``x``, accept it and continue from it; otherwise emit
 ``x`` (the correction, or the bonus token when a leaf was accepted) and stop.
 
-Sampling rule (drafts are deterministic, so the draft distribution q is a point mass): at a node
-with processed distribution p, try its drafted children x1..xm in order; accept xj with
-probability p_j(xj), where p_1 = p and p_{j+1} = p_j with xj zeroed and renormalised; continue
-from an accepted child. If all are rejected, emit a token sampled from the final residual p_{m+1};
-at a node without children, emit a token sampled from p (the bonus token). This equals sampling
-y ~ p once and descending into the child carrying y if there is one, so every emitted token has
-exactly the target's distribution. Since p_j(xj) = p(xj) / (1 - p(x1) - ... - p(x_{j-1})), the
-accept/reject decisions need only the children's probabilities, gathered in one host round trip.
+Sampling rule (drafts are deterministic, so the draft distribution q is a point mass): at each
+node on the path, with processed distribution p, draw ``y ~ p`` by inverse CDF (vocabulary order)
+from a uniform ``u`` that belongs to the emitted *position*; if a drafted child carries ``y``,
+accept it and continue, else emit ``y`` and stop. This is multi-candidate rejection sampling:
+the first drafted child x1 is accepted with probability p(x1); given it was rejected, x2 with
+p(x2) / (1 - p(x1)), i.e. p with x1 zeroed and renormalised; and when all m children are
+rejected, ``y`` is distributed as the final residual p with x1..xm zeroed. So every emitted token
+has exactly the target's distribution. Because ``u`` belongs to the position and not to the
+draft, the sampled text for a given seed is the same whatever was drafted: the tree, the budget
+and the hardware change only the speed.
 
 Worked example (greedy): tree tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``; argmax of the rows
 (root, node0, node1, node2) = ``[5, 9, 3, 4]``. The root's argmax 5 is node 0's token: accept
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -79,58 +82,64 @@ def verify(
     do_sample: bool = False,
     keep_scores: bool = False,
     keep_raw: bool = False,
+    uniforms: list[float] | None = None,
 ) -> Verdict:
-    """The one verification entry point: greedy or sampled, same arguments (see the module docstring)."""
+    """The one verification entry point: greedy or sampled, same arguments (see the module docstring).
+
+    ``uniforms``: for sampling, one uniform per position this step can emit (tree depth + 1).
+    """
     if do_sample:
-        return sample_verify(logits, tree_tokens, tree_parents, prefix, logits_processor, keep_scores, keep_raw)
+        if uniforms is None:
+            uniforms = torch.rand(len(tree_tokens) + 1).tolist()
+        return sample_verify(logits, tree_tokens, tree_parents, prefix, uniforms, logits_processor, keep_scores,
+                             keep_raw)
     return greedy_verify(logits, tree_tokens, tree_parents, prefix, logits_processor, keep_scores, keep_raw)
 
 
-def accept_among_children(p_children: list[float], uniforms: list[float], total: float = 1.0) -> int:
-    """Index of the accepted child, or -1 when all are rejected (multi-candidate rejection sampling).
+class PositionUniforms:
+    """``u_t ~ U[0, 1)`` for every emitted position ``t`` of one call, from one seed.
 
-    ``p_children[j]`` is p(x_j) under the node's processed distribution, ``uniforms[j]`` ~ U[0, 1).
-    Child j is accepted iff ``u_j < p(x_j) / (total - sum_{i<j} p(x_i))``; ``total`` is the sum of p
-    as computed (1 up to rounding), so a child holding all the mass is accepted with certainty.
-
-    Example: p = [0.5, 0.3], u = [0.7, 0.5]: child 0 rejected (0.7 >= 0.5); child 1 has
-    p_2(x_2) = 0.3 / 0.5 = 0.6 > 0.5: accepted -> 1.
+    The seed is drawn from torch's default CPU generator when the call starts, so
+    ``torch.manual_seed`` makes a sampled run repeatable.
     """
-    rest = total
-    for j, (pj, u) in enumerate(zip(p_children, uniforms)):
-        if rest <= 0.0:
-            break
-        if u * rest < pj:  # u < pj / rest, without dividing
-            return j
-        rest -= pj
-    return -1
+
+    def __init__(self, seed: int | None = None):
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        self._rng = np.random.default_rng(seed)
+        self._u = np.zeros(0)
+
+    def take(self, start: int, n: int) -> list[float]:
+        """The uniforms of positions ``start .. start + n - 1``."""
+        while len(self._u) < start + n:
+            self._u = np.concatenate([self._u, self._rng.random(max(1024, n))])
+        return self._u[start : start + n].tolist()
 
 
-def _choose_sampled(scores: torch.Tensor, kids: dict[int, int]) -> tuple[int, int]:
-    """(emitted token, accepted child or -1) at one node, by multi-candidate rejection sampling."""
-    probs = torch.softmax(scores, dim=-1)[0]  # [V]
-    if not kids:
-        return int(torch.multinomial(probs, 1)), -1  # the bonus token
-    cand = list(kids)  # drafted tokens, in tree order
-    cand_idx = torch.tensor(cand, device=probs.device)
-    *p_cand, total = torch.cat([probs[cand_idx], probs.sum()[None]]).tolist()
-    j = accept_among_children(p_cand, torch.rand(len(cand)).tolist(), total)
-    if j < 0:  # all rejected: sample from the residual
-        residual = probs.clone()
-        residual[cand_idx] = 0.0
-        if float(residual.sum()) > 0.0:
-            return int(torch.multinomial(residual, 1)), -1  # multinomial normalises
-        j = max(range(len(cand)), key=p_cand.__getitem__)  # only rounding rejected the child holding all mass
-    return cand[j], kids[cand[j]]
+def sample_token(probs: torch.Tensor, u: float) -> int:
+    """Inverse-CDF draw from ``probs`` float[V] (unnormalised is fine) with uniform ``u``.
+
+    Example: probs ``[0.2, 0.0, 0.5, 0.3]``: u=0.1 -> 0, u=0.2 -> 2 (token 1 has no mass), u=0.95 -> 3.
+    """
+    cdf = probs.double().cumsum(0)
+    idx = torch.searchsorted(cdf, cdf[-1:] * u, right=True)
+    return int(idx.clamp_max(len(probs) - 1))
 
 
-def _choose_greedy(scores: torch.Tensor, kids: dict[int, int]) -> tuple[int, int]:
+def _choose_sampled(scores: torch.Tensor, kids: dict[int, int], u: float) -> tuple[int, int]:
+    """(emitted token, accepted child or -1) at one node: y ~ p, accepted if a child carries it."""
+    y = sample_token(torch.softmax(scores, dim=-1)[0], u)
+    return y, kids.get(y, -1)
+
+
+def _choose_greedy(scores: torch.Tensor, kids: dict[int, int], u: float | None = None) -> tuple[int, int]:
     """(emitted token, accepted child or -1) at one node: the argmax, accepted if it was drafted."""
     x = int(scores.argmax(-1))
     return x, kids.get(x, -1)
 
 
-def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, keep_scores, keep_raw) -> Verdict:
+def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, keep_scores, keep_raw,
+          uniforms=None) -> Verdict:
     """Walk down the tree from the root, processing only the rows on the walked path."""
     children = children_lists(tree_tokens, tree_parents)
     row, nodes, tokens = 0, [], []
@@ -144,7 +153,7 @@ def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, k
             scores_out.append(scores)
         if keep_raw:
             raw_out.append(raw)
-        x, child = choose(scores, children[row])
+        x, child = choose(scores, children[row], None if uniforms is None else uniforms[len(tokens)])
         tokens.append(x)
         if child < 0:
             return Verdict(nodes, tokens, scores_out, raw_out)
@@ -158,17 +167,18 @@ def sample_verify(
     tree_tokens: list[int],
     tree_parents: list[int],
     prefix: torch.Tensor,
+    uniforms: list[float],
     logits_processor=None,
     keep_scores: bool = False,
     keep_raw: bool = False,
 ) -> Verdict:
-    """Exact rejection-sampling verification of a draft tree (arguments as :func:`greedy_verify`).
+    """Exact sampling verification of a draft tree (arguments as :func:`greedy_verify`).
 
-    Randomness comes from torch's default generators (``torch.manual_seed`` makes runs repeatable).
-    The processors run lazily, only at nodes on the walked path, each with its own prefix.
+    ``uniforms[i]``: the uniform of the i-th position this step emits. The processors run lazily,
+    only at nodes on the walked path, each with its own prefix.
     """
     return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_sampled, keep_scores,
-                 keep_raw)
+                 keep_raw, uniforms)
 
 
 def greedy_verify(

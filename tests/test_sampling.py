@@ -117,22 +117,22 @@ def test_sampled_distribution_is_exact(model, name):
 _exact_choose = verify_mod._choose_sampled
 
 
-def _accept_top3(scores, kids):
+def _accept_top3(scores, kids, u):
     """Wrong: accept a drafted child whenever it is among the top-3 tokens."""
     if kids:
         top = scores[0].topk(3).indices.tolist()
         for x, child in kids.items():
             if x in top:
                 return x, child
-    return _exact_choose(scores, {})
+    return _exact_choose(scores, {}, u)
 
 
-def _no_residual(scores, kids):
-    """Wrong (a classic bug): on rejection, sample from p itself instead of the residual."""
-    x, child = _exact_choose(scores, kids)
+def _no_residual(scores, kids, u):
+    """Wrong (a classic bug): on rejection, sample afresh from p itself instead of the residual."""
+    x, child = _exact_choose(scores, kids, u)
     if child >= 0:
         return x, child
-    return _exact_choose(scores, {})[0], -1
+    return _exact_choose(scores, {}, float(torch.rand(())))[0], -1
 
 
 @pytest.mark.parametrize("wrong", [_accept_top3, _no_residual])
@@ -156,11 +156,22 @@ def test_seeded_runs_repeat(model):
     assert outs[0] == outs[1]
 
 
-def test_accept_among_children_example():
-    assert verify_mod.accept_among_children([0.5, 0.3], [0.7, 0.5]) == 1
-    assert verify_mod.accept_among_children([0.5, 0.3], [0.7, 0.7]) == -1
-    assert verify_mod.accept_among_children([0.5, 0.3], [0.2, 0.9]) == 0
-    assert verify_mod.accept_among_children([1.0], [0.999999]) == 0
+def test_sample_token_docstring_example():
+    probs = torch.tensor([0.2, 0.0, 0.5, 0.3])
+    assert [verify_mod.sample_token(probs, u) for u in (0.1, 0.2, 0.95, 0.0)] == [0, 2, 3, 0]
+
+
+@pytest.mark.parametrize("settings", [dict(adaptive=False), dict(adaptive=False, tree_nodes=0),
+                                      dict(window_width=3), dict(tree_nodes=2, tree_depth=1)])
+def test_sampled_text_does_not_depend_on_drafts(model, settings):
+    """The uniforms belong to positions, so any tree, budget or window gives the same text per seed."""
+    ids = torch.tensor([PROMPT])
+    outs = []
+    for dec in (LookaheadDecoder(trie_capacity=4096), LookaheadDecoder(trie_capacity=4096, **settings)):
+        torch.manual_seed(123)
+        outs.append(model.generate(ids, custom_generate=dec, do_sample=True, temperature=0.9, max_new_tokens=25,
+                                   eos_token_id=None, pad_token_id=0).tolist())
+    assert outs[0] == outs[1]
 
 
 def test_trie_drafts_siblings_for_this_prompt(model):

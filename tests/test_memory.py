@@ -1,0 +1,53 @@
+"""A trie shared across calls (``LookaheadDecoder(trie=...)``): earlier outputs draft later requests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cache import NgramTrie
+from lookahead import LookaheadDecoder
+
+PROMPT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
+
+
+def test_second_request_drafts_from_first_output(tiny_models):
+    model = tiny_models("llama")
+    memory = NgramTrie(max_n=8, capacity=4096)
+    dec = LookaheadDecoder(trie=memory, adaptive=False)
+    ids = torch.tensor([PROMPT])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+    first = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
+    calls_first = dec.stats.target_calls
+    assert dec.stats.accepted_by_origin["memory"] == 0
+    second = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
+    assert first.tolist() == second.tolist() == plain.tolist()
+    assert dec.stats.accepted_by_origin["memory"] > 0
+    assert dec.stats.target_calls < calls_first
+
+
+def test_memory_learns_outputs_not_prompts(tiny_models):
+    model = tiny_models("qwen2")
+    memory = NgramTrie(max_n=4, capacity=4096)
+    dec = LookaheadDecoder(trie=memory)
+    out = model.generate(torch.tensor([PROMPT]), custom_generate=dec, max_new_tokens=12, eos_token_id=None)
+    grams = memory.ngrams()
+    new = out[0, len(PROMPT):].tolist()
+    assert (PROMPT[0], PROMPT[1]) not in grams  # the prompt's n-grams fade with the request
+    assert tuple(new[:2]) in grams and memory.step == len(new)
+
+
+def test_memory_stays_bounded(tiny_models):
+    memory = NgramTrie(max_n=3, capacity=64)
+    dec = LookaheadDecoder(trie=memory)
+    model = tiny_models("llama")
+    for seed in range(4):
+        prompt = np.random.default_rng(seed).integers(0, 96, 12).tolist()
+        model.generate(torch.tensor([prompt]), custom_generate=dec, max_new_tokens=30, eos_token_id=None)
+        assert len(memory) <= 64
+
+
+def test_trie_argument_is_checked():
+    with pytest.raises(TypeError, match="NgramTrie"):
+        LookaheadDecoder(trie={})
