@@ -24,6 +24,15 @@ class Method:
     settings: dict = field(default_factory=dict)  # what a reader needs to reproduce it, JSON-safe
     generate_kwargs: dict = field(default_factory=dict)  # added to every generate call
     decoder: Any = None  # a LookaheadDecoder, whose .stats describe its last call
+    factory: Callable[[], Method] | None = field(default=None, repr=False)  # makes a fresh instance
+
+    def fresh(self) -> Method:
+        """A new instance (a decoder that has learnt nothing yet), or this one when there is no factory."""
+        if self.factory is None:
+            return self
+        m = self.factory()
+        m.name, m.factory = self.name, self.factory
+        return m
 
     def kwargs(self) -> dict:
         kw = dict(self.generate_kwargs)
@@ -96,4 +105,5 @@ def make_methods(names: list[str], registry: dict[str, Callable[[], Method]] | N
     methods = [registry[n]() if n in registry else plain() for n in ordered]
     for name, m in zip(ordered, methods, strict=True):
         m.name = name
+        m.factory = registry.get(name, plain)
     return methods

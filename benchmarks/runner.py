@@ -248,8 +248,15 @@ def run_bench(
     progress: bool = True,
     model_name: str | None = None,
     command: str | None = None,
+    fresh_per_prompt: bool = True,
 ) -> dict:
-    """Run every method on every prompt, back to back; see the module docstring for what comes back."""
+    """Run every method on every prompt, back to back; see the module docstring for what comes back.
+
+    ``fresh_per_prompt``: give every prompt a new instance of each method (``Method.fresh()``), so that a
+    prompt's figures do not depend on the prompts before it; ``False`` keeps one instance per method for
+    the whole run, so decoders carry what they learnt (acceptance estimates, a shared trie) from prompt
+    to prompt, in the order run.
+    """
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if methods and all(isinstance(m, Method) for m in methods):
@@ -295,7 +302,8 @@ def run_bench(
             first = next(iter(prompts.values()))[0]
             inputs = encode(first, tokenizer, device)
             for m in method_objs:
-                call(m, inputs, {**base_kw, "max_new_tokens": min(WARMUP_TOKENS, max_new_tokens)})
+                call(m.fresh() if fresh_per_prompt else m, inputs,
+                     {**base_kw, "max_new_tokens": min(WARMUP_TOKENS, max_new_tokens)})
 
         total = sum(len(ps) for ps in prompts.values()) * len(method_objs)
         from tqdm.auto import tqdm
@@ -313,7 +321,8 @@ def run_bench(
                     bar.set_postfix_str(f"{wl} {prompt.id} {m.name}", refresh=False)
                     if sample:
                         torch.manual_seed(seed + index)
-                    res = call(m, inputs, base_kw)
+                    inst = m.fresh() if fresh_per_prompt else m
+                    res = call(inst, inputs, base_kw)
                     bar.update(1)
                     rec = {"workload": wl, "prompt_id": prompt.id, "method": m.name, "prompt_tokens": prompt_len}
                     recs[m.name] = rec
@@ -323,7 +332,7 @@ def run_bench(
                     out, seconds, calls = res
                     outs[m.name] = out
                     n_new = out.shape[1] - prompt_len
-                    stats = m.decoder.stats if m.decoder is not None else None
+                    stats = inst.decoder.stats if inst.decoder is not None else None
                     rec.update(
                         status="ok", new_tokens=n_new, wall_s=seconds,
                         tokens_per_s=n_new / seconds if seconds > 0 else None,
@@ -368,6 +377,9 @@ def run_bench(
         "warmup": f"each method once on the first prompt, {min(WARMUP_TOKENS, max_new_tokens)} tokens"
         if warmup else None,
         "order": "interleaved: all methods on a prompt back to back, the order rotated per prompt",
+        "state": "a fresh instance of every method per prompt: nothing learnt carries over between prompts"
+        if fresh_per_prompt else
+        "one instance per method for the whole run: decoders carry what they learnt from prompt to prompt",
         "speedup": "per prompt: (method new tokens / s) / (plain new tokens / s), measured back to back",
         "target_calls": "forward calls of the model, counted by a forward pre-hook (prefill included)",
         "prompts_per_workload": {wl: len(ps) for wl, ps in prompts.items()},

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sampled decoding (temperature 0.7, top_p 0.9) instead of greedy")
     bench.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
     bench.add_argument("--out", type=str, default="bench-out", help="output folder (default: bench-out)")
+    bench.add_argument("--reuse-decoders", action="store_true",
+                       help="one decoder per method for the whole run, carrying what it learns from prompt to "
+                            "prompt (default: a fresh decoder per prompt)")
     bench.add_argument("--threads", type=positive_int, default=None,
                        help="torch CPU threads (default: torch's own choice)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -147,7 +150,8 @@ def run_bench_command(args, argv: list[str]) -> int:
     model_name = args.model or "SmolLM2-135M-Instruct (bundled, GGUF Q4_1 weights dequantised)"
     result = run_bench(model, tok, workloads, method_names, max_new_tokens=n_tokens, sample=args.sample,
                        seed=args.seed, progress=not args.no_progress, model_name=model_name,
-                       command="python -m lookahead " + " ".join(shlex.quote(a) for a in argv))
+                       command="python -m lookahead " + " ".join(shlex.quote(a) for a in argv),
+                       fresh_per_prompt=not args.reuse_decoders)
     paths = write_reports(result, args.out)
     print(markdown(result))
     print("wrote " + ", ".join(paths.values()), file=sys.stderr)

@@ -156,6 +156,25 @@ def test_greedy_refusal_is_an_error_not_unsupported(tiny_models):
         run_bench(model, None, {"code": [REPETITIVE]}, methods, max_new_tokens=4, progress=False, warmup=False)
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_fresh_decoder_per_prompt_or_one_for_the_run(tiny_models, fresh):
+    model = tiny_models("llama")
+    made = []
+
+    def counting():
+        m = METHODS["lookahead"]()
+        made.append(m.decoder)
+        return m
+
+    methods = make_methods(["lookahead"], registry={"plain": METHODS["plain"], "lookahead": counting})
+    res = run_bench(model, None, {"code": [REPETITIVE, NO_REPEAT]}, methods, max_new_tokens=6, progress=False,
+                    fresh_per_prompt=fresh)
+    assert len(made) == (1 + 1 + 2 if fresh else 1)  # make_methods, warm-up, one per prompt
+    assert len({id(d) for d in made}) == len(made)
+    assert ("fresh instance" if fresh else "one instance") in res["settings"]["state"]
+    assert all(r["identical_to_plain"] for r in res["records"])
+
+
 def test_prompt_forms_and_method_registry():
     assert Prompt("a", ids=(1, 2)).ids == (1, 2)
     with pytest.raises(ValueError):
