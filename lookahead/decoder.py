@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import threading
 import time
 
 import torch
@@ -19,7 +20,7 @@ from cache import NgramTrie
 
 from .budget import AcceptanceStats, Budget, CostModel, calibrate, subset_tree
 from .config import LookaheadConfig
-from .kv_cache import check_rollbackable, keep_entries
+from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
 from .proposer import ORIGINS, WINDOW, Proposer
 from .stats import DecodeStats
 from .tree import pack_step
@@ -40,6 +41,11 @@ class LookaheadDecoder:
         print(decoder.stats)   # target calls, tokens per call, accepted lengths, time per phase
 
     The output is token for token what ``model.generate(**inputs, do_sample=False, ...)`` returns.
+
+    Threads: a decoder is the state of one decoding stream. A second call while one is running (from
+    another thread) raises ``RuntimeError``; use one decoder per concurrent stream. Decoders in
+    different threads may share one ``trie=`` store: it is locked, and each thread's outputs form
+    their own stream in it (see :mod:`cache`).
     """
 
     def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None, **overrides):
@@ -59,6 +65,14 @@ class LookaheadDecoder:
         self.proposer = Proposer(config, self.trie, self.memory)
         self.acceptance = AcceptanceStats(origins=len(ORIGINS))  # learnt across calls
         self.stats = DecodeStats()
+        self._busy = threading.Lock()  # held by the running call
+
+    def __getstate__(self):  # copy.deepcopy / pickle: a lock does not travel
+        return {k: v for k, v in self.__dict__.items() if k != "_busy"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
 
     def __repr__(self) -> str:
         return f"LookaheadDecoder({self.config})"
@@ -78,8 +92,16 @@ class LookaheadDecoder:
         _check_supported(model, input_ids, generation_config, synced_gpus)
         if streamer is None:
             streamer = _streamer_of_calling_generate(self)
-        return _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
-                       streamer, model_kwargs)
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(
+                "this LookaheadDecoder is already decoding (in another thread); a decoder holds the state of one "
+                "stream: use one LookaheadDecoder per concurrent generate() call (they may share one trie=)."
+            )
+        try:
+            return _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                           streamer, model_kwargs)
+        finally:
+            self._busy.release()
 
 
 def _streamer_of_calling_generate(decoder):
@@ -129,6 +151,36 @@ def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
         )
     if synced_gpus:
         raise ValueError("LookaheadDecoder does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
+    impl = getattr(generation_config, "cache_implementation", None) if generation_config is not None else None
+    if impl not in (None, "dynamic"):
+        raise CacheNotRollbackable(
+            f"LookaheadDecoder needs a dynamic KV cache it can roll back; cache_implementation={impl!r} is not one. "
+            "Remove cache_implementation or use plain generate()."
+        )
+
+
+def _check_cache_layers(cache, max_length: int) -> int | None:
+    """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the
+    smallest sliding window of its layers (every forward must stay below it), or None."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    window = None
+    for layer in cache_layers(cache):
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise CacheNotRollbackable(
+                f"the model's cache layer {type(layer).__name__} cannot roll back rejected draft tokens "
+                "(static, quantized, offloaded or recurrent state). LookaheadDecoder cannot decode this model "
+                "exactly; use plain generate() for it."
+            )
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            if max_length > layer.sliding_window:
+                raise CacheNotRollbackable(
+                    f"the model attends over a sliding window of {layer.sliding_window} tokens and this call may "
+                    f"reach {max_length}; LookaheadDecoder cannot roll back past the window. Use max_length <= "
+                    f"{layer.sliding_window} or plain generate()."
+                )
+            window = layer.sliding_window if window is None else min(window, layer.sliding_window)
+    return window
 
 
 def _cache_kwarg_name(model) -> str:
@@ -168,6 +220,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     all_scores: list[torch.Tensor] = []
     all_raw: list[torch.Tensor] = []
     max_length = gen.max_length
+    kv_window = _check_cache_layers(cache, max_length)
     do_sample = bool(gen.do_sample)
     uniforms = PositionUniforms() if do_sample else None  # seeded from torch's generator
     dtype = model.dtype
@@ -178,7 +231,8 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     budget = None
     if cfg.adaptive:
         cost = CostModel(cfg.cost_curve) if cfg.cost_curve else calibrate(
-            model, lambda: DynamicCache(config=model.config), cache_name, keeps_logits)
+            model, lambda: DynamicCache(config=model.config) if kv_window is None else DynamicCache(), cache_name,
+            keeps_logits)  # (timing only: a plain cache, which a small sliding window cannot break)
         budget = Budget(cost, decoder.acceptance)
         stats.cost_curve = cost.points
 
@@ -205,6 +259,15 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
                 draft.tokens, draft.parents, draft.origin = subset_tree(draft.tokens, draft.parents, draft.origin, keep)
             if not use_window:
                 draft.window = None
+        if draft.window is not None and int(pending_pos[0, -1]) + int(draft.window[1].max()) > max_length - 2:
+            draft.window = None  # no row beyond the last position plain generate would feed the model
+        if kv_window is not None:  # stay below the sliding window, where rollback still works
+            spare = kv_window - 1 - past_len - pending.shape[1]
+            if len(draft.tokens) + draft.n_window_rows > spare:
+                draft.window = None
+                if len(draft.tokens) > spare:
+                    draft.tokens, draft.parents, draft.origin = subset_tree(
+                        draft.tokens, draft.parents, draft.origin, list(range(max(spare, 0))))
         stats.budgets.append((len(draft.tokens), draft.n_window_rows))
         n, m = len(draft.tokens), draft.n_window_rows
         p = pending.shape[1]
