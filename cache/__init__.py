@@ -46,9 +46,52 @@ With two nodes, the 2/3 path ``3 -> 1`` beats the 1/3 branch ``4``:
 ([3, 1], [-1, 0])
 
 Memory is fixed at construction: when fewer than ``max_n`` node slots are free before a token is
-inserted, the least recently used n-grams are evicted (see ``kernels.evict``).
+inserted, the least recently used n-grams are evicted (see ``kernels.evict``). However many tokens
+pass through, a trie holds at most ``capacity`` nodes in the same 64 to 72 bytes per node of
+capacity allocated by the constructor.
+
+A store across requests
+-----------------------
+``LookaheadDecoder(trie=NgramTrie(...))`` shares one trie across calls. The rule: *outputs persist,
+prompts fade*. The shared trie learns only the tokens each request generates (one stream per
+request); a prompt's n-grams go to that request's own trie and are gone with it. The shared trie
+stays bounded by its capacity, the least recently used n-grams making room.
+
+Persistence
+-----------
+``trie.save(path, vocab_size=..., tokenizer_id=tokenizer_identity(tok))`` writes a versioned,
+checksummed file atomically (temporary file, fsync, rename: a crash leaves the old file or the new
+one, never a half-written one). ``NgramTrie.load(path, vocab_size=..., tokenizer_id=...)`` returns a
+new trie, ``trie.load_into(path, ...)`` replaces a trie's contents. A file that is not a store,
+truncated, corrupt or of a newer format raises :class:`TrieFileError`; one for another vocabulary,
+tokenizer or ``max_n`` raises :class:`TrieMismatchError` (a ``TrieFileError``); both are
+``ValueError`` subclasses, and the in-memory trie is untouched when they are raised. The file holds the
+n-grams with their counts and last-used steps and the step counter, so a loaded trie proposes and
+evicts exactly as the saved one would; streams are not saved (a load starts new ones). Format:
+:mod:`cache.persist`.
+
+>>> import os, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "store.ngt")
+>>> trie.save(path, vocab_size=100, tokenizer_id="demo")
+>>> NgramTrie.load(path, vocab_size=100, tokenizer_id="demo").propose([5, 1, 2], 2, 8)[0].tolist()
+[3, 1]
+>>> NgramTrie.load(path, vocab_size=50000)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+cache.persist.TrieMismatchError: ...: the store was saved for a vocabulary of 100 tokens, not 50000: ...
+
+Threads
+-------
+Every public method holds the trie's lock, so one trie can be shared by decoders running in
+several threads and stays consistent. Each thread has its own *stream*: ``insert`` appends to the
+calling thread's stream and ``reset_stream`` restarts it, so two requests decoded at the same time
+never form n-grams across each other; the result is the same set of n-grams with the same counts
+as decoding them one after the other. (A thread that pauses keeps its place, re-found by lookup
+when it inserts again, minus any of its open n-grams evicted meanwhile.) ``clear`` and
+``load_into`` restart every thread's stream.
 """
 
+from .persist import FORMAT_VERSION, TrieFileError, TrieMismatchError, tokenizer_identity
 from .trie import NgramTrie
 
-__all__ = ["NgramTrie"]
+__all__ = ["NgramTrie", "TrieFileError", "TrieMismatchError", "tokenizer_identity", "FORMAT_VERSION"]

@@ -580,3 +580,155 @@ def live_nodes(nodes, stats):
             out[n, 4] = stats[v, LAST_USED]
             n += 1
     return out
+
+
+# -- persistence and streams ------------------------------------------------------------------------
+
+# ``build`` status codes (with the index of the offending row)
+BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED, BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(9)
+
+
+@njit(cache=True)
+def export(nodes, stats, token, parent, count, last_used):
+    """Every live node, breadth-first from the root and siblings in list order, into the output arrays
+    (``len(token)`` must be the number of live nodes): ``parent[i]`` is the output index of the node's
+    parent (-1 for a child of the root), always ``< i``. Returns the number written, or -1 when the
+    outputs are too short. Read-only on the trie."""
+    n_out = token.shape[0]
+    slots = np.empty(n_out, np.int64)
+    n = 0
+    h = -1
+    v = 0
+    while True:
+        c = nodes[v, FIRST_CHILD]
+        while c != 0:
+            if n >= n_out:
+                return -1
+            slots[n] = c
+            token[n] = nodes[c, TOKEN]
+            parent[n] = h
+            count[n] = stats[c, COUNT]
+            last_used[n] = stats[c, LAST_USED]
+            n += 1
+            c = nodes[c, NEXT_SIBLING]
+        h += 1
+        if h >= n:
+            return n
+        v = slots[h]
+
+
+@njit(cache=True)
+def build(nodes, stats, table, state, token, parent, count, last_used, step, n_evictions):
+    """Fill a just-``reset`` trie with the nodes ``export`` wrote; returns ``(status, row)``.
+
+    Node ``i`` goes to slot ``i + 1``; each is appended to its parent's child list, which must
+    therefore arrive sorted (count desc, last_used desc), and equal counts in a run share a group.
+    Every row is checked (parent before child, token in int32 range, count >= 1, 1 <= last_used <=
+    step, depth <= max_n, sibling order, no duplicate (parent, token)); on the first bad row the
+    status says why and the arrays are left half-built (the caller discards them). The result
+    starts a new stream, at ``step``.
+    """
+    n = token.shape[0]
+    max_n = state[S_MAX_N]
+    cap = state[S_CAPACITY]
+    if n > cap:
+        return TOO_MANY, n
+    mask = table.shape[0] - 1
+    depth = np.zeros(n + 1, np.int64)
+    g_next = 1
+    for i in range(n):
+        v = i + 1
+        p = np.int64(parent[i]) + 1  # slot of the parent, 0 = root
+        if p < 0 or p > i:
+            return BAD_PARENT, i
+        t = np.int64(token[i])
+        if t < 0 or t > INT32_MAX:
+            return BAD_TOKEN, i
+        c = count[i]
+        if c < 1:
+            return BAD_COUNT, i
+        lu = last_used[i]
+        if lu < 1 or lu > step:
+            return BAD_LAST_USED, i
+        d = depth[p] + 1
+        if d > max_n:
+            return BAD_DEPTH, i
+        depth[v] = d
+        h = _slot(p, t, mask)
+        while table[h] != 0:
+            x = table[h]
+            if nodes[x, TOKEN] == t and nodes[x, PARENT] == p:
+                return DUPLICATE, i
+            h = (h + 1) & mask
+        table[h] = v
+        nodes[v, TOKEN] = t
+        nodes[v, PARENT] = p
+        nodes[v, FIRST_CHILD] = 0
+        nodes[v, LAST_CHILD] = 0
+        nodes[v, NEXT_SIBLING] = 0
+        stats[v, COUNT] = c
+        stats[v, LAST_USED] = lu
+        stats[v, CHILD_SUM] = 0
+        last = nodes[p, LAST_CHILD]
+        same = False
+        if last != 0:
+            lc = stats[last, COUNT]
+            if lc < c or (lc == c and stats[last, LAST_USED] < lu):
+                return BAD_ORDER, i
+            nodes[last, NEXT_SIBLING] = v
+            same = lc == c
+        else:
+            nodes[p, FIRST_CHILD] = v
+        nodes[v, PREV_SIBLING] = last
+        nodes[p, LAST_CHILD] = v
+        stats[p, CHILD_SUM] += c
+        if same:
+            nodes[v, GROUP] = nodes[last, GROUP]
+        else:
+            nodes[g_next, GROUP_HEAD] = v
+            nodes[v, GROUP] = g_next
+            g_next += 1
+    # free slots n + 1 .. cap and group ids g_next .. cap are still chained as ``reset`` left them
+    state[S_N_LIVE] = n
+    state[S_FREE_HEAD] = n + 1 if n < cap else 0
+    state[S_GROUP_FREE] = g_next if g_next <= cap else 0
+    state[S_STEP] = step
+    state[S_N_OPEN] = 0
+    state[S_N_EVICTIONS] = n_evictions
+    return BUILD_OK, n
+
+
+@njit(cache=True)
+def open_tail(nodes, state, out):
+    """The tokens of the current stream's longest open path (its last ``state[S_N_OPEN]`` tokens),
+    oldest first, into ``out[:k]``; returns ``k``."""
+    k = state[S_N_OPEN]
+    if k == 0:
+        return 0
+    v = state[S_OPEN + k - 1]
+    for i in range(k - 1, -1, -1):
+        out[i] = nodes[v, TOKEN]
+        v = nodes[v, PARENT]
+    return k
+
+
+@njit(cache=True)
+def reopen(nodes, table, state, tail):
+    """Make ``tail`` (a stream's last tokens, oldest first) the open path again, as far as its
+    n-grams still exist: the open path of length ``k`` is the node of the last ``k`` tokens, found
+    from the root, for k = 1, 2, ... until one is missing (evicted, or cleared). Returns how many."""
+    n = min(tail.shape[0], state[S_MAX_N])
+    m = tail.shape[0]
+    k = 0
+    while k < n:
+        v = 0
+        for i in range(m - k - 1, m):
+            v = find_child(nodes, table, v, tail[i])
+            if v == 0:
+                break
+        if v == 0:
+            break
+        state[S_OPEN + k] = v
+        k += 1
+    state[S_N_OPEN] = k
+    return k

@@ -1,16 +1,19 @@
-"""``NgramTrie``: the class that owns the trie's arrays and validates inputs.
+"""``NgramTrie``: the class that owns the trie's arrays, validates inputs, and serialises access.
 
-The algorithms are the Numba kernels in :mod:`cache.kernels`; the terms are explained in the
-package docstring (:mod:`cache`).
+The algorithms are the Numba kernels in :mod:`cache.kernels`, the file format is in
+:mod:`cache.persist`; the terms, the threading rules and persistence are explained in the package
+docstring (:mod:`cache`).
 """
 
 from __future__ import annotations
 
 import operator
+import threading
 
 import numpy as np
 
 from . import kernels as K
+from . import persist
 
 _I64 = np.dtype(np.int64)
 _I32 = np.dtype(np.int32)
@@ -29,6 +32,13 @@ def _warm_up() -> None:
     t.propose(toks, 4, 2)
     t.ngrams()
     K.kth_smallest(np.array([3, 1, 2], np.int64), 3, 1)
+    # persistence and stream switching (a thread that compiles these would hold the trie's lock)
+    n = len(t)
+    out = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64))
+    K.export(t._nodes, t._stats, *out)
+    K.build(*_empty_arrays(2, 16), *out, t.step, 0)
+    tail = np.empty(2, np.int64)
+    K.reopen(t._nodes, t._table, t._state, tail[: K.open_tail(t._nodes, t._state, tail)])
     _WARMED = True
 
 
@@ -83,13 +93,24 @@ class NgramTrie:
     def _setup(self, max_n: int, capacity: int) -> None:
         self._max_n = max_n
         self._capacity = capacity
-        self._nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
-        self._stats = np.empty((capacity + 1, K.STAT_COLUMNS), np.int64)
-        self._table = np.empty(K.table_size(capacity), np.int32)
-        self._state = np.zeros(K.S_OPEN + max_n, np.int64)
-        self._state[K.S_MAX_N] = max_n
-        self._state[K.S_CAPACITY] = capacity
-        K.reset(self._nodes, self._stats, self._table, self._state)
+        self._nodes, self._stats, self._table, self._state = _empty_arrays(max_n, capacity)
+        self._init_threading()
+
+    def _init_threading(self) -> None:
+        self._lock = threading.RLock()  # every read or write of the arrays holds it
+        self._local = threading.local()  # .stream: this thread's _Stream
+        self._loaded: _Stream | None = None  # the stream whose open path is in _state (None: unowned)
+        self._epoch = 0  # bumped by clear/load: every stream starts anew
+
+    # pickling / copy.deepcopy: the arrays travel, the lock and the streams do not
+    def __getstate__(self) -> dict:
+        with self._lock:
+            state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_local", "_loaded", "_epoch")}
+            return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in state.items()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_threading()
 
     # -- read-only facts -----------------------------------------------------------------------
     @property
@@ -118,21 +139,58 @@ class NgramTrie:
 
     # -- updates -----------------------------------------------------------------------------
     def insert(self, tokens) -> None:
-        """Append ``tokens`` (1-D ints in [0, 2**31 - 1]) to the current stream and record their n-grams."""
+        """Append ``tokens`` (1-D ints in [0, 2**31 - 1]) to the calling thread's current stream and
+        record their n-grams."""
         arr = _int_array(tokens, "tokens")
-        status = K.insert(self._nodes, self._stats, self._table, self._state, arr)
+        with self._lock:
+            stream = getattr(self._local, "stream", None)
+            if stream is None or stream is not self._loaded:
+                self._switch_to(stream)
+            status = K.insert(self._nodes, self._stats, self._table, self._state, arr)
         if status:
             if status == K.ERR_TOKEN:
                 raise _token_error("tokens", arr)
             raise RuntimeError("NgramTrie: eviction could not free max_n slots (invariant broken)")
 
     def reset_stream(self) -> None:
-        """The next insert starts a new stream: no n-gram spans the boundary. Content is kept."""
-        self._state[K.S_N_OPEN] = 0
+        """The calling thread's next insert starts a new stream: no n-gram spans the boundary.
+        Content is kept."""
+        with self._lock:
+            stream = getattr(self._local, "stream", None)
+            if stream is self._loaded:  # ours is in the state (or the state is unowned and ours is new)
+                self._state[K.S_N_OPEN] = 0
+            elif stream is not None:  # ours is parked
+                stream.tail = None
+            # else: this thread has no stream yet; its first insert starts a new one
 
     def clear(self) -> None:
-        """Empty trie, new stream, step 0."""
-        K.reset(self._nodes, self._stats, self._table, self._state)
+        """Empty trie, step 0; every thread's next insert starts a new stream."""
+        with self._lock:
+            K.reset(self._nodes, self._stats, self._table, self._state)
+            self._epoch += 1
+
+    def _switch_to(self, stream: _Stream | None) -> None:
+        """Make ``stream`` (the calling thread's; created when None) the one whose open path is in
+        ``_state``, parking the previous owner's as its tail tokens. Holds the lock."""
+        if stream is None:
+            stream = self._local.stream = _Stream()
+            if self._loaded is None:  # a fresh (or unpickled) trie: the first inserting thread adopts it
+                stream.epoch = self._epoch
+                self._loaded = stream
+                return
+        parked = self._loaded
+        if parked is not None:
+            out = np.empty(self._max_n, np.int64)
+            k = K.open_tail(self._nodes, self._state, out)
+            parked.tail = out[:k] if k else None
+            parked.epoch = self._epoch
+        if stream.tail is not None and stream.epoch == self._epoch:
+            K.reopen(self._nodes, self._table, self._state, stream.tail)
+        else:
+            self._state[K.S_N_OPEN] = 0
+        stream.tail = None
+        stream.epoch = self._epoch
+        self._loaded = stream
 
     # -- queries -------------------------------------------------------------------------------
     def propose(self, context, max_nodes: int, max_depth: int, max_match: int | None = None):
@@ -158,15 +216,18 @@ class NgramTrie:
         m = max_nodes if max_nodes <= 4096 else min(max_nodes, len(self))
         tokens = np.empty(m, _I64)
         parents = np.empty(m, _I32)
-        k = K.propose(self._nodes, self._stats, self._table, self._state, ctx, min(max_depth, max_n), mm,
-                      tokens, parents)
+        with self._lock:
+            k = K.propose(self._nodes, self._stats, self._table, self._state, ctx, min(max_depth, max_n), mm,
+                          tokens, parents)
         if k < 0:
             raise _token_error("context", ctx[-mm:])
         return tokens[:k], parents[:k]
 
     def ngrams(self) -> dict[tuple[int, ...], tuple[int, int]]:
         """``{path: (count, last_used)}`` for every live node (tests and debugging; not fast)."""
-        rows = K.live_nodes(self._nodes, self._stats).tolist()
+        with self._lock:
+            rows = K.live_nodes(self._nodes, self._stats)
+        rows = rows.tolist()
         by_slot = {r[0]: r for r in rows}
         paths: dict[int, tuple[int, ...]] = {0: ()}
 
@@ -182,3 +243,131 @@ class NgramTrie:
             return p
 
         return {path(r[0]): (r[3], r[4]) for r in rows}
+
+    # -- persistence -----------------------------------------------------------------------------
+    def save(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
+        """Write the trie to ``path`` atomically (see :mod:`cache.persist` for the format).
+
+        ``vocab_size`` and ``tokenizer_id`` (e.g. :func:`cache.tokenizer_identity`) are recorded so
+        that :meth:`load` can refuse the file for another vocabulary. Streams are not saved: a loaded
+        trie starts a new one. Other threads may keep using the trie; the snapshot is consistent.
+        """
+        if vocab_size is not None:
+            vocab_size = _positive_int(vocab_size, "vocab_size")
+        if tokenizer_id is not None and not isinstance(tokenizer_id, str):
+            raise TypeError(f"tokenizer_id: expected a str, got {type(tokenizer_id).__name__}")
+        with self._lock:
+            n = len(self)
+            arrays = {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
+                      "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
+            got = K.export(self._nodes, self._stats, arrays["token"], arrays["parent"], arrays["count"],
+                           arrays["last_used"])
+            meta = dict(max_n=self._max_n, capacity=self._capacity, n_nodes=n, step=self.step,
+                        n_evictions=self.n_evictions)
+        if got != n:
+            raise RuntimeError(f"NgramTrie.save: exported {got} nodes of {n} (invariant broken)")
+        if vocab_size is not None and n and int(arrays["token"].max()) >= vocab_size:
+            raise ValueError(f"vocab_size={vocab_size}, but the trie holds token id {int(arrays['token'].max())}")
+        meta.update(vocab_size=vocab_size, tokenizer_id=tokenizer_id)
+        persist.write_file(path, meta, arrays)
+
+    @classmethod
+    def load(cls, path, vocab_size: int | None = None, tokenizer_id: str | None = None,
+             capacity: int | None = None) -> NgramTrie:
+        """A new trie with the contents of the file at ``path``; its ``max_n`` and (unless given)
+        ``capacity`` are the file's. Raises as :meth:`load_into` does."""
+        header, arrays = persist.read_file(path)
+        cap = header["capacity"] if capacity is None else capacity
+        _check_match(path, header, arrays, vocab_size, tokenizer_id, header["max_n"], cap)
+        trie = cls(max_n=header["max_n"], capacity=cap)
+        trie._install(path, header, arrays)
+        return trie
+
+    def load_into(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
+        """Replace this trie's contents with the file at ``path`` (same ``max_n``; capacity may differ
+        if the file's n-grams fit).
+
+        Raises :class:`cache.TrieFileError` for a file that is not a store, is truncated or corrupt,
+        or has a newer format version, and :class:`cache.TrieMismatchError` when ``vocab_size`` or
+        ``tokenizer_id`` is given and differs from the recorded one (or a token id is >= ``vocab_size``),
+        when ``max_n`` differs, or when the n-grams do not fit. Everything is checked, and the new
+        arrays built, before this trie is touched: on any error it is unchanged.
+        """
+        header, arrays = persist.read_file(path)
+        _check_match(path, header, arrays, vocab_size, tokenizer_id, self._max_n, self._capacity)
+        self._install(path, header, arrays)
+
+    def _install(self, path, header, arrays) -> None:
+        """Build the file's n-grams into new arrays (checking every row), then swap them in."""
+        nodes, stats, table, state = _empty_arrays(self._max_n, self._capacity)
+        status, row = K.build(nodes, stats, table, state, arrays["token"], arrays["parent"], arrays["count"],
+                              arrays["last_used"], header["step"], header["n_evictions"])
+        if status != K.BUILD_OK:
+            raise persist.TrieFileError(f"{path}: corrupt: row {row}: {_BUILD_ERRORS.get(status, status)}")
+        with self._lock:
+            self._nodes, self._stats, self._table, self._state = nodes, stats, table, state
+            self._epoch += 1
+
+
+def _check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity) -> None:
+    """Raise :class:`cache.TrieMismatchError` unless the file fits the caller's vocabulary, tokenizer
+    and a trie of ``max_n`` / ``capacity``."""
+
+    def mismatch(why: str) -> persist.TrieMismatchError:
+        return persist.TrieMismatchError(f"{path}: {why}")
+
+    if vocab_size is not None:
+        vocab_size = _positive_int(vocab_size, "vocab_size")
+        if header["vocab_size"] is not None and header["vocab_size"] != vocab_size:
+            raise mismatch(f"the store was saved for a vocabulary of {header['vocab_size']} tokens, "
+                           f"not {vocab_size}: it belongs to another tokenizer")
+        if header["n_nodes"] and int(arrays["token"].max()) >= vocab_size:
+            raise mismatch(f"the store holds token id {int(arrays['token'].max())}, outside a vocabulary "
+                           f"of {vocab_size}")
+    if tokenizer_id is not None and header.get("tokenizer_id") is not None and header["tokenizer_id"] != tokenizer_id:
+        raise mismatch(f"the store was saved for tokenizer {header['tokenizer_id']!r}, not {tokenizer_id!r}")
+    if header["max_n"] != max_n:
+        raise mismatch(f"the store has max_n={header['max_n']}, this trie max_n={max_n}")
+    if header["n_nodes"] > capacity:
+        raise mismatch(f"the store holds {header['n_nodes']} n-grams, more than the capacity {capacity}")
+
+
+class _Stream:
+    """One thread's stream while another thread's open path is in the trie's state: its last tokens
+    (``tail``, None for a new stream) and the trie epoch they belong to."""
+
+    __slots__ = ("tail", "epoch")
+
+    def __init__(self):
+        self.tail: np.ndarray | None = None
+        self.epoch = -1
+
+
+_BUILD_ERRORS = {
+    K.BAD_PARENT: "parent index not before the row",
+    K.BAD_TOKEN: "token id out of range",
+    K.BAD_COUNT: "count < 1",
+    K.BAD_LAST_USED: "last_used outside [1, step]",
+    K.BAD_DEPTH: "n-gram longer than max_n",
+    K.BAD_ORDER: "siblings not sorted by (count, last_used) descending",
+    K.DUPLICATE: "duplicate n-gram",
+    K.TOO_MANY: "more n-grams than the capacity",
+}
+
+
+def _empty_arrays(max_n: int, capacity: int):
+    """``(nodes, stats, table, state)`` of an empty trie."""
+    nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
+    stats = np.empty((capacity + 1, K.STAT_COLUMNS), np.int64)
+    table = np.empty(K.table_size(capacity), np.int32)
+    state = np.zeros(K.S_OPEN + max_n, np.int64)
+    state[K.S_MAX_N] = max_n
+    state[K.S_CAPACITY] = capacity
+    K.reset(nodes, stats, table, state)
+    return nodes, stats, table, state
+
+
+def _positive_int(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{field}: must be a positive integer, got {value!r}")
+    return int(value)

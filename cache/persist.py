@@ -1,0 +1,227 @@
+"""Saving and loading an :class:`~cache.NgramTrie`: a versioned, checksummed file, written atomically.
+
+File layout (all integers little-endian)::
+
+    offset 0   magic        8 bytes  b"\\x89NGTRIE\\n"
+    offset 8   version      uint32   FORMAT_VERSION (a reader refuses a newer one)
+    offset 12  header_len   uint32   bytes of the JSON header
+    offset 16  header_crc   uint32   zlib.crc32 of the JSON header
+    offset 20  header       UTF-8 JSON, then zero padding to a multiple of 8 bytes
+               payload      the arrays named in the header, back to back, raw
+
+The header records ``max_n``, ``capacity``, ``n_nodes``, ``step``, ``n_evictions``,
+``vocab_size`` and ``tokenizer_id`` (either may be null), the arrays as ``[name, dtype, length]``,
+``payload_bytes`` and ``payload_crc32``. The payload is the trie's live n-grams in breadth-first
+order (what ``kernels.export`` writes): ``count`` and ``last_used`` (``<u4`` when every value fits,
+else ``<i8``), ``token`` and ``parent`` (``<i4``; ``parent`` is the row of the parent, -1 for a
+child of the root). It does not depend on the in-memory layout (slots, hash table, free lists): a
+load rebuilds those, and may use another capacity. No pickle anywhere.
+
+Writing: to ``<path>.tmp-<pid>-<thread>``, flushed and fsynced, then ``os.replace``d onto ``path``
+(and the directory fsynced), so ``path`` holds either the old file or the complete new one, never a
+half-written one. Reading: every check (magic, version, header checksum and fields, exact file size,
+payload checksum, vocabulary, tokenizer, capacity, and the structure of every row) passes before
+the caller's trie is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import threading
+import zlib
+
+import numpy as np
+
+MAGIC = b"\x89NGTRIE\n"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIII")  # magic, version, header_len, header_crc
+_MAX_HEADER = 1 << 20
+_I32_MAX = 2**31 - 1
+# (name, allowed dtypes, in-memory dtype), in payload order: 8-byte arrays first
+_ARRAYS = (
+    ("count", ("<u4", "<i8"), np.int64),
+    ("last_used", ("<u4", "<i8"), np.int64),
+    ("token", ("<i4",), np.int32),
+    ("parent", ("<i4",), np.int32),
+)
+
+
+class TrieFileError(ValueError):
+    """The file is not a usable n-gram store: not one at all, truncated, corrupt, or of a newer format."""
+
+
+class TrieMismatchError(TrieFileError):
+    """The file is a valid store, but for another vocabulary, tokenizer or ``max_n``, or too big."""
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """A string naming a tokenizer's vocabulary, to store with a trie and compare on load.
+
+    ``"<name>|vocab=<size>|sha256=<16 hex digits>"``: the last component of ``name_or_path`` (so a
+    moved model folder keeps its identity) and a hash of every ``(token, id)`` pair of
+    ``get_vocab()`` (added tokens included). Two tokenizers that map every token to the same id get
+    the same hash. Duck-typed: anything with ``get_vocab()`` works.
+    """
+    vocab = tokenizer.get_vocab()
+    digest = hashlib.sha256()
+    for token, idx in sorted(vocab.items(), key=lambda kv: (kv[1], kv[0])):
+        digest.update(f"{idx}\t{token}\n".encode("utf-8", "surrogatepass"))
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    name = os.path.basename(name.rstrip("/\\")) or name
+    return f"{name}|vocab={len(vocab)}|sha256={digest.hexdigest()[:16]}"
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def write_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``meta`` (header fields) and ``arrays`` (the export) to ``path`` atomically."""
+    path = os.fspath(path)
+    payload = []
+    specs = []
+    for name, allowed, _ in _ARRAYS:
+        arr = arrays[name]
+        dt = allowed[0]
+        if len(allowed) > 1 and arr.size and (int(arr.max()) > 2**32 - 1 or int(arr.min()) < 0):
+            dt = allowed[1]
+        data = np.ascontiguousarray(arr, dtype=np.dtype(dt))
+        payload.append(data)
+        specs.append([name, dt, int(arr.shape[0])])
+    crc = 0
+    for data in payload:
+        crc = zlib.crc32(memoryview(data).cast("B"), crc)
+    header = dict(meta, format="lookahead n-gram trie", format_version=FORMAT_VERSION, arrays=specs,
+                  payload_bytes=sum(d.nbytes for d in payload), payload_crc32=crc)
+    hbytes = json.dumps(header, sort_keys=True).encode()
+    hbytes += b" " * (-(_PREFIX.size + len(hbytes)) % 8)  # pad (JSON ignores trailing spaces)
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(hbytes), zlib.crc32(hbytes))
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(prefix)
+            f.write(hbytes)
+            for data in payload:
+                f.write(memoryview(data).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
+    """``(header, arrays)`` of a store file, after checking its format, size and checksums.
+
+    ``arrays`` are fresh writeable ``int64`` (count, last_used) and ``int32`` (token, parent) arrays.
+    Raises :class:`TrieFileError` (clear message naming the file) for anything wrong.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = bytearray(size)
+        got = f.readinto(data)
+    if got != size:
+        raise TrieFileError(f"{path}: read {got} of {size} bytes (the file changed while being read?)")
+
+    def bad(why: str) -> TrieFileError:
+        return TrieFileError(f"{path}: {why}")
+
+    if size < _PREFIX.size:
+        if MAGIC.startswith(bytes(data[:8])) and size:
+            raise bad(f"truncated: {size} bytes, shorter than the {_PREFIX.size}-byte prefix")
+        raise bad("not an n-gram store file (too short)")
+    magic, version, hlen, hcrc = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise bad("not an n-gram store file (bad magic bytes)")
+    if version > FORMAT_VERSION:
+        raise bad(f"written in store format version {version}, newer than this reader's {FORMAT_VERSION}: "
+                  "upgrade the lookahead package to load it")
+    if version < 1:
+        raise bad(f"unknown store format version {version}")
+    if hlen > _MAX_HEADER:
+        raise bad(f"corrupt: header length {hlen} is implausible")
+    start = _PREFIX.size + hlen
+    if size < start:
+        raise bad(f"truncated: {size} bytes, the header alone needs {start}")
+    hbytes = bytes(data[_PREFIX.size : start])
+    if zlib.crc32(hbytes) != hcrc:
+        raise bad("corrupt: header checksum mismatch")
+    try:
+        header = json.loads(hbytes.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise bad("corrupt: header is not valid JSON") from None
+    header = _check_header(header, bad)
+    expected = start + header["payload_bytes"]
+    if size < expected:
+        raise bad(f"truncated: {size} bytes, expected {expected}")
+    if size > expected:
+        raise bad(f"corrupt: {size - expected} unexpected bytes after the payload")
+    view = memoryview(data)[start:]
+    if zlib.crc32(view) != header["payload_crc32"]:
+        raise bad("corrupt: payload checksum mismatch")
+    arrays = {}
+    offset = 0
+    for (name, _, dtype), (_, dt, length) in zip(_ARRAYS, header["arrays"]):
+        raw = np.frombuffer(data, dtype=np.dtype(dt), count=length, offset=start + offset)
+        arrays[name] = raw.astype(dtype)  # a copy: aligned, native, writeable
+        offset += raw.nbytes
+    del view
+    return header, arrays
+
+
+def _check_header(h, bad) -> dict:
+    if not isinstance(h, dict):
+        raise bad("corrupt: header is not an object")
+
+    def int_field(name, lo, hi=None, optional=False):
+        v = h.get(name)
+        if v is None and optional:
+            return
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+            raise bad(f"corrupt: header field {name!r} = {v!r}")
+
+    for name, lo in (("max_n", 2), ("capacity", 1), ("n_nodes", 0), ("step", 0), ("n_evictions", 0),
+                     ("payload_bytes", 0), ("payload_crc32", 0)):
+        int_field(name, lo)
+    int_field("vocab_size", 1, optional=True)
+    if h["capacity"] > _I32_MAX - 1 or h["capacity"] < 4 * h["max_n"] ** 2 or h["n_nodes"] > h["capacity"]:
+        raise bad(f"corrupt: n_nodes {h['n_nodes']} / capacity {h['capacity']}")
+    if h.get("tokenizer_id") is not None and not isinstance(h["tokenizer_id"], str):
+        raise bad("corrupt: header field 'tokenizer_id' is not a string")
+    specs = h.get("arrays")
+    if not isinstance(specs, list) or len(specs) != len(_ARRAYS):
+        raise bad("corrupt: header field 'arrays'")
+    total = 0
+    for (name, allowed, _), spec in zip(_ARRAYS, specs):
+        if (not isinstance(spec, list) or len(spec) != 3 or spec[0] != name or spec[1] not in allowed
+                or spec[2] != h["n_nodes"]):
+            raise bad(f"corrupt: array spec {spec!r} (expected {name!r}, one of {allowed}, length n_nodes)")
+        total += np.dtype(spec[1]).itemsize * spec[2]
+    if total != h["payload_bytes"]:
+        raise bad(f"corrupt: payload_bytes {h['payload_bytes']} != {total} from the array specs")
+    return h
