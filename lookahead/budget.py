@@ -6,9 +6,12 @@ right budget depends on the hardware. Three pieces:
 - :class:`CostModel`: seconds of one forward as a function of the number of new tokens ``k``,
   measured once per (model, device, dtype) in the process by :func:`calibrate` (a few forwards
   over a short context), or supplied by ``LookaheadConfig.cost_curve``.
-- :class:`AcceptanceStats`: online estimates of ``c(origin, depth, rank)``, the probability that
-  a drafted node is accepted given that its parent was (``rank`` = its place among its siblings).
-  A node's acceptance probability is the product of ``c`` along its path.
+- :class:`AcceptanceStats`: online estimates of ``c(origin, streak, depth, rank)``, the probability
+  that a drafted node is accepted given that its parent was (``rank``: 0 for an only child,
+  else 1 + its place among its siblings, so a unique continuation is told from a guess among
+  several; ``streak`` = how many drafts the previous step accepted, 0, 1-2 or 3+, which tells
+  copying phases from free writing). A node's acceptance probability is the product of ``c``
+  along its path.
 - :func:`choose_nodes`: each step, keep the ``k`` most probable nodes (a prefix that is always a
   tree) maximising expected tokens per second, ``(1 + sum of their probabilities) / t(1 + k + m)``,
   with ``m`` the window's rows; ``k = 0`` is a plain one-token step.
@@ -37,14 +40,33 @@ class CostModel:
     linearly with the slope of the last segment (never decreasing).
     """
 
-    def __init__(self, points: Sequence[tuple[int, float]]):
+    def __init__(self, points: Sequence[tuple[int, float]], learn: bool = False):
         pts = sorted((int(k), float(t)) for k, t in points)
         if not pts or pts[0][0] < 1 or any(t <= 0 for _, t in pts):
             raise ValueError(f"cost curve needs points (k >= 1, seconds > 0); got {points!r}")
-        ks = np.array([k for k, _ in pts], dtype=np.float64)
-        ts = np.maximum.accumulate(np.array([t for _, t in pts], dtype=np.float64))  # monotone in k
-        self.points = tuple(zip(ks.astype(int).tolist(), ts.tolist()))
-        self._ks, self._ts = ks, ts
+        self._ks = np.array([k for k, _ in pts], dtype=np.float64)
+        self._raw = np.array([t for _, t in pts], dtype=np.float64)
+        self.learn = learn
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._ts = np.maximum.accumulate(self._raw)  # monotone in k
+        self.points = tuple(zip(self._ks.astype(int).tolist(), self._ts.tolist()))
+
+    def observe(self, k: int, seconds: float, weight: float = 0.2) -> None:
+        """Fold a measured forward of ``k`` new tokens into the curve (when ``learn`` is on).
+
+        The point nearest to ``k`` (in log scale) moves towards the measurement, scaled by the curve's
+        own shape between points, so that a calibration disturbed by a busy machine heals as
+        decoding runs. Explicitly supplied curves do not learn.
+        """
+        if not self.learn or k < 1 or seconds <= 0:
+            return
+        i = int(np.argmin(np.abs(np.log(self._ks) - np.log(k))))
+        predicted = float(self(k))
+        target = self._raw[i] * seconds / predicted if predicted > 0 else seconds
+        self._raw[i] = (1 - weight) * self._raw[i] + weight * target
+        self._refresh()
 
     def __call__(self, k: int | np.ndarray) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
@@ -96,7 +118,7 @@ def calibrate(model, cache_factory, forward_kwargs_name: str = "cache", keeps_lo
                 elapsed = time.perf_counter() - t
                 cache.crop(-k)
                 best[k] = min(best.get(k, float("inf")), elapsed)
-    curve = CostModel(sorted(best.items()))
+    curve = CostModel(sorted(best.items()), learn=True)
     _CURVES[key] = curve
     return curve
 
@@ -106,40 +128,60 @@ def forget_calibrations() -> None:
     _CURVES.clear()
 
 
-class AcceptanceStats:
-    """Online estimates of ``c(origin, depth, rank)``: P(node accepted | parent accepted).
+def streak_bucket(accepted_last_step: int) -> int:
+    """0 when the previous step accepted no draft, 1 for 1-2 tokens, 2 for 3 or more."""
+    return 0 if accepted_last_step <= 0 else (1 if accepted_last_step <= 2 else 2)
 
-    Each estimate is ``(accepted + a) / (tried + a + b)`` with a Beta(a, b) prior (mean ``a/(a+b)``);
-    depths beyond ``max_depth`` share the last depth's cell, ranks beyond ``max_rank`` the last rank's.
-    Counts decay by ``decay`` per update so the estimates follow the text as it changes.
+
+class AcceptanceStats:
+    """Online estimates of ``c(origin, streak, depth, rank)``: P(node accepted | parent accepted).
+
+    Each estimate is the cell's acceptance rate shrunk towards the same (origin, streak, rank) pooled
+    over all depths, itself shrunk towards a Beta prior that depends on the rank: an only child or a
+    first child starts at 1/2, later siblings at 1/5. Depths beyond ``max_depth`` share the
+    last depth's cell, ranks beyond ``max_rank`` the last rank's. Counts decay by ``decay`` per
+    update so the estimates follow the text as it changes.
     """
 
-    def __init__(self, origins: int = 2, max_depth: int = 8, max_rank: int = 4, prior: tuple[float, float] = (1.0, 2.0),
-                 decay: float = 0.98):
+    STREAKS = 3
+
+    def __init__(self, origins: int = 3, max_depth: int = 8, max_rank: int = 4,
+                 priors: tuple[tuple[float, float], tuple[float, float]] = ((1.0, 1.0), (0.4, 1.6)),
+                 decay: float = 0.97):
         self.max_depth, self.max_rank = max_depth, max_rank
-        self.a, self.b = prior
+        first, later = priors
+        self.prior_a = np.array([first[0]] * 2 + [later[0]] * (max_rank - 2))
+        self.prior_b = np.array([first[1]] * 2 + [later[1]] * (max_rank - 2))
         self.decay = decay
-        self.tried = np.zeros((origins, max_depth, max_rank))
-        self.accepted = np.zeros((origins, max_depth, max_rank))
+        shape = (origins, self.STREAKS, max_depth, max_rank)
+        self.tried = np.zeros(shape)
+        self.accepted = np.zeros(shape)
 
-    def _cells(self, origin, depth, rank):
-        return (np.asarray(origin, dtype=np.int64), np.minimum(np.asarray(depth) - 1, self.max_depth - 1),
-                np.minimum(np.asarray(rank), self.max_rank - 1))
+    def _cells(self, origin, streak, depth, rank):
+        origin = np.asarray(origin, dtype=np.int64)
+        return (origin, np.full(origin.shape, streak, dtype=np.int64),
+                np.minimum(np.asarray(depth) - 1, self.max_depth - 1), np.minimum(np.asarray(rank), self.max_rank - 1))
 
-    def conditional(self, origin, depth, rank) -> np.ndarray:
-        cell = self._cells(origin, depth, rank)
-        return (self.accepted[cell] + self.a) / (self.tried[cell] + self.a + self.b)
+    def conditional(self, origin, streak, depth, rank) -> np.ndarray:
+        """Shrunk twice: a (origin, streak, depth, rank) cell towards its pooled-over-depths mean,
+        which is shrunk towards the rank's prior, so rarely seen deep cells borrow from shallow ones."""
+        cell = self._cells(origin, streak, depth, rank)
+        o, st, _, r = cell
+        a, b = self.prior_a[r], self.prior_b[r]
+        pooled = (self.accepted.sum(axis=2)[o, st, r] + a) / (self.tried.sum(axis=2)[o, st, r] + a + b)
+        weight = 2.0
+        return (self.accepted[cell] + weight * pooled) / (self.tried[cell] + weight)
 
-    def node_probabilities(self, parents: np.ndarray, origin: np.ndarray) -> np.ndarray:
+    def node_probabilities(self, parents: np.ndarray, origin: np.ndarray, streak: int = 0) -> np.ndarray:
         """float[n]: P(node accepted) for a breadth-first tree, the product of ``c`` along its path."""
         depth, rank = tree_depth_rank(parents)
-        c = self.conditional(origin, depth, rank)
+        c = self.conditional(origin, streak, depth, rank)
         prob = np.empty(len(parents))
         for i, p in enumerate(np.asarray(parents).tolist()):
             prob[i] = c[i] * (prob[p] if p >= 0 else 1.0)
         return prob
 
-    def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int]) -> None:
+    def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int], streak: int = 0) -> None:
         """Record one verified tree: every node whose parent was accepted (or is the root) was tried."""
         parents = np.asarray(parents)
         if not len(parents):
@@ -150,25 +192,27 @@ class AcceptanceStats:
         depth, rank = tree_depth_rank(parents)
         self.tried *= self.decay
         self.accepted *= self.decay
-        cells = self._cells(np.asarray(origin)[parent_ok], depth[parent_ok], rank[parent_ok])
+        cells = self._cells(np.asarray(origin)[parent_ok], streak, depth[parent_ok], rank[parent_ok])
         np.add.at(self.tried, cells, 1.0)
         np.add.at(self.accepted, cells, ok[parent_ok].astype(np.float64))
 
 
 def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Depth (root's children: 1) and rank among siblings (0 = first) of each node of a BFS tree.
+    """Depth (root's children: 1) and rank of each node of a BFS tree.
 
-    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[0, 1, 0, 1, 0]``.
+    rank = 0 for an only child, else 1 + its place among its siblings.
+    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
     """
     parents = np.asarray(parents, dtype=np.int64)
     depth = np.zeros(len(parents), dtype=np.int64)
-    rank = np.zeros(len(parents), dtype=np.int64)
+    place = np.zeros(len(parents), dtype=np.int64)
     seen: dict[int, int] = {}
     for i, p in enumerate(parents.tolist()):
         depth[i] = 1 if p < 0 else depth[p] + 1
-        rank[i] = seen.get(p, 0)
-        seen[p] = rank[i] + 1
-    return depth, rank
+        place[i] = seen.get(p, 0)
+        seen[p] = place[i] + 1
+    siblings = np.array([seen[p] for p in parents.tolist()], dtype=np.int64)
+    return depth, np.where(siblings > 1, place + 1, 0)
 
 
 def choose_nodes(probs: np.ndarray, cost: CostModel, extra_rows: int = 0, extra_gain: float = 0.0) -> np.ndarray:
@@ -218,10 +262,11 @@ class Budget:
         self.window_gain = 1.0  # optimistic start: the window is tried first
         self._since_window = 0
         self._since_draft = 0
+        self.streak = 0  # streak bucket of the previous step (see streak_bucket)
 
     def plan(self, tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, window_rows: int):
         """(node indices to verify, run the window rows?) for this step's proposal."""
-        probs = self.acceptance.node_probabilities(parents, origin) if len(tokens) else np.zeros(0)
+        probs = self.acceptance.node_probabilities(parents, origin, self.streak) if len(tokens) else np.zeros(0)
         use_window = False
         if window_rows:
             with_w = choose_nodes(probs, self.cost, window_rows, self.window_gain)
@@ -244,8 +289,10 @@ class Budget:
         return keep, use_window
 
     def record(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes, window_ran: bool,
-               window_accepted: int) -> None:
-        """Learn from one verified step."""
-        self.acceptance.update(parents, origin, accepted_nodes)
+               window_accepted: int, rows: int = 0, seconds: float = 0.0) -> None:
+        """Learn from one verified step (``rows`` new tokens went through a forward of ``seconds``)."""
+        self.cost.observe(rows, seconds)
+        self.acceptance.update(parents, origin, accepted_nodes, self.streak)
+        self.streak = streak_bucket(len(accepted_nodes))
         if window_ran:
             self.window_gain = 0.9 * self.window_gain + 0.1 * window_accepted

@@ -54,10 +54,10 @@ class LookaheadConfig:
         LookaheadConfig(tree_nodes=8, tree_depth=6)   # a smaller tree for a slow CPU
     """
 
-    ngram_size: int = 8
+    ngram_size: int = 12
     max_match: int = 3
-    tree_nodes: int = 12
-    tree_depth: int = 6
+    tree_nodes: int = 16
+    tree_depth: int = 10
     trie_capacity: int = 1 << 18
     window_width: int = 0
     window_ngram: int = 4

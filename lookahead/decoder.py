@@ -324,7 +324,9 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             stats.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
         if budget is not None:
             budget.record(draft.parents, draft.origin, verdict.nodes, m > 0,
-                          sum(1 for j in verdict.nodes if draft.origin[j] == WINDOW))
+                          sum(1 for j in verdict.nodes if draft.origin[j] == WINDOW),
+                          # the step's forward time, verification included (it waits for a GPU forward)
+                          1 + n + m if p == 1 else 0, t3 - t1)
         stats.new_tokens += n_emit
 
         # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------

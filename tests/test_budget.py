@@ -71,22 +71,32 @@ def test_cost_model_interpolates_and_extrapolates():
 
 def test_depth_rank():
     depth, rank = tree_depth_rank(np.array([-1, -1, 0, 0, 1]))
-    assert depth.tolist() == [1, 1, 2, 2, 2] and rank.tolist() == [0, 1, 0, 1, 0]
+    assert depth.tolist() == [1, 1, 2, 2, 2] and rank.tolist() == [1, 2, 1, 2, 0]
 
 
 def test_acceptance_stats_learn():
-    acc = AcceptanceStats(prior=(1.0, 1.0), decay=1.0)
+    acc = AcceptanceStats(priors=((1.0, 1.0), (1.0, 1.0)), decay=1.0)
     parents, origin = np.array([-1, -1, 0]), np.array([0, 0, 0])
     for _ in range(20):
         acc.update(parents, origin, [0, 2])  # first child and its child are always accepted
     probs = acc.node_probabilities(parents, origin)
     assert probs[0] > 0.9 and probs[1] < 0.1 and probs[2] > 0.85
     # node 2 is only tried when node 0 was accepted: its estimate is conditional
-    assert acc.tried[0, 1, 0] == 20
+    assert acc.tried[0, 0, 1, 0] == 20  # depth 2, an only child
+
+
+def test_streak_separates_copying_from_free_writing():
+    acc = AcceptanceStats(decay=1.0)
+    parents, origin = np.array([-1, 0, 1]), np.zeros(3, dtype=np.int64)
+    for _ in range(10):
+        acc.update(parents, origin, [0, 1, 2], streak=2)  # after a long accepted run: keeps copying
+        acc.update(parents, origin, [], streak=0)  # after a miss: misses again
+    assert acc.node_probabilities(parents, origin, 2)[2] > 0.7
+    assert acc.node_probabilities(parents, origin, 0)[0] < 0.15
 
 
 def test_budget_probes_when_it_would_never_draft():
-    budget = Budget(VERY_STEEP, AcceptanceStats(prior=(0.0001, 10.0)), probe_every=4)
+    budget = Budget(VERY_STEEP, AcceptanceStats(priors=((0.0001, 10.0), (0.0001, 10.0))), probe_every=4)
     tokens, parents, origin = np.array([1, 2]), np.array([-1, 0]), np.zeros(2, dtype=np.int8)
     choices = [len(budget.plan(tokens, parents, origin, 0)[0]) for _ in range(8)]
     assert choices == [0, 0, 0, 2, 0, 0, 0, 2]

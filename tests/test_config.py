@@ -15,7 +15,7 @@ from lookahead import LookaheadConfig, LookaheadDecoder
         ("ngram_size", 1),
         ("ngram_size", "8"),
         ("max_match", 0),
-        ("max_match", 8),
+        ("max_match", 12),
         ("tree_nodes", -1),
         ("tree_depth", -2),
         ("trie_capacity", 10),
