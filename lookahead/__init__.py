@@ -11,10 +11,32 @@ wherever the text repeats itself. Or, for one model or text-generation pipeline:
     lookahead.enable(pipe, default=LookaheadDecoder())   # existing pipe(...) calls use it
 """
 
-from .config import LookaheadConfig
-from .decoder import LookaheadDecoder
-from .integration import disable, enable, is_enabled
-from .stats import DecodeStats
+from __future__ import annotations
 
-__all__ = ["LookaheadConfig", "LookaheadDecoder", "DecodeStats", "enable", "disable", "is_enabled"]
+import importlib
+
 __version__ = "0.1.0"
+
+# Imported on first use, so that `python -m lookahead --help` and argument errors answer at once
+# instead of first loading torch, transformers and the Numba kernels.
+_EXPORTS = {
+    "LookaheadConfig": ".config",
+    "LookaheadDecoder": ".decoder",
+    "DecodeStats": ".stats",
+    "enable": ".integration",
+    "disable": ".integration",
+    "is_enabled": ".integration",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lookahead' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
