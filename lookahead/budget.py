@@ -137,8 +137,9 @@ class AcceptanceStats:
     """Online estimates of ``c(origin, streak, depth, rank)``: P(node accepted | parent accepted).
 
     Each estimate is the cell's acceptance rate shrunk towards the same (origin, streak, rank) pooled
-    over all depths, itself shrunk towards a Beta prior that depends on the rank: an only child or a
-    first child starts at 1/2, later siblings at 1/5. Depths beyond ``max_depth`` share the
+    over all depths, itself shrunk towards a Beta prior that depends on the rank: an only child (the
+    one continuation the store has ever seen) starts at 2/3, a first child among several at 1/3,
+    later siblings at 1/10. Depths beyond ``max_depth`` share the
     last depth's cell, ranks beyond ``max_rank`` the last rank's. Counts decay by ``decay`` per
     update so the estimates follow the text as it changes.
     """
@@ -146,12 +147,12 @@ class AcceptanceStats:
     STREAKS = 3
 
     def __init__(self, origins: int = 3, max_depth: int = 8, max_rank: int = 4,
-                 priors: tuple[tuple[float, float], tuple[float, float]] = ((1.0, 1.0), (0.4, 1.6)),
+                 priors: tuple[tuple[float, float], ...] = ((2.0, 1.0), (1.0, 2.0), (0.3, 2.7)),
                  decay: float = 0.97):
         self.max_depth, self.max_rank = max_depth, max_rank
-        first, later = priors
-        self.prior_a = np.array([first[0]] * 2 + [later[0]] * (max_rank - 2))
-        self.prior_b = np.array([first[1]] * 2 + [later[1]] * (max_rank - 2))
+        priors = list(priors) + [priors[-1]] * (max_rank - len(priors))
+        self.prior_a = np.array([a for a, _ in priors[:max_rank]])
+        self.prior_b = np.array([b for _, b in priors[:max_rank]])
         self.decay = decay
         shape = (origins, self.STREAKS, max_depth, max_rank)
         self.tried = np.zeros(shape)
@@ -215,18 +216,22 @@ def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return depth, np.where(siblings > 1, place + 1, 0)
 
 
-def choose_nodes(probs: np.ndarray, cost: CostModel, extra_rows: int = 0, extra_gain: float = 0.0) -> np.ndarray:
+def choose_nodes(probs: np.ndarray, cost: CostModel, extra_rows: int = 0, extra_gain: float = 0.0,
+                 margin: float = 1.05) -> np.ndarray:
     """The draft nodes worth verifying: indices (sorted) of the best prefix by probability.
 
     ``probs``: float[n] acceptance probabilities of a tree's nodes (a child never above its parent).
     ``extra_rows``/``extra_gain``: rows and expected tokens another part of the step adds (the window).
-    Maximises ``(1 + extra_gain + sum of chosen probs) / cost(1 + extra_rows + k)`` over k = 0..n.
+    Maximises ``(1 + extra_gain + sum of chosen probs) / cost(1 + extra_rows + k)`` over k = 0..n;
+    a k > 0 must beat k = 0 by the factor ``margin``, so estimation noise does not buy slower steps.
     """
     probs = np.asarray(probs, dtype=np.float64)
     order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))  # parents come before children
     gains = 1.0 + extra_gain + np.concatenate([[0.0], np.cumsum(probs[order])])
     rate = gains / cost(1 + extra_rows + np.arange(len(probs) + 1))
     k = int(np.argmax(rate))
+    if rate[k] < margin * rate[0]:
+        k = 0
     return np.sort(np.asarray(order[:k], dtype=np.int64))
 
 
@@ -251,11 +256,11 @@ class Budget:
     The window's rows pay off in later steps (the n-grams they grow), so their worth is tracked as
     ``window_gain``: a running mean of window-made tokens accepted per step while the window runs.
     While the window is off it is re-tried every ``probe_every`` steps; a step that would verify no
-    node although drafts exist verifies its two most probable nodes every ``probe_every`` steps, so
+    node although drafts exist verifies its most probable node every ``probe_every`` steps, so
     acceptance estimates keep learning.
     """
 
-    def __init__(self, cost: CostModel, stats: AcceptanceStats | None = None, probe_every: int = 8):
+    def __init__(self, cost: CostModel, stats: AcceptanceStats | None = None, probe_every: int = 16):
         self.cost = cost
         self.acceptance = stats or AcceptanceStats()
         self.probe_every = probe_every
@@ -281,7 +286,7 @@ class Budget:
         if len(tokens) and not len(keep):
             self._since_draft += 1
             if self._since_draft >= self.probe_every:
-                keep = np.sort(np.argsort(-probs, kind="stable")[:2])  # closed: parents sort first
+                keep = np.argsort(-probs, kind="stable")[:1]  # the most probable node is a root child
         if len(keep):
             self._since_draft = 0
         if use_window:

@@ -75,7 +75,7 @@ def test_depth_rank():
 
 
 def test_acceptance_stats_learn():
-    acc = AcceptanceStats(priors=((1.0, 1.0), (1.0, 1.0)), decay=1.0)
+    acc = AcceptanceStats(priors=((1.0, 1.0),), decay=1.0)
     parents, origin = np.array([-1, -1, 0]), np.array([0, 0, 0])
     for _ in range(20):
         acc.update(parents, origin, [0, 2])  # first child and its child are always accepted
@@ -96,10 +96,10 @@ def test_streak_separates_copying_from_free_writing():
 
 
 def test_budget_probes_when_it_would_never_draft():
-    budget = Budget(VERY_STEEP, AcceptanceStats(priors=((0.0001, 10.0), (0.0001, 10.0))), probe_every=4)
+    budget = Budget(VERY_STEEP, AcceptanceStats(priors=((0.0001, 10.0),)), probe_every=4)
     tokens, parents, origin = np.array([1, 2]), np.array([-1, 0]), np.zeros(2, dtype=np.int8)
     choices = [len(budget.plan(tokens, parents, origin, 0)[0]) for _ in range(8)]
-    assert choices == [0, 0, 0, 2, 0, 0, 0, 2]
+    assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
 def test_budget_turns_window_off_when_it_does_not_pay():
