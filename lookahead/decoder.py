@@ -193,6 +193,14 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     stats = decoder.stats = DecodeStats()
     gen = generation_config if generation_config is not None else model.generation_config
     unknown = {k for k, v in model_kwargs.items() if v is not None and k not in _HANDLED_KWARGS}
+    wanted = sorted(k for k in ("output_attentions", "output_hidden_states")
+                    if model_kwargs.get(k) or (gen.return_dict_in_generate and getattr(gen, k, False)))
+    if wanted:
+        raise ValueError(
+            f"LookaheadDecoder does not return attentions or hidden states ({', '.join(wanted)}=True): "
+            "the draft rows of each forward would make them differ from plain generate's. Use plain "
+            "generate() for them."
+        )
     if unknown:
         raise ValueError(
             f"LookaheadDecoder does not support these model inputs: {sorted(unknown)}. "
