@@ -77,7 +77,8 @@ def _exact_two_token_distribution(model, kw) -> np.ndarray:
 
 def _draw(model, kw, n) -> tuple[np.ndarray, int, int]:
     counts = np.zeros((VOCAB, VOCAB))
-    dec = LookaheadDecoder(trie_capacity=4096)
+    # the full tree every step: this tests the acceptance rule, not the budget's choices
+    dec = LookaheadDecoder(trie_capacity=4096, adaptive=False)
     ids = torch.tensor([PROMPT])
     drafted = accepted = 0
     for _ in range(n):
