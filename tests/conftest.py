@@ -11,11 +11,16 @@ _ALL_THREADS = torch.get_num_threads()
 torch.set_num_threads(1)
 
 
-def _tiny(arch: str):
+def tiny_model(arch: str, vocab: int = 96, hidden: int = 32, layers: int = 2, max_positions: int = 512,
+               seed: int = 1234):
+    """A tiny random causal LM of the given architecture, in float64, built from a config (no download).
+
+    float64 keeps random models far from fp near-ties, so "same tokens" is a strict check.
+    """
     import transformers as tf
 
-    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, max_position_embeddings=512)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, max_position_embeddings=max_positions)
     if arch == "llama":
         cfg, cls = tf.LlamaConfig(num_key_value_heads=2, **common), tf.LlamaForCausalLM
     elif arch == "qwen2":
@@ -23,20 +28,19 @@ def _tiny(arch: str):
     elif arch == "mistral":
         cfg, cls = tf.MistralConfig(num_key_value_heads=2, sliding_window=4096, **common), tf.MistralForCausalLM
     elif arch == "phi3":
-        cfg, cls = tf.Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, **common), tf.Phi3ForCausalLM
+        cfg = tf.Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, **common)
+        cls = tf.Phi3ForCausalLM
     elif arch == "gemma":
-        cfg, cls = tf.GemmaConfig(num_key_value_heads=2, head_dim=8, **common), tf.GemmaForCausalLM
+        cfg, cls = tf.GemmaConfig(num_key_value_heads=2, head_dim=hidden // 4, **common), tf.GemmaForCausalLM
     elif arch == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=512,
+        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions,
                             bos_token_id=0, eos_token_id=0)
         cls = tf.GPT2LMHeadModel
     else:
         raise KeyError(arch)
-    torch.manual_seed(1234)
-    model = cls(cfg).eval()
-    # float64 keeps the random models far from fp near-ties, so "same tokens" is a strict check
-    model = model.to(torch.float64)
-    model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
+    torch.manual_seed(seed)
+    model = cls(cfg).eval().to(torch.float64)
+    model.generation_config.pad_token_id = 0
     return model
 
 
@@ -49,7 +53,7 @@ def tiny_models():
 
     def get(arch: str):
         if arch not in cache:
-            cache[arch] = _tiny(arch)
+            cache[arch] = tiny_model(arch)
         return cache[arch]
 
     return get

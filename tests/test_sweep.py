@@ -9,39 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import transformers as tf
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cache import NgramTrie
 from lookahead import LookaheadConfig, LookaheadDecoder
+from tests.conftest import tiny_model
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2", "phi3", "gemma")
 COST_CURVE = ((1, 1.0), (4, 1.2), (16, 2.0), (64, 5.0))  # skips calibration: most examples build a new model
 
 
 def _model(arch: str, vocab: int, hidden: int, layers: int, seed: int):
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, max_position_embeddings=160)
-    if arch == "llama":
-        cfg, cls = tf.LlamaConfig(num_key_value_heads=2, **common), tf.LlamaForCausalLM
-    elif arch == "qwen2":
-        cfg, cls = tf.Qwen2Config(num_key_value_heads=2, **common), tf.Qwen2ForCausalLM
-    elif arch == "mistral":
-        cfg, cls = tf.MistralConfig(num_key_value_heads=2, sliding_window=4096, **common), tf.MistralForCausalLM
-    elif arch == "phi3":
-        cfg = tf.Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, **common)
-        cls = tf.Phi3ForCausalLM
-    elif arch == "gemma":
-        cfg, cls = tf.GemmaConfig(num_key_value_heads=2, head_dim=hidden // 4, **common), tf.GemmaForCausalLM
-    else:
-        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=160,
-                            bos_token_id=0, eos_token_id=0)
-        cls = tf.GPT2LMHeadModel
-    torch.manual_seed(seed)
-    model = cls(cfg).eval().to(torch.float64)
-    model.generation_config.pad_token_id = 0
-    return model
+    return tiny_model(arch, vocab, hidden, layers, max_positions=160, seed=seed)
 
 
 @st.composite
