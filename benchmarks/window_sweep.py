@@ -1,7 +1,7 @@
 """Lookahead-window sweep on SmolLM2-135M: tokens per target call and speed ratio against plain greedy
 ``generate`` (and prompt lookup), same run, prompt by prompt, for a few (W, N, G) settings.
 
-    python benchmarks/window_sweep.py [max_new_tokens]     # prints one JSON line per prompt
+    python -m benchmarks.window_sweep [max_new_tokens]     # from the repository root; one JSON line per prompt
 
 The budget is fixed (``adaptive=False``) so every setting verifies what it drafts; outputs are checked
 against plain greedy decoding (``same``).
