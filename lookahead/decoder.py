@@ -252,6 +252,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         )
     pending = input_ids[:, past_len:]  # [1, p]
     pending_pos = prompt_pos[:, past_len:]  # [1, p]
+    last_pos = int(pending_pos[0, -1])  # host copy of the last pending position: no device sync per step
     sequences = input_ids
     checked_cache = False
     done = False
@@ -267,7 +268,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
                 draft.tokens, draft.parents, draft.origin = subset_tree(draft.tokens, draft.parents, draft.origin, keep)
             if not use_window:
                 draft.window = None
-        if draft.window is not None and int(pending_pos[0, -1]) + int(draft.window[1].max()) > max_length - 2:
+        if draft.window is not None and last_pos + int(draft.window[1].max()) > max_length - 2:
             draft.window = None  # no row beyond the last position plain generate would feed the model
         if kv_window is not None:  # stay below the sliding window, where rollback still works
             spare = kv_window - 1 - past_len - pending.shape[1]
@@ -342,9 +343,9 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         keep = list(range(p)) + [p + j for j in verdict.nodes[:n_acc]]
         keep_entries(cache, p + n + m, keep)  # the window's entries are never kept
         past_len += len(keep)
-        last_pos = pending_pos[:, -1:]
         pending = sequences[:, -1:]
-        pending_pos = last_pos + n_acc + 1
+        pending_pos = pending_pos[:, -1:] + n_acc + 1
+        last_pos += n_acc + 1
         if col_visible is not None:
             col_visible = torch.cat([col_visible, col_visible.new_ones(n_emit)])
         proposer.learn(emitted, window_argmax)

@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import pytest
-import torch
 
 from benchmarks.methods import DEFAULT_METHODS, METHODS, Method, make_methods
 from benchmarks.report import markdown, write_reports
@@ -16,15 +15,6 @@ from lookahead import LookaheadConfig
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread than on two busy ones."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,6 @@ from lookahead.__main__ import main
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     """A tiny random llama and a one-character-per-token tokenizer, saved like a real model folder."""

@@ -19,15 +19,6 @@ PROMPT_TEXT = " ".join(f"w{i}" for i in REPETITIVE)
 N_NEW = 24
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tok():
     """A word-level tokenizer over the tiny models' 96 ids: "<pad>" 0, "<unk>" 1, "<s>" 2, "w3".."w95"."""
