@@ -45,6 +45,7 @@ def markdown(result: dict) -> str:
         f"- versions: torch {v['torch']}, transformers {v['transformers']}, lookahead {v['lookahead']}, "
         f"python {v['python']}" + _git(v.get("git")),
         f"- {settings['order']}; warm-up: {settings['warmup'] or 'none'}",
+        f"- timing: {settings.get('timing', 'one run per prompt and method')}",
         f"- state: {settings.get('state', 'not recorded')}",
         f"- speed-up = {settings['speedup'].split(': ', 1)[-1]}; target calls = {settings['target_calls']}",
     ]

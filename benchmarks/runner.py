@@ -13,6 +13,9 @@ random one in the tests) and workloads as lists of prompts (``Prompt``, chat tex
 
 The methods' order is rotated from prompt to prompt so that none always runs first; a warm-up call of
 every method (on the first prompt, short output) runs before the measured ones and is excluded.
+With ``repeats=R`` every prompt runs R rounds of all methods (the order rotated each round, a fresh
+instance each time); a method's time on the prompt is the median of its R runs, so that one burst of
+other work on a shared machine does not decide a prompt's ratio.
 """
 
 from __future__ import annotations
@@ -249,16 +252,19 @@ def run_bench(
     model_name: str | None = None,
     command: str | None = None,
     fresh_per_prompt: bool = True,
+    repeats: int = 1,
 ) -> dict:
     """Run every method on every prompt, back to back; see the module docstring for what comes back.
 
     ``fresh_per_prompt``: give every prompt a new instance of each method (``Method.fresh()``), so that a
     prompt's figures do not depend on the prompts before it; ``False`` keeps one instance per method for
     the whole run, so decoders carry what they learnt (acceptance estimates, a shared trie) from prompt
-    to prompt, in the order run.
+    to prompt, in the order run. ``repeats``: rounds of all methods per prompt (see the module docstring).
     """
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
     if methods and all(isinstance(m, Method) for m in methods):
         method_objs = list(methods)
         if not any(m.name == BASELINE for m in method_objs):
@@ -305,7 +311,7 @@ def run_bench(
                 call(m.fresh() if fresh_per_prompt else m, inputs,
                      {**base_kw, "max_new_tokens": min(WARMUP_TOKENS, max_new_tokens)})
 
-        total = sum(len(ps) for ps in prompts.values()) * len(method_objs)
+        total = sum(len(ps) for ps in prompts.values()) * len(method_objs) * repeats
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr)
@@ -314,36 +320,45 @@ def run_bench(
             for prompt in ps:
                 inputs = encode(prompt, tokenizer, device)
                 prompt_len = inputs["input_ids"].shape[1]
-                shift = index % len(method_objs)
-                order = method_objs[shift:] + method_objs[:shift]
                 outs, recs = {}, {}
-                for m in order:
-                    bar.set_postfix_str(f"{wl} {prompt.id} {m.name}", refresh=False)
-                    if sample:
-                        torch.manual_seed(seed + index)
-                    inst = m.fresh() if fresh_per_prompt else m
-                    res = call(inst, inputs, base_kw)
-                    bar.update(1)
-                    rec = {"workload": wl, "prompt_id": prompt.id, "method": m.name, "prompt_tokens": prompt_len}
-                    recs[m.name] = rec
-                    if res is None:
-                        rec.update(status="unsupported", reason=unsupported.get(m.name))
-                        continue
-                    out, seconds, calls = res
-                    outs[m.name] = out
-                    n_new = out.shape[1] - prompt_len
-                    stats = inst.decoder.stats if inst.decoder is not None else None
-                    rec.update(
-                        status="ok", new_tokens=n_new, wall_s=seconds,
-                        tokens_per_s=n_new / seconds if seconds > 0 else None,
-                        target_calls=calls, tokens_per_call=n_new / calls if calls else None,
-                        reported_target_calls=stats.target_calls if stats is not None else None,
-                        accepted_hist=(
-                            {int(k): int(v) for k, v in sorted(stats.accepted_hist.items())}
-                            if stats is not None else None
-                        ),
-                        decoder_stats=stats.as_dict() if stats is not None else None,
-                    )
+                for rnd in range(repeats):
+                    shift = (index + rnd) % len(method_objs)
+                    order = method_objs[shift:] + method_objs[:shift]
+                    for m in order:
+                        bar.set_postfix_str(f"{wl} {prompt.id} {m.name}", refresh=False)
+                        if sample:
+                            torch.manual_seed(seed + index)
+                        inst = m.fresh() if fresh_per_prompt else m
+                        res = call(inst, inputs, base_kw)
+                        bar.update(1)
+                        rec = recs.setdefault(m.name, {"workload": wl, "prompt_id": prompt.id, "method": m.name,
+                                                       "prompt_tokens": prompt_len})
+                        if res is None:
+                            rec.update(status="unsupported", reason=unsupported.get(m.name))
+                            continue
+                        out, seconds, calls = res
+                        if rnd and not torch.equal(out, outs[m.name]):
+                            rec["repeats_identical"] = False  # same seed, same inputs: should not happen
+                        outs.setdefault(m.name, out)
+                        rec.setdefault("wall_s_runs", []).append(seconds)
+                        if rnd:
+                            continue  # counts and stats: the first round's (greedy repeats are identical)
+                        n_new = out.shape[1] - prompt_len
+                        stats = inst.decoder.stats if inst.decoder is not None else None
+                        rec.update(
+                            status="ok", new_tokens=n_new,
+                            target_calls=calls, tokens_per_call=n_new / calls if calls else None,
+                            reported_target_calls=stats.target_calls if stats is not None else None,
+                            accepted_hist=(
+                                {int(k): int(v) for k, v in sorted(stats.accepted_hist.items())}
+                                if stats is not None else None
+                            ),
+                            decoder_stats=stats.as_dict() if stats is not None else None,
+                        )
+                for rec in recs.values():
+                    if rec.get("status") == "ok":
+                        rec["wall_s"] = statistics.median(rec["wall_s_runs"])
+                        rec["tokens_per_s"] = rec["new_tokens"] / rec["wall_s"] if rec["wall_s"] > 0 else None
                 plain_rec, plain_out = recs[BASELINE], outs.get(BASELINE)
                 for m in method_objs:
                     rec = recs[m.name]
@@ -381,6 +396,9 @@ def run_bench(
         if fresh_per_prompt else
         "one instance per method for the whole run: decoders carry what they learnt from prompt to prompt",
         "speedup": "per prompt: (method new tokens / s) / (plain new tokens / s), measured back to back",
+        "repeats": repeats,
+        "timing": (f"the median wall time of {repeats} runs per prompt and method, the methods' order rotated "
+                   "each round") if repeats > 1 else "one run per prompt and method",
         "target_calls": "forward calls of the model, counted by a forward pre-hook (prefill included)",
         "prompts_per_workload": {wl: len(ps) for wl, ps in prompts.items()},
     }

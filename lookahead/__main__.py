@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "prompt (default: a fresh decoder per prompt)")
     bench.add_argument("--threads", type=positive_int, default=None,
                        help="torch CPU threads (default: torch's own choice)")
+    bench.add_argument("--repeats", type=positive_int, default=1,
+                       help="rounds of all methods per prompt; each method's time on a prompt is the median of its "
+                            "rounds (default 1; 3 makes per-prompt ratios robust on a shared machine)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -151,7 +154,7 @@ def run_bench_command(args, argv: list[str]) -> int:
     result = run_bench(model, tok, workloads, method_names, max_new_tokens=n_tokens, sample=args.sample,
                        seed=args.seed, progress=not args.no_progress, model_name=model_name,
                        command="python -m lookahead " + " ".join(shlex.quote(a) for a in argv),
-                       fresh_per_prompt=not args.reuse_decoders)
+                       fresh_per_prompt=not args.reuse_decoders, repeats=args.repeats)
     paths = write_reports(result, args.out)
     print(markdown(result))
     print("wrote " + ", ".join(paths.values()), file=sys.stderr)

@@ -165,6 +165,31 @@ def test_fresh_decoder_per_prompt_or_one_for_the_run(tiny_models, fresh):
     assert all(r["identical_to_plain"] for r in res["records"])
 
 
+def test_repeats_time_each_prompt_by_the_median_of_its_runs(tiny_models):
+    model = tiny_models("llama")
+    made = []
+
+    def counting():
+        m = METHODS["lookahead"]()
+        made.append(m.decoder)
+        return m
+
+    methods = make_methods(["lookahead"], registry={"plain": METHODS["plain"], "lookahead": counting})
+    res = run_bench(model, None, {"code": [REPETITIVE, NO_REPEAT]}, methods, max_new_tokens=6, progress=False,
+                    repeats=3)
+    assert len(made) == 1 + 1 + 2 * 3  # make_methods, warm-up, a fresh one per prompt and round
+    assert len(res["records"]) == 4  # one record per prompt and method, not per round
+    for r in res["records"]:
+        assert len(r["wall_s_runs"]) == 3
+        assert r["wall_s"] == sorted(r["wall_s_runs"])[1]
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        assert r["identical_to_plain"] is True and "repeats_identical" not in r
+    assert res["settings"]["repeats"] == 3 and "median" in res["settings"]["timing"]
+    assert "median wall time of 3 runs" in markdown(res)
+    with pytest.raises(ValueError, match="repeats"):
+        run_bench(model, None, {"code": [REPETITIVE]}, ["plain"], max_new_tokens=4, progress=False, repeats=0)
+
+
 def test_prompt_forms_and_method_registry():
     assert Prompt("a", ids=(1, 2)).ids == (1, 2)
     with pytest.raises(ValueError):
