@@ -1,0 +1,187 @@
+"""Replay: how a draft-budget policy would do on recorded greedy outputs, without running the model.
+
+Greedy decoding is exact, so the tokens a decoder emits are plain ``generate``'s whatever the policy;
+and the trie holds, before output position ``i``, exactly the prompt and the first ``i`` output
+tokens however the steps were cut. So one recorded output per prompt is enough to replay any policy:
+at each step the real :class:`~lookahead.proposer.Proposer` drafts, the real
+:class:`~lookahead.budget.Budget` chooses nodes, the accepted path is the longest one that matches the
+recorded output, and the step costs ``cost(rows)`` from a measured curve. What comes back is
+noise-free: target calls, tokens per call and the modelled time against plain decoding
+(``tokens * cost(1)``), prompt by prompt. A shared, noisy machine cannot tell a 3% change apart in
+wall-clock time; the replay can, and ``tests/test_replay.py`` pins it to the real decoder's calls.
+
+Record once (SmolLM2, greedy), then replay as often as wanted::
+
+    python -m benchmarks.replay record --prompts 8 --max-new-tokens 160 --out replay.json
+    python -m benchmarks.replay run replay.json
+
+Worked example: output ``[5, 6, 7]``, a step that drafts the chain ``5 -> 6 -> 9`` accepts ``5, 6``
+(``9`` differs from ``7``) and emits ``5, 6, 7`` (7 from the last accepted node's logits): one call,
+cost ``cost(4)``, against plain decoding's ``3 * cost(1)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from cache import NgramTrie
+from lookahead.budget import AcceptanceStats, Budget, CostModel, subset_tree
+from lookahead.config import LookaheadConfig
+from lookahead.proposer import ORIGINS, Proposer
+
+
+def greedy_path(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> list[int]:
+    """Indices of the accepted nodes: the path whose tokens match ``continuation`` from its start.
+
+    Example: tokens ``[5, 8, 6, 9]``, parents ``[-1, -1, 0, 2]``, continuation ``[5, 6, 7]`` -> ``[0, 2]``.
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i, (tok, par) in enumerate(zip(np.asarray(tokens).tolist(), np.asarray(parents).tolist())):
+        children.setdefault(par, {}).setdefault(tok, i)
+    path, node = [], -1
+    for tok in continuation:
+        nxt = children.get(node, {}).get(tok)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return path
+
+
+def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, config: LookaheadConfig,
+           cost: CostModel, acceptance: AcceptanceStats | None = None) -> dict:
+    """Replay one prompt: the decoder's steps on a recorded greedy ``output`` (see the module docstring).
+
+    ``cost`` prices a step of ``rows`` new tokens (it does not learn here: the replay has no clock);
+    ``acceptance`` carries estimates across prompts when given (as one decoder reused would).
+    Returns target calls (prefill included, as the decoder counts), tokens, the budgets chosen per step
+    and ``speedup`` = plain's modelled time / the policy's, both without the prefill call (the same for
+    both but for the first tree's few rows).
+    """
+    output = [int(t) for t in output]
+    fixed = CostModel(cost.points)  # a frozen copy: replays do not move the caller's curve
+    proposer = Proposer(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
+    proposer.start([int(t) for t in prompt])
+    budget = Budget(fixed, acceptance or AcceptanceStats(origins=len(ORIGINS))) if config.adaptive else None
+    i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
+    while i < len(output):
+        draft = proposer.propose(max_new_tokens - i - 1)
+        tokens, parents, origin = draft.tokens, draft.parents, draft.origin
+        if budget is not None:
+            keep, _ = budget.plan(tokens, parents, origin, 0)
+            if len(keep) < len(tokens):
+                tokens, parents, origin = subset_tree(tokens, parents, origin, keep)
+        path = greedy_path(tokens, parents, output[i:])
+        emitted = output[i : i + len(path) + 1]
+        n_acc = min(len(path), len(emitted))
+        rows = 1 + len(tokens)
+        if budget is not None:
+            budget.record(parents, origin, path, False, 0, rows, float(fixed(rows)))
+        proposer.learn(emitted)
+        budgets.append(len(tokens))
+        if calls:  # the first call is the prefill (with the first tree): priced like plain's prefill, left out
+            seconds += float(fixed(rows))
+        calls += 1
+        accepted += n_acc
+        i += len(emitted)
+    plain = (len(output) - 1) * float(fixed(1))
+    return {"target_calls": calls, "new_tokens": len(output), "tokens_per_call": len(output) / calls,
+            "accepted": accepted, "budgets": budgets, "seconds": seconds,
+            "speedup": plain / seconds if seconds else 1.0}  # one-call outputs: nothing to compare
+
+
+def replay_all(records: dict, config: LookaheadConfig, cost: CostModel, reuse: bool = False) -> dict:
+    """Every recorded prompt; per workload the median, min and tokens/call of the modelled speed-up."""
+    shared = AcceptanceStats(origins=len(ORIGINS)) if reuse else None
+    per_prompt = {pid: replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost, shared)
+                  for pid, r in records["prompts"].items()}
+    summary = {}
+    for wl in dict.fromkeys(r["workload"] for r in records["prompts"].values()):
+        ids = [pid for pid, r in records["prompts"].items() if r["workload"] == wl]
+        ratios = [per_prompt[p]["speedup"] for p in ids]
+        summary[wl] = {"prompts": len(ids), "speedup_median": statistics.median(ratios), "speedup_min": min(ratios),
+                       "tokens_per_call": sum(per_prompt[p]["new_tokens"] for p in ids)
+                       / sum(per_prompt[p]["target_calls"] for p in ids)}
+    return {"per_prompt": per_prompt, "summary": summary}
+
+
+def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostModel | None = None,
+           progress: bool = True) -> dict:
+    """Plain greedy outputs of every prompt, plus the model's cost curve: the input of :func:`replay_all`."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from .runner import _generate_kwargs, as_prompts, encode
+
+    prompts = [(wl, p) for wl, items in workloads.items() for p in as_prompts(wl, items)]
+    out = {}
+    for wl, p in tqdm(prompts, desc="record", disable=not progress, file=sys.stderr):
+        inputs = encode(p, tokenizer, model.device)
+        with torch.inference_mode():
+            seq = model.generate(**inputs, **_generate_kwargs(model, max_new_tokens, False))
+        n = inputs["input_ids"].shape[1]
+        out[p.id] = {"workload": wl, "prompt": seq[0, :n].tolist(), "output": seq[0, n:].tolist(),
+                     "max_new_tokens": max_new_tokens}
+    if cost is None:
+        from transformers import DynamicCache
+
+        from lookahead.budget import calibrate
+
+        with torch.inference_mode():
+            cost = calibrate(model, lambda: DynamicCache(config=model.config), "past_key_values",
+                             model._supports_logits_to_keep())
+    return {"cost_curve": [list(p) for p in cost.points], "prompts": out}
+
+
+def _table(result: dict) -> str:
+    lines = ["| workload | prompts | modelled speed-up (median) | min | tokens/call |", "|---|---:|---:|---:|---:|"]
+    for wl, s in result["summary"].items():
+        lines.append(f"| {wl} | {s['prompts']} | {s['speedup_median']:.2f}x | {s['speedup_min']:.2f}x | "
+                     f"{s['tokens_per_call']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="record plain greedy outputs and the cost curve (runs the model)")
+    rec.add_argument("--prompts", type=int, default=8, help="prompts per workload (default 8)")
+    rec.add_argument("--max-new-tokens", type=int, default=160)
+    rec.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    rec.add_argument("--out", default="replay.json")
+    run = sub.add_parser("run", help="replay the default LookaheadConfig on a recording")
+    run.add_argument("recording")
+    run.add_argument("--fixed", action="store_true", help="adaptive=False: the full tree every step")
+    run.add_argument("--reuse", action="store_true", help="one decoder's estimates carried across prompts")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        import torch
+
+        from lookahead.models import load_smollm2
+
+        from .workloads import WORKLOADS, build_workloads
+
+        torch.set_num_threads(args.threads)
+        model, tok = load_smollm2()
+        data = record(model, tok, build_workloads(list(WORKLOADS), args.prompts), args.max_new_tokens)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        print(f"wrote {args.out}: {len(data['prompts'])} prompts; cost curve {CostModel(data['cost_curve'])}")
+        return 0
+    with open(args.recording, encoding="utf-8") as f:
+        data = json.load(f)
+    cost = CostModel(data["cost_curve"])
+    result = replay_all(data, LookaheadConfig(adaptive=not args.fixed), cost, reuse=args.reuse)
+    print(f"cost curve: {cost}")
+    print(_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The policy replay (benchmarks/replay.py) against the real decoder, and its unit pieces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.replay import greedy_path, replay, replay_all
+from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead.budget import CostModel
+
+CURVE = ((1, 1.0), (2, 1.6), (4, 1.7), (8, 1.9), (16, 2.2), (32, 3.0))
+PROMPTS = [
+    [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11],
+    [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9],
+    [5, 6, 7, 8, 5, 6, 9, 8, 5, 6, 7, 40, 41, 5, 6],
+]
+
+
+def test_greedy_path_hand_examples():
+    tokens, parents = np.array([5, 8, 6, 9]), np.array([-1, -1, 0, 2])
+    assert greedy_path(tokens, parents, [5, 6, 7]) == [0, 2]
+    assert greedy_path(tokens, parents, [5, 6, 9, 1]) == [0, 2, 3]
+    assert greedy_path(tokens, parents, [8, 6]) == [1]
+    assert greedy_path(tokens, parents, [7]) == []
+    assert greedy_path(np.zeros(0, np.int64), np.zeros(0, np.int64), [1, 2]) == []
+
+
+def test_worked_example_of_the_docstring():
+    # the prompt teaches 5 -> 6 -> 9; the output is 5 6 7: a chain draft accepts 5, 6 and emits 7 as well
+    cost = CostModel(((1, 1.0), (4, 2.0)))
+    res = replay([5, 6, 9, 1, 2], [5, 6, 7], 3, LookaheadConfig(adaptive=False, max_match=1), cost)
+    assert res["budgets"][0] == 0  # the prompt's last token (2) has no continuation in the trie
+    res = replay([2, 5, 6, 9, 1, 2], [5, 6, 7], 3, LookaheadConfig(adaptive=False, max_match=1), cost)
+    assert res["target_calls"] == 1 and res["accepted"] == 2 and res["new_tokens"] == 3
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_replay_makes_the_decoders_decisions(tiny_models, arch, adaptive):
+    """With an explicit (non-learning) cost curve the decoder's choices depend on tokens only, so the
+    replay on its greedy output must choose the same budgets and make the same number of calls."""
+    model = tiny_models(arch)
+    config = LookaheadConfig(cost_curve=CURVE, adaptive=adaptive)
+    records = {}
+    for k, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([prompt])
+        dec = LookaheadDecoder(config)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                             do_sample=False, custom_generate=dec)
+        output = out[0, len(prompt):].tolist()
+        res = replay(prompt, output, 40, config, CostModel(CURVE))
+        assert res["budgets"] == [b for b, _ in dec.stats.budgets]
+        assert res["target_calls"] == dec.stats.target_calls
+        assert res["accepted"] == dec.stats.accepted
+        records[f"p{k}"] = {"workload": "w", "prompt": prompt, "output": output, "max_new_tokens": 40}
+    summary = replay_all({"prompts": records}, config, CostModel(CURVE))["summary"]["w"]
+    assert summary["prompts"] == len(PROMPTS) and summary["speedup_min"] <= summary["speedup_median"]
