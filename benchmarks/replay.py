@@ -68,21 +68,22 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
     fixed = CostModel(cost.points)  # a frozen copy: replays do not move the caller's curve
     proposer = Proposer(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
     proposer.start([int(t) for t in prompt])
-    budget = Budget(fixed, acceptance or AcceptanceStats(origins=len(ORIGINS))) if config.adaptive else None
+    budget = Budget(fixed, acceptance) if config.adaptive else None
     i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
     while i < len(output):
         draft = proposer.propose(max_new_tokens - i - 1)
-        tokens, parents, origin = draft.tokens, draft.parents, draft.origin
+        tokens, parents, origin, match = draft.tokens, draft.parents, draft.origin, draft.match
         if budget is not None:
-            keep, _ = budget.plan(tokens, parents, origin, 0)
+            keep, _ = budget.plan(tokens, parents, origin, 0, match)
             if len(keep) < len(tokens):
                 tokens, parents, origin = subset_tree(tokens, parents, origin, keep)
+                match = match[keep]
         path = greedy_path(tokens, parents, output[i:])
         emitted = output[i : i + len(path) + 1]
         n_acc = min(len(path), len(emitted))
         rows = 1 + len(tokens)
         if budget is not None:
-            budget.record(parents, origin, path, False, 0, rows, float(fixed(rows)))
+            budget.record(parents, origin, path, False, 0, rows, float(fixed(rows)), match)
         proposer.learn(emitted)
         budgets.append(len(tokens))
         if calls:  # the first call is the prefill (with the first tree): priced like plain's prefill, left out

@@ -404,9 +404,11 @@ def _better(es, ei, a, b):
 
 
 @njit(cache=True)
-def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, out_parents):
+def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, out_parents, out_match):
     """Draft tree for ``ctx`` written to ``out_tokens[:k]``, ``out_parents[:k]``; returns ``k``
     (at most ``len(out_tokens)``, the caller's max_nodes), or ``ERR_TOKEN``. Read-only on the trie.
+    ``out_match[0]`` receives the match length: how many of the context's last tokens the tree
+    continues (0 when it is empty).
 
     Best-first with lazy siblings: a child list is sorted in pop order, so a node's next sibling is
     pushed only when the node is popped, and its first child only when it is selected. Each pop
@@ -420,6 +422,7 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
     for i in range(max(n - mm, 0), n):  # only the last mm tokens are read
         if ctx[i] < 0 or ctx[i] > INT32_MAX:
             return ERR_TOKEN
+    out_match[0] = 0
     max_nodes = out_tokens.shape[0]
     if max_nodes <= 0 or max_depth <= 0:
         return 0
@@ -438,6 +441,7 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
         length -= 1
     if match == 0:
         return 0
+    out_match[0] = length
     dlim = min(max_depth, max_n - length)
     # 2. best-first selection. Entry e: es[e] = (score, parent's score);
     #    ei[e] = (node, depth, last_used, pop index of the parent or -1)

@@ -6,12 +6,12 @@ right budget depends on the hardware. Three pieces:
 - :class:`CostModel`: seconds of one forward as a function of the number of new tokens ``k``,
   measured once per (model, device, dtype) in the process by :func:`calibrate` (a few forwards
   over a short context), or supplied by ``LookaheadConfig.cost_curve``.
-- :class:`AcceptanceStats`: online estimates of ``c(origin, streak, depth, rank)``, the probability
+- :class:`AcceptanceStats`: online estimates of ``c(origin, match, depth, rank)``, the probability
   that a drafted node is accepted given that its parent was (``rank``: 0 for an only child,
   else 1 + its place among its siblings, so a unique continuation is told from a guess among
-  several; ``streak`` = how many drafts the previous step accepted, 0, 1-2 or 3+, which tells
-  copying phases from free writing). A node's acceptance probability is the product of ``c``
-  along its path.
+  several; ``match``: how many context tokens the store matched, 1, 2 or 3+, which tells a copy of
+  a longer passage from a guess after one common token). A node's acceptance probability is the
+  product of ``c`` along its path.
 - :func:`choose_nodes`: each step, keep the ``k`` most probable nodes (a prefix that is always a
   tree) maximising expected tokens per second, ``(1 + sum of their probabilities) / t(1 + k + m)``,
   with ``m`` the window's rows; ``k = 0`` is a plain one-token step.
@@ -128,61 +128,72 @@ def forget_calibrations() -> None:
     _CURVES.clear()
 
 
-def streak_bucket(accepted_last_step: int) -> int:
-    """0 when the previous step accepted no draft, 1 for 1-2 tokens, 2 for 3 or more."""
-    return 0 if accepted_last_step <= 0 else (1 if accepted_last_step <= 2 else 2)
+def match_bucket(match) -> np.ndarray:
+    """Context cell of each node from its match length: 0 for 1 token (or none), 1 for 2, 2 for 3 or more."""
+    return np.clip(np.asarray(match, dtype=np.int64), 1, 3) - 1
 
 
 class AcceptanceStats:
-    """Online estimates of ``c(origin, streak, depth, rank)``: P(node accepted | parent accepted).
+    """Online estimates of ``c(origin, context, depth, rank)``: P(node accepted | parent accepted).
 
-    Each estimate is the cell's acceptance rate shrunk towards the same (origin, streak, rank) pooled
-    over all depths, itself shrunk towards a Beta prior that depends on the rank: an only child (the
-    one continuation the store has ever seen) starts at 2/3, a first child among several at 1/3,
-    later siblings at 1/10. Depths beyond ``max_depth`` share the
-    last depth's cell, ranks beyond ``max_rank`` the last rank's. Counts decay by ``decay`` per
+    ``context`` is the node's match bucket (:func:`match_bucket`). Each estimate is the cell's
+    acceptance rate shrunk towards the same (origin, context, rank) pooled over all depths, itself
+    shrunk towards a Beta prior: by rank, an only child (the one continuation the store has ever
+    seen) starts at 2/3, a first child among several at 1/3, later siblings at 1/10; the prior's mean
+    is then scaled per context by ``context_scale`` (default: x0.5 after a 1-token match, x0.9 after
+    2, x1.3 after 3 or more, clipped to [0.02, 0.98]), as measured on SmolLM2's outputs of every
+    benchmark workload (``benchmarks/replay.py``): a fresh decoder drafts where copying is likely
+    and rarely pays to learn that one-token matches guess badly. Depths beyond ``max_depth`` share
+    the last depth's cell, ranks beyond ``max_rank`` the last rank's. Counts decay by ``decay`` per
     update so the estimates follow the text as it changes.
     """
 
-    STREAKS = 3
-
     def __init__(self, origins: int = 3, max_depth: int = 8, max_rank: int = 4,
                  priors: tuple[tuple[float, float], ...] = ((2.0, 1.0), (1.0, 2.0), (0.3, 2.7)),
-                 decay: float = 0.97):
+                 decay: float = 0.97, contexts: int = 3,
+                 context_scale: tuple[float, ...] | None = (0.5, 0.9, 1.3)):
         self.max_depth, self.max_rank = max_depth, max_rank
         priors = list(priors) + [priors[-1]] * (max_rank - len(priors))
         self.prior_a = np.array([a for a, _ in priors[:max_rank]])
         self.prior_b = np.array([b for _, b in priors[:max_rank]])
         self.decay = decay
-        shape = (origins, self.STREAKS, max_depth, max_rank)
+        self.contexts = contexts
+        if context_scale is not None and len(context_scale) != contexts:
+            raise ValueError(f"context_scale needs one factor per context ({contexts}); got {context_scale!r}")
+        self.context_scale = None if context_scale is None else np.asarray(context_scale, dtype=np.float64)
+        shape = (origins, contexts, max_depth, max_rank)
         self.tried = np.zeros(shape)
         self.accepted = np.zeros(shape)
 
-    def _cells(self, origin, streak, depth, rank):
+    def _cells(self, origin, context, depth, rank):
         origin = np.asarray(origin, dtype=np.int64)
-        return (origin, np.full(origin.shape, streak, dtype=np.int64),
+        return (origin, np.broadcast_to(np.asarray(context, dtype=np.int64), origin.shape),
                 np.minimum(np.asarray(depth) - 1, self.max_depth - 1), np.minimum(np.asarray(rank), self.max_rank - 1))
 
-    def conditional(self, origin, streak, depth, rank) -> np.ndarray:
-        """Shrunk twice: a (origin, streak, depth, rank) cell towards its pooled-over-depths mean,
-        which is shrunk towards the rank's prior, so rarely seen deep cells borrow from shallow ones."""
-        cell = self._cells(origin, streak, depth, rank)
-        o, st, _, r = cell
+    def conditional(self, origin, context, depth, rank) -> np.ndarray:
+        """Shrunk twice: a (origin, context, depth, rank) cell towards its pooled-over-depths mean,
+        which is shrunk towards the (rank, context) prior, so rarely seen deep cells borrow from shallow ones."""
+        cell = self._cells(origin, context, depth, rank)
+        o, ctx, _, r = cell
         a, b = self.prior_a[r], self.prior_b[r]
-        pooled = (self.accepted.sum(axis=2)[o, st, r] + a) / (self.tried.sum(axis=2)[o, st, r] + a + b)
+        if self.context_scale is not None:  # same prior strength a + b, mean scaled per context
+            mean = np.clip(a / (a + b) * self.context_scale[ctx], 0.02, 0.98)
+            a, b = mean * (a + b), (1 - mean) * (a + b)
+        pooled = (self.accepted.sum(axis=2)[o, ctx, r] + a) / (self.tried.sum(axis=2)[o, ctx, r] + a + b)
         weight = 2.0
         return (self.accepted[cell] + weight * pooled) / (self.tried[cell] + weight)
 
-    def node_probabilities(self, parents: np.ndarray, origin: np.ndarray, streak: int = 0) -> np.ndarray:
-        """float[n]: P(node accepted) for a breadth-first tree, the product of ``c`` along its path."""
+    def node_probabilities(self, parents: np.ndarray, origin: np.ndarray, context=0) -> np.ndarray:
+        """float[n]: P(node accepted) for a breadth-first tree, the product of ``c`` along its path.
+        ``context``: the step's context cell (an int, or int[n] per node)."""
         depth, rank = tree_depth_rank(parents)
-        c = self.conditional(origin, streak, depth, rank)
+        c = self.conditional(origin, context, depth, rank)
         prob = np.empty(len(parents))
         for i, p in enumerate(np.asarray(parents).tolist()):
             prob[i] = c[i] * (prob[p] if p >= 0 else 1.0)
         return prob
 
-    def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int], streak: int = 0) -> None:
+    def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int], context=0) -> None:
         """Record one verified tree: every node whose parent was accepted (or is the root) was tried."""
         parents = np.asarray(parents)
         if not len(parents):
@@ -193,7 +204,8 @@ class AcceptanceStats:
         depth, rank = tree_depth_rank(parents)
         self.tried *= self.decay
         self.accepted *= self.decay
-        cells = self._cells(np.asarray(origin)[parent_ok], streak, depth[parent_ok], rank[parent_ok])
+        context = np.broadcast_to(np.asarray(context, dtype=np.int64), parents.shape)
+        cells = self._cells(np.asarray(origin)[parent_ok], context[parent_ok], depth[parent_ok], rank[parent_ok])
         np.add.at(self.tried, cells, 1.0)
         np.add.at(self.accepted, cells, ok[parent_ok].astype(np.float64))
 
@@ -267,11 +279,12 @@ class Budget:
         self.window_gain = 1.0  # optimistic start: the window is tried first
         self._since_window = 0
         self._since_draft = 0
-        self.streak = 0  # streak bucket of the previous step (see streak_bucket)
 
-    def plan(self, tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, window_rows: int):
-        """(node indices to verify, run the window rows?) for this step's proposal."""
-        probs = self.acceptance.node_probabilities(parents, origin, self.streak) if len(tokens) else np.zeros(0)
+    def plan(self, tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, window_rows: int, match=1):
+        """(node indices to verify, run the window rows?) for this step's proposal; ``match``: int[n]
+        (or one int), each node's match length (``Draft.match``)."""
+        probs = (self.acceptance.node_probabilities(parents, origin, match_bucket(match)) if len(tokens)
+                 else np.zeros(0))
         use_window = False
         if window_rows:
             with_w = choose_nodes(probs, self.cost, window_rows, self.window_gain)
@@ -294,10 +307,9 @@ class Budget:
         return keep, use_window
 
     def record(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes, window_ran: bool,
-               window_accepted: int, rows: int = 0, seconds: float = 0.0) -> None:
+               window_accepted: int, rows: int = 0, seconds: float = 0.0, match=1) -> None:
         """Learn from one verified step (``rows`` new tokens went through a forward of ``seconds``)."""
         self.cost.observe(rows, seconds)
-        self.acceptance.update(parents, origin, accepted_nodes, self.streak)
-        self.streak = streak_bucket(len(accepted_nodes))
+        self.acceptance.update(parents, origin, accepted_nodes, match_bucket(match))
         if window_ran:
             self.window_gain = 0.9 * self.window_gain + 0.1 * window_accepted

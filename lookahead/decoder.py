@@ -263,9 +263,11 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         room = max_length - sequences.shape[1] - 1  # draft tokens that can still be emitted before the bonus
         draft = proposer.propose(room)
         if budget is not None:
-            keep, use_window = budget.plan(draft.tokens, draft.parents, draft.origin, draft.n_window_rows)
+            keep, use_window = budget.plan(draft.tokens, draft.parents, draft.origin, draft.n_window_rows,
+                                           draft.match)
             if len(keep) < len(draft.tokens):
                 draft.tokens, draft.parents, draft.origin = subset_tree(draft.tokens, draft.parents, draft.origin, keep)
+                draft.match = draft.match[keep]
             if not use_window:
                 draft.window = None
         if draft.window is not None and last_pos + int(draft.window[1].max()) > max_length - 2:
@@ -275,13 +277,18 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             if len(draft.tokens) + draft.n_window_rows > spare:
                 draft.window = None
                 if len(draft.tokens) > spare:
+                    head = list(range(max(spare, 0)))
                     draft.tokens, draft.parents, draft.origin = subset_tree(
-                        draft.tokens, draft.parents, draft.origin, list(range(max(spare, 0))))
+                        draft.tokens, draft.parents, draft.origin, head)
+                    draft.match = draft.match[head]
         stats.budgets.append((len(draft.tokens), draft.n_window_rows))
         n, m = len(draft.tokens), draft.n_window_rows
         p = pending.shape[1]
-        ids, pos, mask = pack_step(pending, pending_pos, draft.tokens, draft.parents, col_visible, past_len, dtype,
-                                   draft.window)
+        if n or m or col_visible is not None:
+            ids, pos, mask = pack_step(pending, pending_pos, draft.tokens, draft.parents, col_visible, past_len,
+                                       dtype, draft.window)
+        else:  # a plain causal step: the model's own causal mask is the right one, and its fast path
+            ids, pos, mask = pending, pending_pos, None
         t1 = time.perf_counter()
 
         # -- forward ---------------------------------------------------------------------------
@@ -335,7 +342,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             budget.record(draft.parents, draft.origin, verdict.nodes, m > 0,
                           sum(1 for j in verdict.nodes if draft.origin[j] == WINDOW),
                           # the step's forward time, verification included (it waits for a GPU forward)
-                          1 + n + m if p == 1 else 0, t3 - t1)
+                          1 + n + m if p == 1 else 0, t3 - t1, draft.match)
         stats.new_tokens += n_emit
 
         # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------

@@ -36,12 +36,15 @@ class Draft:
 
     - ``tokens`` int64[n], ``parents`` int64[n]: the draft tree, breadth-first.
     - ``origin`` int8[n]: index into :data:`ORIGINS` per node.
+    - ``match`` int64[n]: per node, the match length of the store that drafted it (how many of the
+      context's last tokens its tree continues; see ``NgramTrie.propose``).
     - ``window``: (tokens, offsets, visibility) of the window rows, or None when the window is off.
     """
 
     tokens: np.ndarray
     parents: np.ndarray
     origin: np.ndarray
+    match: np.ndarray
     window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
@@ -82,19 +85,23 @@ class Proposer:
         depth = min(cfg.tree_depth, room)
         suffix = np.asarray(self.context[-cfg.max_match :], dtype=np.int64)
         trees, origins = [], []
+        match_of = np.zeros(len(ORIGINS), dtype=np.int64)  # match length per origin
         if depth > 0 and nodes > 0:
-            trees.append(self.trie.propose(suffix, nodes, depth, cfg.max_match))
+            trees.append(self.trie.propose(suffix, nodes, depth, cfg.max_match, with_match=True))
             origins.append(TRIE)
             if self.memory is not None:
-                trees.append(self.memory.propose(suffix, nodes, depth, min(cfg.max_match, self.memory.max_n - 1)))
+                trees.append(self.memory.propose(suffix, nodes, depth, min(cfg.max_match, self.memory.max_n - 1),
+                                                 with_match=True))
                 origins.append(MEMORY)
         if self.window is not None and depth > 0 and cfg.window_candidates > 0:
             wn = cfg.window_ngram - 1
             trees.append(self.window_trie.propose(
-                suffix, cfg.window_candidates * wn, min(depth, wn), min(cfg.max_match, wn)))
+                suffix, cfg.window_candidates * wn, min(depth, wn), min(cfg.max_match, wn), with_match=True))
             origins.append(WINDOW)
         found = [(tree, o) for tree, o in zip(trees, origins) if len(tree[0])]
-        trees, origins = [tree for tree, _ in found], [o for _, o in found]
+        for (_, _, length), o in found:
+            match_of[o] = length
+        trees, origins = [tree[:2] for tree, _ in found], [o for _, o in found]
         if len(trees) == 1:
             tokens, parents = trees[0]
             origin = np.full(len(tokens), origins[0], dtype=np.int8)
@@ -103,7 +110,8 @@ class Proposer:
         else:
             tokens, parents, origin = _EMPTY, _EMPTY, np.zeros(0, dtype=np.int8)
         window = self.window.rows() if self.window is not None else None
-        return Draft(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), origin, window)
+        return Draft(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), origin,
+                     match_of[origin], window)
 
     def learn(self, emitted: list[int], window_argmax: np.ndarray | None = None) -> None:
         """After a step: the trie learns the emitted tokens; the window advances and is harvested."""

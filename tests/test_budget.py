@@ -15,6 +15,7 @@ from lookahead.budget import (
     calibrate,
     choose_nodes,
     forget_calibrations,
+    match_bucket,
     subset_tree,
     tree_depth_rank,
 )
@@ -85,14 +86,22 @@ def test_acceptance_stats_learn():
     assert acc.tried[0, 0, 1, 0] == 20  # depth 2, an only child
 
 
-def test_streak_separates_copying_from_free_writing():
+def test_match_length_sets_the_prior_and_separates_the_estimates():
     acc = AcceptanceStats(decay=1.0)
-    parents, origin = np.array([-1, 0, 1]), np.zeros(3, dtype=np.int64)
+    chain, origin = np.array([-1, 0]), np.zeros(2, dtype=np.int64)
+    # before any data: the rank prior (only child: 2/3) scaled by the match bucket's factor
+    assert match_bucket([0, 1, 2, 3, 7]).tolist() == [0, 0, 1, 2, 2]
+    assert acc.node_probabilities(chain, origin, match_bucket(1)) == pytest.approx([1 / 3, 1 / 9])
+    assert acc.node_probabilities(chain, origin, match_bucket(2)) == pytest.approx([0.6, 0.36])
+    assert acc.node_probabilities(chain, origin, match_bucket(3)) == pytest.approx([2.6 / 3, (2.6 / 3) ** 2])
     for _ in range(10):
-        acc.update(parents, origin, [0, 1, 2], streak=2)  # after a long accepted run: keeps copying
-        acc.update(parents, origin, [], streak=0)  # after a miss: misses again
-    assert acc.node_probabilities(parents, origin, 2)[2] > 0.7
-    assert acc.node_probabilities(parents, origin, 0)[0] < 0.15
+        acc.update(chain, origin, [0, 1], match_bucket(3))  # long matches copy
+        acc.update(chain, origin, [], match_bucket(1))  # one-token matches miss
+    assert acc.node_probabilities(chain, origin, match_bucket(3))[1] > 0.8
+    assert acc.node_probabilities(chain, origin, match_bucket(1))[0] < 0.1
+    assert AcceptanceStats(context_scale=None).node_probabilities(chain, origin, 0)[0] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="context_scale"):
+        AcceptanceStats(context_scale=(1.0, 1.0))
 
 
 def test_budget_probes_when_it_would_never_draft():

@@ -171,6 +171,17 @@ def test_max_match():
     _eq(trie.propose([1, 2], 8, 8, max_match=99), [3], [-1])  # clipped to max_n - 1
 
 
+def test_match_length():
+    trie = _trie(4, [[1, 2, 3], [2, 4], [7, 2, 5]])
+    assert trie.propose([1, 2], 8, 8, with_match=True)[2] == 2  # "1 2" -> 3
+    assert trie.propose([9, 2], 8, 8, with_match=True)[2] == 1  # only "2" is known
+    assert trie.propose([1, 2], 8, 8, max_match=1, with_match=True)[2] == 1
+    assert trie.propose([3], 8, 8, with_match=True)[2] == 0  # a leaf: no tree
+    assert trie.propose([1, 2], 0, 8, with_match=True)[2] == 0  # an empty tree has no match
+    tokens, parents, match = trie.propose([7, 2], 8, 8, with_match=True)
+    assert (tokens.tolist(), parents.tolist(), match) == ([5], [-1], 2)
+
+
 def test_reset_stream_blocks_spanning_ngrams():
     trie = _trie(3, [[1, 2], [3, 4]])
     assert trie.ngrams() == {
@@ -327,16 +338,18 @@ def _run(max_n, capacity, ops, check_every_op):
             trie.insert(arg)
             ref.insert(arg)
             tail = ref._stream[-trie.max_n:]  # a context that matches long
-            got, want = trie.propose(tail, 10, 8), ref.propose(tail, 10, 8)
+            got, want = trie.propose(tail, 10, 8, with_match=True), ref.propose(tail, 10, 8, with_match=True)
             assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist(), (tail, got, want)
+            assert got[2] == want[2], (tail, got, want)
         elif kind == "reset":
             trie.reset_stream()
             ref.reset_stream()
         else:
             ctx, max_nodes, max_depth, max_match = arg
-            got = trie.propose(ctx, max_nodes, max_depth, max_match)
-            want = ref.propose(ctx, max_nodes, max_depth, max_match)
+            got = trie.propose(ctx, max_nodes, max_depth, max_match, with_match=True)
+            want = ref.propose(ctx, max_nodes, max_depth, max_match, with_match=True)
             assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist(), (arg, got, want)
+            assert got[2] == want[2], (arg, got, want)
         assert len(trie) <= capacity
         assert len(trie) == len(ref) and trie.step == ref.step
         if check_every_op:

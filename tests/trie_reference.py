@@ -76,8 +76,13 @@ class ReferenceTrie:
             (tuple(k), v[0], v[1]) for k, v in self._trie.items(prefix=key) if len(k) == len(key) + 1
         ]
 
-    def propose(self, context, max_nodes: int, max_depth: int, max_match: int | None = None):
-        empty = (np.empty(0, np.int64), np.empty(0, np.int32))
+    def propose(self, context, max_nodes: int, max_depth: int, max_match: int | None = None, *,
+                with_match: bool = False):
+        tokens, parents, match = self._propose(context, max_nodes, max_depth, max_match)
+        return (tokens, parents, match) if with_match else (tokens, parents)
+
+    def _propose(self, context, max_nodes: int, max_depth: int, max_match: int | None):
+        empty = (np.empty(0, np.int64), np.empty(0, np.int32), 0)
         mm = self.max_n - 1 if max_match is None else min(max(max_match, 1), self.max_n - 1)
         ctx = [int(x) for x in context]
         match = None
@@ -118,4 +123,4 @@ class ReferenceTrie:
                 order.append(i)
         tokens = np.array([selected[i][0][-1] for i in order], np.int64)
         parents = np.array([out_index[selected[i][2]] if selected[i][2] >= 0 else -1 for i in order], np.int32)
-        return tokens, parents
+        return tokens, parents, (len(match) if len(tokens) else 0)
