@@ -13,7 +13,7 @@ wall-clock time; the replay can, and ``tests/test_replay.py`` pins it to the rea
 Record once (SmolLM2, greedy), then replay as often as wanted::
 
     python -m benchmarks.replay record --prompts 8 --max-new-tokens 160 --out replay.json
-    python -m benchmarks.replay run replay.json
+    python -m benchmarks.replay run replay.json     # lookahead, lookahead-fixed and prompt lookup
 
 Worked example: output ``[5, 6, 7]``, a step that drafts the chain ``5 -> 6 -> 9`` accepts ``5, 6``
 (``9`` differs from ``7``) and emits ``5, 6, 7`` (7 from the last accepted node's logits): one call,
@@ -97,10 +97,53 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
             "speedup": plain / seconds if seconds else 1.0}  # one-call outputs: nothing to compare
 
 
-def replay_all(records: dict, config: LookaheadConfig, cost: CostModel, reuse: bool = False) -> dict:
-    """Every recorded prompt; per workload the median, min and tokens/call of the modelled speed-up."""
+def prompt_lookup_draft(sequence: Sequence[int], num_tokens: int = 10, max_ngram: int = 2) -> list[int]:
+    """The chain transformers' prompt lookup (``prompt_lookup_num_tokens``) drafts after ``sequence``.
+
+    As ``PromptLookupCandidateGenerator``: the last ``max_ngram`` tokens (then fewer) are looked up
+    left to right; the first earlier occurrence with a continuation gives up to ``num_tokens`` tokens.
+    Example: ``[1, 2, 3, 9, 1, 2]`` -> matches ``1 2`` at 0 -> ``[3, 9, 1, 2]``.
+    """
+    seq = list(sequence)
+    n = len(seq)
+    for size in range(min(max_ngram, n - 1), 0, -1):
+        tail = seq[n - size:]
+        for start in range(n - size + 1):
+            if seq[start : start + size] == tail and start + size < n:
+                return seq[start + size : min(start + size + num_tokens, n)]
+    return []
+
+
+def replay_prompt_lookup(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, cost: CostModel,
+                         num_tokens: int = 10) -> dict:
+    """:func:`replay` for transformers' prompt lookup: one drafted chain per step, all of it verified.
+    (Its Python overhead per step is not modelled: the wall-clock benchmark has it.)"""
+    output = [int(t) for t in output]
+    seq = [int(t) for t in prompt]
+    i, calls, seconds, accepted = 0, 0, 0.0, 0
+    while i < len(output):
+        chain = prompt_lookup_draft(seq, num_tokens)[: max(max_new_tokens - i - 1, 0)]
+        n_acc = 0
+        while n_acc < len(chain) and i + n_acc < len(output) and chain[n_acc] == output[i + n_acc]:
+            n_acc += 1
+        emitted = output[i : i + n_acc + 1]
+        if calls:
+            seconds += float(cost(1 + len(chain)))
+        calls += 1
+        accepted += min(n_acc, len(emitted))
+        seq.extend(emitted)
+        i += len(emitted)
+    plain = (len(output) - 1) * float(cost(1))
+    return {"target_calls": calls, "new_tokens": len(output), "tokens_per_call": len(output) / calls,
+            "accepted": accepted, "seconds": seconds, "speedup": plain / seconds if seconds else 1.0}
+
+
+def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, reuse: bool = False) -> dict:
+    """Every recorded prompt; per workload the median, min and tokens/call of the modelled speed-up.
+    ``config=None`` replays transformers' prompt lookup (10 tokens) instead of the decoder."""
     shared = AcceptanceStats(origins=len(ORIGINS)) if reuse else None
-    per_prompt = {pid: replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost, shared)
+    per_prompt = {pid: (replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost, shared) if config
+                        else replay_prompt_lookup(r["prompt"], r["output"], r["max_new_tokens"], cost))
                   for pid, r in records["prompts"].items()}
     summary = {}
     for wl in dict.fromkeys(r["workload"] for r in records["prompts"].values()):
@@ -140,11 +183,15 @@ def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostMod
     return {"cost_curve": [list(p) for p in cost.points], "prompts": out}
 
 
-def _table(result: dict) -> str:
-    lines = ["| workload | prompts | modelled speed-up (median) | min | tokens/call |", "|---|---:|---:|---:|---:|"]
-    for wl, s in result["summary"].items():
-        lines.append(f"| {wl} | {s['prompts']} | {s['speedup_median']:.2f}x | {s['speedup_min']:.2f}x | "
-                     f"{s['tokens_per_call']:.2f} |")
+def _table(results: dict[str, dict]) -> str:
+    lines = ["| workload | method | prompts | modelled speed-up (median) | min | tokens/call |",
+             "|---|---|---:|---:|---:|---:|"]
+    first = next(iter(results.values()))
+    for wl in first["summary"]:
+        for name, result in results.items():
+            s = result["summary"][wl]
+            lines.append(f"| {wl} | {name} | {s['prompts']} | {s['speedup_median']:.2f}x | {s['speedup_min']:.2f}x | "
+                         f"{s['tokens_per_call']:.2f} |")
     return "\n".join(lines)
 
 
@@ -156,9 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--max-new-tokens", type=int, default=160)
     rec.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     rec.add_argument("--out", default="replay.json")
-    run = sub.add_parser("run", help="replay the default LookaheadConfig on a recording")
+    run = sub.add_parser("run", help="replay the default LookaheadConfig, adaptive=False and prompt lookup")
     run.add_argument("recording")
-    run.add_argument("--fixed", action="store_true", help="adaptive=False: the full tree every step")
     run.add_argument("--reuse", action="store_true", help="one decoder's estimates carried across prompts")
     args = parser.parse_args(argv)
     if args.command == "record":
@@ -178,9 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.recording, encoding="utf-8") as f:
         data = json.load(f)
     cost = CostModel(data["cost_curve"])
-    result = replay_all(data, LookaheadConfig(adaptive=not args.fixed), cost, reuse=args.reuse)
+    results = {
+        "lookahead": replay_all(data, LookaheadConfig(), cost, reuse=args.reuse),
+        "lookahead-fixed": replay_all(data, LookaheadConfig(adaptive=False), cost),
+        "prompt-lookup": replay_all(data, None, cost),
+    }
     print(f"cost curve: {cost}")
-    print(_table(result))
+    print(_table(results))
     return 0
 
 

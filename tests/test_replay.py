@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.replay import greedy_path, replay, replay_all
+from benchmarks.replay import greedy_path, prompt_lookup_draft, replay, replay_all, replay_prompt_lookup
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.budget import CostModel
 
@@ -57,3 +57,34 @@ def test_replay_makes_the_decoders_decisions(tiny_models, arch, adaptive):
         records[f"p{k}"] = {"workload": "w", "prompt": prompt, "output": output, "max_new_tokens": 40}
     summary = replay_all({"prompts": records}, config, CostModel(CURVE))["summary"]["w"]
     assert summary["prompts"] == len(PROMPTS) and summary["speedup_min"] <= summary["speedup_median"]
+
+
+def test_prompt_lookup_draft_matches_transformers_generator():
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    assert prompt_lookup_draft([1, 2, 3, 9, 1, 2]) == [3, 9, 1, 2]
+    assert prompt_lookup_draft([4, 2, 7, 5, 2]) == [7, 5, 2]  # one-token match, first occurrence
+    assert prompt_lookup_draft([1, 2, 3]) == []
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        seq = rng.integers(0, 6, size=int(rng.integers(2, 30))).tolist()
+        gen = PromptLookupCandidateGenerator(num_output_tokens=10, max_matching_ngram_size=2, max_length=1000)
+        ids, _ = gen.get_candidates(torch.tensor([seq]))
+        assert prompt_lookup_draft(seq) == ids[0, len(seq):].tolist(), seq
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prompt_lookup_replay_makes_transformers_calls(tiny_models, arch):
+    model = tiny_models(arch)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            calls.clear()
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=30,
+                                 do_sample=False, prompt_lookup_num_tokens=10)
+            res = replay_prompt_lookup(prompt, out[0, len(prompt):].tolist(), 30, CostModel(CURVE))
+            assert res["target_calls"] == len(calls), prompt
+    finally:
+        handle.remove()
