@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -88,3 +90,15 @@ def test_prompt_lookup_replay_makes_transformers_calls(tiny_models, arch):
             assert res["target_calls"] == len(calls), prompt
     finally:
         handle.remove()
+
+
+def test_record_then_replay_all(tiny_models, tmp_path):
+    from benchmarks.replay import main, record
+
+    model = tiny_models("llama")
+    data = record(model, None, {"w": PROMPTS[:2]}, 12, cost=CostModel(CURVE), progress=False)
+    assert [r["prompt"] for r in data["prompts"].values()] == PROMPTS[:2]
+    assert all(len(r["output"]) == 12 and r["max_new_tokens"] == 12 for r in data["prompts"].values())
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(data))
+    assert main(["run", str(path)]) == 0
