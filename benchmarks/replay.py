@@ -156,7 +156,7 @@ def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, r
 
 
 def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostModel | None = None,
-           progress: bool = True) -> dict:
+           progress: bool = True, model_name: str | None = None) -> dict:
     """Plain greedy outputs of every prompt, plus the model's cost curve: the input of :func:`replay_all`."""
     import torch
     from tqdm.auto import tqdm
@@ -180,7 +180,10 @@ def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostMod
         with torch.inference_mode():
             cost = calibrate(model, lambda: DynamicCache(config=model.config), "past_key_values",
                              model._supports_logits_to_keep())
-    return {"cost_curve": [list(p) for p in cost.points], "prompts": out}
+    from .runner import run_context
+
+    context = run_context(model, model_name, False, " ".join(sys.argv) if sys.argv else None)
+    return {"context": context, "cost_curve": [list(p) for p in cost.points], "prompts": out}
 
 
 def _table(results: dict[str, dict]) -> str:
@@ -216,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
         model, tok = load_smollm2()
-        data = record(model, tok, build_workloads(list(WORKLOADS), args.prompts), args.max_new_tokens)
+        data = record(model, tok, build_workloads(list(WORKLOADS), args.prompts), args.max_new_tokens,
+                      model_name="SmolLM2-135M-Instruct (bundled, GGUF Q4_1 weights dequantised)")
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(data, f)
         print(f"wrote {args.out}: {len(data['prompts'])} prompts; cost curve {CostModel(data['cost_curve'])}")
@@ -229,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         "lookahead-fixed": replay_all(data, LookaheadConfig(adaptive=False), cost),
         "prompt-lookup": replay_all(data, None, cost),
     }
+    ctx = data.get("context") or {}
+    if ctx:
+        model, hw = ctx["model"], ctx["hardware"]
+        print(f"recording: {model['name']} ({model['dtype']}, {model['device']}), {hw.get('gpu') or hw['cpu']} "
+              f"(torch threads: {hw['torch_threads']}), {len(data['prompts'])} prompts, greedy; {ctx['started_at']}")
     print(f"cost curve: {cost}")
     print(_table(results))
     return 0
