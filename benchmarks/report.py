@@ -71,6 +71,7 @@ def markdown(result: dict) -> str:
             f"{_f(row['tokens_per_call'])} | {_f(row['ms_per_call'], '{:.0f}')} | {_f(row['tokens_per_s'], '{:.1f}')} "
             f"| {ident} |"
         )
+    lines += _per_prompt(result)
     if result["unsupported"]:
         lines += ["", "Unsupported in this mode:", ""]
         lines += [f"- `{name}`: {why}" for name, why in result["unsupported"].items()]
@@ -82,6 +83,29 @@ def markdown(result: dict) -> str:
             lines.append(f"- {mm['workload']} / {mm['prompt_id']} / `{mm['method']}`: first difference at new "
                          f"token {d['first_difference']}{gap}")
     return "\n".join(lines) + "\n"
+
+
+def _per_prompt(result: dict) -> list[str]:
+    """Prompt by prompt: each method's speed-up against plain and its tokens per target call."""
+    methods = [m for m in result["methods"] if m != "plain"]
+    keyed = {(r["workload"], r["prompt_id"], r["method"]): r for r in result["records"]}
+    prompts = list(dict.fromkeys((r["workload"], r["prompt_id"]) for r in result["records"]))
+    if not methods or not prompts:
+        return []
+    lines = ["", "Per prompt: speed-up against plain `generate` (tokens per target call):", "",
+             "| workload | prompt | new tokens | " + " | ".join(methods) + " |",
+             "|---|---|---:|" + "---:|" * len(methods)]
+    for wl, pid in prompts:
+        plain = keyed.get((wl, pid, "plain"), {})
+        cells = []
+        for m in methods:
+            r = keyed.get((wl, pid, m))
+            if r is None or r.get("status") != "ok" or r.get("speedup_vs_plain") is None:
+                cells.append(r.get("status", "–") if r else "–")
+            else:
+                cells.append(f"{r['speedup_vs_plain']:.2f}x ({r['tokens_per_call']:.2f})")
+        lines.append(f"| {wl} | {pid} | {plain.get('new_tokens', '–')} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(result: dict, path: str) -> str:
@@ -96,24 +120,33 @@ def plot(result: dict, path: str) -> str:
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / max(len(methods), 1)
+    colors = {m: f"C{j}" for j, m in enumerate(methods)}  # one colour per method in both panels
     for j, m in enumerate(methods):
         xs, med, lo, hi = [], [], [], []
         for i, wl in enumerate(workloads):
             r = next((r for r in rows if r["workload"] == wl and r["method"] == m), None)
             if r is None or r["speedup_median"] is None:
                 continue
-            xs.append(i + (j - (len(methods) - 1) / 2) * width)
+            x = i + (j - (len(methods) - 1) / 2) * width
+            xs.append(x)
             med.append(r["speedup_median"])
             lo.append(r["speedup_median"] - r["speedup_min"])
             hi.append(r["speedup_max"] - r["speedup_median"])
-        ax1.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=m)
+            per_prompt = [rec["speedup_vs_plain"] for rec in result.get("records", [])
+                          if rec["method"] == m and rec.get("speedup_vs_plain") is not None
+                          and (wl == "all" or rec["workload"] == wl)]
+            if per_prompt and wl != "all":  # each prompt as a dot: the spread a median hides
+                offsets = [(k - (len(per_prompt) - 1) / 2) * width * 0.5 / max(len(per_prompt), 1)
+                           for k in range(len(per_prompt))]
+                ax1.scatter([x + o for o in offsets], per_prompt, s=9, color="black", zorder=3, linewidths=0)
+        ax1.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=m, color=colors[m], ecolor="gray")
     ax1.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax1.set_xticks(range(len(workloads)), workloads)
     ax1.set_ylabel("speed-up vs plain generate (tokens/s ratio)")
     ctx = result["context"]
     hw = ctx["hardware"]["gpu"] or f"{ctx['hardware']['cpu']}, torch threads: {ctx['hardware']['torch_threads']}"
     ax1.set_title(f"{ctx['model']['name']}, {ctx['mode']}, max {result['settings']['max_new_tokens']} new tokens\n"
-                  f"{hw}; bar: median over prompts, whiskers: min–max", fontsize=9)
+                  f"{hw}; bar: median over prompts, dots: each prompt, whiskers: min–max", fontsize=9)
     if methods:
         ax1.legend(fontsize=8)
     else:
@@ -127,7 +160,8 @@ def plot(result: dict, path: str) -> str:
             total = sum(r["accepted_hist"].values())
             ks = list(range(top + 1))
             fr = [r["accepted_hist"].get(k, r["accepted_hist"].get(str(k), 0)) / total for k in ks]
-            ax2.bar([k + (j - (len(hist_rows) - 1) / 2) * hw2 for k in ks], fr, hw2, label=r["method"])
+            ax2.bar([k + (j - (len(hist_rows) - 1) / 2) * hw2 for k in ks], fr, hw2, label=r["method"],
+                    color=colors.get(r["method"]))
         ax2.set_xticks(range(top + 1))
         ax2.legend(fontsize=8)
     else:

@@ -87,6 +87,10 @@ def test_reports_written(greedy_run, tmp_path):
     for wl in ("code", "chat", "all"):
         assert f"| {wl} | lookahead | 1 |" in md or f"| {wl} | lookahead | 2 |" in md
     assert "tiny-llama" in md and "greedy" in md and "max_new_tokens=16" in md
+    for r in greedy_run["records"]:  # prompt by prompt, every method beside plain
+        if r["method"] == "lookahead":
+            assert f"| {r['workload']} | {r['prompt_id']} | {r['new_tokens']} | {r['speedup_vs_plain']:.2f}x " \
+                   f"({r['tokens_per_call']:.2f}) |" in md
     with open(paths["plot"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
