@@ -240,7 +240,8 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
     if cfg.adaptive:
         cost = CostModel(cfg.cost_curve) if cfg.cost_curve else calibrate(
             model, lambda: DynamicCache(config=model.config) if kv_window is None else DynamicCache(), cache_name,
-            keeps_logits)  # (timing only: a plain cache, which a small sliding window cannot break)
+            keeps_logits, max_rows=proposer.max_rows()
+        )  # (timing only: a plain cache, which a small sliding window cannot break)
         budget = Budget(cost, decoder.acceptance)
         stats.cost_curve = cost.points
 

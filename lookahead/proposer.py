@@ -78,6 +78,15 @@ class Proposer:
             self.window_trie.clear()
             self.window = LookaheadWindow(self.config.window_width, self.config.window_ngram, self.context)
 
+    def max_rows(self) -> int:
+        """The most new tokens one step can feed: the last token, every store's tree, the window rows."""
+        cfg = self.config
+        rows = 1 + cfg.tree_nodes * (2 if self.memory is not None else 1)
+        if cfg.window_width:
+            levels = cfg.window_ngram - 1
+            rows += cfg.window_candidates * levels + cfg.window_width * levels
+        return rows
+
     def propose(self, room: int) -> Draft:
         """The draft of this step; ``room`` caps the depth (tokens that may still be emitted - 1)."""
         cfg = self.config

@@ -13,6 +13,7 @@ from lookahead.budget import (
     Budget,
     CostModel,
     calibrate,
+    calibration_sizes,
     choose_nodes,
     forget_calibrations,
     match_bucket,
@@ -136,10 +137,34 @@ def test_calibration_runs_once_per_model_device_dtype(tiny_models):
         model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=10, eos_token_id=None)
         assert len(calls) == dec.stats.target_calls or len(calls) < first  # no second calibration
         assert len(_CURVES) == 1
-        curve = calibrate(model, None)  # kept: the cache factory is not even needed
+        curve = calibrate(model, None, max_rows=17)  # kept: the cache factory is not even needed
         assert curve is _CURVES[next(iter(_CURVES))]
     finally:
         handle.remove()
+
+
+def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
+    from cache import NgramTrie
+
+    assert calibration_sizes(1) == (1, 2, 4, 8, 16)
+    assert calibration_sizes(17) == (1, 2, 4, 8, 16, 32)
+    assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
+    forget_calibrations()
+    model = tiny_models("gpt2")
+    ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
+    dec = LookaheadDecoder()  # 1 + 16 tree rows
+    model.generate(ids, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
+    assert [k for k, _ in dec.stats.cost_curve] == [1, 2, 4, 8, 16, 32]
+    kept = next(iter(_CURVES.values()))
+    small = LookaheadDecoder(tree_nodes=4)  # needs fewer rows: the kept curve serves
+    model.generate(ids, custom_generate=small, max_new_tokens=4, eos_token_id=None)
+    assert list(_CURVES.values()) == [kept] and len(small.stats.cost_curve) == 6
+    # a shared memory store doubles the tree, the window adds its rows: 1 + 32 + 3*3 + 4*3 = 54 rows
+    big = LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4, window_candidates=3)
+    assert big.proposer.max_rows() == 54
+    model.generate(ids, custom_generate=big, max_new_tokens=4, eos_token_id=None)
+    assert [k for k, _ in big.stats.cost_curve] == [1, 2, 4, 8, 16, 32, 64]
+    assert len(_CURVES) == 1 and next(iter(_CURVES.values())) is not kept  # replaced: one per model
 
 
 def test_explicit_curve_or_fixed_budget_skip_calibration(tiny_models):
