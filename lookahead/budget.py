@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 _CURVES: dict[tuple, CostModel] = {}
+
+
 def calibration_sizes(max_rows: int) -> tuple[int, ...]:
     """Powers of two from 1 up to the first >= ``max_rows`` (and >= 16): the ``k`` a calibration times.
 
@@ -156,10 +158,14 @@ class AcceptanceStats:
     seen) starts at 2/3, a first child among several at 1/3, later siblings at 1/10; the prior's mean
     is then scaled per context by ``context_scale`` (default: x0.5 after a 1-token match, x0.9 after
     2, x1.3 after 3 or more, clipped to [0.02, 0.98]), as measured on SmolLM2's outputs of every
-    benchmark workload (``benchmarks/replay.py``): a fresh decoder drafts where copying is likely
-    and rarely pays to learn that one-token matches guess badly. Depths beyond ``max_depth`` share
-    the last depth's cell, ranks beyond ``max_rank`` the last rank's. Counts decay by ``decay`` per
-    update so the estimates follow the text as it changes.
+    benchmark workload (``benchmarks/replay.py``), so that a fresh decoder drafts where copying is
+    likely and spends few steps learning that one-token matches guess badly. Depths beyond
+    ``max_depth`` share the last depth's cell, ranks beyond ``max_rank`` the last rank's. Counts
+    decay by ``decay`` per update so the estimates follow the text as it changes.
+
+    Example (no data yet, prior only): a chain of two only children after a 2-token match gets
+    ``c = 2/3 * 0.9 = 0.6`` per level, so node probabilities ``[0.6, 0.36]``; after a 1-token match
+    ``[1/3, 1/9]``.
     """
 
     def __init__(self, origins: int = 3, max_depth: int = 8, max_rank: int = 4,
