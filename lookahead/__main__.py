@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
     gen.add_argument("--temperature", type=float, default=0.7)
     gen.add_argument("--top-p", type=float, default=0.9)
+    gen.add_argument("--plot-budget", metavar="PNG", default=None,
+                     help="save a plot of the budget chosen at every step (and the cost curve) to this file")
     _add_model_args(gen)
 
     bench = sub.add_parser(

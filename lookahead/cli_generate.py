@@ -112,4 +112,8 @@ def run_generate(args, out=None, err=None) -> int:
     print(f"\n[{s}]", file=err)
     print(f"[{s.new_tokens} new tokens in {seconds:.2f} s: {s.new_tokens / seconds:.1f} tokens/s, "
           f"{s.target_calls / max(s.new_tokens, 1):.2f} target calls per token; {decoder.config}]", file=err)
+    if getattr(args, "plot_budget", None):
+        from .stats import plot_budgets
+
+        print(f"[budget plot: {plot_budgets(s, args.plot_budget)}]", file=err)
     return 0

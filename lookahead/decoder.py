@@ -335,6 +335,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         stats.drafted += n
         stats.accepted += n_acc
         stats.accepted_hist[n_acc] += 1
+        stats.accepted_per_step.append(n_acc)
         for o in draft.origin.tolist():
             stats.drafted_by_origin[ORIGINS[o]] += 1
         for j in verdict.nodes[:n_acc]:

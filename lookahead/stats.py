@@ -18,6 +18,7 @@ class DecodeStats:
     - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
       ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
     - ``budgets``: per step, (draft nodes verified, window rows run): the budget the step chose.
+    - ``accepted_per_step``: per step, the draft tokens it accepted (beside ``budgets``).
     - ``cost_curve``: the forward-time curve ((k, seconds), ...) the budget used, if adaptive.
     - ``time_*``: seconds spent proposing drafts, in the model's forward, verifying (on a GPU this
       includes waiting for the forward to finish) and in bookkeeping (KV cache, trie, stopping).
@@ -31,6 +32,7 @@ class DecodeStats:
     drafted_by_origin: Counter = field(default_factory=Counter)
     accepted_by_origin: Counter = field(default_factory=Counter)
     budgets: list = field(default_factory=list)
+    accepted_per_step: list = field(default_factory=list)
     cost_curve: tuple | None = None
     time_propose: float = 0.0
     time_forward: float = 0.0
@@ -59,6 +61,7 @@ class DecodeStats:
             "drafted_by_origin": dict(self.drafted_by_origin),
             "accepted_by_origin": dict(self.accepted_by_origin),
             "budgets": [list(b) for b in self.budgets],
+            "accepted_per_step": list(self.accepted_per_step),
             "cost_curve": [list(p) for p in self.cost_curve] if self.cost_curve else None,
             "time_propose": self.time_propose,
             "time_forward": self.time_forward,
@@ -73,3 +76,48 @@ class DecodeStats:
             f"time: propose {self.time_propose:.3f}s, forward {self.time_forward:.3f}s, "
             f"verify {self.time_verify:.3f}s, bookkeeping {self.time_bookkeeping:.3f}s"
         )
+
+
+def plot_budgets(stats: DecodeStats, path: str, title: str | None = None) -> str:
+    """Draw what the budget chose, step by step, beside the cost curve it used; save a PNG to ``path``.
+
+    Left: per step, the draft nodes verified (bar) and how many of them were accepted (dots), plus
+    the window rows when the window ran. Right: the forward-time curve (ms against new tokens).
+    Needs matplotlib (``pip install matplotlib``).
+    """
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError("plot_budgets needs matplotlib: pip install matplotlib") from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = range(len(stats.budgets))
+    nodes = [b[0] for b in stats.budgets]
+    window = [b[1] for b in stats.budgets]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    ax1.bar(steps, nodes, width=0.9, color="C0", label="draft nodes verified")
+    if any(window):
+        ax1.bar(steps, window, width=0.9, bottom=nodes, color="C2", alpha=0.6, label="window rows")
+    acc = stats.accepted_per_step[: len(nodes)]
+    ax1.scatter(range(len(acc)), acc, s=10, color="C1", zorder=3, label="draft tokens accepted")
+    ax1.set_xlabel("step (one target call each)")
+    ax1.set_ylabel("tokens")
+    ax1.set_title(title or f"{stats.new_tokens} tokens in {stats.target_calls} target calls "
+                  f"({stats.tokens_per_call:.2f} tokens/call)", fontsize=9)
+    ax1.legend(fontsize=8)
+    if stats.cost_curve:
+        ks = [k for k, _ in stats.cost_curve]
+        ax2.plot(ks, [t * 1e3 for _, t in stats.cost_curve], marker="o")
+        ax2.set_xscale("log", base=2)
+        ax2.set_xlabel("new tokens in one forward")
+        ax2.set_ylabel("ms")
+        ax2.set_title("cost curve (at the call's start)", fontsize=9)
+    else:
+        ax2.text(0.5, 0.5, "fixed budget\n(adaptive=False):\nno cost curve", ha="center", va="center",
+                 transform=ax2.transAxes)
+        ax2.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -189,3 +189,19 @@ def test_budget_keeps_greedy_exact(tiny_models, curve):
     ours = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
     assert ours.tolist() == plain.tolist()
     assert len(dec.stats.budgets) == dec.stats.target_calls
+
+
+def test_stats_record_each_steps_budget_and_acceptance(tiny_models, tmp_path):
+    from lookahead.stats import plot_budgets
+
+    model = tiny_models("llama")
+    ids = torch.tensor([[3, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10]])
+    for dec in (LookaheadDecoder(cost_curve=FLAT.points), LookaheadDecoder(adaptive=False, window_width=2)):
+        model.generate(ids, custom_generate=dec, max_new_tokens=16, eos_token_id=None)
+        s = dec.stats
+        assert len(s.budgets) == len(s.accepted_per_step) == s.target_calls
+        assert sum(s.accepted_per_step) == s.accepted
+        assert all(a <= b for a, (b, _) in zip(s.accepted_per_step, s.budgets))
+        assert s.as_dict()["accepted_per_step"] == s.accepted_per_step
+        path = plot_budgets(s, str(tmp_path / "b.png"))
+        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

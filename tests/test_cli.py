@@ -92,6 +92,15 @@ def test_generate_streams_the_plain_greedy_text(tiny_folder, capsys):
     assert "streamed nothing" not in captured.err  # it really streamed, token by token
 
 
+def test_generate_plots_the_budget(tiny_folder, tmp_path, capsys):
+    folder, _, _ = tiny_folder
+    png = tmp_path / "budget.png"
+    assert main(["generate", "--model", folder, "--prompt", "abcabcabcabc", "--raw", "--max-new-tokens", "10",
+                 "--plot-budget", str(png)]) == 0
+    assert f"budget plot: {png}" in capsys.readouterr().err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_generate_samples(tiny_folder, capsys):
     folder, _, _ = tiny_folder
     assert main(["generate", "--model", folder, "--prompt", "abcabc", "--raw", "--max-new-tokens", "5",
