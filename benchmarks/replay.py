@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cache import NgramTrie
-from lookahead.budget import AcceptanceStats, Budget, CostModel, subset_tree
+from lookahead.budget import AcceptanceStats, Budget, CostModel
 from lookahead.config import LookaheadConfig
 from lookahead.proposer import ORIGINS, Proposer
 
@@ -72,20 +72,18 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
     i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
     while i < len(output):
         draft = proposer.propose(max_new_tokens - i - 1)
-        tokens, parents, origin, match = draft.tokens, draft.parents, draft.origin, draft.match
         if budget is not None:
-            keep, _ = budget.plan(tokens, parents, origin, 0, match)
-            if len(keep) < len(tokens):
-                tokens, parents, origin = subset_tree(tokens, parents, origin, keep)
-                match = match[keep]
-        path = greedy_path(tokens, parents, output[i:])
+            keep, _ = budget.plan(draft.tokens, draft.parents, draft.origin, 0, draft.match)
+            if len(keep) < len(draft.tokens):
+                draft.keep(keep)
+        path = greedy_path(draft.tokens, draft.parents, output[i:])
         emitted = output[i : i + len(path) + 1]
         n_acc = min(len(path), len(emitted))
-        rows = 1 + len(tokens)
+        rows = 1 + len(draft.tokens)
         if budget is not None:
-            budget.record(parents, origin, path, False, 0, rows, float(fixed(rows)), match)
+            budget.record(draft.parents, draft.origin, path, False, 0, rows, float(fixed(rows)), draft.match)
         proposer.learn(emitted)
-        budgets.append(len(tokens))
+        budgets.append(len(draft.tokens))
         if calls:  # the first call is the prefill (with the first tree): priced like plain's prefill, left out
             seconds += float(fixed(rows))
         calls += 1

@@ -89,6 +89,18 @@ def find_child(nodes, table, parent, token):
         i = (i + 1) & mask
 
 
+@njit(cache=True, inline="always")
+def _init_node(nodes, stats, x, token, parent, count, last_used):
+    """Fill slot ``x`` as a childless node ``token`` under ``parent`` (sibling links are the caller's)."""
+    nodes[x, TOKEN] = token
+    nodes[x, PARENT] = parent
+    nodes[x, FIRST_CHILD] = 0
+    nodes[x, LAST_CHILD] = 0
+    stats[x, COUNT] = count
+    stats[x, LAST_USED] = last_used
+    stats[x, CHILD_SUM] = 0
+
+
 # -- whole-trie operations -------------------------------------------------------------------------
 
 
@@ -351,13 +363,7 @@ def insert(nodes, stats, table, state, tokens):
                 state[S_FREE_HEAD] = nodes[x, NEXT_SIBLING]
                 state[S_N_LIVE] += 1
                 table[i] = x
-                nodes[x, TOKEN] = t
-                nodes[x, PARENT] = parent
-                nodes[x, FIRST_CHILD] = 0
-                nodes[x, LAST_CHILD] = 0
-                stats[x, COUNT] = 1
-                stats[x, LAST_USED] = s
-                stats[x, CHILD_SUM] = 0
+                _init_node(nodes, stats, x, t, parent, 1, s)
                 stats[parent, CHILD_SUM] += 1
                 last = nodes[parent, LAST_CHILD]
                 if last != 0 and stats[last, COUNT] == 1:
@@ -665,14 +671,8 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
                 return DUPLICATE, i
             h = (h + 1) & mask
         table[h] = v
-        nodes[v, TOKEN] = t
-        nodes[v, PARENT] = p
-        nodes[v, FIRST_CHILD] = 0
-        nodes[v, LAST_CHILD] = 0
+        _init_node(nodes, stats, v, t, p, c, lu)
         nodes[v, NEXT_SIBLING] = 0
-        stats[v, COUNT] = c
-        stats[v, LAST_USED] = lu
-        stats[v, CHILD_SUM] = 0
         last = nodes[p, LAST_CHILD]
         same = False
         if last != 0:

@@ -144,9 +144,12 @@ def forget_calibrations() -> None:
     _CURVES.clear()
 
 
+MATCH_BUCKETS = 3
+
+
 def match_bucket(match) -> np.ndarray:
     """Context cell of each node from its match length: 0 for 1 token (or none), 1 for 2, 2 for 3 or more."""
-    return np.clip(np.asarray(match, dtype=np.int64), 1, 3) - 1
+    return np.clip(np.asarray(match, dtype=np.int64), 1, MATCH_BUCKETS) - 1
 
 
 class AcceptanceStats:
@@ -170,18 +173,18 @@ class AcceptanceStats:
 
     def __init__(self, origins: int = 3, max_depth: int = 8, max_rank: int = 4,
                  priors: tuple[tuple[float, float], ...] = ((2.0, 1.0), (1.0, 2.0), (0.3, 2.7)),
-                 decay: float = 0.97, contexts: int = 3,
+                 decay: float = 0.97,
                  context_scale: tuple[float, ...] | None = (0.5, 0.9, 1.3)):
         self.max_depth, self.max_rank = max_depth, max_rank
         priors = list(priors) + [priors[-1]] * (max_rank - len(priors))
         self.prior_a = np.array([a for a, _ in priors[:max_rank]])
         self.prior_b = np.array([b for _, b in priors[:max_rank]])
         self.decay = decay
-        self.contexts = contexts
-        if context_scale is not None and len(context_scale) != contexts:
-            raise ValueError(f"context_scale needs one factor per context ({contexts}); got {context_scale!r}")
+        if context_scale is not None and len(context_scale) != MATCH_BUCKETS:
+            raise ValueError(f"context_scale needs one factor per match bucket ({MATCH_BUCKETS}); "
+                             f"got {context_scale!r}")
         self.context_scale = None if context_scale is None else np.asarray(context_scale, dtype=np.float64)
-        shape = (origins, contexts, max_depth, max_rank)
+        shape = (origins, MATCH_BUCKETS, max_depth, max_rank)
         self.tried = np.zeros(shape)
         self.accepted = np.zeros(shape)
 

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from cache import NgramTrie
 
-from .budget import AcceptanceStats, Budget, CostModel, calibrate, subset_tree
+from .budget import AcceptanceStats, Budget, CostModel, calibrate
 from .config import LookaheadConfig
 from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
 from .proposer import ORIGINS, WINDOW, Proposer
@@ -267,8 +267,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             keep, use_window = budget.plan(draft.tokens, draft.parents, draft.origin, draft.n_window_rows,
                                            draft.match)
             if len(keep) < len(draft.tokens):
-                draft.tokens, draft.parents, draft.origin = subset_tree(draft.tokens, draft.parents, draft.origin, keep)
-                draft.match = draft.match[keep]
+                draft.keep(keep)
             if not use_window:
                 draft.window = None
         if draft.window is not None and last_pos + int(draft.window[1].max()) > max_length - 2:
@@ -278,10 +277,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             if len(draft.tokens) + draft.n_window_rows > spare:
                 draft.window = None
                 if len(draft.tokens) > spare:
-                    head = list(range(max(spare, 0)))
-                    draft.tokens, draft.parents, draft.origin = subset_tree(
-                        draft.tokens, draft.parents, draft.origin, head)
-                    draft.match = draft.match[head]
+                    draft.keep(list(range(max(spare, 0))))
         stats.budgets.append((len(draft.tokens), draft.n_window_rows))
         n, m = len(draft.tokens), draft.n_window_rows
         p = pending.shape[1]
@@ -332,9 +328,6 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         if verdict.raw is not None:
             all_raw.extend(verdict.raw[:n_emit])
         n_acc = min(len(verdict.nodes), n_emit)
-        stats.drafted += n
-        stats.accepted += n_acc
-        stats.accepted_hist[n_acc] += 1
         stats.accepted_per_step.append(n_acc)
         for o in draft.origin.tolist():
             stats.drafted_by_origin[ORIGINS[o]] += 1

@@ -20,6 +20,7 @@ import numpy as np
 
 from cache import NgramTrie
 
+from .budget import subset_tree
 from .config import LookaheadConfig
 from .tree import merge_trees
 from .window import LookaheadWindow
@@ -36,20 +37,29 @@ class Draft:
 
     - ``tokens`` int64[n], ``parents`` int64[n]: the draft tree, breadth-first.
     - ``origin`` int8[n]: index into :data:`ORIGINS` per node.
-    - ``match`` int64[n]: per node, the match length of the store that drafted it (how many of the
-      context's last tokens its tree continues; see ``NgramTrie.propose``).
+    - ``match_of`` int64[len(ORIGINS)]: per store, its match length (how many of the context's last
+      tokens its tree continues; see ``NgramTrie.propose``); :attr:`match` gives it per node.
     - ``window``: (tokens, offsets, visibility) of the window rows, or None when the window is off.
     """
 
     tokens: np.ndarray
     parents: np.ndarray
     origin: np.ndarray
-    match: np.ndarray
+    match_of: np.ndarray
     window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def n_window_rows(self) -> int:
         return 0 if self.window is None else len(self.window[0])
+
+    @property
+    def match(self) -> np.ndarray:
+        """int64[n]: each node's match length, that of the store that drafted it."""
+        return self.match_of[self.origin]
+
+    def keep(self, nodes) -> None:
+        """Keep only the tree nodes ``nodes`` (sorted, closed under parents; see ``subset_tree``)."""
+        self.tokens, self.parents, self.origin = subset_tree(self.tokens, self.parents, self.origin, nodes)
 
 
 class Proposer:
@@ -120,7 +130,7 @@ class Proposer:
             tokens, parents, origin = _EMPTY, _EMPTY, np.zeros(0, dtype=np.int8)
         window = self.window.rows() if self.window is not None else None
         return Draft(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), origin,
-                     match_of[origin], window)
+                     match_of, window)
 
     def learn(self, emitted: list[int], window_argmax: np.ndarray | None = None) -> None:
         """After a step: the trie learns the emitted tokens; the window advances and is harvested."""

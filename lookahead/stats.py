@@ -12,13 +12,13 @@ class DecodeStats:
 
     - ``target_calls``: forward passes of the target model (the prompt's prefill included).
     - ``new_tokens``: tokens emitted.
-    - ``drafted``: draft-tree tokens verified, summed over steps.
-    - ``accepted``: draft tokens accepted, summed over steps.
-    - ``accepted_hist``: accepted draft tokens per step -> number of steps.
-    - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
-      ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
     - ``budgets``: per step, (draft nodes verified, window rows run): the budget the step chose.
     - ``accepted_per_step``: per step, the draft tokens it accepted (beside ``budgets``).
+    - ``drafted`` / ``accepted``: draft-tree tokens verified / accepted, summed over steps, and
+      ``accepted_hist``: accepted draft tokens per step -> number of steps (all three read from the
+      two lists above).
+    - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
+      ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
     - ``cost_curve``: the forward-time curve ((k, seconds), ...) the budget used, if adaptive.
     - ``time_*``: seconds spent proposing drafts, in the model's forward, verifying (on a GPU this
       includes waiting for the forward to finish) and in bookkeeping (KV cache, trie, stopping).
@@ -26,9 +26,6 @@ class DecodeStats:
 
     target_calls: int = 0
     new_tokens: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accepted_hist: Counter = field(default_factory=Counter)
     drafted_by_origin: Counter = field(default_factory=Counter)
     accepted_by_origin: Counter = field(default_factory=Counter)
     budgets: list = field(default_factory=list)
@@ -38,6 +35,18 @@ class DecodeStats:
     time_forward: float = 0.0
     time_verify: float = 0.0
     time_bookkeeping: float = 0.0
+
+    @property
+    def drafted(self) -> int:
+        return sum(b[0] for b in self.budgets)
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_per_step)
+
+    @property
+    def accepted_hist(self) -> Counter:
+        return Counter(self.accepted_per_step)
 
     @property
     def tokens_per_call(self) -> float:

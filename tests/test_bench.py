@@ -150,9 +150,8 @@ def test_greedy_refusal_is_an_error_not_unsupported(tiny_models):
         run_bench(model, None, {"code": [REPETITIVE]}, methods, max_new_tokens=4, progress=False, warmup=False)
 
 
-@pytest.mark.parametrize("fresh", [True, False])
-def test_fresh_decoder_per_prompt_or_one_for_the_run(tiny_models, fresh):
-    model = tiny_models("llama")
+def _counting_lookahead() -> tuple[list, list]:
+    """(methods plain + lookahead, the list of every decoder the lookahead factory makes)."""
     made = []
 
     def counting():
@@ -160,7 +159,13 @@ def test_fresh_decoder_per_prompt_or_one_for_the_run(tiny_models, fresh):
         made.append(m.decoder)
         return m
 
-    methods = make_methods(["lookahead"], registry={"plain": METHODS["plain"], "lookahead": counting})
+    return make_methods(["lookahead"], registry={"plain": METHODS["plain"], "lookahead": counting}), made
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_fresh_decoder_per_prompt_or_one_for_the_run(tiny_models, fresh):
+    model = tiny_models("llama")
+    methods, made = _counting_lookahead()
     res = run_bench(model, None, {"code": [REPETITIVE, NO_REPEAT]}, methods, max_new_tokens=6, progress=False,
                     fresh_per_prompt=fresh)
     assert len(made) == (1 + 1 + 2 if fresh else 1)  # make_methods, warm-up, one per prompt
@@ -171,14 +176,7 @@ def test_fresh_decoder_per_prompt_or_one_for_the_run(tiny_models, fresh):
 
 def test_repeats_time_each_prompt_by_the_median_of_its_runs(tiny_models):
     model = tiny_models("llama")
-    made = []
-
-    def counting():
-        m = METHODS["lookahead"]()
-        made.append(m.decoder)
-        return m
-
-    methods = make_methods(["lookahead"], registry={"plain": METHODS["plain"], "lookahead": counting})
+    methods, made = _counting_lookahead()
     res = run_bench(model, None, {"code": [REPETITIVE, NO_REPEAT]}, methods, max_new_tokens=6, progress=False,
                     repeats=3)
     assert len(made) == 1 + 1 + 2 * 3  # make_methods, warm-up, a fresh one per prompt and round

@@ -52,13 +52,23 @@ def test_replay_makes_the_decoders_decisions(tiny_models, arch, adaptive):
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
                              do_sample=False, custom_generate=dec)
         output = out[0, len(prompt):].tolist()
-        res = replay(prompt, output, 40, config, CostModel(CURVE))
+        cost = CostModel(CURVE)
+        res = replay(prompt, output, 40, config, cost)
         assert res["budgets"] == [b for b, _ in dec.stats.budgets]
         assert res["target_calls"] == dec.stats.target_calls
         assert res["accepted"] == dec.stats.accepted
+        # modelled time: every step after the prefill priced at cost(1 + nodes), plain at cost(1) per token
+        steps = sum(float(cost(1 + b)) for b in res["budgets"][1:])
+        assert res["seconds"] == pytest.approx(steps)
+        assert res["speedup"] == pytest.approx((len(output) - 1) * 1.0 / steps)
         records[f"p{k}"] = {"workload": "w", "prompt": prompt, "output": output, "max_new_tokens": 40}
-    summary = replay_all({"prompts": records}, config, CostModel(CURVE))["summary"]["w"]
-    assert summary["prompts"] == len(PROMPTS) and summary["speedup_min"] <= summary["speedup_median"]
+    result = replay_all({"prompts": records}, config, CostModel(CURVE))
+    per_prompt, summary = result["per_prompt"], result["summary"]["w"]
+    ratios = sorted(p["speedup"] for p in per_prompt.values())
+    assert summary["prompts"] == len(PROMPTS)
+    assert (summary["speedup_min"], summary["speedup_median"]) == (ratios[0], ratios[1])
+    assert summary["tokens_per_call"] == pytest.approx(
+        sum(p["new_tokens"] for p in per_prompt.values()) / sum(p["target_calls"] for p in per_prompt.values()))
 
 
 def test_prompt_lookup_draft_matches_transformers_generator():
