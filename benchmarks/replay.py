@@ -55,11 +55,10 @@ def greedy_path(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, config: LookaheadConfig,
-           cost: CostModel, acceptance: AcceptanceStats | None = None) -> dict:
+           cost: CostModel) -> dict:
     """Replay one prompt: the decoder's steps on a recorded greedy ``output`` (see the module docstring).
 
-    ``cost`` prices a step of ``rows`` new tokens (it does not learn here: the replay has no clock);
-    ``acceptance`` carries estimates across prompts when given (as one decoder reused would).
+    ``cost`` prices a step of ``rows`` new tokens (it does not learn here: the replay has no clock).
     Returns target calls (prefill included, as the decoder counts), tokens, the budgets chosen per step
     and ``speedup`` = plain's modelled time / the policy's, both without the prefill call (the same for
     both but for the first tree's few rows).
@@ -68,7 +67,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
     fixed = CostModel(cost.points)  # a frozen copy: replays do not move the caller's curve
     proposer = Proposer(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
     proposer.start([int(t) for t in prompt])
-    budget = Budget(fixed, acceptance) if config.adaptive else None
+    budget = Budget(fixed, AcceptanceStats(origins=len(ORIGINS))) if config.adaptive else None
     i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
     while i < len(output):
         draft = proposer.propose(max_new_tokens - i - 1)
@@ -136,11 +135,10 @@ def replay_prompt_lookup(prompt: Sequence[int], output: Sequence[int], max_new_t
             "accepted": accepted, "seconds": seconds, "speedup": plain / seconds if seconds else 1.0}
 
 
-def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, reuse: bool = False) -> dict:
+def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel) -> dict:
     """Every recorded prompt; per workload the median, min and tokens/call of the modelled speed-up.
     ``config=None`` replays transformers' prompt lookup (10 tokens) instead of the decoder."""
-    shared = AcceptanceStats(origins=len(ORIGINS)) if reuse else None
-    per_prompt = {pid: (replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost, shared) if config
+    per_prompt = {pid: (replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost) if config
                         else replay_prompt_lookup(r["prompt"], r["output"], r["max_new_tokens"], cost))
                   for pid, r in records["prompts"].items()}
     summary = {}
@@ -206,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", default="replay.json")
     run = sub.add_parser("run", help="replay the default LookaheadConfig, adaptive=False and prompt lookup")
     run.add_argument("recording")
-    run.add_argument("--reuse", action="store_true", help="one decoder's estimates carried across prompts")
     args = parser.parse_args(argv)
     if args.command == "record":
         import torch
@@ -227,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         data = json.load(f)
     cost = CostModel(data["cost_curve"])
     results = {
-        "lookahead": replay_all(data, LookaheadConfig(), cost, reuse=args.reuse),
+        "lookahead": replay_all(data, LookaheadConfig(), cost),
         "lookahead-fixed": replay_all(data, LookaheadConfig(adaptive=False), cost),
         "prompt-lookup": replay_all(data, None, cost),
     }

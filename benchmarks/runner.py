@@ -258,7 +258,7 @@ def run_bench(
 
     ``fresh_per_prompt``: give every prompt a new instance of each method (``Method.fresh()``), so that a
     prompt's figures do not depend on the prompts before it; ``False`` keeps one instance per method for
-    the whole run, so decoders carry what they learnt (acceptance estimates, a shared trie) from prompt
+    the whole run, so decoders carry what they keep across calls (a shared trie) from prompt
     to prompt, in the order run. ``repeats``: rounds of all methods per prompt (see the module docstring).
     """
     if max_new_tokens <= 0:

@@ -63,7 +63,6 @@ class LookaheadDecoder:
         self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)  # this request's
         self.memory = trie  # shared across calls: output n-grams of earlier requests
         self.proposer = Proposer(config, self.trie, self.memory)
-        self.acceptance = AcceptanceStats(origins=len(ORIGINS))  # learnt across calls
         self.stats = DecodeStats()
         self._busy = threading.Lock()  # held by the running call
 
@@ -242,7 +241,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             model, lambda: DynamicCache(config=model.config) if kv_window is None else DynamicCache(), cache_name,
             keeps_logits, max_rows=proposer.max_rows()
         )  # (timing only: a plain cache, which a small sliding window cannot break)
-        budget = Budget(cost, decoder.acceptance)
+        budget = Budget(cost, AcceptanceStats(origins=len(ORIGINS)))  # per call: see Budget
         stats.cost_curve = cost.points
 
     past_len = cache.get_seq_length()

@@ -11,6 +11,7 @@ from lookahead.budget import (
     _CURVES,
     AcceptanceStats,
     Budget,
+    CopyBelief,
     CostModel,
     calibrate,
     calibration_sizes,
@@ -19,6 +20,7 @@ from lookahead.budget import (
     match_bucket,
     subset_tree,
     tree_depth_rank,
+    tried_nodes,
 )
 
 FLAT = CostModel([(1, 0.010), (64, 0.0105)])  # a datacenter GPU: 64 tokens cost as much as one
@@ -112,12 +114,63 @@ def test_budget_probes_when_it_would_never_draft():
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
+def test_tried_nodes():
+    ok, tried = tried_nodes(np.array([-1, -1, 0, 2]), [0])
+    assert ok.tolist() == [True, False, False, False] and tried.tolist() == [True, True, True, False]
+
+
+def test_copy_belief_worked_example():
+    b = CopyBelief(prior=0.9, off_scale=0.3, relax=0.9)
+    assert b.belief == pytest.approx(0.9) and b.scale() == pytest.approx(0.93)
+    b.update(np.array([0.87]), np.array([False]))  # log((1 - 0.87) / (1 - 0.3 * 0.87)) = -1.7378
+    assert b.log_odds == pytest.approx(np.log(9) - 1.7377635, abs=1e-6)
+    assert b.belief == pytest.approx(0.612886, abs=1e-6) and b.scale() == pytest.approx(0.729020, abs=1e-6)
+    b.step()  # relaxes towards the prior's log-odds
+    assert b.log_odds == pytest.approx(np.log(9) - 0.9 * 1.7377635, abs=1e-6)
+    assert b.scale() == pytest.approx(0.757256, abs=1e-6)
+    b.update(np.array([0.5, 0.5]), np.array([True, True]))  # each accepted node adds log(1 / 0.3)
+    assert b.log_odds == pytest.approx(np.log(9) - 0.9 * 1.7377635 + 2 * np.log(1 / 0.3), abs=1e-6)
+    for _ in range(20):
+        b.update(np.array([0.9]), np.array([False]))
+    assert b.log_odds == -6.0 and b.scale() == pytest.approx(0.3 + 0.7 / (1 + np.exp(6.0)))  # clipped at -limit
+
+
+@pytest.mark.parametrize("field, kwargs", [("prior", {"prior": 1.0}), ("off_scale", {"off_scale": 0.0}),
+                                           ("relax", {"relax": 1.5})])
+def test_copy_belief_rejects_bad_values(field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        CopyBelief(**kwargs)
+
+
+CPU = CostModel([(1, 0.0816), (2, 0.1351), (4, 0.1534), (8, 0.1856), (16, 0.2158)])  # SmolLM2 on this CPU
+
+
+def test_a_failed_draft_lowers_every_cell_for_a_while():
+    """The belief couples the estimates: after a rejected three-token-match chain, a two-token-match
+    chain (a different, still untried cell) is not drafted at once, but is again a few steps later."""
+    chain3, chain4 = np.arange(-1, 8), np.arange(-1, 3)  # parents of a 9-node and a 4-node chain
+    zeros = np.zeros(9, dtype=np.int8)
+
+    def budget(off_scale):
+        b = Budget(CPU, belief=CopyBelief(off_scale=off_scale))
+        keep, _ = b.plan(np.arange(9), chain3, zeros, 0, match=3)
+        assert len(keep) == 9  # the prior trusts a long match
+        b.record(chain3, zeros, [], False, 0, match=3)  # its first node was rejected
+        return b
+
+    assert len(Budget(CPU).plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) == 4  # fresh: drafted
+    b = budget(0.3)
+    assert len(b.plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) == 0
+    assert [len(b.plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) for _ in range(10)][-1] == 4
+    assert len(budget(0.999999).plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) == 4  # uncoupled
+
+
 def test_budget_turns_window_off_when_it_does_not_pay():
-    budget = Budget(VERY_STEEP, probe_every=100)
+    budget = Budget(VERY_STEEP, window_probe_every=100)
     budget.window_gain = 0.0
     keep, use_window = budget.plan(np.zeros(0), np.zeros(0), np.zeros(0), window_rows=12)
     assert not use_window
-    budget = Budget(FLAT, probe_every=100)
+    budget = Budget(FLAT, window_probe_every=100)
     budget.window_gain = 0.5
     assert budget.plan(np.zeros(0), np.zeros(0), np.zeros(0), window_rows=12)[1]
 
@@ -205,3 +258,17 @@ def test_stats_record_each_steps_budget_and_acceptance(tiny_models, tmp_path):
         assert s.as_dict()["accepted_per_step"] == s.accepted_per_step
         path = plot_budgets(s, str(tmp_path / "b.png"))
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_acceptance_estimates_do_not_carry_across_calls(tiny_models):
+    """A reused decoder decides each call's budgets as a fresh one would (the n-gram memory is what carries)."""
+    model = tiny_models("llama")
+    repetitive = torch.tensor([[3, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10]])
+    other = torch.tensor([[5, 20, 21, 22, 20, 21, 23, 24, 25]])
+    reused = LookaheadDecoder(cost_curve=CPU.points)
+    model.generate(repetitive, custom_generate=reused, max_new_tokens=24, eos_token_id=None)
+    model.generate(other, custom_generate=reused, max_new_tokens=24, eos_token_id=None)
+    fresh = LookaheadDecoder(cost_curve=CPU.points)
+    model.generate(other, custom_generate=fresh, max_new_tokens=24, eos_token_id=None)
+    assert reused.stats.budgets == fresh.stats.budgets
+    assert any(n for n, _ in fresh.stats.budgets), "the check must see drafted steps"
