@@ -45,6 +45,12 @@ def plain() -> Method:
     return Method(BASELINE, "plain model.generate (one target call per token)")
 
 
+def plain_again() -> Method:
+    """Plain ``generate`` a second time: an A/A control. Its speed-up against ``plain`` is 1 but for
+    timing noise, so its spread over prompts shows how far a per-prompt ratio can move by chance."""
+    return Method("plain-again", "plain model.generate again (A/A control: the timing noise floor)")
+
+
 def prompt_lookup(num_tokens: int = 10) -> Method:
     return Method(
         "prompt-lookup",
@@ -84,6 +90,7 @@ def _lookahead_fixed() -> Method:
 
 METHODS: dict[str, Callable[[], Method]] = {
     BASELINE: plain,
+    "plain-again": plain_again,  # the same as plain: how much a ratio moves by chance on this machine
     "prompt-lookup": prompt_lookup,
     "lookahead": lambda: lookahead_method("lookahead"),  # the default LookaheadConfig
     "lookahead-small": _lookahead_small,  # a smaller draft tree (for slow hardware)

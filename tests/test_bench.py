@@ -218,3 +218,14 @@ def test_workloads_come_from_local_material():
     assert len(build_workloads(["code-completion"], 500)["code-completion"]) == 164
     with pytest.raises(ValueError, match="valid: code-completion, code-editing, chat, rewrite"):
         build_workloads(["poetry"], 1)
+
+
+def test_plain_again_is_an_a_a_control(tiny_models):
+    """``plain-again`` runs exactly what ``plain`` runs: identical output, one call per token."""
+    again = make_methods(["plain-again"])[1]
+    assert again.name == "plain-again" and again.kwargs() == {} and again.decoder is None
+    run = run_bench(tiny_models("llama"), None, {"code": [REPETITIVE]}, ["plain", "plain-again"],
+                    max_new_tokens=8, progress=False, model_name="tiny-llama")
+    rec = next(r for r in run["records"] if r["method"] == "plain-again")
+    plain_rec = next(r for r in run["records"] if r["method"] == "plain")
+    assert rec["identical_to_plain"] is True and rec["target_calls"] == plain_rec["target_calls"]
