@@ -64,12 +64,20 @@ class CostModel:
         self._ts = np.maximum.accumulate(self._raw)  # monotone in k
         self.points = tuple(zip(self._ks.astype(int).tolist(), self._ts.tolist()))
 
+    def copy(self) -> CostModel:
+        """An independent curve with the same points and ``learn`` setting."""
+        return CostModel(self.points, learn=self.learn)
+
     def observe(self, k: int, seconds: float, weight: float = 0.2) -> None:
         """Fold a measured forward of ``k`` new tokens into the curve (when ``learn`` is on).
 
         The point nearest to ``k`` (in log scale) moves towards the measurement, scaled by the curve's
         own shape between points, so that a calibration disturbed by a busy machine heals as
-        decoding runs. Explicitly supplied curves do not learn.
+        decoding runs. Explicitly supplied curves do not learn. A decoding call learns on its own copy
+        of the process's calibrated curve (:class:`Budget` makes it), so that one noisy forward cannot
+        bend the curve for every later call: with one curve shared by a whole benchmark run, a few
+        slow two-token forwards had raised t(2)/t(1) from 1.7 to 2.4 and the decoder stopped drafting
+        on a prompt where it otherwise accepted 2.2 tokens per call.
         """
         if not self.learn or k < 1 or seconds <= 0:
             return
@@ -370,7 +378,7 @@ class Budget:
 
     def __init__(self, cost: CostModel, stats: AcceptanceStats | None = None, probe_every: int = 64,
                  window_probe_every: int = 16, belief: CopyBelief | None = None):
-        self.cost = cost
+        self.cost = cost.copy()  # learns for this call only
         self.acceptance = stats or AcceptanceStats()
         self.belief = belief or CopyBelief()
         self.probe_every = probe_every

@@ -272,3 +272,17 @@ def test_acceptance_estimates_do_not_carry_across_calls(tiny_models):
     model.generate(other, custom_generate=fresh, max_new_tokens=24, eos_token_id=None)
     assert reused.stats.budgets == fresh.stats.budgets
     assert any(n for n, _ in fresh.stats.budgets), "the check must see drafted steps"
+
+
+def test_a_call_learns_on_its_own_copy_of_the_process_curve(tiny_models):
+    forget_calibrations()
+    model = tiny_models("llama")
+    ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
+    model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=4, eos_token_id=None)
+    kept = next(iter(_CURVES.values()))
+    before = kept.points
+    budget = Budget(kept)
+    budget.record(np.zeros(0), np.zeros(0), [], False, 0, rows=2, seconds=100.0)  # an absurdly slow step
+    assert budget.cost(2) > before[1][1] and kept.points == before  # the call's copy moved, the kept curve did not
+    model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=12, eos_token_id=None)
+    assert kept.points == before
