@@ -147,6 +147,18 @@ def calibrate(model, cache_factory, forward_kwargs_name: str = "cache", keeps_lo
     return curve
 
 
+def set_cost_curve(model, points: Sequence[tuple[int, float]]) -> CostModel:
+    """Keep ``points`` as ``model``'s cost curve for the process, as if :func:`calibrate` had measured it.
+
+    For a curve measured earlier (``decoder.stats.cost_curve``) or a deterministic one in tests; it
+    must reach the most rows a decoder feeds (up to 64 by default), else calibration measures again.
+    Example: ``set_cost_curve(model, [(1, 0.010), (64, 0.011)])`` (a flat, GPU-like curve).
+    """
+    curve = CostModel(points, learn=True)
+    _CURVES[_model_key(model)] = curve
+    return curve
+
+
 def forget_calibrations() -> None:
     """Drop every kept cost curve (the next run calibrates again)."""
     _CURVES.clear()

@@ -203,7 +203,7 @@ def test_prompt_forms_and_method_registry():
     assert [m.name for m in methods] == ["plain", "lookahead-small", "prompt-lookup"]  # baseline first
     assert methods[2].kwargs() == {"prompt_lookup_num_tokens": 10}
     assert methods[1].settings["tree_nodes"] < METHODS["lookahead"]().settings["tree_nodes"]
-    with pytest.raises(ValueError, match="valid: plain, prompt-lookup"):
+    with pytest.raises(ValueError, match="valid: plain, plain-again, prompt-lookup"):
         make_methods(["nope"])
 
 

@@ -176,8 +176,8 @@ def test_budget_turns_window_off_when_it_does_not_pay():
 
 
 def test_calibration_runs_once_per_model_device_dtype(tiny_models):
-    forget_calibrations()
     model = tiny_models("llama")
+    forget_calibrations()
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
@@ -202,8 +202,8 @@ def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
     assert calibration_sizes(1) == (1, 2, 4, 8, 16)
     assert calibration_sizes(17) == (1, 2, 4, 8, 16, 32)
     assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
-    forget_calibrations()
     model = tiny_models("gpt2")
+    forget_calibrations()
     ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
     dec = LookaheadDecoder()  # 1 + 16 tree rows
     model.generate(ids, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
@@ -221,8 +221,8 @@ def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
 
 
 def test_explicit_curve_or_fixed_budget_skip_calibration(tiny_models):
-    forget_calibrations()
     model = tiny_models("qwen2")
+    forget_calibrations()
     ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
     dec = LookaheadDecoder(cost_curve=((1, 0.01), (64, 0.02)))
     model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
@@ -275,8 +275,8 @@ def test_acceptance_estimates_do_not_carry_across_calls(tiny_models):
 
 
 def test_a_call_learns_on_its_own_copy_of_the_process_curve(tiny_models):
-    forget_calibrations()
     model = tiny_models("llama")
+    forget_calibrations()
     ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
     model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=4, eos_token_id=None)
     kept = next(iter(_CURVES.values()))

@@ -44,7 +44,7 @@ def tiny_folder(tmp_path_factory):
         (["bench", "--max-new-tokens", "ten"], "--max-new-tokens: must be a positive integer, got 'ten'"),
         (["bench", "--prompts-per-workload", "0"], "--prompts-per-workload: must be a positive integer"),
         (["bench", "--methods", "plain,warp-drive"],
-         "unknown method 'warp-drive'; valid: plain, prompt-lookup, lookahead, lookahead-small, lookahead-window"),
+         "unknown method 'warp-drive'; valid: plain, plain-again, prompt-lookup, lookahead, lookahead-small, lookahead-window"),
         (["bench", "--workloads", "poetry,chat,jokes"],
          "unknown workloads 'poetry', 'jokes'; valid: code-completion, code-editing, chat, rewrite"),
         (["bench", "--methods", ","], "no method given; valid: plain"),
