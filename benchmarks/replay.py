@@ -31,9 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from cache import NgramTrie
-from lookahead.budget import AcceptanceStats, Budget, CostModel
+from lookahead.budget import Budget, CostModel
 from lookahead.config import LookaheadConfig
-from lookahead.proposer import ORIGINS, Proposer
+from lookahead.proposer import Proposer
 
 
 def greedy_path(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> list[int]:
@@ -67,7 +67,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
     fixed = CostModel(cost.points)  # a frozen copy: replays do not move the caller's curve
     proposer = Proposer(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
     proposer.start([int(t) for t in prompt])
-    budget = Budget(fixed, AcceptanceStats(origins=len(ORIGINS))) if config.adaptive else None
+    budget = Budget(fixed) if config.adaptive else None
     i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
     while i < len(output):
         draft = proposer.propose(max_new_tokens - i - 1)

@@ -142,9 +142,7 @@ def calibrate(model, cache_factory, forward_kwargs_name: str = "cache", keeps_lo
                 elapsed = time.perf_counter() - t
                 cache.crop(-k)
                 best[k] = min(best.get(k, float("inf")), elapsed)
-    curve = CostModel(sorted(best.items()), learn=True)
-    _CURVES[key] = curve
-    return curve
+    return set_cost_curve(model, sorted(best.items()))
 
 
 def set_cost_curve(model, points: Sequence[tuple[int, float]]) -> CostModel:
@@ -238,19 +236,26 @@ class AcceptanceStats:
             prob[i] = c[i] * (prob[p] if p >= 0 else 1.0)
         return prob
 
-    def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int], context=0) -> None:
-        """Record one verified tree: every node whose parent was accepted (or is the root) was tried."""
+    def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int],
+               context=0) -> tuple[np.ndarray, np.ndarray]:
+        """Record one verified tree: every node whose parent was accepted (or is the root) was tried.
+
+        Returns (c float[t], accepted bool[t]) of the ``t`` tried nodes, ``c`` as estimated before this
+        update (what :class:`CopyBelief` weighs the outcomes against)."""
         parents = np.asarray(parents)
         if not len(parents):
-            return
+            return np.zeros(0), np.zeros(0, dtype=bool)
         ok, parent_ok = tried_nodes(parents, accepted_nodes)
         depth, rank = tree_depth_rank(parents)
+        context = np.broadcast_to(np.asarray(context, dtype=np.int64), parents.shape)
+        tried = (np.asarray(origin)[parent_ok], context[parent_ok], depth[parent_ok], rank[parent_ok])
+        c = self.conditional(*tried)
         self.tried *= self.decay
         self.accepted *= self.decay
-        context = np.broadcast_to(np.asarray(context, dtype=np.int64), parents.shape)
-        cells = self._cells(np.asarray(origin)[parent_ok], context[parent_ok], depth[parent_ok], rank[parent_ok])
+        cells = self._cells(*tried)
         np.add.at(self.tried, cells, 1.0)
         np.add.at(self.accepted, cells, ok[parent_ok].astype(np.float64))
+        return c, ok[parent_ok]
 
 
 def tried_nodes(parents: np.ndarray, accepted_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -430,11 +435,6 @@ class Budget:
                window_accepted: int, rows: int = 0, seconds: float = 0.0, match=1) -> None:
         """Learn from one verified step (``rows`` new tokens went through a forward of ``seconds``)."""
         self.cost.observe(rows, seconds)
-        if len(parents):
-            bucket = match_bucket(match)
-            ok, tried = tried_nodes(parents, accepted_nodes)
-            c = self.acceptance.conditional(origin, bucket, *tree_depth_rank(parents))  # before this step's update
-            self.belief.update(c[tried], ok[tried])
-        self.acceptance.update(parents, origin, accepted_nodes, match_bucket(match))
+        self.belief.update(*self.acceptance.update(parents, origin, accepted_nodes, match_bucket(match)))
         if window_ran:
             self.window_gain = 0.9 * self.window_gain + 0.1 * window_accepted

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from cache import NgramTrie
 
-from .budget import AcceptanceStats, Budget, CostModel, calibrate
+from .budget import Budget, CostModel, calibrate
 from .config import LookaheadConfig
 from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
 from .proposer import ORIGINS, WINDOW, Proposer
@@ -241,7 +241,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             model, lambda: DynamicCache(config=model.config) if kv_window is None else DynamicCache(), cache_name,
             keeps_logits, max_rows=proposer.max_rows()
         )  # (timing only: a plain cache, which a small sliding window cannot break)
-        budget = Budget(cost, AcceptanceStats(origins=len(ORIGINS)))  # per call: see Budget
+        budget = Budget(cost)  # per call, fresh estimates: see Budget
         stats.cost_curve = cost.points
 
     past_len = cache.get_seq_length()

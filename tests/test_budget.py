@@ -286,3 +286,9 @@ def test_a_call_learns_on_its_own_copy_of_the_process_curve(tiny_models):
     assert budget.cost(2) > before[1][1] and kept.points == before  # the call's copy moved, the kept curve did not
     model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=12, eos_token_id=None)
     assert kept.points == before
+
+
+def test_default_estimates_have_one_cell_row_per_draft_origin():
+    from lookahead.proposer import ORIGINS
+
+    assert Budget(FLAT).acceptance.tried.shape[0] == len(ORIGINS)  # a Budget's fresh estimates fit every store
