@@ -157,21 +157,55 @@ def kth_smallest(a, n, k):
 
 
 @njit(cache=True)
+def _mark_kept(nodes, stats, table, state, thr):
+    """Keep flags in ``table[: capacity + 1]``: 1 for every node with ``last_used > thr``, for every
+    node of the current stream's open path, and for all their ancestors (the root included).
+    Returns how many nodes are kept, the root not counted."""
+    cap = state[S_CAPACITY]
+    table[: cap + 1] = 0
+    table[0] = 1
+    kept = 0
+    for v in range(1, cap + 1):
+        if nodes[v, TOKEN] >= 0 and stats[v, LAST_USED] > thr:
+            u = v
+            while table[u] == 0:
+                table[u] = 1
+                kept += 1
+                u = nodes[u, PARENT]
+    for k in range(state[S_N_OPEN]):
+        u = state[S_OPEN + k]
+        while table[u] == 0:
+            table[u] = 1
+            kept += 1
+            u = nodes[u, PARENT]
+    return kept
+
+
+@njit(cache=True)
 def evict(nodes, stats, table, state):
     """LRU eviction. Returns True when at least ``max_n`` slots are free afterwards.
 
     With ``s`` the last step, ``T = min(the (capacity // 4)-th smallest last_used, s - 2 max_n)``;
-    a node goes when its whole subtree has ``last_used <= T``. Equivalently: keep every node with
-    ``last_used > T`` and all its ancestors, free the rest. O(capacity).
+    keep every node with ``last_used > T``, the nodes of the current stream's open path (the
+    parents of its next token's n-grams), and all their ancestors; free the rest. O(capacity).
 
-    Why this frees >= max_n slots when ``capacity >= 4 max_n**2`` (it runs when fewer than max_n
-    are free, so more than ``capacity - max_n`` nodes live): a step sets last_used on at most
-    max_n nodes, and an ancestor of a node used at step u was itself used at step >= u - max_n + 1.
-    So the kept nodes with last_used <= T (ancestors of nodes used after T) were last used in the
-    max_n - 1 steps up to T: at most max_n (max_n - 1) of them. If T is the (capacity // 4)-th
-    smallest, at least capacity // 4 >= max_n**2 nodes have last_used <= T and at least
-    max_n**2 - max_n (max_n - 1) = max_n of them go. Otherwise T = s - 2 max_n and at most
-    2 max_n**2 + max_n (max_n - 1) nodes are kept, leaving >= max_n**2 + max_n slots free.
+    Why this frees >= max_n slots when ``capacity >= 4 max_n**2`` and one stream is written (it
+    runs when fewer than max_n are free, so more than ``capacity - max_n`` nodes live): a step
+    sets last_used on at most max_n nodes, and an ancestor of a node used at step u was itself
+    used at step >= u - max_n + 1. So the kept nodes with last_used <= T (ancestors of nodes used
+    after T) were last used in the max_n - 1 steps up to T: at most max_n (max_n - 1) of them. If T
+    is the (capacity // 4)-th smallest, at least capacity // 4 >= max_n**2 nodes have last_used
+    <= T and at least max_n**2 - max_n (max_n - 1) = max_n of them go. Otherwise T = s - 2 max_n
+    and at most 2 max_n**2 + max_n (max_n - 1) nodes are kept, leaving >= max_n**2 + max_n free.
+
+    Several streams (one per thread) break the ancestor argument: a stream that was parked and
+    reopened extends n-grams last used long ago, and its open path itself may be old. So when
+    the pass above would free fewer than max_n slots, the threshold rises to ``s - 2 max_n`` and
+    then to ``s - 1``. The last always suffices: it keeps the n-grams ending at the last token,
+    the open path, and their ancestors, at most 2 * max_n (max_n + 1) / 2 <= capacity / 2 nodes.
+    Example (max_n 3, capacity 36): thread A writes 1 2 3, thread B then fills the trie with 100,
+    101, ...; A's next insert evicts, and A's old open path ``(3)``, ``(2, 3)``, ``(1, 2, 3)`` stays
+    with its ancestors, so that insert extends live nodes.
     """
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
@@ -187,15 +221,14 @@ def evict(nodes, stats, table, state):
     if n < k or k < 1:
         return cap - state[S_N_LIVE] >= max_n
     thr = min(kth_smallest(scratch, n, k - 1), s - 2 * max_n)
-    # 2. keep flags (table as scratch): recent nodes and their ancestors
-    table[: cap + 1] = 0
-    table[0] = 1
-    for v in range(1, cap + 1):
-        if nodes[v, TOKEN] >= 0 and stats[v, LAST_USED] > thr:
-            u = v
-            while table[u] == 0:
-                table[u] = 1
-                u = nodes[u, PARENT]
+    # 2. keep flags (table as scratch), raising the threshold while too few slots would be freed
+    kept = _mark_kept(nodes, stats, table, state, thr)
+    if cap - kept < max_n and thr < s - 2 * max_n:
+        thr = s - 2 * max_n
+        kept = _mark_kept(nodes, stats, table, state, thr)
+    if cap - kept < max_n:
+        thr = s - 1
+        kept = _mark_kept(nodes, stats, table, state, thr)
     # 3. drop evicted children from the (sorted) child lists of kept nodes; regroup; child sums
     g_next = 1
     for v in range(cap + 1):

@@ -446,3 +446,94 @@ def test_threads_under_eviction_never_mix_streams(capacity):
     _check_invariants(trie)
     for gram in trie.ngrams():  # each n-gram within one thread's id range: no n-gram spans two streams
         assert len({tok // 5 for tok in gram}) == 1, gram
+
+
+def _in_thread(fn):
+    """Run ``fn`` in a fresh thread (so in a stream of its own) and wait for it."""
+    th = threading.Thread(target=fn)
+    th.start()
+    th.join(60)
+
+
+def test_eviction_keeps_a_parked_streams_open_path():
+    # max_n 3, capacity 36. The main thread writes 1 2 3 (steps 1-3), then parks; another thread
+    # writes 100, 101, ..., 110 (steps 4-14) until 36 nodes live. The main thread's next token
+    # evicts. The usual threshold, min(9th smallest last_used = 5, s - 2 max_n = 8) = 5, would
+    # keep 36 nodes: everything from step 6 on with ancestors, and the main thread's open path
+    # (3), (2, 3), (1, 2, 3) with ancestors, which must stay because 4 extends it. So the
+    # threshold rises to s - 2 max_n = 8: the other stream keeps its n-grams ending at 105..110
+    # and their ancestors (103), (103, 104), (104).
+    trie = NgramTrie(max_n=3, capacity=36)
+    trie.insert([1, 2, 3])
+
+    def fill():
+        for tok in range(100, 111):
+            trie.insert([tok])
+
+    _in_thread(fill)
+    assert len(trie) == 36 and trie.n_evictions == 0
+    trie.insert([4])
+    assert trie.n_evictions == 1
+    _check_invariants(trie)
+    main = {(1,), (2,), (3,), (4,), (1, 2), (2, 3), (3, 4), (1, 2, 3), (2, 3, 4)}
+    other = {(103,), (104,), (103, 104)} | {g for t in range(105, 111)
+                                            for g in [(t,), (t - 1, t), (t - 2, t - 1, t)]}
+    assert set(trie.ngrams()) == main | other
+
+
+def _round_robin(trie, plans):
+    """Each thread inserts one chunk per turn, threads in a fixed order: every chunk switches
+    streams, and the interleaving is the same on every run."""
+    turn = [0]
+    cond = threading.Condition()
+    live = list(range(len(plans)))
+    errors = []
+
+    def work(t):
+        try:
+            for stream in plans[t]:
+                first = True
+                for chunk in stream:
+                    with cond:
+                        assert cond.wait_for(lambda: live[turn[0]] == t, 30)
+                        if first:
+                            trie.reset_stream()
+                            first = False
+                        trie.insert(chunk)
+                        turn[0] = (turn[0] + 1) % len(live)
+                        cond.notify_all()
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+        finally:
+            with cond:  # leave the rotation
+                i = live.index(t)
+                live.pop(i)
+                if live:
+                    turn[0] = turn[0] - 1 if i < turn[0] else turn[0] % len(live)
+                cond.notify_all()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(plans))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("max_n", [3, 4])
+def test_interleaved_streams_at_minimum_capacity(seed, max_n):
+    plans = _thread_streams(seed, n_threads=4, vocab_per_thread=5)
+    trie = NgramTrie(max_n=max_n, capacity=4 * max_n * max_n)
+    _round_robin(trie, plans)
+    assert trie.n_evictions > 0
+    _check_invariants(trie)
+    reference = NgramTrie(max_n=max_n, capacity=1 << 14)  # every n-gram of every stream, no eviction
+    for streams in plans:
+        for stream in streams:
+            reference.reset_stream()
+            for chunk in stream:
+                reference.insert(chunk)
+    ref = _counts(reference)
+    for gram, count in _counts(trie).items():  # only real n-grams of one stream, never over-counted
+        assert gram in ref and count <= ref[gram], gram
