@@ -87,7 +87,9 @@ several threads and stays consistent. Each thread has its own *stream*: ``insert
 calling thread's stream and ``reset_stream`` restarts it, so two requests decoded at the same time
 never form n-grams across each other; the result is the same set of n-grams with the same counts
 as decoding them one after the other. (A thread that pauses keeps its place, re-found by lookup
-when it inserts again, minus any of its open n-grams evicted meanwhile.) ``clear`` and
+when it inserts again, minus any of its open n-grams evicted meanwhile.) Eviction never frees the
+n-grams the inserting thread's next token extends; when threads interleave at a capacity near the
+minimum, it may free more recent n-grams than one stream would (``kernels.evict``). ``clear`` and
 ``load_into`` restart every thread's stream.
 """
 
