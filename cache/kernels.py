@@ -156,6 +156,18 @@ def kth_smallest(a, n, k):
     return a[k]
 
 
+@njit(cache=True, inline="always")
+def _flag_path(nodes, table, u):
+    """Flag node ``u`` and its ancestors in ``table``, up to the first one already flagged; returns
+    how many it flagged."""
+    n = 0
+    while table[u] == 0:
+        table[u] = 1
+        n += 1
+        u = nodes[u, PARENT]
+    return n
+
+
 @njit(cache=True)
 def _mark_kept(nodes, stats, table, state, thr):
     """Keep flags in ``table[: capacity + 1]``: 1 for every node with ``last_used > thr``, for every
@@ -167,17 +179,9 @@ def _mark_kept(nodes, stats, table, state, thr):
     kept = 0
     for v in range(1, cap + 1):
         if nodes[v, TOKEN] >= 0 and stats[v, LAST_USED] > thr:
-            u = v
-            while table[u] == 0:
-                table[u] = 1
-                kept += 1
-                u = nodes[u, PARENT]
+            kept += _flag_path(nodes, table, v)
     for k in range(state[S_N_OPEN]):
-        u = state[S_OPEN + k]
-        while table[u] == 0:
-            table[u] = 1
-            kept += 1
-            u = nodes[u, PARENT]
+        kept += _flag_path(nodes, table, state[S_OPEN + k])
     return kept
 
 
