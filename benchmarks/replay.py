@@ -72,7 +72,8 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
     while i < len(output):
         draft = proposer.propose(max_new_tokens - i - 1)
         if budget is not None:
-            keep, _ = budget.plan(draft.tokens, draft.parents, draft.origin, 0, draft.match)
+            draft.window = None  # the replay does not model the window's rows
+            keep, _ = budget.plan(draft)
             if len(keep) < len(draft.tokens):
                 draft.keep(keep)
         path = greedy_path(draft.tokens, draft.parents, output[i:])
@@ -80,7 +81,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
         n_acc = min(len(path), len(emitted))
         rows = 1 + len(draft.tokens)
         if budget is not None:
-            budget.record(draft.parents, draft.origin, path, False, 0, rows, float(fixed(rows)), draft.match)
+            budget.record(draft, path, 0, rows, float(fixed(rows)))
         proposer.learn(emitted)
         budgets.append(len(draft.tokens))
         if calls:  # the first call is the prefill (with the first tree): priced like plain's prefill, left out

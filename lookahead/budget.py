@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .tree import tree_depth_rank
+
 _CURVES: dict[tuple, CostModel] = {}
 
 
@@ -226,10 +228,13 @@ class AcceptanceStats:
         weight = 2.0
         return (self.accepted[cell] + weight * pooled) / (self.tried[cell] + weight)
 
-    def node_probabilities(self, parents: np.ndarray, origin: np.ndarray, context=0) -> np.ndarray:
+    def node_probabilities(self, parents: np.ndarray, origin: np.ndarray, context=0,
+                           depth_rank: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """float[n]: P(node accepted) for a breadth-first tree, the product of ``c`` along its path.
-        ``context``: the step's context cell (an int, or int[n] per node)."""
-        depth, rank = tree_depth_rank(parents)
+        ``context``: the step's context cell (an int, or int[n] per node). ``depth_rank``: the nodes'
+        (depth, rank) cells, by default ``tree_depth_rank(parents)`` (a draft passes those of the
+        tree as proposed, which stay its cells when the budget keeps only part of it)."""
+        depth, rank = tree_depth_rank(parents) if depth_rank is None else depth_rank
         c = self.conditional(origin, context, depth, rank)
         prob = np.empty(len(parents))
         for i, p in enumerate(np.asarray(parents).tolist()):
@@ -237,8 +242,10 @@ class AcceptanceStats:
         return prob
 
     def update(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes: Sequence[int],
-               context=0) -> tuple[np.ndarray, np.ndarray]:
+               context=0, depth_rank: tuple[np.ndarray, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Record one verified tree: every node whose parent was accepted (or is the root) was tried.
+        ``context`` and ``depth_rank`` as in :meth:`node_probabilities`.
 
         Returns (c float[t], accepted bool[t]) of the ``t`` tried nodes, ``c`` as estimated before this
         update (what :class:`CopyBelief` weighs the outcomes against)."""
@@ -246,7 +253,7 @@ class AcceptanceStats:
         if not len(parents):
             return np.zeros(0), np.zeros(0, dtype=bool)
         ok, parent_ok = tried_nodes(parents, accepted_nodes)
-        depth, rank = tree_depth_rank(parents)
+        depth, rank = tree_depth_rank(parents) if depth_rank is None else depth_rank
         context = np.broadcast_to(np.asarray(context, dtype=np.int64), parents.shape)
         tried = (np.asarray(origin)[parent_ok], context[parent_ok], depth[parent_ok], rank[parent_ok])
         c = self.conditional(*tried)
@@ -324,24 +331,6 @@ class CopyBelief:
         self.log_odds = float(np.clip(self.log_odds + np.log(ratio).sum(), -self.limit, self.limit))
 
 
-def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Depth (root's children: 1) and rank of each node of a BFS tree.
-
-    rank = 0 for an only child, else 1 + its place among its siblings.
-    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
-    """
-    parents = np.asarray(parents, dtype=np.int64)
-    depth = np.zeros(len(parents), dtype=np.int64)
-    place = np.zeros(len(parents), dtype=np.int64)
-    seen: dict[int, int] = {}
-    for i, p in enumerate(parents.tolist()):
-        depth[i] = 1 if p < 0 else depth[p] + 1
-        place[i] = seen.get(p, 0)
-        seen[p] = place[i] + 1
-    siblings = np.array([seen[p] for p in parents.tolist()], dtype=np.int64)
-    return depth, np.where(siblings > 1, place + 1, 0)
-
-
 def choose_nodes(probs: np.ndarray, cost: CostModel, extra_rows: int = 0, extra_gain: float = 0.0,
                  margin: float = 1.05) -> np.ndarray:
     """The draft nodes worth verifying: indices (sorted) of the best prefix by probability.
@@ -359,21 +348,6 @@ def choose_nodes(probs: np.ndarray, cost: CostModel, extra_rows: int = 0, extra_
     if rate[k] < margin * rate[0]:
         k = 0
     return np.sort(np.asarray(order[:k], dtype=np.int64))
-
-
-def subset_tree(tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, keep: np.ndarray):
-    """The sub-tree of the nodes ``keep`` (sorted; closed under parents), parents re-indexed.
-
-    Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> parents ``[-1, -1, 1]``.
-    """
-    keep = np.asarray(keep, dtype=np.int64)
-    new_index = np.full(len(tokens), -1, dtype=np.int64)
-    new_index[keep] = np.arange(len(keep))
-    old_par = np.asarray(parents, dtype=np.int64)[keep]
-    new_par = np.where(old_par >= 0, new_index[np.maximum(old_par, 0)], -1)
-    if np.any((old_par >= 0) & (new_par < 0)):
-        raise ValueError("keep must contain every kept node's parent")
-    return np.asarray(tokens)[keep], new_par, np.asarray(origin)[keep]
 
 
 class Budget:
@@ -404,12 +378,13 @@ class Budget:
         self._since_window = 0
         self._since_draft = 0
 
-    def plan(self, tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, window_rows: int, match=1):
-        """(node indices to verify, run the window rows?) for this step's proposal; ``match``: int[n]
-        (or one int), each node's match length (``Draft.match``)."""
+    def plan(self, draft) -> tuple[np.ndarray, bool]:
+        """(node indices to verify, run the window rows?) for this step's :class:`~lookahead.proposer.Draft`."""
         self.belief.step()
-        probs = (self.acceptance.node_probabilities(parents, origin, match_bucket(match)) * self.belief.scale()
-                 if len(tokens) else np.zeros(0))
+        n, window_rows = len(draft.tokens), draft.n_window_rows
+        probs = (self.acceptance.node_probabilities(draft.parents, draft.origin, match_bucket(draft.match),
+                                                    (draft.depth, draft.rank)) * self.belief.scale()
+                 if n else np.zeros(0))
         use_window = False
         if window_rows:
             with_w = choose_nodes(probs, self.cost, window_rows, self.window_gain)
@@ -421,7 +396,7 @@ class Budget:
             keep = with_w if use_window else without
         else:
             keep = choose_nodes(probs, self.cost)
-        if len(tokens) and not len(keep):
+        if n and not len(keep):
             self._since_draft += 1
             if self._since_draft >= self.probe_every:
                 keep = np.argsort(-probs, kind="stable")[:1]  # the most probable node is a root child
@@ -431,10 +406,11 @@ class Budget:
             self._since_window = 0
         return keep, use_window
 
-    def record(self, parents: np.ndarray, origin: np.ndarray, accepted_nodes, window_ran: bool,
-               window_accepted: int, rows: int = 0, seconds: float = 0.0, match=1) -> None:
-        """Learn from one verified step (``rows`` new tokens went through a forward of ``seconds``)."""
+    def record(self, draft, accepted_nodes, window_accepted: int, rows: int = 0, seconds: float = 0.0) -> None:
+        """Learn from one verified step of ``draft`` (as verified: the nodes and window rows it ran);
+        ``rows`` new tokens went through a forward of ``seconds``."""
         self.cost.observe(rows, seconds)
-        self.belief.update(*self.acceptance.update(parents, origin, accepted_nodes, match_bucket(match)))
-        if window_ran:
+        self.belief.update(*self.acceptance.update(draft.parents, draft.origin, accepted_nodes,
+                                                   match_bucket(draft.match), (draft.depth, draft.rank)))
+        if draft.n_window_rows:
             self.window_gain = 0.9 * self.window_gain + 0.1 * window_accepted

@@ -263,8 +263,7 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         room = max_length - sequences.shape[1] - 1  # draft tokens that can still be emitted before the bonus
         draft = proposer.propose(room)
         if budget is not None:
-            keep, use_window = budget.plan(draft.tokens, draft.parents, draft.origin, draft.n_window_rows,
-                                           draft.match)
+            keep, use_window = budget.plan(draft)
             if len(keep) < len(draft.tokens):
                 draft.keep(keep)
             if not use_window:
@@ -333,10 +332,9 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
         for j in verdict.nodes[:n_acc]:
             stats.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
         if budget is not None:
-            budget.record(draft.parents, draft.origin, verdict.nodes, m > 0,
-                          sum(1 for j in verdict.nodes if draft.origin[j] == WINDOW),
+            budget.record(draft, verdict.nodes, sum(1 for j in verdict.nodes if draft.origin[j] == WINDOW),
                           # the step's forward time, verification included (it waits for a GPU forward)
-                          1 + n + m if p == 1 else 0, t3 - t1, draft.match)
+                          1 + n + m if p == 1 else 0, t3 - t1)
         stats.new_tokens += n_emit
 
         # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------

@@ -14,15 +14,14 @@ verification it learns the emitted tokens (and the window's outputs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from cache import NgramTrie
 
-from .budget import subset_tree
 from .config import LookaheadConfig
-from .tree import merge_trees
+from .tree import merge_trees, subset_tree, tree_depth_rank
 from .window import LookaheadWindow
 
 ORIGINS = ("trie", "window", "memory")
@@ -40,6 +39,10 @@ class Draft:
     - ``match_of`` int64[len(ORIGINS)]: per store, its match length (how many of the context's last
       tokens its tree continues; see ``NgramTrie.propose``); :attr:`match` gives it per node.
     - ``window``: (tokens, offsets, visibility) of the window rows, or None when the window is off.
+    - ``depth``, ``rank`` int64[n]: each node's cells for the acceptance estimates
+      (:func:`~lookahead.tree.tree_depth_rank`) in the tree as proposed. :meth:`keep` subsets them, so
+      a node keeps its proposed rank when the budget drops its siblings: the estimate that chose it
+      is the one that learns from it.
     """
 
     tokens: np.ndarray
@@ -47,6 +50,11 @@ class Draft:
     origin: np.ndarray
     match_of: np.ndarray
     window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    depth: np.ndarray = field(init=False)
+    rank: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.depth, self.rank = tree_depth_rank(self.parents)
 
     @property
     def n_window_rows(self) -> int:
@@ -58,8 +66,13 @@ class Draft:
         return self.match_of[self.origin]
 
     def keep(self, nodes) -> None:
-        """Keep only the tree nodes ``nodes`` (sorted, closed under parents; see ``subset_tree``)."""
+        """Keep only the tree nodes ``nodes`` (sorted, closed under parents; see ``subset_tree``).
+
+        Example: parents ``[-1, -1, 0]`` (ranks ``[1, 2, 0]``), keep ``[1]`` -> parents ``[-1]``, rank
+        ``[2]``: still the second of two siblings, though now drafted alone."""
         self.tokens, self.parents, self.origin = subset_tree(self.tokens, self.parents, self.origin, nodes)
+        nodes = np.asarray(nodes, dtype=np.int64)
+        self.depth, self.rank = self.depth[nodes], self.rank[nodes]
 
 
 class Proposer:

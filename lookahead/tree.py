@@ -41,6 +41,37 @@ def tree_depths(parents: np.ndarray) -> np.ndarray:
     return depth
 
 
+def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depth (root's children: 1) and rank of each node of a breadth-first tree.
+
+    rank = 0 for an only child, else 1 + its place among its siblings.
+    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    place = np.zeros(len(parents), dtype=np.int64)
+    seen: dict[int, int] = {}
+    for i, p in enumerate(parents.tolist()):
+        place[i] = seen.get(p, 0)
+        seen[p] = place[i] + 1
+    siblings = np.array([seen[p] for p in parents.tolist()], dtype=np.int64)
+    return tree_depths(parents), np.where(siblings > 1, place + 1, 0)
+
+
+def subset_tree(tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, keep: np.ndarray):
+    """The sub-tree of the nodes ``keep`` (sorted; closed under parents), parents re-indexed.
+
+    Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> parents ``[-1, -1, 1]``.
+    """
+    keep = np.asarray(keep, dtype=np.int64)
+    new_index = np.full(len(tokens), -1, dtype=np.int64)
+    new_index[keep] = np.arange(len(keep))
+    old_par = np.asarray(parents, dtype=np.int64)[keep]
+    new_par = np.where(old_par >= 0, new_index[np.maximum(old_par, 0)], -1)
+    if np.any((old_par >= 0) & (new_par < 0)):
+        raise ValueError("keep must contain every kept node's parent")
+    return np.asarray(tokens)[keep], new_par, np.asarray(origin)[keep]
+
+
 def tree_visibility(parents: np.ndarray) -> np.ndarray:
     """bool[n, n]: ``vis[i, j]`` is True iff node ``j`` is node ``i`` or one of its ancestors.
 

@@ -18,14 +18,22 @@ from lookahead.budget import (
     choose_nodes,
     forget_calibrations,
     match_bucket,
-    subset_tree,
-    tree_depth_rank,
     tried_nodes,
 )
+from lookahead.proposer import ORIGINS, Draft
+from lookahead.tree import subset_tree, tree_depth_rank
 
 FLAT = CostModel([(1, 0.010), (64, 0.0105)])  # a datacenter GPU: 64 tokens cost as much as one
 STEEP = CostModel([(1, 0.036), (2, 0.041), (4, 0.057), (8, 0.067), (16, 0.075), (32, 0.114), (64, 0.136)])
 VERY_STEEP = CostModel([(1, 0.01), (2, 0.03), (64, 1.0)])
+
+
+def _draft(parents, match=1, window_rows=0) -> Draft:
+    """A trie draft with tree ``parents`` (tokens 0..n-1), every node after a ``match``-token match."""
+    parents = np.asarray(parents, dtype=np.int64)
+    match_of = np.full(len(ORIGINS), match, dtype=np.int64)
+    window = (np.zeros(window_rows), np.zeros(window_rows), None) if window_rows else None
+    return Draft(np.arange(len(parents)), parents, np.zeros(len(parents), dtype=np.int8), match_of, window)
 
 
 def test_docstring_example():
@@ -64,6 +72,17 @@ def test_subset_tree_reindexes_and_rejects_orphans():
     assert t.tolist() == [5, 6, 8] and p.tolist() == [-1, -1, 1] and o.tolist() == [0, 1, 1]
     with pytest.raises(ValueError):
         subset_tree(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), [1])
+
+
+def test_a_kept_node_keeps_its_proposed_depth_and_rank():
+    d = _draft([-1, -1, 0])  # ranks [1, 2, 0]: two siblings, then an only child
+    assert d.depth.tolist() == [1, 1, 2] and d.rank.tolist() == [1, 2, 0]
+    d.keep([1])
+    assert d.parents.tolist() == [-1] and d.depth.tolist() == [1] and d.rank.tolist() == [2]
+    budget = Budget(FLAT)
+    budget.record(d, [0], 0)  # learns in the cell it was estimated in: second sibling, not only child
+    tried = budget.acceptance.tried[0, 0, 0]  # (origin trie, 1-token match, depth 1) -> per rank cell
+    assert tried.tolist() == [0.0, 0.0, 1.0, 0.0]
 
 
 def test_cost_model_interpolates_and_extrapolates():
@@ -109,8 +128,7 @@ def test_match_length_sets_the_prior_and_separates_the_estimates():
 
 def test_budget_probes_when_it_would_never_draft():
     budget = Budget(VERY_STEEP, AcceptanceStats(priors=((0.0001, 10.0),)), probe_every=4)
-    tokens, parents, origin = np.array([1, 2]), np.array([-1, 0]), np.zeros(2, dtype=np.int8)
-    choices = [len(budget.plan(tokens, parents, origin, 0)[0]) for _ in range(8)]
+    choices = [len(budget.plan(_draft([-1, 0]))[0]) for _ in range(8)]
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
@@ -149,30 +167,29 @@ def test_a_failed_draft_lowers_every_cell_for_a_while():
     """The belief couples the estimates: after a rejected three-token-match chain, a two-token-match
     chain (a different, still untried cell) is not drafted at once, but is again a few steps later."""
     chain3, chain4 = np.arange(-1, 8), np.arange(-1, 3)  # parents of a 9-node and a 4-node chain
-    zeros = np.zeros(9, dtype=np.int8)
 
     def budget(off_scale):
         b = Budget(CPU, belief=CopyBelief(off_scale=off_scale))
-        keep, _ = b.plan(np.arange(9), chain3, zeros, 0, match=3)
+        keep, _ = b.plan(_draft(chain3, match=3))
         assert len(keep) == 9  # the prior trusts a long match
-        b.record(chain3, zeros, [], False, 0, match=3)  # its first node was rejected
+        b.record(_draft(chain3, match=3), [], 0)  # its first node was rejected
         return b
 
-    assert len(Budget(CPU).plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) == 4  # fresh: drafted
+    assert len(Budget(CPU).plan(_draft(chain4, match=2))[0]) == 4  # fresh: drafted
     b = budget(0.3)
-    assert len(b.plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) == 0
-    assert [len(b.plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) for _ in range(10)][-1] == 4
-    assert len(budget(0.999999).plan(np.arange(4), chain4, zeros[:4], 0, match=2)[0]) == 4  # uncoupled
+    assert len(b.plan(_draft(chain4, match=2))[0]) == 0
+    assert [len(b.plan(_draft(chain4, match=2))[0]) for _ in range(10)][-1] == 4
+    assert len(budget(0.999999).plan(_draft(chain4, match=2))[0]) == 4  # uncoupled
 
 
 def test_budget_turns_window_off_when_it_does_not_pay():
     budget = Budget(VERY_STEEP, window_probe_every=100)
     budget.window_gain = 0.0
-    keep, use_window = budget.plan(np.zeros(0), np.zeros(0), np.zeros(0), window_rows=12)
+    keep, use_window = budget.plan(_draft([], window_rows=12))
     assert not use_window
     budget = Budget(FLAT, window_probe_every=100)
     budget.window_gain = 0.5
-    assert budget.plan(np.zeros(0), np.zeros(0), np.zeros(0), window_rows=12)[1]
+    assert budget.plan(_draft([], window_rows=12))[1]
 
 
 def test_calibration_runs_once_per_model_device_dtype(tiny_models):
@@ -282,7 +299,7 @@ def test_a_call_learns_on_its_own_copy_of_the_process_curve(tiny_models):
     kept = next(iter(_CURVES.values()))
     before = kept.points
     budget = Budget(kept)
-    budget.record(np.zeros(0), np.zeros(0), [], False, 0, rows=2, seconds=100.0)  # an absurdly slow step
+    budget.record(_draft([]), [], 0, rows=2, seconds=100.0)  # an absurdly slow step
     assert budget.cost(2) > before[1][1] and kept.points == before  # the call's copy moved, the kept curve did not
     model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=12, eos_token_id=None)
     assert kept.points == before

@@ -57,7 +57,8 @@ def test_replay_makes_the_decoders_decisions(tiny_models, arch, adaptive):
         assert res["budgets"] == [b for b, _ in dec.stats.budgets]
         assert res["target_calls"] == dec.stats.target_calls
         assert res["accepted"] == dec.stats.accepted
-        # modelled time: every step after the prefill priced at cost(1 + nodes), plain at cost(1) per token
+        # modelled time (arithmetic on CURVE, no clock): each step after the prefill costs cost(1 + nodes),
+        # plain decoding cost(1) per token
         steps = sum(float(cost(1 + b)) for b in res["budgets"][1:])
         assert res["seconds"] == pytest.approx(steps)
         assert res["speedup"] == pytest.approx((len(output) - 1) * 1.0 / steps)
