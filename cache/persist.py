@@ -17,9 +17,18 @@ else ``<i8``), ``token`` and ``parent`` (``<i4``; ``parent`` is the row of the p
 child of the root). It does not depend on the in-memory layout (slots, hash table, free lists): a
 load rebuilds those, and may use another capacity. No pickle anywhere.
 
+The first 20 bytes and the JSON header with its checksum and ``format_version`` are the same in
+every format version (a format that changes them must change the magic), so a reader can tell a
+damaged file from a newer one: it trusts the version field only once the header's checksum matches
+and the header's own ``format_version`` agrees with it. A flipped bit anywhere in the first 20 bytes
+or the header is reported as damage ("corrupt"), never as a newer format: in the magic (a few bits
+off, or the rest reads as a store), the version (it disagrees with the header's), the length (the
+JSON header found at offset 20 is another length, with the recorded checksum), the checksum or the
+header itself (checksum mismatch). Only an intact header of a higher version asks for an upgrade.
+
 Writing: to ``<path>.tmp-<pid>-<thread>``, flushed and fsynced, then ``os.replace``d onto ``path``
 (and the directory fsynced), so ``path`` holds either the old file or the complete new one, never a
-half-written one. Reading: every check (magic, version, header checksum and fields, exact file size,
+half-written one. Reading: every check (magic, header checksum, version, header fields, exact file size,
 payload checksum, vocabulary, tokenizer, capacity, and the structure of every row) passes before
 the caller's trie is touched.
 """
@@ -39,6 +48,7 @@ MAGIC = b"\x89NGTRIE\n"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIII")  # magic, version, header_len, header_crc
 _MAX_HEADER = 1 << 20
+_MAGIC_SLACK = 4  # magic bytes this many bits off are a damaged store's (8 random bytes differ in ~32)
 _I32_MAX = 2**31 - 1
 # (name, allowed dtypes, in-memory dtype), in payload order: 8-byte arrays first
 _ARRAYS = (
@@ -157,24 +167,39 @@ def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
         raise bad("not an n-gram store file (too short)")
     magic, version, hlen, hcrc = _PREFIX.unpack_from(data)
     if magic != MAGIC:
+        off = _bit_distance(magic, MAGIC)
+        if off <= _MAGIC_SLACK:
+            raise bad(f"corrupt: bad magic bytes, {off} bit{'s' * (off > 1)} off a store's: "
+                      "the file is damaged")
+        if _header_extent(data, hcrc) is not None:
+            raise bad("corrupt: bad magic bytes, but the rest reads as an n-gram store: the file is damaged")
         raise bad("not an n-gram store file (bad magic bytes)")
+    if hlen > _MAX_HEADER:
+        raise bad(f"corrupt: header length {hlen} is implausible: the file is damaged")
+    start = _PREFIX.size + hlen
+    if size < start or zlib.crc32(memoryview(data)[_PREFIX.size : start]) != hcrc:
+        found = _header_extent(data, hcrc)
+        if found is not None and found != hlen:
+            raise bad(f"corrupt: the header length field says {hlen} bytes, but the header (checksum "
+                      f"intact) is {found}: the file is damaged")
+        if size < start:
+            raise bad(f"truncated: {size} bytes, the header alone needs {start}")
+        raise bad("corrupt: header checksum mismatch: the file is damaged")
+    hbytes = bytes(data[_PREFIX.size : start])
+    try:
+        header = json.loads(hbytes.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise bad("corrupt: header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise bad("corrupt: header is not an object")
+    if header.get("format_version") != version:
+        raise bad(f"corrupt: the version field says format {version}, the header (checksum intact) "
+                  f"{header.get('format_version')!r}: the file is damaged")
     if version > FORMAT_VERSION:
         raise bad(f"written in store format version {version}, newer than this reader's {FORMAT_VERSION}: "
                   "upgrade the lookahead package to load it")
     if version < 1:
         raise bad(f"unknown store format version {version}")
-    if hlen > _MAX_HEADER:
-        raise bad(f"corrupt: header length {hlen} is implausible")
-    start = _PREFIX.size + hlen
-    if size < start:
-        raise bad(f"truncated: {size} bytes, the header alone needs {start}")
-    hbytes = bytes(data[_PREFIX.size : start])
-    if zlib.crc32(hbytes) != hcrc:
-        raise bad("corrupt: header checksum mismatch")
-    try:
-        header = json.loads(hbytes.decode())
-    except (UnicodeDecodeError, ValueError):
-        raise bad("corrupt: header is not valid JSON") from None
     header = _check_header(header, bad)
     expected = start + header["payload_bytes"]
     if size < expected:
@@ -192,6 +217,29 @@ def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
         offset += raw.nbytes
     del view
     return header, arrays
+
+
+def _bit_distance(a: bytes, b: bytes) -> int:
+    """How many bits differ between two byte strings of the same length."""
+    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).bit_count()
+
+
+def _header_extent(data: bytearray, crc: int) -> int | None:
+    """Padded length of the JSON object that starts at offset 20, as :func:`write_file` writes it,
+    when its checksum is ``crc``; None when there is no complete such object there.
+
+    This locates the header without trusting the length field: the writer's JSON is ASCII (``json.dumps``
+    escapes the rest), so a Latin-1 decode maps bytes to characters one to one.
+    """
+    text = bytes(data[_PREFIX.size : _PREFIX.size + _MAX_HEADER + 8]).decode("latin-1")
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+    end += -(_PREFIX.size + end) % 8
+    if end > len(text) or zlib.crc32(text[:end].encode("latin-1")) != crc:
+        return None
+    return end
 
 
 def _check_header(h, bad) -> dict:

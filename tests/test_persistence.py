@@ -8,6 +8,7 @@ a failed save leaves the previous file in place.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pickle
 import struct
@@ -145,15 +146,63 @@ def test_corrupt_bytes_refused(tmp_path):
         NgramTrie.load(tmp_path / "text")
 
 
+def _with_version(data: bytes, version: int) -> bytes:
+    """The file as a writer of format ``version`` would write it: intact header (checksum recomputed)
+    with the new ``format_version``, and the same version in the prefix."""
+    hlen = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[20 : 20 + hlen])
+    header["format_version"] = version
+    hbytes = json.dumps(header, sort_keys=True).encode()
+    hbytes += b" " * (-(20 + len(hbytes)) % 8)
+    prefix = struct.pack("<8sIII", data[:8], version, len(hbytes), zlib.crc32(hbytes))
+    return prefix + hbytes + data[20 + hlen :]
+
+
 def test_newer_format_version_refused(tmp_path):
     path = tmp_path / "s"
     _filled().save(path)
-    data = bytearray(path.read_bytes())
+    data = path.read_bytes()
     assert struct.unpack_from("<I", data, 8)[0] == FORMAT_VERSION
-    struct.pack_into("<I", data, 8, FORMAT_VERSION + 1)
-    (tmp_path / "new").write_bytes(data)
+    assert _with_version(data, FORMAT_VERSION) == data  # the helper writes what save writes
+    (tmp_path / "new").write_bytes(_with_version(data, FORMAT_VERSION + 1))
     with pytest.raises(TrieFileError, match=f"version {FORMAT_VERSION + 1}, newer than .* upgrade"):
         NgramTrie.load(tmp_path / "new")
+    (tmp_path / "far").write_bytes(_with_version(data, 65537))
+    with pytest.raises(TrieFileError, match="version 65537, newer than .* upgrade"):
+        NgramTrie.load(tmp_path / "far")
+
+
+def test_every_bit_flip_in_the_header_is_reported_as_damage_not_as_a_newer_format(tmp_path):
+    """Issue 18: one flipped bit of the version field used to read as "format version 65537, newer
+    than this reader's 1: upgrade". Every bit of the 20-byte prefix (magic, version, header length,
+    header checksum) and of the JSON header is flipped in turn: each is refused as a damaged file,
+    naming it, and the store loading it is untouched."""
+    path = tmp_path / "s"
+    _filled().save(path, vocab_size=9, tokenizer_id="tok")
+    data = path.read_bytes()
+    header_end = 20 + struct.unpack_from("<I", data, 12)[0]
+    target = _filled(seed=4)
+    before = _snapshot(target)
+    bad_path = tmp_path / "bad"
+    for bit in range(8 * header_end):
+        bad = bytearray(data)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        bad_path.write_bytes(bad)
+        with pytest.raises(TrieFileError) as err:
+            target.load_into(bad_path)
+        message = str(err.value)
+        assert message.startswith(f"{bad_path}: corrupt") and "damaged" in message, (bit, message)
+        assert "newer" not in message and "upgrade" not in message, (bit, message)
+    assert _snapshot(target) == before
+    # the diagnosis names the damaged field
+    for offset, why in ((1, "bad magic bytes, 1 bit off"), (8, "version field says format 0"),
+                        (10, "version field says format 65537"), (12, "header length field says"),
+                        (16, "header checksum mismatch"), (30, "header checksum mismatch")):
+        bad = bytearray(data)
+        bad[offset] ^= 1
+        bad_path.write_bytes(bad)
+        with pytest.raises(TrieFileError, match=why):
+            NgramTrie.load(bad_path)
 
 
 def _export(trie):
@@ -246,6 +295,59 @@ def test_pickle_and_deepcopy_copy_the_contents():
         trie_copy_step = trie.step
         assert other.step == trie_copy_step + 3
         _check_invariants(other)
+
+
+def _arrays(trie):
+    return trie._nodes, trie._stats, trie._table, trie._state
+
+
+@pytest.mark.parametrize("capacity", [36, 200, 5000])  # 36: evicting all the time
+def test_pickle_keeps_only_the_used_pool_and_copies_exactly(capacity):
+    """Issue 13: pickling wrote the whole preallocated pool. Now the used rows and hash entries travel
+    and the full capacity is rebuilt: the copy's arrays are the original's bit for bit, so it proposes,
+    continues the open stream, and evicts exactly as the original does."""
+    trie = _filled(capacity=capacity)
+    trie.insert([1, 2, 3])  # an open stream: the copy's first insert continues it, as the original's does
+    data = pickle.dumps(trie)
+    assert len(data) < 2000 + 100 * (trie.capacity if trie.n_evictions else len(trie))  # not 72 * capacity
+    rng = np.random.default_rng(3)
+    for other in (copy.deepcopy(trie), pickle.loads(data)):
+        assert other.capacity == trie.capacity and other._nodes.shape == trie._nodes.shape
+        for mine, theirs in zip(_arrays(trie), _arrays(other)):
+            np.testing.assert_array_equal(mine, theirs)
+        assert _snapshot(other) == _snapshot(trie)
+        _check_invariants(other)
+    twin = pickle.loads(data)
+    for _ in range(20):
+        ctx = rng.integers(0, 9, 3)
+        a, b = trie.propose(ctx, 10, 4, with_match=True), twin.propose(ctx, 10, 4, with_match=True)
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist() and a[2] == b[2]
+        chunk = rng.integers(0, 9, 25)
+        trie.insert(chunk)
+        twin.insert(chunk)
+        assert _snapshot(twin) == _snapshot(trie)  # same n-grams, counts, steps, evictions
+    for mine, theirs in zip(_arrays(trie), _arrays(twin)):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_pickled_empty_stores_and_decoders_are_small():
+    """A bare decoder pickled to 16.8 MB, 33.6 MB with a shared store (capacity 2**18 each)."""
+    assert len(pickle.dumps(NgramTrie(max_n=12, capacity=1 << 18))) < 10_000
+    assert len(pickle.dumps(LookaheadDecoder())) < 200_000
+    assert len(pickle.dumps(LookaheadDecoder(trie=NgramTrie(max_n=12, capacity=1 << 18)))) < 200_000
+    twin = copy.deepcopy(LookaheadDecoder())
+    assert twin.trie.capacity == LookaheadDecoder().config.trie_capacity and len(twin.trie) == 0
+    twin.trie.insert([5, 6, 5, 6, 5])
+    assert twin.trie.propose([5], 4, 4)[0].tolist() == [6, 5, 6, 5]
+
+
+def test_full_pool_round_trips():
+    """Every slot used (the high-water mark is the capacity): nothing dropped, still exact."""
+    trie = NgramTrie(max_n=2, capacity=16)
+    trie.insert(np.arange(40) % 13)
+    other = pickle.loads(pickle.dumps(trie))
+    for mine, theirs in zip(_arrays(trie), _arrays(other)):
+        np.testing.assert_array_equal(mine, theirs)
 
 
 class _Tok:
