@@ -72,20 +72,39 @@ class LookaheadConfig:
                 raise _bad(f.name, value, "must be a bool")
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
                 raise _bad(f.name, value, "must be an int")
+        # Upper bounds refuse absurd values here rather than as a MemoryError or a misleading
+        # message later (e.g. window_width=10**6 asked numpy for 931 GiB on the first step).
+        max_ngram = 64  # each token updates ngram_size trie nodes and capacity needs 4 * ngram_size**2
+        max_tree = 256  # draft tokens per store per step: one forward packs them with a k x k mask
+        max_window_rows = 512  # W*(N-1) + G*(N-1) window tokens per forward: a few hundred at most
+        max_capacity = 1 << 27  # 64-72 bytes preallocated per node: ~9 GiB (int32 node ids would allow 2**31)
         if self.ngram_size < 2:
             raise _bad("ngram_size", self.ngram_size, "must be >= 2")
+        if self.ngram_size > max_ngram:
+            raise _bad("ngram_size", self.ngram_size, f"must be <= {max_ngram}")
         if not 1 <= self.max_match <= self.ngram_size - 1:
             raise _bad("max_match", self.max_match, f"must be in [1, ngram_size - 1 = {self.ngram_size - 1}]")
-        if self.tree_nodes < 0:
-            raise _bad("tree_nodes", self.tree_nodes, "must be >= 0 (0 turns the draft tree off)")
-        if self.tree_depth < 0:
-            raise _bad("tree_depth", self.tree_depth, "must be >= 0 (0 turns the draft tree off)")
-        if self.window_width < 0:
-            raise _bad("window_width", self.window_width, "must be >= 0 (0 turns the window off)")
-        if self.window_ngram < 2:
-            raise _bad("window_ngram", self.window_ngram, "must be >= 2")
-        if self.window_candidates < 0:
-            raise _bad("window_candidates", self.window_candidates, "must be >= 0")
+        if not 0 <= self.tree_nodes <= max_tree:
+            raise _bad("tree_nodes", self.tree_nodes,
+                       f"must be in [0, {max_tree}] (0 turns the draft tree off)")
+        if not 0 <= self.tree_depth <= max_ngram:  # no draft is deeper than an n-gram
+            raise _bad("tree_depth", self.tree_depth,
+                       f"must be in [0, {max_ngram}] (0 turns the draft tree off)")
+        if not 0 <= self.window_width <= max_window_rows:
+            raise _bad("window_width", self.window_width,
+                       f"must be in [0, {max_window_rows}] (0 turns the window off)")
+        if not 2 <= self.window_ngram <= max_ngram:
+            raise _bad("window_ngram", self.window_ngram, f"must be in [2, {max_ngram}]")
+        if not 0 <= self.window_candidates <= max_window_rows:
+            raise _bad("window_candidates", self.window_candidates, f"must be in [0, {max_window_rows}]")
+        w, g, levels = self.window_width, self.window_candidates, self.window_ngram - 1
+        if w and (w + g) * levels > max_window_rows:
+            # Worked example: W=100, N=4, G=4 packs 100*3 + 4*3 = 312 rows (allowed); W=200 packs 612.
+            name = "window_width" if w >= g else "window_candidates"
+            raise _bad(name, getattr(self, name),
+                       f"the window would pack W*(N-1) + G*(N-1) = {w}*{levels} + {g}*{levels} = "
+                       f"{(w + g) * levels} tokens into each forward, more than {max_window_rows}: "
+                       "lower window_width, window_ngram or window_candidates")
         if self.cost_curve is not None:
             try:
                 points = tuple((int(k), float(t)) for k, t in self.cost_curve)
@@ -95,5 +114,6 @@ class LookaheadConfig:
                 raise _bad("cost_curve", self.cost_curve, "needs points with k >= 1 and seconds > 0")
             object.__setattr__(self, "cost_curve", points)
         min_capacity = 4 * self.ngram_size * self.ngram_size
-        if self.trie_capacity < min_capacity:
-            raise _bad("trie_capacity", self.trie_capacity, f"must be >= 4 * ngram_size**2 = {min_capacity}")
+        if not min_capacity <= self.trie_capacity <= max_capacity:
+            raise _bad("trie_capacity", self.trie_capacity,
+                       f"must be in [4 * ngram_size**2 = {min_capacity}, {max_capacity}]")
