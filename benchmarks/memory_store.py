@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cache import NgramTrie, tokenizer_identity  # noqa: E402
+from lookahead.cache import NgramTrie, tokenizer_identity  # noqa: E402
 
 
 def rss_mib() -> tuple[float, float]:

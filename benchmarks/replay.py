@@ -3,9 +3,9 @@
 Greedy decoding is exact, so the tokens a decoder emits are plain ``generate``'s whatever the policy;
 and the trie holds, before output position ``i``, exactly the prompt and the first ``i`` output
 tokens however the steps were cut. So one recorded output per prompt is enough to replay any policy:
-at each step the real :class:`~lookahead.proposer.Proposer` drafts, the real
-:class:`~lookahead.budget.Budget` chooses nodes, the accepted path is the longest one that matches the
-recorded output, and the step costs ``cost(rows)`` from a measured curve. What comes back is
+at each step the decoder's own :class:`~lookahead.policy.DraftPolicy` drafts and chooses nodes, the
+decoder's own greedy walk accepts the path that matches the recorded output, and the step costs
+``cost(rows)`` from a measured curve. What comes back is
 noise-free: target calls, tokens per call and the modelled time against plain decoding
 (``tokens * cost(1)``), prompt by prompt. A shared, noisy machine cannot tell a 3% change apart in
 wall-clock time; the replay can, and ``tests/test_replay.py`` pins it to the real decoder's calls.
@@ -27,69 +27,50 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
-import numpy as np
+from lookahead.cache import NgramTrie
 
-from cache import NgramTrie
-from lookahead.budget import Budget, CostModel
 from lookahead.config import LookaheadConfig
-from lookahead.proposer import Proposer
-
-
-def greedy_path(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> list[int]:
-    """Indices of the accepted nodes: the path whose tokens match ``continuation`` from its start.
-
-    Example: tokens ``[5, 8, 6, 9]``, parents ``[-1, -1, 0, 2]``, continuation ``[5, 6, 7]`` -> ``[0, 2]``.
-    """
-    children: dict[int, dict[int, int]] = {}
-    for i, (tok, par) in enumerate(zip(np.asarray(tokens).tolist(), np.asarray(parents).tolist())):
-        children.setdefault(par, {}).setdefault(tok, i)
-    path, node = [], -1
-    for tok in continuation:
-        nxt = children.get(node, {}).get(tok)
-        if nxt is None:
-            break
-        path.append(nxt)
-        node = nxt
-    return path
+from lookahead.cost import CostModel
+from lookahead.policy import DraftPolicy, Limits
+from lookahead.verify import greedy_verify_argmax
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, config: LookaheadConfig,
            cost: CostModel) -> dict:
     """Replay one prompt: the decoder's steps on a recorded greedy ``output`` (see the module docstring).
 
-    ``cost`` prices a step of ``rows`` new tokens (it does not learn here: the replay has no clock).
-    Returns target calls (prefill included, as the decoder counts), tokens, the budgets chosen per step
-    and ``speedup`` = plain's modelled time / the policy's, both without the prefill call (the same for
-    both but for the first tree's few rows).
+    The very :class:`~lookahead.policy.DraftPolicy` the decoder uses drafts each step (without the
+    window, whose rows the replay cannot run: its n-gram store would stay empty), and the very
+    greedy walk of ``verify.py`` accepts: the model's argmax after a node of depth ``d`` is taken
+    to be the recorded token ``d`` places on, which is exact for every node on the accepted path and
+    never consulted elsewhere. ``cost`` prices a step of ``rows`` new tokens. Returns target calls
+    (prefill included, as the decoder counts), tokens, the budgets chosen per step and ``speedup`` =
+    plain's modelled time / the policy's, both without the prefill call (the same for both but for
+    the first tree's few rows).
     """
     output = [int(t) for t in output]
-    fixed = CostModel(cost.points)  # a frozen copy: replays do not move the caller's curve
-    proposer = Proposer(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
-    proposer.start([int(t) for t in prompt])
-    budget = Budget(fixed) if config.adaptive else None
+    prompt = [int(t) for t in prompt]
+    config = replace(config, window_width=0)
+    policy = DraftPolicy(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
+    policy.start(prompt, Limits(len(prompt) + max_new_tokens), cost if config.adaptive else None)
     i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
     while i < len(output):
-        draft = proposer.propose(max_new_tokens - i - 1)
-        if budget is not None:
-            draft.window = None  # the replay does not model the window's rows
-            keep, _ = budget.plan(draft)
-            if len(keep) < len(draft.tokens):
-                draft.keep(keep)
-        path = greedy_path(draft.tokens, draft.parents, output[i:])
-        emitted = output[i : i + len(path) + 1]
-        n_acc = min(len(path), len(emitted))
-        rows = 1 + len(draft.tokens)
-        if budget is not None:
-            budget.record(draft, path, 0, rows, float(fixed(rows)))
-        proposer.learn(emitted)
-        budgets.append(len(draft.tokens))
+        length = len(prompt) + i
+        draft = policy.draft(length, length, length - 1)
+        argmax = [output[i + d] if i + d < len(output) else -1 for d in [0, *draft.depth.tolist()]]
+        verdict = greedy_verify_argmax(argmax, draft.tokens.tolist(), draft.parents.tolist())
+        emitted = output[i : i + len(verdict.nodes) + 1]
+        rows = 1 + len(draft)
+        policy.learn(draft, verdict.nodes, emitted, None, rows, float(cost(rows)))
+        budgets.append(len(draft))
         if calls:  # the first call is the prefill (with the first tree): priced like plain's prefill, left out
-            seconds += float(fixed(rows))
+            seconds += float(cost(rows))
         calls += 1
-        accepted += n_acc
+        accepted += min(len(verdict.nodes), len(emitted))
         i += len(emitted)
-    plain = (len(output) - 1) * float(fixed(1))
+    plain = (len(output) - 1) * float(cost(1))
     return {"target_calls": calls, "new_tokens": len(output), "tokens_per_call": len(output) / calls,
             "accepted": accepted, "budgets": budgets, "seconds": seconds,
             "speedup": plain / seconds if seconds else 1.0}  # one-call outputs: nothing to compare
@@ -158,7 +139,7 @@ def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostMod
     import torch
     from tqdm.auto import tqdm
 
-    from .runner import _generate_kwargs, as_prompts, encode
+    from lookahead.bench.runner import _generate_kwargs, as_prompts, encode
 
     prompts = [(wl, p) for wl, items in workloads.items() for p in as_prompts(wl, items)]
     out = {}
@@ -170,14 +151,11 @@ def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostMod
         out[p.id] = {"workload": wl, "prompt": seq[0, :n].tolist(), "output": seq[0, n:].tolist(),
                      "max_new_tokens": max_new_tokens}
     if cost is None:
-        from transformers import DynamicCache
-
-        from lookahead.budget import calibrate
+        from lookahead import LookaheadDecoder
 
         with torch.inference_mode():
-            cost = calibrate(model, lambda: DynamicCache(config=model.config), "past_key_values",
-                             model._supports_logits_to_keep())
-    from .runner import run_context
+            cost = LookaheadDecoder().cost_curve(model)  # the curve the default decoder would price with
+    from lookahead.bench.runner import run_context
 
     context = run_context(model, model_name, False, " ".join(sys.argv) if sys.argv else None)
     return {"context": context, "cost_curve": [list(p) for p in cost.points], "prompts": out}
@@ -209,9 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         import torch
 
+        from lookahead.bench.workloads import WORKLOADS, build_workloads
         from lookahead.models import load_smollm2
-
-        from .workloads import WORKLOADS, build_workloads
 
         torch.set_num_threads(args.threads)
         model, tok = load_smollm2()

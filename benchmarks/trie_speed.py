@@ -1,4 +1,4 @@
-"""Speed of the n-gram trie (``cache.NgramTrie``): microseconds per inserted token and per proposal.
+"""Speed of the n-gram trie (``lookahead.cache.NgramTrie``): microseconds per inserted token and per proposal.
 
     python benchmarks/trie_speed.py [--tokens 200000] [--calls 20000] [--max-n 8]
 
@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cache import NgramTrie  # noqa: E402
+from lookahead.cache import NgramTrie  # noqa: E402
 
 
 def synthetic_stream(n: int, vocab: int = 32000, seed: int = 0) -> np.ndarray:

@@ -26,7 +26,7 @@ score
 
 Worked example
 --------------
->>> from cache import NgramTrie
+>>> from lookahead.cache import NgramTrie
 >>> trie = NgramTrie(max_n=4, capacity=64)
 >>> trie.insert([1, 2, 3, 1, 2, 4, 1, 2, 3])
 
@@ -68,7 +68,7 @@ tokenizer or ``max_n`` raises :class:`TrieMismatchError` (a ``TrieFileError``); 
 ``ValueError`` subclasses, and the in-memory trie is untouched when they are raised. The file holds the
 n-grams with their counts and last-used steps and the step counter, so a loaded trie proposes and
 evicts exactly as the saved one would; streams are not saved (a load starts new ones). Format:
-:mod:`cache.persist`.
+:mod:`lookahead.cache.persist`.
 
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "store.ngt")
@@ -78,7 +78,7 @@ evicts exactly as the saved one would; streams are not saved (a load starts new 
 >>> NgramTrie.load(path, vocab_size=50000)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-cache.persist.TrieMismatchError: ...: the store was saved for a vocabulary of 100 tokens, not 50000: ...
+lookahead.cache.persist.TrieMismatchError: ...: the store was saved for a vocabulary of 100 tokens, not 50000: ...
 
 Threads
 -------

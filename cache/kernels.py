@@ -1,6 +1,6 @@
 """Numba kernels of the n-gram trie: pure functions over preallocated NumPy arrays.
 
-The trie lives in four arrays that :class:`cache.trie.NgramTrie` allocates once:
+The trie lives in four arrays that :class:`lookahead.cache.trie.NgramTrie` allocates once:
 
 ``nodes``  int32 ``(capacity + 1, 8)``, one row per node slot, row 0 the root. Columns:
            ``TOKEN``, ``PARENT``; ``FIRST_CHILD``, ``LAST_CHILD`` and ``NEXT_SIBLING``,

@@ -1,7 +1,7 @@
 """``NgramTrie``: the class that owns the trie's arrays, validates inputs, and serialises access.
 
-The algorithms are the Numba kernels in :mod:`cache.kernels`, the file format is in
-:mod:`cache.persist`; the terms, the threading rules and persistence are explained in the package
+The algorithms are the Numba kernels in :mod:`lookahead.cache.kernels`, the file format is in
+:mod:`lookahead.cache.persist`; the terms, the threading rules and persistence are explained in the package
 docstring (:mod:`cache`).
 """
 
@@ -280,7 +280,7 @@ class NgramTrie:
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
-        """Write the trie to ``path`` atomically (see :mod:`cache.persist` for the format).
+        """Write the trie to ``path`` atomically (see :mod:`lookahead.cache.persist` for the format).
 
         ``vocab_size`` and ``tokenizer_id`` (e.g. :func:`cache.tokenizer_identity`) are recorded so
         that :meth:`load` can refuse the file for another vocabulary. Streams are not saved: a loaded

@@ -51,13 +51,13 @@ def _name_list(kind: str, registry_of):
 
 
 def _methods():
-    from benchmarks.methods import METHODS
+    from lookahead.bench.methods import METHODS
 
     return METHODS
 
 
 def _workloads():
-    from benchmarks.workloads import WORKLOADS
+    from lookahead.bench.workloads import WORKLOADS
 
     return WORKLOADS
 
@@ -133,10 +133,10 @@ def run_bench_command(args, argv: list[str]) -> int:
 
     import torch
 
-    from benchmarks.methods import DEFAULT_METHODS
-    from benchmarks.report import markdown, write_reports
-    from benchmarks.runner import run_bench
-    from benchmarks.workloads import WORKLOADS, build_workloads
+    from lookahead.bench.methods import DEFAULT_METHODS
+    from lookahead.bench.report import markdown, write_reports
+    from lookahead.bench.runner import run_bench
+    from lookahead.bench.workloads import WORKLOADS, build_workloads
 
     from .models import load_model
 

@@ -48,6 +48,9 @@ class LookaheadConfig:
       window settings are then upper bounds). ``False`` always verifies the full proposal.
     - ``cost_curve``: ``((k, seconds), ...)``, the forward time for ``k`` new tokens; given, it
       replaces the calibration (a few forwards on first use per model, device and dtype).
+    - ``refine_cost``: fold each step's measured forward time into the call's cost curve (off by
+      default: decisions then depend only on the curve, not on the machine's momentary load; see
+      ``cost.CostRefiner`` for how refinement avoids drifting).
 
     Example::
 
@@ -64,6 +67,7 @@ class LookaheadConfig:
     window_candidates: int = 4
     adaptive: bool = True
     cost_curve: tuple | None = None
+    refine_cost: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,30 +1,34 @@
 """`LookaheadDecoder`: the decode loop behind ``generate(..., custom_generate=LookaheadDecoder())``.
 
-Each step: propose a draft tree from the n-gram trie, pack it after the pending tokens, run ONE
-forward of the target model, verify exactly, emit the accepted tokens plus one, keep only the
-accepted path's KV entries, teach the trie the new tokens. See ``tree.py``, ``verify.py`` and
-``kv_cache.py`` for the pieces and ``config.py`` for the terms.
+Each step: the draft policy hands over a finished draft (``policy.py``); it is packed after the
+pending tokens (``tree.py``), ONE forward of the target model runs, the exact-acceptance core
+verifies it (``verify.py``), the accepted tokens plus one are emitted against the stopping criteria,
+only the accepted path's KV entries are kept (``kv_cache.py``), and the policy learns from the
+verdict. Terms are defined in ``config.py``.
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
-from cache import NgramTrie
-
-from .budget import Budget, CostModel, calibrate
+from . import compat
+from .cache import NgramTrie
 from .config import LookaheadConfig
+from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, measure_cost_curve
+from .draft import Draft
 from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
-from .proposer import ORIGINS, WINDOW, Proposer
+from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
 from .tree import pack_step
-from .verify import PositionUniforms, verify
+from .tuning import BudgetTuning
+from .verify import PositionUniforms, Verdict, greedy_verify_argmax, verify
 
 # model kwargs that generate() prepares and that the decoder handles itself
 _HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values"}
@@ -42,27 +46,37 @@ class LookaheadDecoder:
 
     The output is token for token what ``model.generate(**inputs, do_sample=False, ...)`` returns.
 
+    - ``config`` / ``**overrides``: a :class:`LookaheadConfig`, or its fields as keywords.
+    - ``trie``: an ``NgramTrie`` shared across calls (the outputs of earlier requests).
+    - ``calibrations``: where measured cost curves are kept (default: the process's
+      ``cost.DEFAULT_CALIBRATIONS``, so each model is measured once per process).
+    - ``clock``: the time source of the statistics, the calibration and (with ``refine_cost``) the
+      budget; tests pass a fake one.
+    - ``tuning``: the budget's constants (``tuning.BudgetTuning``).
+
     Threads: a decoder is the state of one decoding stream. A second call while one is running (from
     another thread) raises ``RuntimeError``; use one decoder per concurrent stream. Decoders in
     different threads may share one ``trie=`` store: it is locked, and each thread's outputs form
-    their own stream in it (see :mod:`cache`).
+    their own stream in it (see :mod:`lookahead.cache`).
     """
 
-    def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None, **overrides):
+    def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None,
+                 calibrations: Calibrations | None = None, clock: Callable[[], float] = time.perf_counter,
+                 tuning: BudgetTuning | None = None, **overrides):
         if config is None:
             config = LookaheadConfig(**overrides)
         elif overrides:
-            from dataclasses import replace
-
             config = replace(config, **overrides)
         if not isinstance(config, LookaheadConfig):
             raise TypeError(f"config must be a LookaheadConfig, got {type(config).__name__}")
         self.config = config
         if trie is not None and not isinstance(trie, NgramTrie):
-            raise TypeError(f"trie must be a cache.NgramTrie shared across calls, got {type(trie).__name__}")
+            raise TypeError(f"trie must be a lookahead.cache.NgramTrie shared across calls, got {type(trie).__name__}")
         self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)  # this request's
         self.memory = trie  # shared across calls: output n-grams of earlier requests
-        self.proposer = Proposer(config, self.trie, self.memory)
+        self.policy = DraftPolicy(config, self.trie, self.memory, tuning)
+        self.calibrations = calibrations if calibrations is not None else DEFAULT_CALIBRATIONS
+        self.clock = clock
         self.stats = DecodeStats()
         self._busy = threading.Lock()  # held by the running call
 
@@ -90,40 +104,32 @@ class LookaheadDecoder:
     ):
         _check_supported(model, input_ids, generation_config, synced_gpus)
         if streamer is None:
-            streamer = _streamer_of_calling_generate(self)
+            streamer = compat.streamer_of_calling_generate(self)
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(
                 "this LookaheadDecoder is already decoding (in another thread); a decoder holds the state of one "
                 "stream: use one LookaheadDecoder per concurrent generate() call (they may share one trie=)."
             )
         try:
-            return _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
-                           streamer, model_kwargs)
+            self.stats = DecodeStats()
+            call = _Call(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                         streamer, model_kwargs)
+            return call.run()
         finally:
             self._busy.release()
 
+    def cost_curve(self, model, kv_window: int | None = None) -> CostModel:
+        """The cost curve this decoder prices drafts with on ``model``: the configured one, else the
+        one kept in ``calibrations`` (measured on first use)."""
+        if self.config.cost_curve:
+            return CostModel(self.config.cost_curve)
+        cache_kwarg, keeps_logits = compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model)
 
-def _streamer_of_calling_generate(decoder):
-    """The ``streamer=`` of the ``generate(custom_generate=decoder, streamer=...)`` call running us, or None.
+        def measure(sizes):  # timing only: a plain cache, which a small sliding window cannot break
+            factory = (lambda: DynamicCache(config=model.config)) if kv_window is None else DynamicCache
+            return measure_cost_curve(model, factory, sizes, cache_kwarg, keeps_logits, clock=self.clock)
 
-    ``generate`` puts the prompt into its streamer but does not hand the streamer to a callable
-    ``custom_generate``, and has no public route for it: without this, the streamer would get the prompt
-    and then nothing (a ``TextIteratorStreamer`` would wait forever). So look, read-only, at the calling
-    ``generate`` frame's ``streamer``. Only a frame whose ``custom_generate`` is this very decoder counts;
-    ``lookahead.enable``'s wrapper passes the streamer explicitly and does not rely on this.
-    ``tests/test_integration.py`` pins it against the installed transformers.
-    """
-    frame = sys._getframe(2)  # 0: here, 1: __call__, 2: generate (when called by it)
-    try:
-        for _ in range(3):
-            if frame is None:
-                return None
-            if frame.f_code.co_name == "generate" and frame.f_locals.get("custom_generate") is decoder:
-                return frame.f_locals.get("streamer")
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
+        return self.calibrations.get(model, self.policy.max_rows(), measure)
 
 
 def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
@@ -161,8 +167,7 @@ def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
 def _check_cache_layers(cache, max_length: int) -> int | None:
     """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the
     smallest sliding window of its layers (every forward must stay below it), or None."""
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
+    DynamicLayer, DynamicSlidingWindowLayer = compat.rollbackable_layer_types()
     window = None
     for layer in cache_layers(cache):
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
@@ -182,16 +187,183 @@ def _check_cache_layers(cache, max_length: int) -> int | None:
     return window
 
 
-def _cache_kwarg_name(model) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
-def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-            model_kwargs):
-    stats = decoder.stats = DecodeStats()
-    gen = generation_config if generation_config is not None else model.generation_config
-    unknown = {k for k, v in model_kwargs.items() if v is not None and k not in _HANDLED_KWARGS}
+class _Call:
+    """One ``generate`` call: its validated inputs, its state, and the decode loop (:meth:`run`)."""
+
+    def __init__(self, decoder: LookaheadDecoder, model, input_ids, logits_processor, stopping_criteria,
+                 generation_config, streamer, model_kwargs):
+        gen = generation_config if generation_config is not None else model.generation_config
+        _check_model_kwargs(model_kwargs, gen)
+        self.model, self.streamer, self.clock = model, streamer, decoder.clock
+        self.stats = decoder.stats
+        self.policy = decoder.policy
+        self.processors = logits_processor if logits_processor else None
+        max_length = gen.max_length
+        stop_length, self.eos, self.other_stops = compat.host_stopping(stopping_criteria)
+        self.max_length = stop_length if stop_length is not None else max_length
+        self.cache_kwarg = compat.cache_kwarg_name(model)
+        self.keeps_logits = compat.supports_logits_to_keep(model)
+        self.vocab = model.config.vocab_size if decoder.memory is not None else None  # shared stores: check ids
+        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        self.cache = DynamicCache(config=model.config) if cache is None else cache
+        kv_window = _check_cache_layers(self.cache, max_length)
+        device = self.device = input_ids.device
+        self.dtype = model.dtype
+
+        attn = model_kwargs.get("attention_mask")
+        if attn is not None and attn.dim() != 2:
+            raise ValueError("attention_mask must be 2D [batch, sequence]")
+        has_padding = attn is not None and not bool((attn == 1).all())
+        prompt = input_ids[0].cpu().numpy().astype(np.int64)  # int64[L], host copy
+        # col_visible: host bool[max_length + 1], True for every non-padding token; None when nothing is padding
+        self.col_visible = None
+        if has_padding:
+            mask = attn[0].bool().cpu().numpy()
+            self.col_visible = np.ones(max(max_length, len(prompt)) + 1, dtype=bool)
+            self.col_visible[: len(prompt)] = mask
+            prompt_pos = np.maximum(np.cumsum(mask) - 1, 0)
+        else:
+            prompt_pos = np.arange(len(prompt))
+
+        self.keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
+        self.keep_raw = bool(gen.return_dict_in_generate and gen.output_logits)
+        self.return_dict = bool(gen.return_dict_in_generate)
+        self.scores: list[torch.Tensor] = []
+        self.raw: list[torch.Tensor] = []
+        self.uniforms = PositionUniforms() if gen.do_sample else None  # seeded from torch's generator
+
+        self.past_len = self.cache.get_seq_length()
+        self.length = input_ids.shape[1]  # tokens in the sequence
+        if self.past_len >= self.length:
+            raise ValueError(
+                f"the cache already holds {self.past_len} tokens but input_ids has {self.length}: "
+                "nothing is left to decode from"
+            )
+        # seq: long[1, max_length], the sequence so far in its first `length` columns (our own buffer)
+        self.seq = torch.empty((1, max(max_length, self.length) + 1), dtype=torch.long, device=device)
+        self.seq[:, : self.length] = input_ids
+        self.seq_host = self.seq.numpy() if device.type == "cpu" else None  # the same memory, written from the host
+        # host int64[p] each: the tokens not in the KV cache yet, and their positions
+        self.pending, self.pending_pos = prompt[self.past_len :], prompt_pos[self.past_len :]
+
+        cost = None
+        if decoder.config.adaptive:
+            t = self.clock()
+            cost = decoder.cost_curve(model, kv_window)
+            self.stats.time_calibration = self.clock() - t
+            self.stats.cost_curve = cost.points
+        self.policy.start(prompt, Limits(max_length, kv_window), cost)
+
+    def run(self):
+        """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
+        stats, clock, policy = self.stats, self.clock, self.policy
+        done, checked = False, False
+        while not done:
+            t0 = clock()
+            p = len(self.pending)
+            draft = policy.draft(self.length, self.past_len + p, int(self.pending_pos[-1]))
+            ids, pos, mask = self.pack(draft)
+            t1 = clock()
+            logits = self.forward(ids, pos, mask, draft.rows)  # [1 + n + m, V]
+            if not checked:
+                check_rollbackable(self.cache)
+                checked = True
+            t2 = clock()
+            verdict, window_argmax = self.verify(logits, draft)
+            t3 = clock()
+            n_emit, done = self.emit(verdict)
+            n_acc = min(len(verdict.nodes), n_emit)
+            self.keep_kv(p, draft, verdict.nodes[:n_acc], verdict.tokens[n_emit - 1])
+            policy.learn(draft, verdict.nodes, verdict.tokens[:n_emit], window_argmax,
+                         1 + draft.rows if p == 1 else 0, t3 - t1)  # a step's time: forward + verify
+            stats.record_step(draft, verdict.nodes[:n_acc], n_emit, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
+        return self.output()
+
+    def pack(self, draft: Draft):
+        """(input ids [1, q], position ids [1, q], 4D mask or None) of this step."""
+        if self.vocab is not None and len(draft) and int(draft.tokens.max()) >= self.vocab:
+            raise ValueError(
+                f"the shared trie drafted token id {int(draft.tokens.max())}, outside this model's vocabulary of "
+                f"{self.vocab}: the store was built for another tokenizer. Load it with vocab_size= checked "
+                "(NgramTrie.load(path, vocab_size=...)) or use a store built with this model's tokenizer."
+            )
+        if not draft.rows and self.col_visible is None:  # plain causal step: the model's own mask and fast path
+            return (torch.from_numpy(self.pending[None]).to(self.device),
+                    torch.from_numpy(self.pending_pos[None]).to(self.device), None)
+        col_visible = None if self.col_visible is None else self.col_visible[: self.length]
+        return pack_step(self.pending, self.pending_pos, draft.tokens, draft.parents, col_visible, self.past_len,
+                         self.dtype, draft.window, self.device, draft.depth)
+
+    def forward(self, ids, pos, mask, rows: int) -> torch.Tensor:
+        """One forward of the target model; the float logits of the last pending token and the draft rows."""
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
+                         **{self.cache_kwarg: self.cache},
+                         **({"logits_to_keep": rows + 1} if self.keeps_logits else {}))
+        self.stats.target_calls += 1
+        return out.logits[0, -(rows + 1) :].float()
+
+    def verify(self, logits: torch.Tensor, draft: Draft) -> tuple[Verdict, list[int] | None]:
+        """(the verdict, the window rows' argmax or None), with one host round trip when greedy and plain."""
+        n = len(draft)
+        if self.processors is None and self.uniforms is None and not self.keep_scores and not self.keep_raw:
+            argmax = logits.argmax(-1).tolist()  # every row at once: the one host round trip
+            verdict = greedy_verify_argmax(argmax, draft.tokens.tolist(), draft.parents.tolist())
+            return verdict, (argmax[n + 1 :] if draft.window is not None else None)
+        uniforms = self.uniforms.take(self.stats.new_tokens, n + 1) if self.uniforms is not None else None
+        verdict = verify(logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(),
+                         self.seq[:, : self.length], self.processors, do_sample=self.uniforms is not None,
+                         keep_scores=self.keep_scores, keep_raw=self.keep_raw, uniforms=uniforms)
+        window_argmax = logits[n + 1 :].argmax(-1).tolist() if draft.window is not None else None
+        return verdict, window_argmax
+
+    def emit(self, verdict: Verdict) -> tuple[int, bool]:
+        """Append the verdict's tokens one by one until a stopping criterion holds: (emitted, done)."""
+        tokens, start = verdict.tokens, self.length
+        if self.seq_host is not None:
+            self.seq_host[0, start : start + len(tokens)] = tokens
+        else:
+            self.seq[0, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        n_emit, done = len(tokens), False
+        for i, tok in enumerate(tokens):
+            end = start + i + 1
+            if end >= self.max_length or tok in self.eos or (
+                    self.other_stops and self._other_stop(end, verdict.scores[i] if verdict.scores else None)):
+                n_emit, done = i + 1, True
+                break
+        self.length = start + n_emit
+        if verdict.scores is not None:
+            self.scores.extend(verdict.scores[:n_emit])
+        if verdict.raw is not None:
+            self.raw.extend(verdict.raw[:n_emit])
+        if self.streamer is not None:
+            self.streamer.put(self.seq[0, start : self.length].cpu().clone())
+        return n_emit, done
+
+    def _other_stop(self, end: int, scores) -> bool:
+        ids = self.seq[:, :end]
+        return any(bool(criterion(ids, scores).all()) for criterion in self.other_stops)
+
+    def keep_kv(self, p: int, draft: Draft, accepted: list[int], last_token: int) -> None:
+        """Keep the pending tokens' and the accepted nodes' KV entries; the last emitted token becomes pending."""
+        keep_entries(self.cache, p + draft.rows, list(range(p)) + [p + j for j in accepted])
+        self.past_len += p + len(accepted)
+        self.pending = np.array([last_token], dtype=np.int64)
+        self.pending_pos = self.pending_pos[-1:] + len(accepted) + 1
+
+    def output(self):
+        if self.streamer is not None:
+            self.streamer.end()
+        sequences = self.seq[:, : self.length].clone()
+        if not self.return_dict:
+            return sequences
+        return compat.decoder_only_output(sequences, tuple(self.scores) if self.keep_scores else None,
+                                          tuple(self.raw) if self.keep_raw else None, self.cache)
+
+
+def _check_model_kwargs(model_kwargs: dict, gen) -> None:
+    """Refuse model inputs and outputs the decoder would not handle exactly as plain generate does."""
     wanted = sorted(k for k in ("output_attentions", "output_hidden_states")
                     if model_kwargs.get(k) or (gen.return_dict_in_generate and getattr(gen, k, False)))
     if wanted:
@@ -200,172 +372,9 @@ def _decode(decoder, model, input_ids, logits_processor, stopping_criteria, gene
             "the draft rows of each forward would make them differ from plain generate's. Use plain "
             "generate() for them."
         )
+    unknown = {k for k, v in model_kwargs.items() if v is not None and k not in _HANDLED_KWARGS}
     if unknown:
         raise ValueError(
             f"LookaheadDecoder does not support these model inputs: {sorted(unknown)}. "
             "Use plain generate() for multimodal or other extra inputs."
         )
-    cache_name = _cache_kwarg_name(model)
-    keeps_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
-    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    if cache is None:
-        cache = DynamicCache(config=model.config)
-    device = input_ids.device
-    attn = model_kwargs.get("attention_mask")
-    if attn is not None and attn.dim() != 2:
-        raise ValueError("attention_mask must be 2D [batch, sequence]")
-    has_padding = attn is not None and not bool((attn == 1).all())
-    # col_visible: bool[total_len] for every token so far; None when nothing is padding
-    col_visible = attn[0].bool() if has_padding else None
-    if has_padding:
-        prompt_pos = (attn[0].long().cumsum(-1) - 1).clamp_min(0)[None]
-    else:
-        prompt_pos = torch.arange(input_ids.shape[1], device=device)[None]
-
-    output_scores = gen.return_dict_in_generate and gen.output_scores
-    output_logits = gen.return_dict_in_generate and gen.output_logits
-    all_scores: list[torch.Tensor] = []
-    all_raw: list[torch.Tensor] = []
-    max_length = gen.max_length
-    kv_window = _check_cache_layers(cache, max_length)
-    do_sample = bool(gen.do_sample)
-    uniforms = PositionUniforms() if do_sample else None  # seeded from torch's generator
-    dtype = model.dtype
-
-    cfg = decoder.config
-    proposer = decoder.proposer
-    proposer.start(input_ids[0].tolist())
-    budget = None
-    if cfg.adaptive:
-        cost = CostModel(cfg.cost_curve) if cfg.cost_curve else calibrate(
-            model, lambda: DynamicCache(config=model.config) if kv_window is None else DynamicCache(), cache_name,
-            keeps_logits, max_rows=proposer.max_rows()
-        )  # (timing only: a plain cache, which a small sliding window cannot break)
-        budget = Budget(cost)  # per call, fresh estimates: see Budget
-        stats.cost_curve = cost.points
-
-    past_len = cache.get_seq_length()
-    if past_len >= input_ids.shape[1]:
-        raise ValueError(
-            f"the cache already holds {past_len} tokens but input_ids has {input_ids.shape[1]}: "
-            "nothing is left to decode from"
-        )
-    pending = input_ids[:, past_len:]  # [1, p]
-    pending_pos = prompt_pos[:, past_len:]  # [1, p]
-    last_pos = int(pending_pos[0, -1])  # host copy of the last pending position: no device sync per step
-    sequences = input_ids
-    checked_cache = False
-    done = False
-
-    while not done:
-        # -- propose -------------------------------------------------------------------------
-        t0 = time.perf_counter()
-        room = max_length - sequences.shape[1] - 1  # draft tokens that can still be emitted before the bonus
-        draft = proposer.propose(room)
-        if budget is not None:
-            keep, use_window = budget.plan(draft)
-            if len(keep) < len(draft.tokens):
-                draft.keep(keep)
-            if not use_window:
-                draft.window = None
-        if draft.window is not None and last_pos + int(draft.window[1].max()) > max_length - 2:
-            draft.window = None  # no row beyond the last position plain generate would feed the model
-        if kv_window is not None:  # stay below the sliding window, where rollback still works
-            spare = kv_window - 1 - past_len - pending.shape[1]
-            if len(draft.tokens) + draft.n_window_rows > spare:
-                draft.window = None
-                if len(draft.tokens) > spare:
-                    draft.keep(list(range(max(spare, 0))))
-        stats.budgets.append((len(draft.tokens), draft.n_window_rows))
-        n, m = len(draft.tokens), draft.n_window_rows
-        p = pending.shape[1]
-        if n or m or col_visible is not None:
-            ids, pos, mask = pack_step(pending, pending_pos, draft.tokens, draft.parents, col_visible, past_len,
-                                       dtype, draft.window)
-        else:  # a plain causal step: the model's own causal mask is the right one, and its fast path
-            ids, pos, mask = pending, pending_pos, None
-        t1 = time.perf_counter()
-
-        # -- forward ---------------------------------------------------------------------------
-        out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, **{cache_name: cache},
-                    **({"logits_to_keep": n + m + 1} if keeps_logits else {}))
-        stats.target_calls += 1
-        if not checked_cache:
-            check_rollbackable(cache)
-            checked_cache = True
-        # [1+n+m, V]: the last pending token, the tree nodes, the window rows
-        logits = out.logits[0, -(n + m + 1) :].float()
-        del out
-        window_argmax = logits[n + 1 :].argmax(-1).cpu().numpy() if m else None
-        t2 = time.perf_counter()
-
-        # -- verify ----------------------------------------------------------------------------
-        verdict = verify(
-            logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(), sequences, logits_processor,
-            do_sample=do_sample, keep_scores=output_scores, keep_raw=output_logits,
-            uniforms=uniforms.take(stats.new_tokens, n + 1) if do_sample else None,
-        )
-        t3 = time.perf_counter()
-
-        # -- emit, token by token against the stopping criteria --------------------------------
-        emitted = verdict.tokens
-        new = torch.tensor(emitted, dtype=torch.long, device=device)[None]  # [1, k]
-        base_len = sequences.shape[1]
-        candidate = torch.cat([sequences, new], dim=1)
-        n_emit = len(emitted)
-        for i in range(len(emitted)):
-            step_scores = verdict.scores[i] if verdict.scores is not None else None
-            if bool(stopping_criteria(candidate[:, : base_len + i + 1], step_scores).all()):
-                n_emit = i + 1
-                done = True
-                break
-        sequences = candidate[:, : base_len + n_emit]
-        emitted = emitted[:n_emit]
-        if verdict.scores is not None:
-            all_scores.extend(verdict.scores[:n_emit])
-        if verdict.raw is not None:
-            all_raw.extend(verdict.raw[:n_emit])
-        n_acc = min(len(verdict.nodes), n_emit)
-        stats.accepted_per_step.append(n_acc)
-        for o in draft.origin.tolist():
-            stats.drafted_by_origin[ORIGINS[o]] += 1
-        for j in verdict.nodes[:n_acc]:
-            stats.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
-        if budget is not None:
-            budget.record(draft, verdict.nodes, sum(1 for j in verdict.nodes if draft.origin[j] == WINDOW),
-                          # the step's forward time, verification included (it waits for a GPU forward)
-                          1 + n + m if p == 1 else 0, t3 - t1)
-        stats.new_tokens += n_emit
-
-        # -- bookkeeping: KV cache, positions, padding, trie -------------------------------------
-        # keep the pending tokens and the accepted nodes; the last emitted token becomes pending
-        keep = list(range(p)) + [p + j for j in verdict.nodes[:n_acc]]
-        keep_entries(cache, p + n + m, keep)  # the window's entries are never kept
-        past_len += len(keep)
-        pending = sequences[:, -1:]
-        pending_pos = pending_pos[:, -1:] + n_acc + 1
-        last_pos += n_acc + 1
-        if col_visible is not None:
-            col_visible = torch.cat([col_visible, col_visible.new_ones(n_emit)])
-        proposer.learn(emitted, window_argmax)
-        if streamer is not None:
-            streamer.put(new[0, :n_emit].cpu())
-        stats.time_propose += t1 - t0
-        stats.time_forward += t2 - t1
-        stats.time_verify += t3 - t2
-        stats.time_bookkeeping += time.perf_counter() - t3
-
-    if streamer is not None:
-        streamer.end()
-    if not gen.return_dict_in_generate:
-        return sequences
-    from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-    fields = GenerateDecoderOnlyOutput.__dataclass_fields__
-    extra = {"cache": cache} if "cache" in fields else {"past_key_values": cache}
-    return GenerateDecoderOnlyOutput(
-        sequences=sequences,
-        scores=tuple(all_scores) if output_scores else None,
-        logits=tuple(all_raw) if output_logits else None,
-        **extra,
-    )

@@ -46,7 +46,7 @@ How it works (the decisions):
   prompt once, exactly as plain ``generate`` does) and ``custom_generate=partial(decoder,
   streamer=streamer)`` (so the decoder puts each emitted block in order and calls ``end()``). The plain
   ``custom_generate=decoder, streamer=s`` spelling, without ``enable``, is routed by the decoder itself
-  (see ``decoder._streamer_of_calling_generate``).
+  (see ``compat.streamer_of_calling_generate``).
 - **The implicit default falls back, explicit flags never do.** With ``default=``, a call without a
   flag that the decoder would refuse (beam search, batch size > 1, anything else its own check
   rejects) or that asks for another method (``assistant_model=``,
@@ -64,6 +64,7 @@ import warnings
 
 import torch
 
+from . import compat
 from .decoder import LookaheadDecoder, _check_supported
 
 __all__ = ["LookaheadGenerate", "enable", "disable", "is_enabled"]
@@ -144,7 +145,7 @@ class LookaheadGenerate:
         gen_kwargs = {k: v for k, v in kwargs.items() if k not in ("generation_config", "streamer")}
         try:
             # the config generate() will use: the call's kwargs over generation_config over the model's
-            config, _ = model._prepare_generation_config(kwargs.get("generation_config"), **gen_kwargs)
+            config = compat.generation_config_for_call(model, kwargs.get("generation_config"), gen_kwargs)
         except Exception:  # generate() itself will raise the same, with its own message
             return None
         inputs = args[0] if args else next(

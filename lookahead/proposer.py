@@ -1,158 +1,142 @@
-"""Where drafts come from: the n-gram tries and the lookahead window.
+"""Draft sources: where draft trees come from, behind one interface.
 
-Three stores, each node of a draft tree knows which one it came from (its *origin*):
+A *source* proposes a tree after the context and learns the tokens the decoder emits:
 
-- ``"trie"``: the request's own trie, the prompt and the output so far; cleared at every call.
-- ``"memory"``: an optional trie shared across calls (``LookaheadDecoder(trie=NgramTrie(...))``).
-  It learns only *output* tokens, so the n-grams of earlier answers persist while a finished
+- ``start(prompt)``: a call begins with this prompt (int64[L]).
+- ``propose(context, max_nodes, max_depth) -> Proposal | None``: a tree continuing ``context``.
+- ``learn(emitted)``: the step emitted these tokens (int64[k]).
+
+Each node of a merged draft knows which source drafted it (its *origin*, see ``draft.ORIGINS``):
+
+- :class:`TrieSource` over the request's own trie (``"trie"``): the prompt and the output so far;
+  cleared at every call.
+- :class:`TrieSource` over a shared store (``"memory"``, ``LookaheadDecoder(trie=NgramTrie(...))``):
+  it learns only *output* tokens, so the n-grams of earlier answers persist while a finished
   request's prompt n-grams fade with it; its node capacity bounds its memory (LRU eviction).
-- ``"window"``: n-grams grown by the Jacobi lookahead window (see ``window.py``); per call.
+- :class:`WindowSource` (``"window"``): n-grams grown by the Jacobi lookahead window (``window.py``),
+  which also contributes the window's own rows to each forward.
 
-:class:`Proposer` owns this state and hands the decode loop one :class:`Draft` per step; after
-verification it learns the emitted tokens (and the window's outputs).
+:func:`merge_proposals` unites the sources' trees into one :class:`~lookahead.draft.Draft`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from cache import NgramTrie
-
-from .config import LookaheadConfig
-from .tree import merge_trees, subset_tree, tree_depth_rank
+from .cache import NgramTrie
+from .draft import MEMORY, TRIE, WINDOW, Draft, WindowRows
+from .tree import merge_trees
 from .window import LookaheadWindow
 
-ORIGINS = ("trie", "window", "memory")
-TRIE, WINDOW, MEMORY = range(3)
 
-_EMPTY = np.zeros(0, dtype=np.int64)
-
-
-@dataclass
-class Draft:
-    """One step's proposal.
-
-    - ``tokens`` int64[n], ``parents`` int64[n]: the draft tree, breadth-first.
-    - ``origin`` int8[n]: index into :data:`ORIGINS` per node.
-    - ``match_of`` int64[len(ORIGINS)]: per store, its match length (how many of the context's last
-      tokens its tree continues; see ``NgramTrie.propose``); :attr:`match` gives it per node.
-    - ``window``: (tokens, offsets, visibility) of the window rows, or None when the window is off.
-    - ``depth``, ``rank`` int64[n]: each node's cells for the acceptance estimates
-      (:func:`~lookahead.tree.tree_depth_rank`) in the tree as proposed. :meth:`keep` subsets them, so
-      a node keeps its proposed rank when the budget drops its siblings: the estimate that chose it
-      is the one that learns from it.
-    """
+@dataclass(frozen=True)
+class Proposal:
+    """One source's tree: ``tokens`` int64[n], ``parents`` int64[n] (breadth-first), and ``match``:
+    how many context tokens the source matched to draft it (a feature of every node)."""
 
     tokens: np.ndarray
     parents: np.ndarray
-    origin: np.ndarray
-    match_of: np.ndarray
-    window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    depth: np.ndarray = field(init=False)
-    rank: np.ndarray = field(init=False)
-
-    def __post_init__(self):
-        self.depth, self.rank = tree_depth_rank(self.parents)
-
-    @property
-    def n_window_rows(self) -> int:
-        return 0 if self.window is None else len(self.window[0])
-
-    @property
-    def match(self) -> np.ndarray:
-        """int64[n]: each node's match length, that of the store that drafted it."""
-        return self.match_of[self.origin]
-
-    def keep(self, nodes) -> None:
-        """Keep only the tree nodes ``nodes`` (sorted, closed under parents; see ``subset_tree``).
-
-        Example: parents ``[-1, -1, 0]`` (ranks ``[1, 2, 0]``), keep ``[1]`` -> parents ``[-1]``, rank
-        ``[2]``: still the second of two siblings, though now drafted alone."""
-        self.tokens, self.parents, self.origin = subset_tree(self.tokens, self.parents, self.origin, nodes)
-        nodes = np.asarray(nodes, dtype=np.int64)
-        self.depth, self.rank = self.depth[nodes], self.rank[nodes]
+    match: int
 
 
-class Proposer:
-    """Draft trees from the trie (and the window's n-gram store), and the window's Jacobi state."""
+class TrieSource:
+    """Drafts from an n-gram trie (``NgramTrie.propose``), matching up to ``max_match`` context tokens.
 
-    def __init__(self, config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None = None):
-        self.config = config
-        self.trie = trie
-        self.memory = memory
-        self.window_trie = (
-            NgramTrie(max_n=config.window_ngram, capacity=max(1 << 14, 4 * config.window_ngram**2))
-            if config.window_width
-            else None
-        )
-        self.window: LookaheadWindow | None = None
-        self.context: list[int] = []
+    ``per_request=True`` (the request's trie): ``start`` clears it and inserts the prompt.
+    ``per_request=False`` (a shared store): ``start`` only begins a new stream (no n-gram spans two
+    requests), and the prompt is not learned.
+    """
 
-    def start(self, prompt: list[int]) -> None:
-        """Begin a run: the trie learns the prompt; the window starts from the prompt's tokens."""
-        self.trie.clear()
-        self.trie.insert(np.asarray(prompt, dtype=np.int64))
-        self.context = list(prompt)
-        if self.memory is not None:
-            self.memory.reset_stream()  # no n-gram spans two requests
-        if self.window_trie is not None:
-            self.window_trie.clear()
-            self.window = LookaheadWindow(self.config.window_width, self.config.window_ngram, self.context)
+    def __init__(self, trie: NgramTrie, origin: int, max_match: int, per_request: bool):
+        self.trie, self.origin, self.per_request = trie, origin, per_request
+        self.max_match = min(max_match, trie.max_n - 1)
 
-    def max_rows(self) -> int:
-        """The most new tokens one step can feed: the last token, every store's tree, the window rows."""
-        cfg = self.config
-        rows = 1 + cfg.tree_nodes * (2 if self.memory is not None else 1)
-        if cfg.window_width:
-            levels = cfg.window_ngram - 1
-            rows += cfg.window_candidates * levels + cfg.window_width * levels
-        return rows
-
-    def propose(self, room: int) -> Draft:
-        """The draft of this step; ``room`` caps the depth (tokens that may still be emitted - 1)."""
-        cfg = self.config
-        nodes = cfg.tree_nodes
-        depth = min(cfg.tree_depth, room)
-        suffix = np.asarray(self.context[-cfg.max_match :], dtype=np.int64)
-        trees, origins = [], []
-        match_of = np.zeros(len(ORIGINS), dtype=np.int64)  # match length per origin
-        if depth > 0 and nodes > 0:
-            trees.append(self.trie.propose(suffix, nodes, depth, cfg.max_match, with_match=True))
-            origins.append(TRIE)
-            if self.memory is not None:
-                trees.append(self.memory.propose(suffix, nodes, depth, min(cfg.max_match, self.memory.max_n - 1),
-                                                 with_match=True))
-                origins.append(MEMORY)
-        if self.window is not None and depth > 0 and cfg.window_candidates > 0:
-            wn = cfg.window_ngram - 1
-            trees.append(self.window_trie.propose(
-                suffix, cfg.window_candidates * wn, min(depth, wn), min(cfg.max_match, wn), with_match=True))
-            origins.append(WINDOW)
-        found = [(tree, o) for tree, o in zip(trees, origins) if len(tree[0])]
-        for (_, _, length), o in found:
-            match_of[o] = length
-        trees, origins = [tree[:2] for tree, _ in found], [o for _, o in found]
-        if len(trees) == 1:
-            tokens, parents = trees[0]
-            origin = np.full(len(tokens), origins[0], dtype=np.int8)
-        elif trees:
-            tokens, parents, origin = merge_trees(*trees, origins=origins)
+    def start(self, prompt: np.ndarray) -> None:
+        if self.per_request:
+            self.trie.clear()
+            self.trie.insert(prompt)
         else:
-            tokens, parents, origin = _EMPTY, _EMPTY, np.zeros(0, dtype=np.int8)
-        window = self.window.rows() if self.window is not None else None
-        return Draft(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), origin,
-                     match_of, window)
+            self.trie.reset_stream()
 
-    def learn(self, emitted: list[int], window_argmax: np.ndarray | None = None) -> None:
-        """After a step: the trie learns the emitted tokens; the window advances and is harvested."""
-        emitted_arr = np.asarray(emitted, dtype=np.int64)
-        self.trie.insert(emitted_arr)
-        if self.memory is not None:
-            self.memory.insert(emitted_arr)
-        self.context.extend(emitted)
-        if window_argmax is not None and self.window is not None:
-            for gram in self.window.advance(window_argmax, len(emitted)):
-                self.window_trie.reset_stream()
-                self.window_trie.insert(gram)
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        if max_nodes <= 0:
+            return None
+        tokens, parents, match = self.trie.propose(context, max_nodes, max_depth, self.max_match, with_match=True)
+        return Proposal(tokens, parents, match) if len(tokens) else None
+
+    def learn(self, emitted: np.ndarray) -> None:
+        self.trie.insert(emitted)
+
+
+class WindowSource:
+    """The Jacobi lookahead window: its rows join each forward, and the n-grams it harvests are drafted.
+
+    ``W``, ``N``, ``G`` are ``LookaheadConfig.window_width``, ``window_ngram``, ``window_candidates``.
+    """
+
+    origin = WINDOW
+
+    def __init__(self, width: int, ngram: int, candidates: int, max_match: int):
+        self.width, self.ngram, self.candidates = width, ngram, candidates
+        self.max_match = min(max_match, ngram - 1)
+        self.trie = NgramTrie(max_n=ngram, capacity=max(1 << 14, 4 * ngram**2))
+        self.window: LookaheadWindow | None = None
+
+    @property
+    def max_rows(self) -> int:
+        """Window rows plus the most drafted nodes per step."""
+        return (self.candidates + self.width) * (self.ngram - 1)
+
+    def start(self, prompt: np.ndarray) -> None:
+        self.trie.clear()
+        self.window = LookaheadWindow(self.width, self.ngram, prompt.tolist())
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        levels = self.ngram - 1
+        if not self.candidates:
+            return None
+        tokens, parents, match = self.trie.propose(context, self.candidates * levels, min(max_depth, levels),
+                                                   self.max_match, with_match=True)
+        return Proposal(tokens, parents, match) if len(tokens) else None
+
+    def rows(self) -> WindowRows:
+        return WindowRows(*self.window.rows())
+
+    def learn(self, emitted: np.ndarray) -> None:
+        """The window learns from its own rows' outputs (:meth:`advance`), not from emitted tokens."""
+
+    def advance(self, argmax: np.ndarray, n_emitted: int) -> None:
+        """One Jacobi step from the window rows' argmax; the harvested n-grams enter the window's trie."""
+        for gram in self.window.advance(argmax, n_emitted):
+            self.trie.reset_stream()
+            self.trie.insert(gram)
+
+
+def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
+    """The sources a :class:`~lookahead.config.LookaheadConfig` asks for, in merge order."""
+    sources: list = [TrieSource(trie, TRIE, config.max_match, per_request=True)]
+    if memory is not None:
+        sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False))
+    if config.window_width:
+        sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
+                                    config.max_match))
+    return sources
+
+
+def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None) -> Draft:
+    """One draft from ``(origin, proposal)`` pairs; a path drafted by several sources appears once,
+    with the origin (and match) of the first source that drafted it."""
+    if not proposals:
+        return Draft.empty(window)
+    if len(proposals) == 1:
+        origin, p = proposals[0]
+        return Draft.build(p.tokens, p.parents, np.full(len(p.tokens), origin, dtype=np.int8),
+                           np.full(len(p.tokens), p.match, dtype=np.int64), window)
+    tokens, parents, origin = merge_trees(*[(p.tokens, p.parents) for _, p in proposals],
+                                          origins=[o for o, _ in proposals])
+    match_of = np.zeros(max(o for o, _ in proposals) + 1, dtype=np.int64)
+    for o, p in proposals:
+        match_of[o] = p.match
+    return Draft.build(tokens, parents, origin, match_of[origin], window)

@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from .draft import ORIGINS
+
 
 @dataclass
 class DecodeStats:
@@ -20,8 +24,10 @@ class DecodeStats:
     - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
       ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
     - ``cost_curve``: the forward-time curve ((k, seconds), ...) the budget used, if adaptive.
-    - ``time_*``: seconds spent proposing drafts, in the model's forward, verifying (on a GPU this
-      includes waiting for the forward to finish) and in bookkeeping (KV cache, trie, stopping).
+    - ``time_*``: seconds spent drafting (the policy: propose, budget, limits) and packing, in the
+      model's forward, verifying (on a GPU this includes waiting for the forward to finish) and in
+      bookkeeping (emitting, stopping criteria, KV cache, learning); ``time_calibration``: measuring
+      the cost curve at the call's start (0 when it was known already).
     """
 
     target_calls: int = 0
@@ -35,6 +41,24 @@ class DecodeStats:
     time_forward: float = 0.0
     time_verify: float = 0.0
     time_bookkeeping: float = 0.0
+    time_calibration: float = 0.0
+
+    def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
+                    t_verify: float, t_bookkeeping: float) -> None:
+        """Count one step: ``draft`` as verified, its ``accepted`` nodes, ``emitted`` tokens, phase times."""
+        self.budgets.append((len(draft.tokens), draft.n_window_rows))
+        self.accepted_per_step.append(len(accepted))
+        if len(draft.tokens):
+            for o, count in enumerate(np.bincount(draft.origin, minlength=len(ORIGINS)).tolist()):
+                if count:
+                    self.drafted_by_origin[ORIGINS[o]] += count
+            for j in accepted:
+                self.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
+        self.new_tokens += emitted
+        self.time_propose += t_propose
+        self.time_forward += t_forward
+        self.time_verify += t_verify
+        self.time_bookkeeping += t_bookkeeping
 
     @property
     def drafted(self) -> int:
@@ -76,6 +100,7 @@ class DecodeStats:
             "time_forward": self.time_forward,
             "time_verify": self.time_verify,
             "time_bookkeeping": self.time_bookkeeping,
+            "time_calibration": self.time_calibration,
         }
 
     def __str__(self) -> str:

@@ -80,64 +80,63 @@ def tree_visibility(parents: np.ndarray) -> np.ndarray:
     parents = np.asarray(parents, dtype=np.int64)
     n = len(parents)
     vis = np.eye(n, dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            vis[i] |= vis[p]
+    rows, up = np.arange(n), parents.copy()
+    while len(rows):  # one pass per tree level: mark each node's next ancestor up
+        live = up >= 0
+        rows, up = rows[live], up[live]
+        vis[rows, up] = True
+        up = parents[up]
     return vis
 
 
 def pack_step(
-    pending: torch.Tensor,
-    pending_pos: torch.Tensor,
+    pending: np.ndarray,
+    pending_pos: np.ndarray,
     tree_tokens: np.ndarray,
     tree_parents: np.ndarray,
-    col_visible: torch.Tensor | None,
+    col_visible: np.ndarray | None,
     past_len: int,
     dtype: torch.dtype,
     window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    device: torch.device | str = "cpu",
+    tree_depth: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Build the model inputs of one step.
+    """Build the model inputs of one step, on the host, then copy them to ``device`` once.
 
-    - ``pending``: long[1, p] on the model's device; ``pending_pos``: long[1, p] their positions.
-    - ``tree_tokens``: int[n]; ``tree_parents``: int[n] (host arrays from the trie).
+    - ``pending``: int[p] token ids; ``pending_pos``: int[p] their positions.
+    - ``tree_tokens``: int[n]; ``tree_parents``: int[n]; ``tree_depth``: int[n], the nodes' depths
+      (computed from the parents when not given).
     - ``col_visible``: bool[past_len + p], False for padding among the cached and pending tokens,
       or None when there is no padding.
     - ``window``: optional (tokens int[m], position offsets from the last pending token int[m],
-      visibility bool[m, m]) of the window rows.
-    - Returns ``input_ids`` long[1, q], ``position_ids`` long[1, q] and an additive float
-      ``mask`` [1, 1, q, past_len+q] (0 where visible, dtype's min elsewhere), q = p + n + m, all
-      on the device of ``pending``.
+      visibility bool[m, m]) of the window rows (a ``draft.WindowRows``).
+    - Returns ``input_ids`` long[1, q], ``position_ids`` long[1, q] and an additive ``mask`` of
+      ``dtype`` [1, 1, q, past_len+q] (0 where visible, dtype's min elsewhere), q = p + n + m.
     """
-    device = pending.device
-    p = pending.shape[1]
-    n = len(tree_tokens)
+    pending = np.asarray(pending, dtype=np.int64).reshape(-1)
+    pending_pos = np.asarray(pending_pos, dtype=np.int64).reshape(-1)
+    p, n = len(pending), len(tree_tokens)
     m = 0 if window is None else len(window[0])
     q = p + n + m
-    # new-columns block, built on the host (tiny) and copied once
-    block = np.zeros((q, q), dtype=bool)
-    block[:p, :p] = np.tril(np.ones((p, p), dtype=bool))
-    block[p:, :p] = True
+    visible = np.ones((q, past_len + q), dtype=bool)  # rows see every cached column ...
+    block = visible[:, past_len:]  # ... and, among the new columns, what the layout allows
+    block[:, p:] = False
+    block[:p, :p] = np.tril(block[:p, :p])
     if n:
         block[p : p + n, p : p + n] = tree_visibility(tree_parents)
     if m:
         block[p + n :, p + n :] = window[2]
-    visible = torch.from_numpy(block).to(device, non_blocking=True)  # [q, q]
-    if past_len:
-        visible = torch.cat([torch.ones(q, past_len, dtype=torch.bool, device=device), visible], dim=1)
     if col_visible is not None:  # padding columns are never seen
-        visible[:, : past_len + p] &= col_visible[None, :]
-    # visible: [q, past_len + q]
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    if n or m:
-        extra_ids = np.concatenate([np.asarray(tree_tokens, dtype=np.int64)]
-                                   + ([np.asarray(window[0], dtype=np.int64)] if m else []))
-        offsets = np.concatenate([tree_depths(tree_parents)] + ([np.asarray(window[1], dtype=np.int64)] if m else []))
-        ids = torch.cat([pending, torch.from_numpy(extra_ids).to(device)[None]], 1)
-        pos = torch.cat([pending_pos, pending_pos[:, -1:] + torch.from_numpy(offsets).to(device)[None]], dim=1)
-    else:
-        ids, pos = pending, pending_pos
-    return ids, pos, mask[None, None]
+        visible[:, : past_len + p] &= np.asarray(col_visible, dtype=bool)[None, :]
+    host_dtype = np.float64 if dtype == torch.float64 else np.float32  # holds the dtype's min exactly
+    mask = np.where(visible, 0.0, float(torch.finfo(dtype).min)).astype(host_dtype)
+    depth = tree_depths(tree_parents) if tree_depth is None else tree_depth
+    ids = np.concatenate([pending, np.asarray(tree_tokens, dtype=np.int64)]
+                         + ([np.asarray(window[0], dtype=np.int64)] if m else []))
+    pos = np.concatenate([pending_pos, pending_pos[-1] + np.asarray(depth, dtype=np.int64)]
+                         + ([pending_pos[-1] + np.asarray(window[1], dtype=np.int64)] if m else []))
+    return (torch.from_numpy(ids[None]).to(device), torch.from_numpy(pos[None]).to(device),
+            torch.from_numpy(mask[None, None]).to(device, dtype))
 
 
 def merge_trees(

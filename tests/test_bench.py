@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from benchmarks.methods import DEFAULT_METHODS, METHODS, Method, make_methods
-from benchmarks.report import markdown, write_reports
-from benchmarks.runner import run_bench
-from benchmarks.workloads import WORKLOADS, Prompt, build_workloads
 from lookahead import LookaheadConfig
+from lookahead.bench.methods import DEFAULT_METHODS, METHODS, Method, make_methods
+from lookahead.bench.report import markdown, write_reports
+from lookahead.bench.runner import run_bench
+from lookahead.bench.workloads import WORKLOADS, Prompt, build_workloads
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]

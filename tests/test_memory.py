@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from lookahead.cache import NgramTrie
 
-from cache import NgramTrie
 from lookahead import LookaheadDecoder
 
 PROMPT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]

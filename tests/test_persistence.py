@@ -17,9 +17,16 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from lookahead.cache import (
+    FORMAT_VERSION,
+    NgramTrie,
+    TrieFileError,
+    TrieMismatchError,
+    persist,
+    tokenizer_identity,
+)
 from test_trie import _check_invariants  # pytest puts tests/ on sys.path
 
-from cache import FORMAT_VERSION, NgramTrie, TrieFileError, TrieMismatchError, persist, tokenizer_identity
 from lookahead import LookaheadDecoder
 
 
@@ -209,7 +216,7 @@ def _export(trie):
     n = len(trie)
     arrays = {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
               "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
-    from cache import kernels as K
+    from lookahead.cache import kernels as K
 
     assert K.export(trie._nodes, trie._stats, arrays["token"], arrays["parent"], arrays["count"],
                     arrays["last_used"]) == n

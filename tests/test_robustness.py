@@ -31,11 +31,11 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from lookahead.cache import NgramTrie
 from test_trie import _check_invariants  # pytest puts tests/ on sys.path
 from transformers import StaticCache, StoppingCriteria, StoppingCriteriaList
 
 import lookahead
-from cache import NgramTrie
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.kv_cache import CacheNotRollbackable
 

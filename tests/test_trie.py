@@ -1,4 +1,4 @@
-"""Tests of the n-gram trie (``cache``): exact hand-worked cases, and property tests against the
+"""Tests of the n-gram trie (``lookahead.cache``, the repository's ``cache/`` folder): exact hand-worked cases, and property tests against the
 pygtrie reference in ``trie_reference.py``."""
 
 from __future__ import annotations
@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lookahead.cache import NgramTrie
+from lookahead.cache import kernels as K
 from trie_reference import ReferenceTrie  # pytest puts tests/ (no __init__.py) on sys.path
-
-from cache import NgramTrie
-from cache import kernels as K
 
 
 def _eq(got, tokens, parents):
@@ -97,7 +96,7 @@ def test_docstring_example():
 def test_package_docstring_example():
     import doctest
 
-    import cache
+    import lookahead.cache as cache
 
     result = doctest.testmod(cache)
     assert result.failed == 0 and result.attempted >= 5

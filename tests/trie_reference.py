@@ -1,4 +1,4 @@
-"""Reference n-gram trie on pygtrie: the rules of ``cache.NgramTrie`` written out plainly.
+"""Reference n-gram trie on pygtrie: the rules of ``lookahead.cache.NgramTrie`` written out plainly.
 
 Slow on purpose (whole-trie scans, sorted lists); the tests compare the Numba trie against it.
 Keys are tuples of token ids; each value is ``[count, last_used]``.

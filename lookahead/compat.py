@@ -1,0 +1,100 @@
+"""Every place where lookahead relies on transformers beyond its documented public API, in one module.
+
+A transformers upgrade that changes one of these breaks here, and ``tests/test_compat.py`` (pinned
+to the installed version) says which. Checked on transformers 5.24.
+
+- :func:`streamer_of_calling_generate`: ``generate`` does not hand ``streamer=`` to a callable
+  ``custom_generate``; we read it, read-only, from the calling ``generate`` frame.
+- :func:`supports_logits_to_keep`: the private ``_supports_logits_to_keep`` of generating models.
+- :func:`generation_config_for_call`: the private ``_prepare_generation_config`` (the config a
+  ``generate`` call with these kwargs would use).
+- :func:`rollbackable_layer_types`: the cache layer classes whose entries can be gathered and cropped.
+- :func:`cache_kwarg_name`: ``cache`` (new) or ``past_key_values`` (old) as the forward's cache argument.
+- :func:`decoder_only_output`: ``GenerateDecoderOnlyOutput`` with the cache under its current field name.
+- :func:`host_stopping`: the attributes of ``MaxLengthCriteria`` and ``EosTokenCriteria`` that let the
+  decoder check those two on the host instead of running tensor code per token.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+TESTED_TRANSFORMERS = "5.24"
+
+
+def streamer_of_calling_generate(custom_generate, depth: int = 2):
+    """The ``streamer=`` of the ``generate(custom_generate=custom_generate, streamer=...)`` call running
+    the caller, or None.
+
+    ``generate`` puts the prompt into its streamer but does not hand the streamer to a callable
+    ``custom_generate``: without this, the streamer would get the prompt and then nothing (a
+    ``TextIteratorStreamer`` would wait forever). Only a frame named ``generate`` whose
+    ``custom_generate`` is this very object counts. ``depth``: frames between here and the caller of
+    the decoder (2: this function's caller is the decoder's ``__call__``).
+    """
+    frame = sys._getframe(depth)
+    try:
+        for _ in range(3):
+            if frame is None:
+                return None
+            if frame.f_code.co_name == "generate" and frame.f_locals.get("custom_generate") is custom_generate:
+                return frame.f_locals.get("streamer")
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def supports_logits_to_keep(model) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (then only the rows we verify get the LM head)."""
+    probe = getattr(model, "_supports_logits_to_keep", None)
+    return bool(probe()) if probe is not None else "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def generation_config_for_call(model, generation_config, kwargs: dict):
+    """The ``GenerationConfig`` that ``model.generate(generation_config=..., **kwargs)`` would decode with."""
+    config, _ = model._prepare_generation_config(generation_config, **kwargs)
+    return config
+
+
+def rollbackable_layer_types() -> tuple[type, type]:
+    """(full-attention layer, sliding-window layer): the dynamic cache layers that can drop rejected entries."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    return DynamicLayer, DynamicSlidingWindowLayer
+
+
+def cache_kwarg_name(model) -> str:
+    """The forward's name for the KV cache: ``cache`` where supported, else ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def decoder_only_output(sequences, scores, logits, cache):
+    """``generate``'s ``return_dict_in_generate=True`` result for a decoder-only model."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    name = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, **{name: cache})
+
+
+def host_stopping(stopping_criteria) -> tuple[int | None, frozenset[int], list]:
+    """Split ``generate``'s stopping criteria into what the host can check from token ids alone.
+
+    Returns ``(max_length or None, eos ids, the other criteria)``. ``MaxLengthCriteria`` stops once the
+    sequence holds ``max_length`` tokens; ``EosTokenCriteria`` once the last token is an EOS id: both
+    are pure functions of the ids, so the decoder checks them with integers per emitted token and
+    calls only the remaining criteria (user criteria, stop strings, ``max_time``) with tensors.
+    Example: ``[MaxLengthCriteria(50), EosTokenCriteria([2, 7])]`` -> ``(50, {2, 7}, [])``.
+    """
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    max_length, eos, others = None, set(), []
+    for criterion in stopping_criteria or ():
+        if type(criterion) is MaxLengthCriteria:
+            max_length = criterion.max_length if max_length is None else min(max_length, criterion.max_length)
+        elif type(criterion) is EosTokenCriteria:
+            eos.update(int(t) for t in criterion.eos_token_id.reshape(-1).tolist())
+        else:
+            others.append(criterion)
+    return max_length, frozenset(eos), others

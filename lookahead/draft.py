@@ -1,0 +1,91 @@
+"""`Draft`: one step's finished proposal, immutable, as the decode loop and the budget see it.
+
+A draft is a tree of candidate tokens after the last context token (breadth-first, ``parents[i] <
+i``, -1 for a child of the root), with per-node features that say where each node came from,
+plus optionally the lookahead window's rows. Terms are defined in ``config.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+
+from .tree import subset_tree, tree_depth_rank
+
+ORIGINS = ("trie", "window", "memory")
+"""Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store."""
+TRIE, WINDOW, MEMORY = range(3)
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class WindowRows(NamedTuple):
+    """The window rows of a step: ``tokens`` int64[m], position ``offsets`` from the last pending token
+    int64[m], ``visible`` bool[m, m] (see ``window.py``)."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    visible: np.ndarray
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One step's proposal (arrays are never modified; :meth:`keep` makes a new draft).
+
+    - ``tokens`` int64[n], ``parents`` int64[n]: the draft tree, breadth-first.
+    - ``origin`` int8[n]: index into :data:`ORIGINS` per node.
+    - ``match`` int64[n]: per node, how many context tokens its source matched before drafting it.
+    - ``depth``, ``rank`` int64[n]: each node's depth (1 = child of the root) and sibling rank (0 for an
+      only child, else 1 + its place among its siblings) in the tree *as proposed*: :meth:`keep`
+      subsets them, so a node keeps the cells that estimated it when the budget drops its siblings.
+    - ``window``: the window's rows, or None.
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    origin: np.ndarray
+    match: np.ndarray
+    depth: np.ndarray
+    rank: np.ndarray
+    window: WindowRows | None = None
+
+    @classmethod
+    def build(cls, tokens, parents, origin, match, window: WindowRows | None = None) -> Draft:
+        """A draft from a proposed tree, computing depth and rank."""
+        parents = np.asarray(parents, dtype=np.int64)
+        depth, rank = tree_depth_rank(parents)
+        return cls(np.asarray(tokens, dtype=np.int64), parents, np.asarray(origin, dtype=np.int8),
+                   np.asarray(match, dtype=np.int64), depth, rank, window)
+
+    @classmethod
+    def empty(cls, window: WindowRows | None = None) -> Draft:
+        return cls(_EMPTY, _EMPTY, np.zeros(0, dtype=np.int8), _EMPTY, _EMPTY, _EMPTY, window)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_window_rows(self) -> int:
+        return 0 if self.window is None else len(self.window.tokens)
+
+    @property
+    def rows(self) -> int:
+        """New tokens this draft adds to a forward: its nodes and window rows."""
+        return len(self.tokens) + self.n_window_rows
+
+    def keep(self, nodes) -> Draft:
+        """The draft with only the tree nodes ``nodes`` (sorted, closed under parents; see ``subset_tree``).
+
+        Example: parents ``[-1, -1, 0]`` (ranks ``[1, 2, 0]``), keep ``[1]`` -> parents ``[-1]``, rank
+        ``[2]``: still the second of two siblings, though now drafted alone."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if len(nodes) == len(self.tokens):
+            return self
+        tokens, parents, origin = subset_tree(self.tokens, self.parents, self.origin, nodes)
+        return replace(self, tokens=tokens, parents=parents, origin=origin, match=self.match[nodes],
+                       depth=self.depth[nodes], rank=self.rank[nodes])
+
+    def without_window(self) -> Draft:
+        return self if self.window is None else replace(self, window=None)

@@ -1,0 +1,113 @@
+"""`DraftPolicy`: the whole decision of a step, and all learning from its verdict, in one object.
+
+The decode loop asks it for a finished, immutable :class:`~lookahead.draft.Draft` and tells it what
+was accepted; :mod:`benchmarks.replay` drives the very same object on recorded outputs. Per step:
+
+1. **propose**: every source (``proposer.py``) drafts after the context; the trees are merged.
+2. **budget** (``adaptive=True``): keep the nodes, and the window rows, worth their cost (``budget.py``).
+3. **limits**: no node beyond what may still be emitted (``max_length``); no window row past the
+   last position plain ``generate`` would feed the model; every row below a sliding-window cache's
+   window, where rollback still works.
+
+After verification, :meth:`DraftPolicy.learn` feeds the emitted tokens to every source, the window
+rows' argmax to the window, and the verdict (and, when refining, the step's time) to the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .budget import Budget
+from .cache import NgramTrie
+from .config import LookaheadConfig
+from .cost import CostModel
+from .draft import Draft
+from .proposer import WindowSource, make_sources, merge_proposals
+from .tuning import BudgetTuning
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds one call puts on every step: ``max_length`` (prompt + new tokens, as ``generate``'s) and
+    ``kv_window``, the smallest sliding window of the model's cache layers, or None."""
+
+    max_length: int
+    kv_window: int | None = None
+
+
+class DraftPolicy:
+    """Proposes, budgets and limits each step's draft; learns from each verdict. One per decoder.
+
+    Usage (what the decode loop and the replay both do)::
+
+        policy.start(prompt, Limits(max_length), cost)   # cost: a CostModel, or None for no budget
+        while ...:
+            draft = policy.draft(length, cached, last_pos)
+            ...verify draft...
+            policy.learn(draft, accepted_nodes, emitted, window_argmax, rows, seconds)
+    """
+
+    def __init__(self, config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None = None,
+                 tuning: BudgetTuning | None = None):
+        self.config = config
+        self.tuning = tuning or BudgetTuning()
+        self.sources = make_sources(config, trie, memory)
+        self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
+        self.budget: Budget | None = None
+        self.limits = Limits(max_length=1 << 62)
+        self._context: list[int] = []
+
+    def max_rows(self) -> int:
+        """The most new tokens one step can feed: the last token, every source's tree, the window rows."""
+        trees = sum(1 for s in self.sources if not isinstance(s, WindowSource))
+        return 1 + self.config.tree_nodes * trees + (self.window.max_rows if self.window is not None else 0)
+
+    def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None) -> None:
+        """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget)."""
+        arr = np.asarray(prompt, dtype=np.int64)
+        for source in self.sources:
+            source.start(arr)
+        self._context = arr.tolist()
+        self.limits = limits
+        self.budget = None if cost is None else Budget(cost, self.tuning, refine=self.config.refine_cost)
+
+    def draft(self, length: int, cached: int, last_pos: int) -> Draft:
+        """This step's draft. ``length``: tokens in the sequence (prompt + emitted); ``cached``: tokens in
+        the KV cache once this step's pending tokens are in; ``last_pos``: the last pending token's position."""
+        cfg, limits = self.config, self.limits
+        depth = min(cfg.tree_depth, limits.max_length - length - 1)  # room before the bonus token
+        proposals = []
+        if depth > 0:
+            context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
+            for source in self.sources:
+                p = source.propose(context, cfg.tree_nodes, depth)
+                if p is not None:
+                    proposals.append((source.origin, p))
+        draft = merge_proposals(proposals, self.window.rows() if self.window is not None else None)
+        if self.budget is not None:
+            draft = self.budget.plan(draft)
+        if draft.window is not None and last_pos + int(draft.window.offsets.max()) > limits.max_length - 2:
+            draft = draft.without_window()  # no row beyond the last position plain generate would feed
+        if limits.kv_window is not None:  # stay below the sliding window, where rollback still works
+            spare = limits.kv_window - 1 - cached
+            if draft.rows > spare:
+                draft = draft.without_window()
+                if len(draft) > spare:
+                    draft = draft.keep(np.arange(max(spare, 0)))
+        return draft
+
+    def learn(self, draft: Draft, accepted_nodes: Sequence[int], emitted: Sequence[int],
+              window_argmax: np.ndarray | None = None, rows: int = 0, seconds: float = 0.0) -> None:
+        """After a verified step: ``accepted_nodes`` of ``draft`` (root to leaf), the ``emitted`` tokens,
+        the window rows' argmax (when they ran), and the forward's ``rows`` and ``seconds``."""
+        if self.budget is not None:
+            self.budget.record(draft, accepted_nodes, rows, seconds)
+        arr = np.asarray(emitted, dtype=np.int64)
+        for source in self.sources:
+            source.learn(arr)
+        self._context.extend(arr.tolist())
+        if window_argmax is not None and self.window is not None:
+            self.window.advance(window_argmax, len(arr))

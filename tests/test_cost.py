@@ -1,0 +1,148 @@
+"""Cost curves: the curve itself, calibration kept per model in a registry object, opt-in refinement
+that cannot ratchet, and an injected clock. Every figure here is exact: no test reads the real clock."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from lookahead import LookaheadDecoder
+from lookahead.cost import Calibrations, CostModel, CostRefiner, calibration_sizes, set_cost_curve
+
+IDS = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
+
+
+class FakeClock:
+    """Each reading advances by ``tick`` seconds: every measured forward takes exactly ``tick``."""
+
+    def __init__(self, tick: float = 0.001):
+        self.tick, self._t = tick, itertools.count()
+
+    def __call__(self) -> float:
+        return next(self._t) * self.tick
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    c = CostModel([(1, 1.0), (3, 2.0)])
+    assert c(2) == pytest.approx(1.5) and c(5) == pytest.approx(3.0)
+    assert CostModel([(1, 0.010), (2, 0.015), (4, 0.016)])(3) == pytest.approx(0.0155)  # the docstring's
+    assert CostModel([(1, 0.010), (2, 0.015), (4, 0.016)])(8) == pytest.approx(0.018)
+    assert CostModel([(1, 2.0), (2, 1.0)]).points == ((1, 2.0), (2, 2.0))  # made monotone
+    with pytest.raises(ValueError):
+        CostModel([(0, 1.0)])
+
+
+def test_refiner_keeps_the_calibrated_shape_when_only_one_point_is_observed():
+    """The ratchet that failed CI on a faster machine: only k=1 observed, twice as fast as calibrated."""
+    base = CostModel([(1, 0.010), (16, 0.030)])
+    refiner = CostRefiner(base)
+    for _ in range(200):
+        curve = refiner.observe(1, 0.005)
+    assert curve(1) == pytest.approx(0.005, rel=1e-3)
+    assert curve(16) / curve(1) == pytest.approx(3.0, rel=1e-3)  # the ratio is the calibrated one
+
+
+def test_refiner_learns_a_shape_it_observes_and_forgets_it_when_unobserved():
+    base = CostModel([(1, 0.010), (16, 0.030)])
+    refiner = CostRefiner(base)
+    for _ in range(100):
+        refiner.observe(1, 0.010)
+        curve = refiner.observe(16, 0.060)  # drafting costs twice what was calibrated
+    assert curve(16) / curve(1) > 4.0
+    for _ in range(1000):
+        curve = refiner.observe(1, 0.010)  # only plain steps from now on
+    assert curve(16) / curve(1) == pytest.approx(3.0, rel=0.02)
+
+
+def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
+    model = tiny_models("llama")
+    registry = Calibrations()
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        dec = LookaheadDecoder(calibrations=registry, clock=FakeClock())
+        model.generate(IDS, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
+        first = len(calls)
+        curve = registry.known(model)
+        assert curve is not None and dec.stats.cost_curve == curve.points
+        # a fake clock: every forward "took" one tick, so the measured curve is flat at exactly 1 ms
+        assert [t for _, t in curve.points] == pytest.approx([0.001] * len(curve.points))
+        # 6 sizes x 2 repeats, two readings each, between the call's own two readings: 25 ticks
+        assert first - dec.stats.target_calls == 1 + 12 and dec.stats.time_calibration == pytest.approx(0.025)
+        calls.clear()
+        again = LookaheadDecoder(calibrations=registry, clock=FakeClock())
+        model.generate(IDS, custom_generate=again, max_new_tokens=10, eos_token_id=None)
+        assert len(calls) == again.stats.target_calls  # no second calibration
+        assert again.stats.time_calibration == pytest.approx(0.001)  # one tick: a look-up, nothing measured
+        assert Calibrations().known(model) is None  # another registry knows nothing of it
+    finally:
+        handle.remove()
+
+
+def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
+    from lookahead.cache import NgramTrie
+
+    assert calibration_sizes(1) == (1, 2, 4, 8, 16)
+    assert calibration_sizes(17) == (1, 2, 4, 8, 16, 32)
+    assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
+    model = tiny_models("gpt2")
+    registry = Calibrations()
+    dec = LookaheadDecoder(calibrations=registry, clock=FakeClock())  # 1 + 16 tree rows
+    model.generate(IDS, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
+    assert [k for k, _ in dec.stats.cost_curve] == [1, 2, 4, 8, 16, 32]
+    kept = registry.known(model)
+    small = LookaheadDecoder(tree_nodes=4, calibrations=registry)  # needs fewer rows: the kept curve serves
+    model.generate(IDS, custom_generate=small, max_new_tokens=4, eos_token_id=None)
+    assert registry.known(model) is kept and len(small.stats.cost_curve) == 6
+    # a shared memory store doubles the tree, the window adds its rows: 1 + 32 + 3*3 + 4*3 = 54 rows
+    big = LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4, window_candidates=3,
+                           calibrations=registry, clock=FakeClock())
+    assert big.policy.max_rows() == 54
+    model.generate(IDS, custom_generate=big, max_new_tokens=4, eos_token_id=None)
+    assert [k for k, _ in big.stats.cost_curve] == [1, 2, 4, 8, 16, 32, 64]
+    assert registry.known(model) is not kept  # replaced: one per model
+
+
+def test_a_pinned_curve_is_never_measured(tiny_models):
+    model = tiny_models("qwen2")
+    registry = Calibrations()
+    set_cost_curve(model, [(1, 0.01), (2, 0.02)], registry)
+    dec = LookaheadDecoder(calibrations=registry)  # needs 17 rows, more than the pinned curve's 2
+    model.generate(IDS, custom_generate=dec, max_new_tokens=6, eos_token_id=None)
+    assert dec.stats.cost_curve == ((1, 0.01), (2, 0.02)) and dec.stats.time_calibration < 0.05
+    registry.forget(model)
+    assert registry.known(model) is None
+
+
+def test_explicit_curve_or_fixed_budget_skip_calibration(tiny_models):
+    model = tiny_models("qwen2")
+    registry = Calibrations()
+    dec = LookaheadDecoder(cost_curve=((1, 0.01), (64, 0.02)), calibrations=registry)
+    model.generate(IDS, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
+    assert dec.stats.cost_curve == ((1, 0.01), (64, 0.02))
+    fixed = LookaheadDecoder(adaptive=False, calibrations=registry)
+    model.generate(IDS, custom_generate=fixed, max_new_tokens=10, eos_token_id=None)
+    assert fixed.stats.cost_curve is None
+    assert registry.known(model) is None
+
+
+@pytest.mark.parametrize("tick", [0.0001, 0.01])
+def test_call_counts_do_not_depend_on_the_clock(tiny_models, tick):
+    """The same curve gives the same steps whatever the forwards take (refinement is off by default)."""
+    model = tiny_models("llama")
+    ids = torch.tensor([[3, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10]])
+    curve = ((1, 0.0025), (2, 0.0027), (16, 0.0030), (64, 0.0036))
+    budgets = []
+    for clock in (FakeClock(tick), FakeClock(0.0025)):
+        dec = LookaheadDecoder(cost_curve=curve, clock=clock)
+        model.generate(ids, custom_generate=dec, max_new_tokens=24, eos_token_id=None)
+        budgets.append(dec.stats.budgets)
+    assert budgets[0] == budgets[1] and any(n for n, _ in budgets[0])
+
+
+def test_measured_curve_is_monotone_and_positive():
+    pts = CostModel([(1, 0.003), (2, 0.002), (4, 0.004)]).points
+    assert all(t > 0 for _, t in pts) and np.all(np.diff([t for _, t in pts]) >= 0)
