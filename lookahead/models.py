@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 
@@ -19,24 +21,61 @@ def smollm2_location() -> tuple[str, str]:
 
 
 def load_smollm2(dtype=None, device: str | None = None):
-    """Load SmolLM2-135M-Instruct (a llama model, 134.5M parameters) and its tokenizer; ~20 s on a CPU."""
+    """Load SmolLM2-135M-Instruct (a llama model, 134.5M parameters) and its tokenizer; ~20 s on a CPU.
+
+    Quiet: no progress bars and only error-level transformers logging during the load (see
+    :func:`quiet_loading`); the caller's settings are restored afterwards.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     folder, name = smollm2_location()
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        hf_logging.disable_progress_bar()
+    with quiet_loading():
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype or torch.float32)
-    finally:
-        hf_logging.enable_progress_bar()
-        hf_logging.set_verbosity(verbosity)
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """No progress bars and only errors from transformers inside; the caller's settings restored after.
+
+    ``hf_logging.disable_progress_bar()`` alone does not silence a GGUF load: the bar "Converting and
+    de-quantizing GGUF tensors..." (redrawn some 20 times, one line each in a log) is drawn by the
+    ``tqdm.auto.tqdm`` that ``transformers.modeling_gguf_pytorch_utils`` imports directly, so that
+    module's ``tqdm`` is replaced by a disabled one for the duration (process-wide: a load in another
+    thread is quiet too meanwhile). Progress bars and verbosity are then set back to what they were,
+    so a user who had disabled progress bars keeps them disabled.
+    """
+    from transformers.utils import logging as hf_logging
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no gguf support in this transformers: nothing of its to silence
+        gguf_utils = None
+    bars = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if gguf_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(_silent_tqdm, gguf_tqdm)
+    try:
+        yield
+    finally:
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = gguf_tqdm
+        if bars:
+            hf_logging.enable_progress_bar()
+        hf_logging.set_verbosity(verbosity)
+
+
+def _silent_tqdm(tqdm, *args, **kwargs):
+    """``tqdm(*args, **kwargs)`` with ``disable=True``: iterates, updates and closes, and draws nothing."""
+    kwargs["disable"] = True
+    return tqdm(*args, **kwargs)
 
 
 def load_model(name_or_path: str | None = None, dtype=None, device: str | None = None):
