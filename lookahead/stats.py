@@ -117,19 +117,21 @@ def plot_budgets(stats: DecodeStats, path: str, title: str | None = None) -> str
 
     Left: per step, the draft nodes verified (bar) and how many of them were accepted (dots), plus
     the window rows when the window ran. Right: the forward-time curve (ms against new tokens).
-    Needs matplotlib (``pip install matplotlib``).
+    Needs matplotlib (``pip install matplotlib``). Draws on its own ``Figure`` with the Agg canvas, so
+    neither pyplot's figure list nor the process's matplotlib backend is touched.
     """
     try:
-        import matplotlib
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError as err:
         raise ImportError("plot_budgets needs matplotlib: pip install matplotlib") from err
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     steps = range(len(stats.budgets))
     nodes = [b[0] for b in stats.budgets]
     window = [b[1] for b in stats.budgets]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
+    fig = Figure(figsize=(12, 4))
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas: savefig renders with Agg
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
     ax1.bar(steps, nodes, width=0.9, color="C0", label="draft nodes verified")
     if any(window):
         ax1.bar(steps, window, width=0.9, bottom=nodes, color="C2", alpha=0.6, label="window rows")
@@ -153,5 +155,4 @@ def plot_budgets(stats: DecodeStats, path: str, title: str | None = None) -> str
         ax2.set_axis_off()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
