@@ -1,13 +1,14 @@
-"""Command line: ``python -m lookahead {demo,generate,bench}``.
+"""Command line: python -m lookahead {demo,generate,bench}
 
-- ``demo``: plain vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up and identity.
-- ``generate``: decode one prompt with LookaheadDecoder, streaming the text, then its statistics.
-- ``bench``: side-by-side benchmark of decoding methods on code and chat workloads; writes a JSON
-  file with every figure, a Markdown table and a PNG plot.
+  demo      plain generate vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up and identity
+  generate  decode one prompt with LookaheadDecoder, streaming the text, then its statistics
+  bench     side-by-side benchmark of decoding methods on code and chat workloads; writes a JSON
+            file with every figure, a Markdown table and a PNG plot
 
-Argument errors exit with status 2 and a message naming the valid choices; they are checked before
-any model is loaded.
+python -m lookahead COMMAND --help lists a command's options. Argument errors exit with status 2
+and a message naming the valid choices; they are checked before any model is loaded.
 """
+# (plain text above, no reST markup: the docstring is the description that --help prints)
 
 from __future__ import annotations
 
@@ -65,8 +66,10 @@ def _workloads():
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=str, default=None,
                    help="a local model folder or hub name (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--device", type=str, default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if present)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--device", type=str, default="auto",
+                   help="cpu, cuda, cuda:1, ...; auto: cuda if present, else cpu (default: %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the model's weights and activations (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,23 +78,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="plain vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up, identity")
-    demo.add_argument("--max-new-tokens", type=positive_int, default=160)
-    demo.add_argument("--prompt", type=str, default=None, help="a user message instead of the code prompt")
-    demo.add_argument("--model", type=str, default=None, help="a local model folder (default: bundled SmolLM2)")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=160,
+                      help="new tokens per run (default: %(default)s)")
+    demo.add_argument("--prompt", type=str, default=None,
+                      help="a user message (default: the built-in code-editing prompt)")
+    demo.add_argument("--model", type=str, default=None,
+                      help="a local model folder or hub name (default: the bundled SmolLM2-135M-Instruct)")
 
     gen = sub.add_parser("generate", help="decode one prompt with LookaheadDecoder, streaming the text",
                          description="Decode one prompt with LookaheadDecoder; the text streams to stdout, "
                                      "the decoder's statistics go to stderr.")
     gen.add_argument("--prompt", type=str, required=True, help="the user message (or raw text with --raw)")
-    gen.add_argument("--max-new-tokens", type=positive_int, default=128)
-    gen.add_argument("--raw", action="store_true", help="tokenize the prompt as is, without the chat template")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=128,
+                     help="the most new tokens to generate (default: %(default)s)")
+    gen.add_argument("--raw", action="store_true",
+                     help="tokenize the prompt as is, without the chat template (default: off)")
     gen.add_argument("--config", action="append", metavar="KEY=VALUE",
-                     help="a LookaheadConfig field, e.g. --config tree_nodes=8 (repeatable)")
-    gen.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
-    gen.add_argument("--temperature", type=float, default=0.7)
-    gen.add_argument("--top-p", type=float, default=0.9)
+                     help="a LookaheadConfig field, e.g. --config tree_nodes=8 (repeatable; default: none, "
+                          "every field at LookaheadConfig's default)")
+    gen.add_argument("--sample", action="store_true",
+                     help="sample (do_sample=True) instead of greedy decoding (default: off)")
+    gen.add_argument("--temperature", type=float, default=0.7,
+                     help="sampling temperature, used with --sample (default: %(default)s)")
+    gen.add_argument("--top-p", type=float, default=0.9,
+                     help="nucleus sampling: keep the most likely tokens up to this probability mass, used "
+                          "with --sample (default: %(default)s)")
     gen.add_argument("--plot-budget", metavar="PNG", default=None,
-                     help="save a plot of the budget chosen at every step (and the cost curve) to this file")
+                     help="save a plot of the budget chosen at every step (and the cost curve) to this file "
+                          "(default: no plot)")
     _add_model_args(gen)
 
     bench = sub.add_parser(
@@ -106,25 +120,30 @@ def build_parser() -> argparse.ArgumentParser:
                             "rewrite)")
     bench.add_argument("--methods", type=_name_list("method", _methods), default=None,
                        help="comma-separated methods (default: plain, prompt-lookup, lookahead, "
-                            "lookahead-small; also lookahead-window, lookahead-fixed); plain is always run")
+                            "lookahead-small; also plain-again, lookahead-window, lookahead-fixed); plain is "
+                            "always run")
     bench.add_argument("--max-new-tokens", type=positive_int, default=None,
-                       help=f"new tokens per prompt (default {DEFAULT_TOKENS}; {QUICK_TOKENS} with --quick)")
+                       help=f"new tokens per prompt (default: {DEFAULT_TOKENS}; {QUICK_TOKENS} with --quick)")
     bench.add_argument("--prompts-per-workload", type=positive_int, default=None,
-                       help=f"prompts per workload (default {DEFAULT_PROMPTS}; {QUICK_PROMPTS} with --quick)")
-    bench.add_argument("--quick", action="store_true", help="a short run: few prompts, short outputs")
+                       help=f"prompts per workload (default: {DEFAULT_PROMPTS}; {QUICK_PROMPTS} with "
+                            "--quick)")
+    bench.add_argument("--quick", action="store_true",
+                       help="a short run: few prompts, short outputs (default: off)")
     bench.add_argument("--sample", action="store_true",
-                       help="sampled decoding (temperature 0.7, top_p 0.9) instead of greedy")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
-    bench.add_argument("--out", type=str, default="bench-out", help="output folder (default: bench-out)")
+                       help="sampled decoding (temperature 0.7, top_p 0.9) instead of greedy (default: off)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the sampled runs (default: %(default)s)")
+    bench.add_argument("--out", type=str, default="bench-out", help="output folder (default: %(default)s)")
     bench.add_argument("--reuse-decoders", action="store_true",
                        help="one decoder per method for the whole run, carrying what it learns from prompt to "
-                            "prompt (default: a fresh decoder per prompt)")
+                            "prompt (default: off, a fresh decoder per prompt)")
     bench.add_argument("--threads", type=positive_int, default=None,
                        help="torch CPU threads (default: torch's own choice)")
     bench.add_argument("--repeats", type=positive_int, default=1,
-                       help="rounds of all methods per prompt; each method's time on a prompt is the median of its "
-                            "rounds (default 1; 3 makes per-prompt ratios robust on a shared machine)")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+                       help="rounds of all methods per prompt; each method's time on a prompt is the median of "
+                            "its rounds (default: %(default)s; 3 makes per-prompt ratios robust on a shared "
+                            "machine)")
+    bench.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (default: off, a progress bar is shown)")
     return parser
 
 

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+BUNDLED_MODEL = "SmolLM2-135M-Instruct"
 DEMO_PROMPT = (
     "Here is a Python class. Add a docstring to every method and return the whole class.\n\n"
     "```python\n"
@@ -32,13 +33,27 @@ def chat_inputs(tokenizer, text: str, device=None):
     return {k: v.to(device) if device is not None else v for k, v in enc.items()}
 
 
+def run_header(model_name: str | None, prompt: str | None, dtype, device, new_tokens: int) -> str:
+    """The demo's summary line: the model that really ran (the ``--model`` argument, or the bundled one
+    when it is None or "smollm2", as :func:`~lookahead.models.load_model` reads it) and whose prompt.
+
+    >>> run_header(None, None, torch.float32, "cpu", 160)
+    'model: SmolLM2-135M-Instruct (torch.float32, cpu), greedy, 160 new tokens, code-editing prompt'
+    >>> run_header("./my-llama", "Hi!", torch.bfloat16, "cuda:0", 12)
+    'model: ./my-llama (torch.bfloat16, cuda:0), greedy, 12 new tokens, your prompt'
+    """
+    name = BUNDLED_MODEL if model_name in (None, "smollm2") else model_name
+    which = "code-editing prompt" if prompt is None else "your prompt"
+    return f"model: {name} ({dtype}, {device}), greedy, {new_tokens} new tokens, {which}"
+
+
 def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None) -> dict:
     from .decoder import LookaheadDecoder
     from .models import load_model
 
     print("loading the model ...", flush=True)
     model, tok = load_model(model_name)
-    inputs = chat_inputs(tok, prompt or DEMO_PROMPT, model.device)
+    inputs = chat_inputs(tok, DEMO_PROMPT if prompt is None else prompt, model.device)
     kw = dict(max_new_tokens=max_new_tokens, do_sample=False)
     model.generate(**inputs, max_new_tokens=8, do_sample=False)  # warm-up, excluded from timing
     decoder = LookaheadDecoder()
@@ -58,8 +73,7 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
     print("\n--- output (LookaheadDecoder) ---")
     print(tok.decode(ours[0, n_prompt:], skip_special_tokens=True))
     print("--- end of output ---\n")
-    device = str(model.device)
-    print(f"model: SmolLM2-135M-Instruct ({model.dtype}, {device}), greedy, {n_ours} new tokens, code-editing prompt")
+    print(run_header(model_name, prompt, model.dtype, model.device, n_ours))
     print(f"plain generate     : {n_plain / t_plain:7.1f} tokens/s  ({n_plain} target calls)")
     print(f"LookaheadDecoder   : {n_ours / t_ours:7.1f} tokens/s  ({s.target_calls} target calls, "
           f"{s.target_calls / max(n_ours, 1):.2f} calls/token, {s.tokens_per_call:.2f} tokens/call)")

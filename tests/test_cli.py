@@ -122,3 +122,87 @@ def test_bench_command_end_to_end(tiny_folder, tmp_path, capsys):
     assert {r["method"] for r in result["records"]} == {"plain", "lookahead"}
     assert all(r["identical_to_plain"] for r in result["records"])
     assert "| chat | lookahead | 1 |" in capsys.readouterr().out
+
+
+def _subparsers():
+    import argparse
+
+    from lookahead.__main__ import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser, sub.choices
+
+
+def test_help_is_plain_text():
+    """The top-level description is the module docstring: no reST double backticks in any --help."""
+    parser, commands = _subparsers()
+    for p in (parser, *commands.values()):
+        assert "``" not in p.format_help(), p.prog
+    assert "demo      plain generate vs LookaheadDecoder" in parser.format_help()
+
+
+@pytest.mark.parametrize("command", ["demo", "generate", "bench"])
+def test_every_option_has_a_help_text_with_its_default(command):
+    parser = _subparsers()[1][command]
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help" and not a.required]
+    assert options
+    for action in options:
+        assert action.help, action.option_strings
+        text = action.help % {**vars(action), "prog": parser.prog}  # what --help prints
+        assert "(default: " in text or "; default: " in text, (action.option_strings, text)
+        if action.default not in (None, False):
+            assert f"default: {action.default}" in text, (action.option_strings, text)
+    shown = " ".join(parser.format_help().split())
+    if command == "generate":
+        for line in ("--max-new-tokens MAX_NEW_TOKENS the most new tokens to generate (default: 128)",
+                     "(default: 0.7)", "(default: 0.9)"):
+            assert line in shown
+
+
+def test_generate_accounts_for_load_set_up_and_calibration_time(tiny_folder, capsys):
+    """Model load, decoder set-up (Numba kernels) and calibration each get their own stderr line, and so
+    does generate's time outside the decoder's phases (values are not checked: they depend on the machine)."""
+    import re
+
+    folder, _, _ = tiny_folder
+    argv = ["generate", "--model", folder, "--prompt", "abcabcabc", "--raw", "--max-new-tokens", "5"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    seconds = r"-?\d+\.\d\d s"
+    for line in (rf"\[model loaded in {seconds}\]", rf"\[decoder set-up in {seconds} \(Numba kernels",
+                 rf"\[cost-curve calibration {seconds} \(", rf"\[\d+ new tokens in {seconds}: ",
+                 rf"\[generate outside the decoder's phases and calibration: {seconds}\]"):
+        assert len(re.findall(rf"(?m)^{line}", err)) == 1, (line, err)
+
+
+@pytest.mark.parametrize(
+    "model_arg, prompt, name, which",
+    [
+        (None, None, "SmolLM2-135M-Instruct", "code-editing prompt"),
+        ("smollm2", None, "SmolLM2-135M-Instruct", "code-editing prompt"),
+        ("some/llama", "abcabcabc", "some/llama", "your prompt"),
+    ],
+)
+def test_demo_names_the_model_and_the_prompt_it_ran(tiny_folder, monkeypatch, capsys, model_arg, prompt, name,
+                                                    which):
+    """The demo printed "SmolLM2-135M-Instruct" and "code-editing prompt" whatever --model and --prompt
+    said. The tiny model stands in for whatever load_model would load (it is not loaded by name here)."""
+    import copy
+    import re
+
+    from lookahead import models
+
+    _, model, tok = tiny_folder
+    tok = copy.deepcopy(tok)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    asked = []
+    monkeypatch.setattr(models, "load_model", lambda name=None, **kw: asked.append(name) or (model, tok))
+    argv = ["demo", "--max-new-tokens", "6"]
+    argv += ["--model", model_arg] if model_arg else []
+    argv += ["--prompt", prompt] if prompt else []
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert asked == [model_arg]
+    header = rf"model: {re.escape(name)} \(torch.float32, cpu\), greedy, \d+ new tokens, {which}"
+    assert len(re.findall(rf"(?m)^{header}$", out)) == 1 and out.count("model: ") == 1, out
