@@ -18,44 +18,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import kernels as K
 from .tuning import BudgetTuning
 
 MATCH_BUCKETS = 3
-
-
-def match_bucket(match) -> np.ndarray:
-    """Context cell of each node from its match length: 0 for 1 token (or none), 1 for 2, 2 for 3 or more."""
-    return np.clip(np.asarray(match, dtype=np.int64), 1, MATCH_BUCKETS) - 1
-
-
-def tried_nodes(parents: np.ndarray, accepted_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(accepted, tried): bool[n] each. A node was *tried* when its parent was accepted or is the root.
-
-    Example: parents ``[-1, -1, 0, 2]``, accepted ``[0]`` -> accepted ``[T, F, F, F]``,
-    tried ``[T, T, T, F]`` (node 3's parent, node 2, was rejected: node 3 was never compared).
-    """
-    parents = np.asarray(parents, dtype=np.int64)
-    ok = np.zeros(len(parents), dtype=bool)
-    ok[list(accepted_nodes)] = True
-    return ok, np.where(parents >= 0, ok[np.maximum(parents, 0)], True)
-
-
-def path_products(c: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """float[n]: for a breadth-first tree, the product of ``c`` from the root down to each node.
-
-    Example: c ``[0.5, 0.4, 0.8]``, parents ``[-1, -1, 0]`` -> ``[0.5, 0.4, 0.4]``.
-    """
-    prob = c.tolist()
-    for i, p in enumerate(parents.tolist()):
-        if p >= 0:
-            prob[i] *= prob[p]
-    return np.asarray(prob)
+"""Match buckets: 1 context token matched (or none), 2, 3 or more."""
 
 
 class AcceptanceStats:
     """Online estimates of ``c(origin, context, depth, rank)``: P(node accepted | parent accepted).
 
-    ``context`` is the node's match bucket (:func:`match_bucket`). Each estimate is the cell's
+    ``context`` is the node's match bucket (:data:`MATCH_BUCKETS`). Each estimate is the cell's
     acceptance rate shrunk towards the same (origin, context, rank) pooled over all depths, itself
     shrunk towards a Beta prior per rank (``tuning.priors``) whose mean is scaled per context
     (``tuning.match_scale``, clipped to [0.02, 0.98]) at the same strength ``a + b``. Counts decay by
@@ -69,7 +42,6 @@ class AcceptanceStats:
     def __init__(self, origins: int, tuning: BudgetTuning | None = None):
         t = tuning or BudgetTuning()
         self.tuning = t
-        self.max_depth, self.max_rank = t.depth_cells, t.rank_cells
         priors = list(t.priors) + [t.priors[-1]] * (t.rank_cells - len(t.priors))
         a = np.array([p[0] for p in priors[: t.rank_cells]])[None, :]  # [1, rank]
         b = np.array([p[1] for p in priors[: t.rank_cells]])[None, :]
@@ -81,24 +53,11 @@ class AcceptanceStats:
         self._tried_pool = np.zeros((origins, MATCH_BUCKETS, t.rank_cells))  # tried summed over depths
         self._accepted_pool = np.zeros((origins, MATCH_BUCKETS, t.rank_cells))
 
-    def _cells(self, origin, context, depth, rank):
-        origin = np.asarray(origin, dtype=np.int64)
-        return (origin, np.broadcast_to(np.asarray(context, dtype=np.int64), origin.shape),
-                np.minimum(np.asarray(depth) - 1, self.max_depth - 1), np.minimum(np.asarray(rank), self.max_rank - 1))
-
-    def conditional(self, origin, context, depth, rank) -> np.ndarray:
-        """``c`` per node (arrays of equal length): the cell shrunk towards its pooled mean, shrunk
-        towards the (context, rank) prior."""
-        o, ctx, d, r = self._cells(origin, context, depth, rank)
-        a, b = self.prior_a[ctx, r], self.prior_b[ctx, r]
-        pooled = (self._accepted_pool[o, ctx, r] + a) / (self._tried_pool[o, ctx, r] + a + b)
-        w = self.tuning.pool_weight
-        return (self.accepted[o, ctx, d, r] + w * pooled) / (self.tried[o, ctx, d, r] + w)
-
     def node_probabilities(self, draft) -> np.ndarray:
         """float[n]: P(node accepted) for each node of a :class:`~lookahead.draft.Draft`, in its cells."""
-        c = self.conditional(draft.origin, match_bucket(draft.match), draft.depth, draft.rank)
-        return path_products(c, draft.parents)
+        return K.node_probabilities(draft.parents, draft.origin, draft.match, draft.depth, draft.rank, self.prior_a,
+                                    self.prior_b, self.tried, self.accepted, self._tried_pool, self._accepted_pool,
+                                    self.tuning.pool_weight)
 
     def update(self, draft, accepted_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Record one verified draft: every node whose parent was accepted (or is the root) was tried.
@@ -107,19 +66,10 @@ class AcceptanceStats:
         update (what :class:`CopyBelief` weighs the outcomes against)."""
         if not len(draft.tokens):
             return np.zeros(0), np.zeros(0, dtype=bool)
-        ok, parent_ok = tried_nodes(draft.parents, accepted_nodes)
-        tried = (draft.origin[parent_ok], match_bucket(draft.match)[parent_ok], draft.depth[parent_ok],
-                 draft.rank[parent_ok])
-        c = self.conditional(*tried)
-        for arr in (self.tried, self.accepted, self._tried_pool, self._accepted_pool):
-            arr *= self.tuning.decay
-        o, ctx, d, r = self._cells(*tried)
-        hit = ok[parent_ok].astype(np.float64)
-        np.add.at(self.tried, (o, ctx, d, r), 1.0)
-        np.add.at(self.accepted, (o, ctx, d, r), hit)
-        np.add.at(self._tried_pool, (o, ctx, r), 1.0)
-        np.add.at(self._accepted_pool, (o, ctx, r), hit)
-        return c, ok[parent_ok]
+        return K.record(draft.parents, draft.origin, draft.match, draft.depth, draft.rank,
+                        np.asarray(accepted_nodes, dtype=np.int64), self.prior_a, self.prior_b, self.tried,
+                        self.accepted, self._tried_pool, self._accepted_pool, self.tuning.pool_weight,
+                        self.tuning.decay)
 
 
 class CopyBelief:

@@ -16,28 +16,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import kernels as K
 from .acceptance import AcceptanceStats, CopyBelief
 from .cost import CostModel, CostRefiner
 from .draft import ORIGINS, WINDOW, Draft
 from .tuning import BudgetTuning
 
 
-def choose_nodes(probs: np.ndarray, cost: CostModel, extra_rows: int = 0, extra_gain: float = 0.0,
+def choose_nodes(probs: np.ndarray, cost: CostModel | np.ndarray, extra_rows: int = 0, extra_gain: float = 0.0,
                  margin: float = 1.05) -> tuple[np.ndarray, float]:
     """The draft nodes worth verifying: (indices, sorted; expected tokens per second of the choice).
 
     ``probs``: float[n] acceptance probabilities of a tree's nodes (a child never above its parent).
+    ``cost``: a curve, or its table ``cost(arange(K))`` for K > n + extra_rows + 1 (what a step passes).
     ``extra_rows``/``extra_gain``: rows and expected tokens another part of the step adds (the window).
     Maximises ``(1 + extra_gain + sum of chosen probs) / cost(1 + extra_rows + k)`` over k = 0..n;
     a k > 0 must beat k = 0 by the factor ``margin``, so estimation noise does not buy slower steps.
     """
-    order = np.lexsort((np.arange(len(probs)), -probs))  # by probability, ties by index: parents first
-    gains = 1.0 + extra_gain + np.concatenate([[0.0], np.cumsum(probs[order])])
-    rate = gains / cost(1 + extra_rows + np.arange(len(probs) + 1))
-    k = int(np.argmax(rate))
-    if rate[k] < margin * rate[0]:
-        k = 0
-    return np.sort(order[:k]), float(rate[k])
+    probs = np.asarray(probs, dtype=np.float64)
+    table = cost(np.arange(len(probs) + extra_rows + 2)) if isinstance(cost, CostModel) else cost
+    return K.choose(probs, table, extra_rows, float(extra_gain), float(margin))
 
 
 class Budget:
@@ -54,9 +52,11 @@ class Budget:
     The cost curve is fixed for the call unless ``refine`` is on (:class:`~lookahead.cost.CostRefiner`).
     """
 
-    def __init__(self, cost: CostModel, tuning: BudgetTuning | None = None, refine: bool = False):
+    def __init__(self, cost: CostModel, tuning: BudgetTuning | None = None, refine: bool = False,
+                 cost_rows: int = 1024):
         self.tuning = tuning = tuning or BudgetTuning()
         self.cost = cost
+        self._table = cost(np.arange(cost_rows + 2))  # cost of every row count a step can have
         self.refiner = CostRefiner(cost, tuning.refine_weight, tuning.refine_relax) if refine else None
         self.acceptance = AcceptanceStats(len(ORIGINS), tuning)
         self.belief = CopyBelief(tuning)
@@ -67,16 +67,16 @@ class Budget:
     def plan(self, draft: Draft) -> Draft:
         """The part of ``draft`` worth verifying this step (nodes kept, window kept or dropped)."""
         self.belief.step()
-        n, window_rows = len(draft), draft.n_window_rows
+        n, window_rows = len(draft.tokens), draft.n_window_rows
         if not n and not window_rows:
             return draft
         probs = self.acceptance.node_probabilities(draft) * self.belief.scale() if n else np.zeros(0)
         margin = self.tuning.margin
-        keep, rate = choose_nodes(probs, self.cost, margin=margin)
+        keep, rate = choose_nodes(probs, self._table, margin=margin)
         use_window = False
         if window_rows:
             self._since_window += 1
-            with_w, rate_w = choose_nodes(probs, self.cost, window_rows, self.window_gain, margin)
+            with_w, rate_w = choose_nodes(probs, self._table, window_rows, self.window_gain, margin)
             use_window = rate_w > rate or self._since_window >= self.tuning.window_probe_every
             if use_window:
                 keep, self._since_window = with_w, 0
@@ -94,6 +94,7 @@ class Budget:
         forward of ``seconds`` (used only when refining the cost curve)."""
         if self.refiner is not None and rows:
             self.cost = self.refiner.observe(rows, seconds)
+            self._table = self.cost(np.arange(len(self._table)))
         if len(draft):
             self.belief.update(*self.acceptance.update(draft, accepted_nodes))
         if draft.n_window_rows:

@@ -205,9 +205,11 @@ class _Call:
         self.max_length = stop_length if stop_length is not None else max_length
         self.cache_kwarg = compat.cache_kwarg_name(model)
         self.keeps_logits = compat.supports_logits_to_keep(model)
+        self.forward_kwargs = {"use_cache": True}  # the same every step but logits_to_keep
         self.vocab = model.config.vocab_size if decoder.memory is not None else None  # shared stores: check ids
         cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
         self.cache = DynamicCache(config=model.config) if cache is None else cache
+        self.forward_kwargs[self.cache_kwarg] = self.cache
         kv_window = _check_cache_layers(self.cache, max_length)
         device = self.device = input_ids.device
         self.dtype = model.dtype
@@ -233,6 +235,8 @@ class _Call:
         self.scores: list[torch.Tensor] = []
         self.raw: list[torch.Tensor] = []
         self.uniforms = PositionUniforms() if gen.do_sample else None  # seeded from torch's generator
+        # greedy, no processors, no scores: the verdict needs only every row's argmax
+        self.plain_greedy = self.processors is None and self.uniforms is None and not (self.keep_scores or self.keep_raw)
 
         self.past_len = self.cache.get_seq_length()
         self.length = input_ids.shape[1]  # tokens in the sequence
@@ -264,9 +268,10 @@ class _Call:
             t0 = clock()
             p = len(self.pending)
             draft = policy.draft(self.length, self.past_len + p, int(self.pending_pos[-1]))
+            rows = draft.rows
             ids, pos, mask = self.pack(draft)
             t1 = clock()
-            logits = self.forward(ids, pos, mask, draft.rows)  # [1 + n + m, V]
+            logits = self.forward(ids, pos, mask, rows)  # [1 + n + m, V]
             if not checked:
                 check_rollbackable(self.cache)
                 checked = True
@@ -277,7 +282,7 @@ class _Call:
             n_acc = min(len(verdict.nodes), n_emit)
             self.keep_kv(p, draft, verdict.nodes[:n_acc], verdict.tokens[n_emit - 1])
             policy.learn(draft, verdict.nodes, verdict.tokens[:n_emit], window_argmax,
-                         1 + draft.rows if p == 1 else 0, t3 - t1)  # a step's time: forward + verify
+                         1 + rows if p == 1 else 0, t3 - t1)  # a step's time: forward + verify
             stats.record_step(draft, verdict.nodes[:n_acc], n_emit, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
         return self.output()
 
@@ -298,17 +303,20 @@ class _Call:
 
     def forward(self, ids, pos, mask, rows: int) -> torch.Tensor:
         """One forward of the target model; the float logits of the last pending token and the draft rows."""
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
-                         **{self.cache_kwarg: self.cache},
-                         **({"logits_to_keep": rows + 1} if self.keeps_logits else {}))
+        kwargs = self.forward_kwargs
+        if self.keeps_logits:
+            kwargs["logits_to_keep"] = rows + 1
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
         self.stats.target_calls += 1
         return out.logits[0, -(rows + 1) :].float()
 
     def verify(self, logits: torch.Tensor, draft: Draft) -> tuple[Verdict, list[int] | None]:
         """(the verdict, the window rows' argmax or None), with one host round trip when greedy and plain."""
         n = len(draft)
-        if self.processors is None and self.uniforms is None and not self.keep_scores and not self.keep_raw:
+        if self.plain_greedy:
             argmax = logits.argmax(-1).tolist()  # every row at once: the one host round trip
+            if not n:
+                return Verdict([], argmax[:1]), (argmax[1:] if draft.window is not None else None)
             verdict = greedy_verify_argmax(argmax, draft.tokens.tolist(), draft.parents.tolist())
             return verdict, (argmax[n + 1 :] if draft.window is not None else None)
         uniforms = self.uniforms.take(self.stats.new_tokens, n + 1) if self.uniforms is not None else None
@@ -347,7 +355,8 @@ class _Call:
 
     def keep_kv(self, p: int, draft: Draft, accepted: list[int], last_token: int) -> None:
         """Keep the pending tokens' and the accepted nodes' KV entries; the last emitted token becomes pending."""
-        keep_entries(self.cache, p + draft.rows, list(range(p)) + [p + j for j in accepted])
+        if draft.rows:  # else every entry of the step stays
+            keep_entries(self.cache, p + draft.rows, list(range(p)) + [p + j for j in accepted])
         self.past_len += p + len(accepted)
         self.pending = np.array([last_token], dtype=np.int64)
         self.pending_pos = self.pending_pos[-1:] + len(accepted) + 1

@@ -7,7 +7,7 @@ plus optionally the lookahead window's rows. Terms are defined in ``config.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -19,6 +19,7 @@ ORIGINS = ("trie", "window", "memory")
 TRIE, WINDOW, MEMORY = range(3)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY8 = np.zeros(0, dtype=np.int8)
 
 
 class WindowRows(NamedTuple):
@@ -61,7 +62,7 @@ class Draft:
 
     @classmethod
     def empty(cls, window: WindowRows | None = None) -> Draft:
-        return cls(_EMPTY, _EMPTY, np.zeros(0, dtype=np.int8), _EMPTY, _EMPTY, _EMPTY, window)
+        return _NO_DRAFT if window is None else cls(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, window)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -80,12 +81,18 @@ class Draft:
 
         Example: parents ``[-1, -1, 0]`` (ranks ``[1, 2, 0]``), keep ``[1]`` -> parents ``[-1]``, rank
         ``[2]``: still the second of two siblings, though now drafted alone."""
-        nodes = np.asarray(nodes, dtype=np.int64)
         if len(nodes) == len(self.tokens):
             return self
+        if not len(nodes):
+            return Draft.empty(self.window)
+        nodes = np.asarray(nodes, dtype=np.int64)
         tokens, parents, origin = subset_tree(self.tokens, self.parents, self.origin, nodes)
-        return replace(self, tokens=tokens, parents=parents, origin=origin, match=self.match[nodes],
-                       depth=self.depth[nodes], rank=self.rank[nodes])
+        return Draft(tokens, parents, origin, self.match[nodes], self.depth[nodes], self.rank[nodes], self.window)
 
     def without_window(self) -> Draft:
-        return self if self.window is None else replace(self, window=None)
+        if self.window is None:
+            return self
+        return Draft(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank, None)
+
+
+_NO_DRAFT = Draft(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, None)  # a plain step's (immutable) draft

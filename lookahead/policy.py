@@ -72,7 +72,7 @@ class DraftPolicy:
             source.start(arr)
         self._context = arr.tolist()
         self.limits = limits
-        self.budget = None if cost is None else Budget(cost, self.tuning, refine=self.config.refine_cost)
+        self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
 
     def draft(self, length: int, cached: int, last_pos: int) -> Draft:
         """This step's draft. ``length``: tokens in the sequence (prompt + emitted); ``cached``: tokens in

@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import kernels as K
+
 
 def tree_depths(parents: np.ndarray) -> np.ndarray:
     """Depth of each node (children of the root have depth 1).
@@ -32,13 +34,7 @@ def tree_depths(parents: np.ndarray) -> np.ndarray:
     ``parents``: int[n], breadth-first (``parents[i] < i``), -1 for children of the root.
     Returns int64[n]. Example: ``tree_depths([-1, -1, 0, 2]) -> [1, 1, 2, 3]``.
     """
-    parents = np.asarray(parents, dtype=np.int64)
-    depth = np.zeros(len(parents), dtype=np.int64)
-    for i, p in enumerate(parents):
-        if p >= i:
-            raise ValueError(f"parents must be breadth-first (parents[i] < i); got parents[{i}]={p}")
-        depth[i] = 1 if p < 0 else depth[p] + 1
-    return depth
+    return tree_depth_rank(parents)[0]
 
 
 def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -48,13 +44,11 @@ def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
     """
     parents = np.asarray(parents, dtype=np.int64)
-    place = np.zeros(len(parents), dtype=np.int64)
-    seen: dict[int, int] = {}
-    for i, p in enumerate(parents.tolist()):
-        place[i] = seen.get(p, 0)
-        seen[p] = place[i] + 1
-    siblings = np.array([seen[p] for p in parents.tolist()], dtype=np.int64)
-    return tree_depths(parents), np.where(siblings > 1, place + 1, 0)
+    depth, rank, ok = K.depth_rank(parents)
+    if not ok:
+        bad = int(np.flatnonzero(parents >= np.arange(len(parents)))[0])
+        raise ValueError(f"parents must be breadth-first (parents[i] < i); got parents[{bad}]={parents[bad]}")
+    return depth, rank
 
 
 def subset_tree(tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, keep: np.ndarray):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder
-from lookahead.acceptance import AcceptanceStats, CopyBelief, match_bucket, path_products, tried_nodes
+from lookahead import kernels as K
+from lookahead.acceptance import AcceptanceStats, CopyBelief
 from lookahead.budget import Budget, choose_nodes
 from lookahead.cost import CostModel
 from lookahead.draft import ORIGINS, Draft, WindowRows
@@ -98,15 +99,22 @@ def test_acceptance_stats_learn():
     assert acc.tried[0, 0, 1, 0] == 20  # depth 2, an only child
 
 
-def test_path_products():
-    assert path_products(np.array([0.5, 0.4, 0.8]), np.array([-1, -1, 0])).tolist() == [0.5, 0.4, 0.4]
+def test_kernel_examples():
+    depth, rank, ok = K.depth_rank(np.array([-1, -1, 0, 0, 1]))
+    assert ok and depth.tolist() == [1, 1, 2, 2, 2] and rank.tolist() == [1, 2, 1, 2, 0]
+    assert not K.depth_rank(np.array([-1, 1]))[2]
+    keep, rate = K.choose(np.array([0.9, 0.8, 0.1]), np.array([9.0, 1.0, 1.1, 1.2, 2.0]), 0, 0.0, 1.05)
+    assert keep.tolist() == [0, 1] and rate == pytest.approx(2.7 / 1.2)
+    keep, rate = K.choose(np.array([0.5, 0.5]), np.array([9.0, 1.0, 1.0, 1.0]), 0, 0.0, 1.05)
+    assert keep.tolist() == [0, 1] and rate == 2.0  # ties: the lower index first, both kept
 
 
 def test_match_length_sets_the_prior_and_separates_the_estimates():
     acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0))
     # before any data: the rank prior (only child: 2/3) scaled by the match bucket's factor
-    assert match_bucket([0, 1, 2, 3, 7]).tolist() == [0, 0, 1, 2, 2]
     assert acc.node_probabilities(_draft([-1, 0], 1)) == pytest.approx([1 / 3, 1 / 9])
+    assert acc.node_probabilities(_draft([-1, 0], 0)) == pytest.approx([1 / 3, 1 / 9])  # no match: bucket 1
+    assert acc.node_probabilities(_draft([-1, 0], 7)) == pytest.approx([2.6 / 3, (2.6 / 3) ** 2])  # 3 or more
     assert acc.node_probabilities(_draft([-1, 0], 2)) == pytest.approx([0.6, 0.36])
     assert acc.node_probabilities(_draft([-1, 0], 3)) == pytest.approx([2.6 / 3, (2.6 / 3) ** 2])
     for _ in range(10):
@@ -134,9 +142,14 @@ def test_budget_probes_when_it_would_never_draft():
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
-def test_tried_nodes():
-    ok, tried = tried_nodes(np.array([-1, -1, 0, 2]), [0])
-    assert ok.tolist() == [True, False, False, False] and tried.tolist() == [True, True, True, False]
+def test_record_tries_only_children_of_accepted_nodes():
+    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0))
+    d = _draft([-1, -1, 0, 2])
+    c, hit = acc.update(d, [0])  # node 3's parent (node 2) was rejected: node 3 was never compared
+    assert hit.tolist() == [True, False, False] and len(c) == 3
+    assert acc.tried.sum() == 3 and acc.accepted.sum() == 1
+    # priors after a 1-token match (x0.5): first of two siblings 1/3 -> 1/6, second 1/10 -> 1/20, only child 2/3 -> 1/3
+    assert c.tolist() == pytest.approx([1 / 6, 1 / 20, 1 / 3])
 
 
 def test_copy_belief_worked_example():

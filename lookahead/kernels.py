@@ -1,0 +1,144 @@
+"""Numba kernels of the per-step draft decision: arrays in, arrays out, no Python objects.
+
+A step's budget touches every draft node a few times (its cells, its path probability, the
+sorted choice); in NumPy that is dozens of small-array calls per step, about 0.1-0.2 ms of host
+time, which a GPU forward of a few milliseconds would feel. Each kernel here is one call. The
+arithmetic is written in the same order as the NumPy reference it replaced, so the decisions are
+bit-for-bit the same (``tests/test_budget.py`` checks hand-worked values;
+``python -m benchmarks.replay`` reproduces its committed tables).
+
+Terms: a tree is breadth-first (``parents[i] < i``, -1 for a child of the root); a node's *cell* is
+(origin, match bucket, depth, rank) as defined in ``acceptance.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def depth_rank(parents):
+    """(depth int64[n], rank int64[n], ok): depth 1 for a child of the root; rank 0 for an only child,
+    else 1 + its place among its siblings; ``ok`` False when ``parents`` is not breadth-first.
+
+    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
+    """
+    n = len(parents)
+    depth = np.zeros(n, np.int64)
+    place = np.zeros(n, np.int64)
+    count = np.zeros(n + 1, np.int64)  # children seen so far per parent (index 0: the root)
+    for i in range(n):
+        p = parents[i]
+        if p >= i:
+            return depth, place, False
+        depth[i] = 1 if p < 0 else depth[p] + 1
+        place[i] = count[p + 1]
+        count[p + 1] += 1
+    rank = np.zeros(n, np.int64)
+    for i in range(n):
+        if count[parents[i] + 1] > 1:
+            rank[i] = place[i] + 1
+    return depth, rank, True
+
+
+@njit(cache=True)
+def _conditional(o, ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool, pool_weight):
+    a = prior_a[ctx, r]
+    b = prior_b[ctx, r]
+    pooled = (accepted_pool[o, ctx, r] + a) / (tried_pool[o, ctx, r] + a + b)
+    return (accepted[o, ctx, d, r] + pool_weight * pooled) / (tried[o, ctx, d, r] + pool_weight)
+
+
+@njit(cache=True)
+def _cell(match, depth, rank, n_ctx, max_depth, max_rank):
+    ctx = min(max(match, 1), n_ctx) - 1
+    return ctx, min(depth - 1, max_depth - 1), min(rank, max_rank - 1)
+
+
+@njit(cache=True)
+def node_probabilities(parents, origin, match, depth, rank, prior_a, prior_b, tried, accepted, tried_pool,
+                       accepted_pool, pool_weight):
+    """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path.
+
+    ``tried``/``accepted``: float64[origins, contexts, depths, ranks] counts; ``*_pool``: the same
+    summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks].
+    Example (priors only): a chain of two only children whose ``c`` is 0.6 each -> ``[0.6, 0.36]``.
+    """
+    n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
+    prob = np.empty(len(parents))
+    for i in range(len(parents)):
+        ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+        c = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool,
+                         pool_weight)
+        prob[i] = c * prob[parents[i]] if parents[i] >= 0 else c
+    return prob
+
+
+@njit(cache=True)
+def choose(probs, cost_table, extra_rows, extra_gain, margin):
+    """(node indices int64[k], sorted; expected tokens per second of the choice): the best prefix by
+    probability (ties: lower index first, so parents before children) maximising
+    ``(1 + extra_gain + sum of chosen probs) / cost_table[1 + extra_rows + k]``; a ``k > 0`` must beat
+    ``k = 0`` by the factor ``margin``.
+
+    Example: probs ``[0.9, 0.8, 0.1]``, cost table ``[_, 1, 1.1, 1.2, 2]`` -> ``([0, 1], 2.25)``.
+    """
+    n = len(probs)
+    order = np.argsort(-probs, kind="mergesort")  # stable
+    base = 1.0 + extra_gain
+    best_k, best_rate, first_rate = 0, 0.0, 0.0
+    total = 0.0
+    for k in range(n + 1):
+        if k:
+            total += probs[order[k - 1]]
+        rate = (base + total) / cost_table[1 + extra_rows + k]
+        if k == 0:
+            first_rate = rate
+            best_rate = rate
+        elif rate > best_rate:
+            best_k, best_rate = k, rate
+    if best_rate < margin * first_rate:
+        best_k, best_rate = 0, first_rate
+    return np.sort(order[:best_k]), best_rate
+
+
+@njit(cache=True)
+def record(parents, origin, match, depth, rank, accepted_nodes, prior_a, prior_b, tried, accepted, tried_pool,
+           accepted_pool, pool_weight, decay):
+    """Learn one verified tree in place: every node whose parent was accepted (or is the root) was
+    *tried*; counts decay by ``decay`` first. Returns (c float64[t], hit bool[t]) of the ``t`` tried
+    nodes in index order, ``c`` as estimated before this update.
+
+    Example: parents ``[-1, -1, 0, 2]``, accepted ``[0]``: nodes 0, 1, 2 were tried (node 3's parent was
+    rejected), and only node 0 was accepted.
+    """
+    n = len(parents)
+    ok = np.zeros(n, np.bool_)
+    for j in accepted_nodes:
+        ok[j] = True
+    n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
+    c = np.empty(n)
+    hit = np.empty(n, np.bool_)
+    t = 0
+    for i in range(n):
+        if parents[i] < 0 or ok[parents[i]]:
+            ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+            c[t] = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool,
+                                accepted_pool, pool_weight)
+            hit[t] = ok[i]
+            t += 1
+    tried *= decay
+    accepted *= decay
+    tried_pool *= decay
+    accepted_pool *= decay
+    for i in range(n):
+        if parents[i] < 0 or ok[parents[i]]:
+            ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+            o = origin[i]
+            tried[o, ctx, d, r] += 1.0
+            tried_pool[o, ctx, r] += 1.0
+            if ok[i]:
+                accepted[o, ctx, d, r] += 1.0
+                accepted_pool[o, ctx, r] += 1.0
+    return c[:t], hit[:t]

@@ -1,0 +1,119 @@
+"""Every private transformers API the plugin touches (lookahead/compat.py), pinned to the installed version,
+and the package's independence from anything generic on ``sys.path``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import torch
+import transformers
+from transformers import StoppingCriteriaList, TextStreamer
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+
+from lookahead import compat
+
+
+def test_tested_version_is_the_installed_one():
+    """compat.py was checked on this transformers; an upgrade must re-check it (and update the constant)."""
+    assert transformers.__version__.startswith(compat.TESTED_TRANSFORMERS), (
+        f"transformers {transformers.__version__} is installed, compat.py was checked on "
+        f"{compat.TESTED_TRANSFORMERS}: re-run tests/test_compat.py and review lookahead/compat.py"
+    )
+
+
+def test_streamer_is_found_in_the_calling_generate_frame(tiny_models):
+    model = tiny_models("llama")
+    seen = []
+
+    class Spy:
+        def __call__(self, model, input_ids, **kwargs):
+            seen.append(compat.streamer_of_calling_generate(self, depth=1))
+            return input_ids
+
+    class Recorder(TextStreamer):
+        def __init__(self):  # no tokenizer needed: put/end are not called with text here
+            self.values = []
+
+        def put(self, value):
+            self.values.append(value)
+
+        def end(self):
+            pass
+
+    streamer = Recorder()
+    spy = Spy()
+    model.generate(torch.tensor([[3, 4, 5]]), custom_generate=spy, streamer=streamer, max_new_tokens=2)
+    model.generate(torch.tensor([[3, 4, 5]]), custom_generate=spy, max_new_tokens=2)
+    assert seen == [streamer, None]
+
+
+def test_supports_logits_to_keep(tiny_models):
+    assert compat.supports_logits_to_keep(tiny_models("llama")) is True
+
+
+def test_generation_config_for_call(tiny_models):
+    config = compat.generation_config_for_call(tiny_models("llama"), None, {"max_new_tokens": 7, "num_beams": 2})
+    assert config.max_new_tokens == 7 and config.num_beams == 2
+
+
+def test_rollbackable_layer_types_and_cache_kwarg(tiny_models):
+    from transformers import DynamicCache
+
+    full, sliding = compat.rollbackable_layer_types()
+    cache = DynamicCache(config=tiny_models("llama").config)
+    assert all(type(layer) in (full, sliding) for layer in cache.layers)
+    assert compat.cache_kwarg_name(tiny_models("llama")) in ("cache", "past_key_values")
+
+
+def test_decoder_only_output_carries_the_cache():
+    out = compat.decoder_only_output(torch.zeros(1, 3, dtype=torch.long), None, None, "the-cache")
+    assert out.sequences.shape == (1, 3) and "the-cache" in out.values()
+
+
+def test_host_stopping_splits_what_the_host_can_check():
+    eos = EosTokenCriteria(torch.tensor([2, 7]))
+    timer = MaxTimeCriteria(max_time=100.0)
+    max_length, eos_ids, others = compat.host_stopping(StoppingCriteriaList([MaxLengthCriteria(50), eos, timer]))
+    assert max_length == 50 and eos_ids == {2, 7} and others == [timer]
+    assert compat.host_stopping(None) == (None, frozenset(), [])
+
+
+def test_a_users_own_cache_and_benchmarks_packages_do_not_shadow_ours(tmp_path):
+    """A working directory with its own ``cache`` and ``benchmarks`` packages (each raising on import):
+    ``import lookahead`` and a decode still work, because nothing of ours imports those names."""
+    for name in ("cache", "benchmarks"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('the user\\'s own {name} package')\n")
+    script = textwrap.dedent("""
+        import torch, transformers as tf
+        from lookahead import LookaheadDecoder
+        cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2)
+        torch.manual_seed(0)
+        model = tf.LlamaForCausalLM(cfg).eval()
+        ids = torch.tensor([[3, 10, 11, 12, 10, 11, 12, 10, 11]])
+        plain = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ours = model.generate(ids, max_new_tokens=12, eos_token_id=None, pad_token_id=0,
+                              custom_generate=LookaheadDecoder(cost_curve=((1, 1.0), (64, 1.0))))
+        assert torch.equal(plain, ours)
+        import sys
+        assert "cache" not in sys.modules and "benchmarks" not in sys.modules
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().endswith("ok")
+
+
+def test_the_decoder_reads_no_private_transformers_api_outside_compat():
+    """A transformers upgrade breaks in one place: no module but compat.py reaches into private names."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(compat.__file__).parent
+    private = re.compile(r"\bmodel\._[a-z]|sys\._getframe|transformers\.[a-z_.]*\._")
+    offenders = [f"{p.name}:{i}" for p in root.rglob("*.py") if p.name != "compat.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
+    assert offenders == []
