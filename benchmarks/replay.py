@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from lookahead.cache import NgramTrie
-
 from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
 from lookahead.policy import DraftPolicy, Limits

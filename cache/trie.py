@@ -160,6 +160,11 @@ class NgramTrie:
     def __len__(self) -> int:
         return int(self._state[K.S_N_LIVE])
 
+    def max_token(self) -> int:
+        """The largest token id the trie holds, -1 when it is empty (free slots hold -1)."""
+        with self._lock:
+            return int(self._nodes[:, K.TOKEN].max())
+
     def __repr__(self) -> str:
         return f"NgramTrie(max_n={self._max_n}, capacity={self._capacity}, nodes={len(self)}, step={self.step})"
 

@@ -53,6 +53,9 @@ class LookaheadDecoder:
     - ``clock``: the time source of the statistics, the calibration and (with ``refine_cost``) the
       budget; tests pass a fake one.
     - ``tuning``: the budget's constants (``tuning.BudgetTuning``).
+    - ``tokenizer``: the model's tokenizer, for ``stop_strings=`` in the plain
+      ``generate(custom_generate=decoder, ...)`` spelling: ``generate`` does not pass its own
+      ``tokenizer=`` on to a custom decoding callable (``lookahead.enable``'s spellings do).
 
     Threads: a decoder is the state of one decoding stream. A second call while one is running (from
     another thread) raises ``RuntimeError``; use one decoder per concurrent stream. Decoders in
@@ -62,7 +65,7 @@ class LookaheadDecoder:
 
     def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None,
                  calibrations: Calibrations | None = None, clock: Callable[[], float] = time.perf_counter,
-                 tuning: BudgetTuning | None = None, **overrides):
+                 tuning: BudgetTuning | None = None, tokenizer=None, **overrides):
         if config is None:
             config = LookaheadConfig(**overrides)
         elif overrides:
@@ -77,6 +80,7 @@ class LookaheadDecoder:
         self.policy = DraftPolicy(config, self.trie, self.memory, tuning)
         self.calibrations = calibrations if calibrations is not None else DEFAULT_CALIBRATIONS
         self.clock = clock
+        self.tokenizer = tokenizer
         self.stats = DecodeStats()
         self._busy = threading.Lock()  # held by the running call
 
@@ -100,11 +104,15 @@ class LookaheadDecoder:
         generation_config=None,
         synced_gpus: bool = False,
         streamer=None,
+        stop_strings: str | list[str] | None = None,
+        tokenizer=None,
         **model_kwargs,
     ):
         _check_supported(model, input_ids, generation_config, synced_gpus)
         if streamer is None:
             streamer = compat.streamer_of_calling_generate(self)
+        if stop_strings:
+            stopping_criteria = _with_stop_strings(stopping_criteria, stop_strings, tokenizer or self.tokenizer)
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(
                 "this LookaheadDecoder is already decoding (in another thread); a decoder holds the state of one "
@@ -206,7 +214,13 @@ class _Call:
         self.cache_kwarg = compat.cache_kwarg_name(model)
         self.keeps_logits = compat.supports_logits_to_keep(model)
         self.forward_kwargs = {"use_cache": True}  # the same every step but logits_to_keep
-        self.vocab = model.config.vocab_size if decoder.memory is not None else None  # shared stores: check ids
+        if decoder.memory is not None and decoder.memory.max_token() >= model.config.vocab_size:
+            raise ValueError(
+                f"the shared trie holds token id {decoder.memory.max_token()}, outside this model's vocabulary of "
+                f"{model.config.vocab_size}: the store was built with another tokenizer. Use a store built with "
+                "this model's tokenizer (NgramTrie.load(path, vocab_size=..., tokenizer_id=...) checks it when "
+                "the store was saved with them)."
+            )
         cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
         self.cache = DynamicCache(config=model.config) if cache is None else cache
         self.forward_kwargs[self.cache_kwarg] = self.cache
@@ -288,12 +302,6 @@ class _Call:
 
     def pack(self, draft: Draft):
         """(input ids [1, q], position ids [1, q], 4D mask or None) of this step."""
-        if self.vocab is not None and len(draft) and int(draft.tokens.max()) >= self.vocab:
-            raise ValueError(
-                f"the shared trie drafted token id {int(draft.tokens.max())}, outside this model's vocabulary of "
-                f"{self.vocab}: the store was built for another tokenizer. Load it with vocab_size= checked "
-                "(NgramTrie.load(path, vocab_size=...)) or use a store built with this model's tokenizer."
-            )
         if not draft.rows and self.col_visible is None:  # plain causal step: the model's own mask and fast path
             return (torch.from_numpy(self.pending[None]).to(self.device),
                     torch.from_numpy(self.pending_pos[None]).to(self.device), None)
@@ -369,6 +377,20 @@ class _Call:
             return sequences
         return compat.decoder_only_output(sequences, tuple(self.scores) if self.keep_scores else None,
                                           tuple(self.raw) if self.keep_raw else None, self.cache)
+
+
+def _with_stop_strings(stopping_criteria, stop_strings, tokenizer):
+    """``stopping_criteria`` plus transformers' ``StopStringCriteria`` for ``stop_strings`` (checked token
+    by token like every criterion)."""
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    if tokenizer is None:
+        raise ValueError(
+            "stop_strings need the model's tokenizer, and generate() does not pass tokenizer= on to a "
+            "custom_generate callable. Give it to the decoder, LookaheadDecoder(tokenizer=tokenizer), or call "
+            "lookahead.enable(model) and use assistant=/lookahead=True, which pass it on."
+        )
+    return StoppingCriteriaList([*(stopping_criteria or []), StopStringCriteria(tokenizer, stop_strings)])
 
 
 def _check_model_kwargs(model_kwargs: dict, gen) -> None:

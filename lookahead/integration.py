@@ -41,6 +41,9 @@ How it works (the decisions):
   ``pipe(text, assistant=...)`` / ``pipe(text, streamer=...)`` reach the wrapper; no pipeline method
   is overridden. Note that the model object is what is enabled: direct ``pipe.model.generate`` calls and
   other pipelines sharing that model see the same flags and default.
+- **Stop strings.** ``generate`` drops ``tokenizer=`` for a callable ``custom_generate`` and then
+  refuses ``stop_strings``; the wrapper passes the tokenizer to the decoder (and moves stop strings
+  set in a generation config into the call), which checks them token by token.
 - **Streamers.** ``generate`` puts the prompt into ``streamer=`` but does not pass the streamer to a
   callable ``custom_generate``. The wrapper passes both ``streamer=streamer`` (so ``generate`` puts the
   prompt once, exactly as plain ``generate`` does) and ``custom_generate=partial(decoder,
@@ -59,6 +62,7 @@ How it works (the decisions):
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 
@@ -101,10 +105,18 @@ class LookaheadGenerate:
         if decoder is None and isinstance(kwargs.get("custom_generate"), LookaheadDecoder):
             decoder = kwargs.pop("custom_generate")
         if decoder is not None:
-            streamer = kwargs.get("streamer")
-            # generate() puts the prompt into `streamer` itself; the decoder gets it for the rest
-            kwargs["custom_generate"] = decoder if streamer is None else functools.partial(decoder,
-                                                                                           streamer=streamer)
+            bound = {}
+            if kwargs.get("streamer") is not None:  # generate() puts the prompt; the decoder puts the rest
+                bound["streamer"] = kwargs["streamer"]
+            if kwargs.get("tokenizer") is not None:  # generate() would drop it; the decoder needs it for stop strings
+                bound["tokenizer"] = kwargs.pop("tokenizer")
+            config_stops = getattr(kwargs.get("generation_config") or self.model.generation_config, "stop_strings", None)
+            if config_stops and kwargs.get("stop_strings") is None:  # generate() would refuse them without tokenizer
+                kwargs["stop_strings"] = config_stops
+                kwargs["generation_config"] = copy.deepcopy(kwargs.get("generation_config")
+                                                            or self.model.generation_config)
+                kwargs["generation_config"].stop_strings = None
+            kwargs["custom_generate"] = functools.partial(decoder, **bound) if bound else decoder
         return type(self.model).generate(self.model, *args, **kwargs)
 
     def _choose(self, assistant, lookahead, args, kwargs) -> LookaheadDecoder | None:

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+
 from tiny import TINY_COST_CURVE, tiny_model
 
 # Tiny models run far faster on one thread (no OpenMP hand-offs, no spinning when cores are busy);

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import TINY_ARCHS
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from lookahead import LookaheadDecoder
+
+from tiny import TINY_ARCHS
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]

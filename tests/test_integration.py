@@ -8,11 +8,12 @@ import warnings
 
 import pytest
 import torch
-from tiny import TINY_ARCHS
 from transformers import TextIteratorStreamer, TextStreamer
 
 import lookahead
 from lookahead import LookaheadDecoder
+
+from tiny import TINY_ARCHS
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 PROMPT_TEXT = " ".join(f"w{i}" for i in REPETITIVE)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from lookahead.cache import NgramTrie
 
 from lookahead import LookaheadDecoder
+from lookahead.cache import NgramTrie
 
 PROMPT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
 
@@ -51,3 +51,23 @@ def test_memory_stays_bounded(tiny_models):
 def test_trie_argument_is_checked():
     with pytest.raises(TypeError, match="NgramTrie"):
         LookaheadDecoder(trie={})
+
+
+def test_a_store_from_a_bigger_vocabulary_is_refused_before_any_forward(tiny_models, tmp_path):
+    """Saved without vocab_size, a store's ids are checked against the model's vocabulary at the call's
+    start (it used to fail mid-generate with IndexError)."""
+    model = tiny_models("llama")  # vocabulary of 96
+    store = NgramTrie(max_n=6, capacity=4096)
+    store.insert([5, 6, 120, 7, 8])
+    store.save(str(tmp_path / "store.bin"))
+    loaded = NgramTrie.load(str(tmp_path / "store.bin"))
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"token id 120, outside this model's vocabulary of 96"):
+            model.generate(torch.tensor([[3, 5, 6]]), max_new_tokens=8,
+                           custom_generate=LookaheadDecoder(trie=loaded, cost_curve=((1, 1.0), (64, 1.0))))
+    finally:
+        handle.remove()
+    assert calls == []
+    assert NgramTrie(max_n=3, capacity=64).max_token() == -1

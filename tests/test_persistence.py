@@ -17,6 +17,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from test_trie import _check_invariants  # pytest puts tests/ on sys.path
+
+from lookahead import LookaheadDecoder
 from lookahead.cache import (
     FORMAT_VERSION,
     NgramTrie,
@@ -25,9 +28,6 @@ from lookahead.cache import (
     persist,
     tokenizer_identity,
 )
-from test_trie import _check_invariants  # pytest puts tests/ on sys.path
-
-from lookahead import LookaheadDecoder
 
 
 def _filled(max_n=3, capacity=200, seed=0, requests=12, vocab=9):

@@ -31,12 +31,12 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from lookahead.cache import NgramTrie
 from test_trie import _check_invariants  # pytest puts tests/ on sys.path
 from transformers import StaticCache, StoppingCriteria, StoppingCriteriaList
 
 import lookahead
 from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead.cache import NgramTrie
 from lookahead.kv_cache import CacheNotRollbackable
 
 PROMPT = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]

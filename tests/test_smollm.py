@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -33,3 +35,42 @@ def test_smollm_greedy_equivalence(smollm, name):
     assert decoder.stats.new_tokens == n_new
     if name.startswith("code"):
         assert decoder.stats.target_calls < n_new
+
+
+def _stop_string_spellings(model, tok):
+    """Each spelling of a lookahead call, as a function of generate()'s other kwargs."""
+    import lookahead
+
+    enabled = lookahead.enable(copy.copy(model))  # a shallow copy: the instance attribute stays off `model`
+    default = lookahead.enable(copy.copy(model), default=LookaheadDecoder())
+    return {
+        "custom_generate": lambda **kw: model.generate(**kw, custom_generate=LookaheadDecoder(tokenizer=tok)),
+        "assistant": lambda **kw: enabled.generate(**kw, assistant=LookaheadDecoder()),
+        "lookahead_true": lambda **kw: enabled.generate(**kw, lookahead=True),
+        "default": lambda **kw: default.generate(**kw),
+        "custom_generate_enabled": lambda **kw: enabled.generate(**kw, custom_generate=LookaheadDecoder()),
+    }
+
+
+@pytest.mark.smollm
+def test_stop_strings_in_every_spelling(smollm):
+    """stop_strings with the real tokenizer stop where plain generate stops, in every spelling."""
+    model, tok = smollm
+    inputs = chat_inputs(tok, "Write a Python class Stack with methods push, pop and peek.")
+    full = model.generate(**inputs, max_new_tokens=60, do_sample=False)
+    text = tok.decode(full[0, inputs["input_ids"].shape[1]:])
+    stop = "push" if "push" in text else text.split()[len(text.split()) // 2]
+    kw = dict(max_new_tokens=60, do_sample=False, stop_strings=[stop], tokenizer=tok)
+    plain = model.generate(**inputs, **kw)
+    assert plain.shape[1] < full.shape[1], "the stop string must stop plain generate early"
+    for name, run in _stop_string_spellings(model, tok).items():
+        ours = run(**inputs, **kw)
+        assert ours.tolist() == plain.tolist(), name
+    # generate() drops tokenizer= for a custom_generate callable: the decoder says what to do instead
+    with pytest.raises(ValueError, match=r"LookaheadDecoder\(tokenizer=tokenizer\)"):
+        model.generate(**inputs, **kw, custom_generate=LookaheadDecoder())
+    # stop strings set in a generation config reach the decoder through the enabled spellings too
+    config = copy.deepcopy(model.generation_config)
+    config.stop_strings, config.max_new_tokens, config.do_sample = [stop], 60, False
+    enabled = _stop_string_spellings(model, tok)["lookahead_true"]
+    assert enabled(**inputs, generation_config=config, tokenizer=tok).tolist() == plain.tolist()

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from lookahead.cache import NgramTrie
-from tiny import tiny_model
 
 from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead.cache import NgramTrie
+
+from tiny import tiny_model
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2", "phi3", "gemma")
 COST_CURVE = ((1, 1.0), (4, 1.2), (16, 2.0), (64, 5.0))  # skips calibration: most examples build a new model

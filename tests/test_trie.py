@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from lookahead.cache import NgramTrie
 from lookahead.cache import kernels as K
+
 from trie_reference import ReferenceTrie  # pytest puts tests/ (no __init__.py) on sys.path
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny import TINY_ARCHS
 
 from lookahead import LookaheadDecoder
 from lookahead.tree import merge_trees, pack_step
 from lookahead.window import LookaheadWindow, harvest_ngrams, window_layout
+
+from tiny import TINY_ARCHS
 
 NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
 
