@@ -64,6 +64,17 @@ class Budget:
         self._since_window = 0
         self._since_draft = 0
 
+    @property
+    def drafting_can_pay(self) -> bool:
+        """Whether any tree could be worth its cost on this curve: even if every drafted node were
+        surely accepted, some ``k`` would have to beat a plain step by ``margin``. When not (a curve
+        where one extra row costs as much as several tokens), proposing is skipped altogether.
+
+        Example: ``t(1) = 1, t(2) = 3, t(k) = k + 1`` beyond: ``(1 + k) / t(1 + k)`` stays below 1.
+        """
+        k = np.arange(1, len(self._table) - 1)
+        return bool(np.any((1 + k) * self._table[1] >= self.tuning.margin * self._table[1 + k]))
+
     def plan(self, draft: Draft) -> Draft:
         """The part of ``draft`` worth verifying this step (nodes kept, window kept or dropped)."""
         self.belief.step()

@@ -265,6 +265,7 @@ class _Call:
         self.seq_host = self.seq.numpy() if device.type == "cpu" else None  # the same memory, written from the host
         # host int64[p] each: the tokens not in the KV cache yet, and their positions
         self.pending, self.pending_pos = prompt[self.past_len :], prompt_pos[self.past_len :]
+        self._last_token, self._last_pos = np.zeros(1, np.int64), np.zeros(1, np.int64)
 
         cost = None
         if decoder.config.adaptive:
@@ -338,7 +339,10 @@ class _Call:
         """Append the verdict's tokens one by one until a stopping criterion holds: (emitted, done)."""
         tokens, start = verdict.tokens, self.length
         if self.seq_host is not None:
-            self.seq_host[0, start : start + len(tokens)] = tokens
+            if len(tokens) == 1:
+                self.seq_host[0, start] = tokens[0]
+            else:
+                self.seq_host[0, start : start + len(tokens)] = tokens
         else:
             self.seq[0, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
         n_emit, done = len(tokens), False
@@ -366,8 +370,9 @@ class _Call:
         if draft.rows:  # else every entry of the step stays
             keep_entries(self.cache, p + draft.rows, list(range(p)) + [p + j for j in accepted])
         self.past_len += p + len(accepted)
-        self.pending = np.array([last_token], dtype=np.int64)
-        self.pending_pos = self.pending_pos[-1:] + len(accepted) + 1
+        last_pos = int(self.pending_pos[-1]) + len(accepted) + 1
+        self.pending, self.pending_pos = self._last_token, self._last_pos  # int64[1] each, reused every step
+        self.pending[0], self.pending_pos[0] = last_token, last_pos
 
     def output(self):
         if self.streamer is not None:

@@ -142,3 +142,46 @@ def record(parents, origin, match, depth, rank, accepted_nodes, prior_a, prior_b
                 accepted[o, ctx, d, r] += 1.0
                 accepted_pool[o, ctx, r] += 1.0
     return c[:t], hit[:t]
+
+
+@njit(cache=True)
+def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
+    """Fill the additive attention mask of one step in place: 0 where a row sees a column, ``neg`` elsewhere.
+
+    ``mask``: float[q, past_len + q] with q = p + n + m rows (pending tokens, tree nodes, window rows).
+    Pending rows are causal among themselves; node ``i`` sees the pending tokens, itself and its
+    ancestors (``parents``, breadth-first); window rows see the pending tokens and what
+    ``window_visible`` bool[m, m] allows; tree and window rows never see each other. Every row sees
+    the cached columns, except those ``col_visible`` bool[past_len + p] marks as padding (an empty
+    ``col_visible`` means no padding).
+
+    Example: p = 1, parents ``[-1, -1, 0]``, no cache: rows ``p a b c`` see ``p``, ``p a``, ``p b``, ``p a c``.
+    """
+    q = mask.shape[0]
+    past = mask.shape[1] - q
+    n = len(parents)
+    m = window_visible.shape[0]
+    mask[:, :] = neg
+    mask[:, :past] = 0.0
+    for i in range(p):
+        for j in range(i + 1):
+            mask[i, past + j] = 0.0
+    for i in range(n):
+        row = p + i
+        for j in range(p):
+            mask[row, past + j] = 0.0
+        a = i
+        while a >= 0:  # itself and its ancestors
+            mask[row, past + p + a] = 0.0
+            a = parents[a]
+    for i in range(m):
+        row = p + n + i
+        for j in range(p):
+            mask[row, past + j] = 0.0
+        for j in range(m):
+            if window_visible[i, j]:
+                mask[row, past + p + n + j] = 0.0
+    if len(col_visible):
+        for j in range(past + p):
+            if not col_visible[j]:
+                mask[:, j] = neg

@@ -59,6 +59,7 @@ class DraftPolicy:
         self.budget: Budget | None = None
         self.limits = Limits(max_length=1 << 62)
         self._context: list[int] = []
+        self._propose = True
 
     def max_rows(self) -> int:
         """The most new tokens one step can feed: the last token, every source's tree, the window rows."""
@@ -73,6 +74,9 @@ class DraftPolicy:
         self._context = arr.tolist()
         self.limits = limits
         self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
+        # no tree can pay on this curve (and no window needs drafting): skip proposing (refinement may change it)
+        self._propose = (self.budget is None or self.window is not None or self.config.refine_cost
+                         or self.budget.drafting_can_pay)
 
     def draft(self, length: int, cached: int, last_pos: int) -> Draft:
         """This step's draft. ``length``: tokens in the sequence (prompt + emitted); ``cached``: tokens in
@@ -80,7 +84,7 @@ class DraftPolicy:
         cfg, limits = self.config, self.limits
         depth = min(cfg.tree_depth, limits.max_length - length - 1)  # room before the bonus token
         proposals = []
-        if depth > 0:
+        if depth > 0 and self._propose:
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self.sources:
                 p = source.propose(context, cfg.tree_nodes, depth)
@@ -108,6 +112,6 @@ class DraftPolicy:
         arr = np.asarray(emitted, dtype=np.int64)
         for source in self.sources:
             source.learn(arr)
-        self._context.extend(arr.tolist())
+        self._context.extend(emitted)
         if window_argmax is not None and self.window is not None:
             self.window.advance(window_argmax, len(arr))

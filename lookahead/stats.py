@@ -9,6 +9,12 @@ import numpy as np
 
 from .draft import ORIGINS
 
+# DecodeStats.explain's thresholds: at least this many tokens per model call means drafting paid;
+# a 2-token forward at least EXPLAIN_COSTLY[0] times a 1-token one, or a 16-token forward at least
+# EXPLAIN_COSTLY[1] times, means extra verified tokens cost real time on this machine.
+EXPLAIN_PAID = 1.2
+EXPLAIN_COSTLY = (1.2, 1.5)
+
 
 @dataclass
 class DecodeStats:
@@ -46,9 +52,10 @@ class DecodeStats:
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
                     t_verify: float, t_bookkeeping: float) -> None:
         """Count one step: ``draft`` as verified, its ``accepted`` nodes, ``emitted`` tokens, phase times."""
-        self.budgets.append((len(draft.tokens), draft.n_window_rows))
+        n = len(draft.tokens)
+        self.budgets.append((n, draft.n_window_rows))
         self.accepted_per_step.append(len(accepted))
-        if len(draft.tokens):
+        if n:
             for o, count in enumerate(np.bincount(draft.origin, minlength=len(ORIGINS)).tolist()):
                 if count:
                     self.drafted_by_origin[ORIGINS[o]] += count
@@ -102,6 +109,69 @@ class DecodeStats:
             "time_bookkeeping": self.time_bookkeeping,
             "time_calibration": self.time_calibration,
         }
+
+    def explain(self) -> str:
+        """What the decoder did and why, in two plain sentences a newcomer can read.
+
+        The first sentence gives tokens per model call (plain ``generate`` makes one call per token).
+        The second says why it came out so, in the first of these cases that applies:
+
+        - a fixed budget (``adaptive=False``, no cost curve): every step verified the whole draft tree
+          the n-gram store proposed; how many steps had one and how much of it was accepted;
+        - drafting paid (at least ``EXPLAIN_PAID`` tokens per call): how many steps drafted, how many
+          drafted tokens were accepted, and why the other steps were plain;
+        - most steps plain and the cost curve steep (``EXPLAIN_COSTLY``): drafting did not pay on this
+          machine, naming what verifying 2 and 16 tokens costs against a 1-token forward;
+        - most steps plain and the curve flat: the text offered little to copy;
+        - otherwise: drafts were verified but the text did not repeat much (the acceptance rate).
+
+        Cost ratios read ``CostModel(self.cost_curve)``: linear between measured points, extended with
+        the last segment's slope beyond them. A step is *plain* when it verified no draft token and ran
+        no window row. Example, a busy CPU where the budget kept every step plain::
+
+            DecodeStats(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
+                        cost_curve=((1, .010), (2, .017), (16, .024))).explain()
+            # -> "4 tokens in 4 model calls (1.00 tokens per call; plain generate makes one call per
+            #     token). Drafting did not pay on this machine: verifying 2 tokens costs 1.7x a 1-token
+            #     forward (16 tokens: 2.4x), so the budget kept 4 of 4 steps plain."
+        """
+        steps = len(self.budgets)
+        if not self.target_calls or not steps:
+            return "Nothing was generated: the decoder made no model call."
+        head = (f"{self.new_tokens} tokens in {self.target_calls} model calls ({self.tokens_per_call:.2f} tokens "
+                "per call; plain generate makes one call per token).")
+        plain = sum(1 for nodes, rows in self.budgets if not nodes and not rows)
+        drafting = steps - plain
+        accepted = (f"{self.accepted} of {self.drafted} drafted tokens were accepted "
+                    f"({self.acceptance_rate:.0%})")
+        paid = self.tokens_per_call >= EXPLAIN_PAID
+        if self.cost_curve is None:
+            if not drafting:
+                return (f"{head} The budget was fixed (adaptive=False), so every step would have verified the "
+                        "whole draft tree, but the prompt and output offered nothing to copy: no step had one.")
+            return (f"{head} The budget was fixed (adaptive=False), so every step verified the whole draft tree "
+                    f"the n-gram store proposed: {drafting} of {steps} steps had one, and {accepted}"
+                    + ("." if paid else ": the text did not repeat much."))
+        from .cost import CostModel
+
+        curve = CostModel(self.cost_curve)
+        r2, r16 = (float(curve(k) / curve(1)) for k in (2, 16))
+        cost = f"verifying 2 tokens costs {r2:.1f}x a 1-token forward (16 tokens: {r16:.1f}x)"
+        costly = r2 >= EXPLAIN_COSTLY[0] or r16 >= EXPLAIN_COSTLY[1]
+        if paid:
+            why = f"{drafting} of {steps} steps verified a draft and {accepted}"
+            if plain:
+                why += (f"; the budget kept the other {plain} steps plain, since {cost} on this machine" if costly
+                        else f"; the other {plain} steps were plain: the text offered nothing to copy there")
+            return f"{head} {why}."
+        if 2 * plain > steps:
+            those = f" (the {drafting} that drafted: {accepted})" if drafting else ""
+            if costly:
+                return (f"{head} Drafting did not pay on this machine: {cost}, so the budget kept {plain} of "
+                        f"{steps} steps plain{those}.")
+            return (f"{head} Verifying extra tokens is cheap here ({cost}), yet {plain} of {steps} steps were "
+                    f"plain{those}: the prompt and output offered little to copy.")
+        return f"{head} {drafting} of {steps} steps verified a draft, but the text did not repeat much: {accepted}."
 
     def __str__(self) -> str:
         return (

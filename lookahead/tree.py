@@ -66,23 +66,6 @@ def subset_tree(tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, kee
     return np.asarray(tokens)[keep], new_par, np.asarray(origin)[keep]
 
 
-def tree_visibility(parents: np.ndarray) -> np.ndarray:
-    """bool[n, n]: ``vis[i, j]`` is True iff node ``j`` is node ``i`` or one of its ancestors.
-
-    Example: ``parents=[-1, -1, 0]`` gives rows ``[1,0,0], [0,1,0], [1,0,1]``.
-    """
-    parents = np.asarray(parents, dtype=np.int64)
-    n = len(parents)
-    vis = np.eye(n, dtype=bool)
-    rows, up = np.arange(n), parents.copy()
-    while len(rows):  # one pass per tree level: mark each node's next ancestor up
-        live = up >= 0
-        rows, up = rows[live], up[live]
-        vis[rows, up] = True
-        up = parents[up]
-    return vis
-
-
 def pack_step(
     pending: np.ndarray,
     pending_pos: np.ndarray,
@@ -112,18 +95,12 @@ def pack_step(
     p, n = len(pending), len(tree_tokens)
     m = 0 if window is None else len(window[0])
     q = p + n + m
-    visible = np.ones((q, past_len + q), dtype=bool)  # rows see every cached column ...
-    block = visible[:, past_len:]  # ... and, among the new columns, what the layout allows
-    block[:, p:] = False
-    block[:p, :p] = np.tril(block[:p, :p])
-    if n:
-        block[p : p + n, p : p + n] = tree_visibility(tree_parents)
-    if m:
-        block[p + n :, p + n :] = window[2]
-    if col_visible is not None:  # padding columns are never seen
-        visible[:, : past_len + p] &= np.asarray(col_visible, dtype=bool)[None, :]
     host_dtype = np.float64 if dtype == torch.float64 else np.float32  # holds the dtype's min exactly
-    mask = np.where(visible, 0.0, float(torch.finfo(dtype).min)).astype(host_dtype)
+    mask = np.empty((q, past_len + q), dtype=host_dtype)
+    K.fill_step_mask(mask, p, np.asarray(tree_parents, dtype=np.int64),
+                     np.asarray(window[2], dtype=bool) if m else _NO_WINDOW,
+                     _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool),
+                     float(torch.finfo(dtype).min))
     depth = tree_depths(tree_parents) if tree_depth is None else tree_depth
     ids = np.concatenate([pending, np.asarray(tree_tokens, dtype=np.int64)]
                          + ([np.asarray(window[0], dtype=np.int64)] if m else []))
@@ -131,6 +108,10 @@ def pack_step(
                          + ([pending_pos[-1] + np.asarray(window[1], dtype=np.int64)] if m else []))
     return (torch.from_numpy(ids[None]).to(device), torch.from_numpy(pos[None]).to(device),
             torch.from_numpy(mask[None, None]).to(device, dtype))
+
+
+_NO_WINDOW = np.zeros((0, 0), dtype=bool)
+_NO_COLUMNS = np.zeros(0, dtype=bool)
 
 
 def merge_trees(

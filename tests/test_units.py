@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 
 from lookahead.kv_cache import keep_entries
-from lookahead.tree import pack_step, tree_depths, tree_visibility
+from lookahead.tree import pack_step, tree_depths
 from lookahead.verify import children_lists, greedy_verify, greedy_verify_argmax
 
 # --- tree packing ---------------------------------------------------------------------------
@@ -17,7 +17,8 @@ from lookahead.verify import children_lists, greedy_verify, greedy_verify_argmax
 def test_depths_and_visibility():
     parents = np.array([-1, -1, 0, 2, 1])
     assert tree_depths(parents).tolist() == [1, 1, 2, 3, 2]
-    assert tree_visibility(parents).astype(int).tolist() == [
+    _, _, mask = pack_step(np.array([1]), np.array([0]), np.arange(5), parents, None, 0, torch.float32)
+    assert (mask[0, 0, 1:, 1:] == 0).int().tolist() == [  # among the nodes: itself and its ancestors
         [1, 0, 0, 0, 0],
         [0, 1, 0, 0, 0],
         [1, 0, 1, 0, 0],
