@@ -228,20 +228,8 @@ class _Call:
         device = self.device = input_ids.device
         self.dtype = model.dtype
 
-        attn = model_kwargs.get("attention_mask")
-        if attn is not None and attn.dim() != 2:
-            raise ValueError("attention_mask must be 2D [batch, sequence]")
-        has_padding = attn is not None and not bool((attn == 1).all())
         prompt = input_ids[0].cpu().numpy().astype(np.int64)  # int64[L], host copy
-        # col_visible: host bool[max_length + 1], True for every non-padding token; None when nothing is padding
-        self.col_visible = None
-        if has_padding:
-            mask = attn[0].bool().cpu().numpy()
-            self.col_visible = np.ones(max(max_length, len(prompt)) + 1, dtype=bool)
-            self.col_visible[: len(prompt)] = mask
-            prompt_pos = np.maximum(np.cumsum(mask) - 1, 0)
-        else:
-            prompt_pos = np.arange(len(prompt))
+        prompt_pos, self.col_visible = _positions(model_kwargs.get("attention_mask"), len(prompt), max_length)
 
         self.keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
         self.keep_raw = bool(gen.return_dict_in_generate and gen.output_logits)
@@ -382,6 +370,23 @@ class _Call:
             return sequences
         return compat.decoder_only_output(sequences, tuple(self.scores) if self.keep_scores else None,
                                           tuple(self.raw) if self.keep_raw else None, self.cache)
+
+
+def _positions(attention_mask, length: int, max_length: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(positions int64[length] of the prompt's tokens, col_visible) from a 2D ``attention_mask`` or None.
+
+    ``col_visible``: host bool[max(max_length, length) + 1], False at the prompt's padding and True
+    for every later token; None when nothing is padding. Example: mask ``[[0, 1, 1]]`` -> positions
+    ``[0, 0, 1]``, col_visible ``[F, T, T, T, ...]``.
+    """
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError("attention_mask must be 2D [batch, sequence]")
+    if attention_mask is None or bool((attention_mask == 1).all()):
+        return np.arange(length), None
+    visible = attention_mask[0].bool().cpu().numpy()
+    col_visible = np.ones(max(max_length, length) + 1, dtype=bool)
+    col_visible[:length] = visible
+    return np.maximum(np.cumsum(visible) - 1, 0), col_visible
 
 
 def _with_stop_strings(stopping_criteria, stop_strings, tokenizer):
