@@ -23,6 +23,7 @@ _EXPORTS = {
     "LookaheadConfig": ".config",
     "LookaheadDecoder": ".decoder",
     "DecodeStats": ".stats",
+    "NgramTrie": ".cache",
     "enable": ".integration",
     "disable": ".integration",
     "is_enabled": ".integration",
