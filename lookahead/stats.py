@@ -119,7 +119,8 @@ class DecodeStats:
         - a fixed budget (``adaptive=False``, no cost curve): every step verified the whole draft tree
           the n-gram store proposed; how many steps had one and how much of it was accepted;
         - drafting paid (at least ``EXPLAIN_PAID`` tokens per call): how many steps drafted, how many
-          drafted tokens were accepted, and why the other steps were plain;
+          drafted tokens were accepted, and why the other steps were plain (a draft too unlikely to be
+          worth its cost, naming the cost ratios, or, on a flat curve, nothing likely to be accepted);
         - most steps plain and the cost curve steep (``EXPLAIN_COSTLY``): drafting did not pay on this
           machine, naming what verifying 2 and 16 tokens costs against a 1-token forward;
         - most steps plain and the curve flat: the text offered little to copy;
@@ -133,7 +134,7 @@ class DecodeStats:
                         cost_curve=((1, .010), (2, .017), (16, .024))).explain()
             # -> "4 tokens in 4 model calls (1.00 tokens per call; plain generate makes one call per
             #     token). Drafting did not pay on this machine: verifying 2 tokens costs 1.7x a 1-token
-            #     forward (16 tokens: 2.4x), so the budget kept 4 of 4 steps plain."
+            #     forward and 16 tokens 2.4x, so the budget kept 4 of 4 steps plain."
         """
         steps = len(self.budgets)
         if not self.target_calls or not steps:
@@ -156,21 +157,24 @@ class DecodeStats:
 
         curve = CostModel(self.cost_curve)
         r2, r16 = (float(curve(k) / curve(1)) for k in (2, 16))
-        cost = f"verifying 2 tokens costs {r2:.1f}x a 1-token forward (16 tokens: {r16:.1f}x)"
+        cost = f"verifying 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
         costly = r2 >= EXPLAIN_COSTLY[0] or r16 >= EXPLAIN_COSTLY[1]
         if paid:
             why = f"{drafting} of {steps} steps verified a draft and {accepted}"
             if plain:
-                why += (f"; the budget kept the other {plain} steps plain, since {cost} on this machine" if costly
-                        else f"; the other {plain} steps were plain: the text offered nothing to copy there")
+                why += (f"; the other {plain} steps were plain: there a draft was too unlikely to be worth its "
+                        f"cost (on this machine {cost})" if costly
+                        else f"; the other {plain} steps were plain: the text offered nothing likely to be "
+                        "accepted there")
             return f"{head} {why}."
         if 2 * plain > steps:
-            those = f" (the {drafting} that drafted: {accepted})" if drafting else ""
+            others = (f"; the other {drafting} accepted {self.accepted} of their {self.drafted} drafted tokens"
+                      if drafting else "")
             if costly:
                 return (f"{head} Drafting did not pay on this machine: {cost}, so the budget kept {plain} of "
-                        f"{steps} steps plain{those}.")
-            return (f"{head} Verifying extra tokens is cheap here ({cost}), yet {plain} of {steps} steps were "
-                    f"plain{those}: the prompt and output offered little to copy.")
+                        f"{steps} steps plain{others}.")
+            return (f"{head} Verifying extra tokens is cheap here ({cost}), yet the prompt and output offered "
+                    f"little to copy: {plain} of {steps} steps were plain{others}.")
         return f"{head} {drafting} of {steps} steps verified a draft, but the text did not repeat much: {accepted}."
 
     def __str__(self) -> str:
