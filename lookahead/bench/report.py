@@ -109,16 +109,20 @@ def _per_prompt(result: dict) -> list[str]:
 
 
 def plot(result: dict, path: str) -> str:
-    """Speed-up per workload and method (median bar, min–max whisker) beside the accepted-length histogram."""
-    import matplotlib
+    """Speed-up per workload and method (median bar, min–max whisker) beside the accepted-length histogram.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Draws on its own ``Figure`` with the Agg canvas, so neither pyplot's figure list nor the process's
+    matplotlib backend is touched (a notebook or GUI user keeps theirs).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     rows = [r for r in result["summary"] if r["status"] == "ok" and r["method"] != "plain"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    fig = Figure(figsize=(13, 4.8))
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas: savefig renders with Agg
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / max(len(methods), 1)
     colors = {m: f"C{j}" for j, m in enumerate(methods)}  # one colour per method in both panels
     for j, m in enumerate(methods):
@@ -171,7 +175,6 @@ def plot(result: dict, path: str) -> str:
     ax2.set_title("accepted length per target call", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
