@@ -1,39 +1,42 @@
-"""Streaming: a streamer gets the prompt once, then every emitted token in order, a block at a time.
+"""Streaming: a streamer gets the prompt once, then every emitted token in order, a block per model call.
 
-    python examples/streaming.py
+Plain ``generate`` hands a streamer one token per model call. The decoder hands it every token a
+call produced, so where drafts are accepted the text arrives in blocks of several tokens. The
+prompt asks the model to edit a class it is shown, so the answer copies the prompt and many blocks
+are long. Below, ``|`` marks where one chunk of streamed text ends. ``TextStreamer`` (print as it
+arrives) works the same, and so do the ``assistant=`` and ``lookahead=True`` spellings. Run it::
+
+    python examples/streaming.py          # optional argument: max new tokens (default 160)
 """
 
+import sys
 from threading import Thread
 
-from transformers import TextIteratorStreamer, TextStreamer
+from transformers import TextIteratorStreamer
 
-import lookahead
 from lookahead import LookaheadDecoder
+from lookahead.demo import DEMO_PROMPT, chat_inputs
 from lookahead.models import load_smollm2
 
-PROMPT = (
-    "Add a docstring to every method of this class and return the whole class.\n\n```python\n"
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
-    "    def push(self, item):\n        self.items.append(item)\n\n"
-    "    def pop(self):\n        return self.items.pop()\n```"
-)
+MAX_NEW_TOKENS = int(sys.argv[1]) if len(sys.argv) > 1 else 160
 
 model, tok = load_smollm2()
-inputs = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                    return_tensors="pt", return_dict=True)
-
-# print to stdout as tokens arrive (works with custom_generate=, assistant= and lookahead=True alike)
-lookahead.enable(model)
-model.generate(**inputs, max_new_tokens=120, lookahead=True,
-               streamer=TextStreamer(tok, skip_prompt=True, skip_special_tokens=True))
+inputs = chat_inputs(tok, DEMO_PROMPT)
 
 # iterate over the text in another thread, e.g. to serve it
-streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True, timeout=60)
+streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True, timeout=120)
 decoder = LookaheadDecoder()
-worker = Thread(target=model.generate,
-                kwargs=dict(**inputs, max_new_tokens=120, custom_generate=decoder, streamer=streamer))
+worker = Thread(target=model.generate, kwargs=dict(**inputs, max_new_tokens=MAX_NEW_TOKENS,
+                                                   custom_generate=decoder, streamer=streamer))
 worker.start()
-chunks = list(streamer)
+chunks = []
+for text in streamer:  # a chunk is the text that became printable after one model call
+    if text:  # empty when the call's tokens ended inside a word, which the streamer holds back
+        chunks.append(text)
+        print(text, end="|", flush=True)
 worker.join()
-print(f"\n{len(chunks)} chunks for {decoder.stats.new_tokens} tokens in {decoder.stats.target_calls} model calls")
-lookahead.disable(model)
+
+s = decoder.stats
+print(f"\n\n{len(chunks)} chunks for {s.new_tokens} tokens in {s.target_calls} model calls "
+      f"(plain generate: one model call, and at most one chunk, per token)")
+print(s.explain())
