@@ -13,7 +13,12 @@ wall-clock time; the replay can, and ``tests/test_replay.py`` pins it to the rea
 Record once (SmolLM2, greedy), then replay as often as wanted::
 
     python -m benchmarks.replay record --prompts 8 --max-new-tokens 160 --out replay.json
-    python -m benchmarks.replay run replay.json     # lookahead, lookahead-fixed and prompt lookup
+    python -m benchmarks.replay run replay.json     # lookahead, lookahead-fixed and prompt lookup, on the
+                                                    # recorded curve, then the draft sources on a flat one
+
+The flat curve (:data:`FLAT_CURVE`, ``t(256) / t(1) = 1.02``) is the GPU regime, where verifying 64
+tokens costs about what one does: there tokens per call is the speed-up, and it measures what the
+draft sources can find, whatever the machine's timing.
 
 Worked example: output ``[5, 6, 7]``, a step that drafts the chain ``5 -> 6 -> 9`` accepts ``5, 6``
 (``9`` differs from ``7``) and emits ``5, 6, 7`` (7 from the last accepted node's logits): one call,
@@ -34,6 +39,16 @@ from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
 from lookahead.policy import DraftPolicy, Limits
 from lookahead.verify import greedy_verify_argmax
+
+FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))
+"""A GPU-like cost curve: 64 verified tokens cost about what one does (``DESIGN.md``, reporting a result)."""
+
+FLAT_METHODS = {
+    "lookahead": {},
+    "trie-only": {"copy_nodes": 0},
+    "copy-only": {"tree_nodes": 0},
+}
+"""The draft sources compared on the flat curve: ``LookaheadConfig`` fields over the default."""
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, config: LookaheadConfig,
@@ -180,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--max-new-tokens", type=int, default=160)
     rec.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     rec.add_argument("--out", default="replay.json")
-    run = sub.add_parser("run", help="replay the default LookaheadConfig, adaptive=False and prompt lookup")
+    run = sub.add_parser("run", help="replay the default LookaheadConfig, adaptive=False and prompt lookup, "
+                                     "then the draft sources on a flat cost curve")
     run.add_argument("recording")
     args = parser.parse_args(argv)
     if args.command == "record":
@@ -205,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         "lookahead-fixed": replay_all(data, LookaheadConfig(adaptive=False), cost),
         "prompt-lookup": replay_all(data, None, cost),
     }
+    flat = CostModel(FLAT_CURVE)
+    flat_results = {name: replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE, **fields), flat)
+                    for name, fields in FLAT_METHODS.items()}
+    flat_results["prompt-lookup"] = replay_all(data, None, flat)
     ctx = data.get("context") or {}
     if ctx:
         model, hw = ctx["model"], ctx["hardware"]
@@ -212,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(torch threads: {hw['torch_threads']}), {len(data['prompts'])} prompts, greedy; {ctx['started_at']}")
     print(f"cost curve: {cost}")
     print(_table(results))
+    print(f"\nflat cost curve (GPU regime, tokens per call = speed-up): {flat}")
+    print(_table(flat_results))
     return 0
 
 

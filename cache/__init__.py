@@ -94,6 +94,7 @@ minimum, it may free more recent n-grams than one stream would (``kernels.evict`
 """
 
 from .persist import FORMAT_VERSION, TrieFileError, TrieMismatchError, tokenizer_identity
+from .suffix import SuffixIndex
 from .trie import NgramTrie
 
-__all__ = ["NgramTrie", "TrieFileError", "TrieMismatchError", "tokenizer_identity", "FORMAT_VERSION"]
+__all__ = ["NgramTrie", "SuffixIndex", "TrieFileError", "TrieMismatchError", "tokenizer_identity", "FORMAT_VERSION"]

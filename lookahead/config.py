@@ -52,6 +52,19 @@ class LookaheadConfig:
       default: decisions then depend only on the curve, not on the machine's momentary load; see
       ``cost.CostRefiner`` for how refinement avoids drifting).
 
+    Longest-match copy (``lookahead.cache.SuffixIndex``, a suffix automaton over the prompt and output):
+
+    - ``copy_nodes``: most draft tokens the copy source proposes per step; 0 turns it off.
+    - ``copy_depth``: deepest copy chain (the continuation of the context's longest earlier match).
+    - ``copy_branches``: continuations drafted side by side: the longest match's, then the other
+      tokens that followed it or a shorter suffix (each a chain of up to 8 tokens).
+    - ``copy_capacity``: context tokens the index holds; past it, it is rebuilt over the last half.
+
+    All sources together:
+
+    - ``step_nodes``: most draft tokens one step verifies (the most probable ones are kept); with the
+      last token, 64 rows per forward by default.
+
     Example::
 
         LookaheadConfig(tree_nodes=8, tree_depth=6)   # a smaller tree for a slow CPU
@@ -68,6 +81,11 @@ class LookaheadConfig:
     adaptive: bool = True
     cost_curve: tuple | None = None
     refine_cost: bool = False
+    copy_nodes: int = 56
+    copy_depth: int = 32
+    copy_branches: int = 4
+    copy_capacity: int = 1 << 16
+    step_nodes: int = 63
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -117,6 +135,17 @@ class LookaheadConfig:
             if not points or any(k < 1 or t <= 0 for k, t in points):
                 raise _bad("cost_curve", self.cost_curve, "needs points with k >= 1 and seconds > 0")
             object.__setattr__(self, "cost_curve", points)
+        max_copy = 256  # copy tokens per step, and its depth: one forward packs them with a k x k mask
+        if not 0 <= self.copy_nodes <= max_copy:
+            raise _bad("copy_nodes", self.copy_nodes, f"must be in [0, {max_copy}] (0 turns the copy source off)")
+        if not 1 <= self.copy_depth <= max_copy:
+            raise _bad("copy_depth", self.copy_depth, f"must be in [1, {max_copy}]")
+        if not 1 <= self.copy_branches <= 64:
+            raise _bad("copy_branches", self.copy_branches, "must be in [1, 64]")
+        if not 16 <= self.copy_capacity <= 1 << 28:  # about 110 bytes preallocated per token: ~30 GiB at most
+            raise _bad("copy_capacity", self.copy_capacity, f"must be in [16, {1 << 28}]")
+        if not 0 <= self.step_nodes <= 1024:
+            raise _bad("step_nodes", self.step_nodes, "must be in [0, 1024] (0: every step is plain)")
         min_capacity = 4 * self.ngram_size * self.ngram_size
         if not min_capacity <= self.trie_capacity <= max_capacity:
             raise _bad("trie_capacity", self.trie_capacity,

@@ -14,9 +14,10 @@ import numpy as np
 
 from .tree import subset_tree, tree_depth_rank
 
-ORIGINS = ("trie", "window", "memory")
-"""Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store."""
-TRIE, WINDOW, MEMORY = range(3)
+ORIGINS = ("trie", "window", "memory", "copy")
+"""Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store,
+the longest-match copy of the context (``cache.SuffixIndex``)."""
+TRIE, WINDOW, MEMORY, COPY = range(4)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY8 = np.zeros(0, dtype=np.int8)

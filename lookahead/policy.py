@@ -3,7 +3,9 @@
 The decode loop asks it for a finished, immutable :class:`~lookahead.draft.Draft` and tells it what
 was accepted; :mod:`benchmarks.replay` drives the very same object on recorded outputs. Per step:
 
-1. **propose**: every source (``proposer.py``) drafts after the context; the trees are merged.
+1. **propose**: every source (``proposer.py``) drafts after the context; the trees are merged, and at
+   most ``step_nodes`` of their nodes kept (the most probable by the acceptance estimates; without a
+   budget, the first in breadth-first order).
 2. **budget** (``adaptive=True``): keep the nodes, and the window rows, worth their cost (``budget.py``).
 3. **limits**: no node beyond what may still be emitted (``max_length``); no window row past the
    last position plain ``generate`` would feed the model; every row below a sliding-window cache's
@@ -62,9 +64,10 @@ class DraftPolicy:
         self._propose = True
 
     def max_rows(self) -> int:
-        """The most new tokens one step can feed: the last token, every source's tree, the window rows."""
-        trees = sum(1 for s in self.sources if not isinstance(s, WindowSource))
-        return 1 + self.config.tree_nodes * trees + (self.window.max_rows if self.window is not None else 0)
+        """The most new tokens one step can feed: the last token, the sources' trees (at most
+        ``step_nodes``), the window's own rows."""
+        drafted = min(sum(s.max_nodes for s in self.sources), self.config.step_nodes)
+        return 1 + drafted + (self.window.max_rows - self.window.max_nodes if self.window is not None else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None) -> None:
         """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget)."""
@@ -82,15 +85,21 @@ class DraftPolicy:
         """This step's draft. ``length``: tokens in the sequence (prompt + emitted); ``cached``: tokens in
         the KV cache once this step's pending tokens are in; ``last_pos``: the last pending token's position."""
         cfg, limits = self.config, self.limits
-        depth = min(cfg.tree_depth, limits.max_length - length - 1)  # room before the bonus token
+        room = limits.max_length - length - 1  # before the bonus token
         proposals = []
-        if depth > 0 and self._propose:
+        if room > 0 and self._propose and cfg.step_nodes:
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self.sources:
-                p = source.propose(context, cfg.tree_nodes, depth)
+                p = source.propose(context, source.max_nodes, min(source.max_depth, room))
                 if p is not None:
                     proposals.append((source.origin, p))
         draft = merge_proposals(proposals, self.window.rows() if self.window is not None else None)
+        if len(draft) > cfg.step_nodes:
+            if self.budget is not None:  # the most probable nodes (a parent before its children)
+                probs = self.budget.acceptance.node_probabilities(draft)
+                draft = draft.keep(np.sort(np.argsort(-probs, kind="stable")[: cfg.step_nodes]))
+            else:
+                draft = draft.keep(np.arange(cfg.step_nodes))
         if self.budget is not None:
             draft = self.budget.plan(draft)
         if draft.window is not None and last_pos + int(draft.window.offsets.max()) > limits.max_length - 2:

@@ -15,7 +15,11 @@ Each node of a merged draft knows which source drafted it (its *origin*, see ``d
   request's prompt n-grams fade with it; its node capacity bounds its memory (LRU eviction).
 - :class:`WindowSource` (``"window"``): n-grams grown by the Jacobi lookahead window (``window.py``),
   which also contributes the window's own rows to each forward.
+- :class:`CopySource` (``"copy"``): the continuation of the context's longest earlier match, as deep as
+  ``copy_depth``, beside the other continuations of that match or shorter ones
+  (``lookahead.cache.SuffixIndex``, a suffix automaton over the prompt and the output so far).
 
+Each source has ``max_nodes`` and ``max_depth``, the most it drafts per step.
 :func:`merge_proposals` unites the sources' trees into one :class:`~lookahead.draft.Draft`.
 """
 
@@ -24,21 +28,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
-from .cache import NgramTrie
-from .draft import MEMORY, TRIE, WINDOW, Draft, WindowRows
-from .tree import merge_trees
+from .cache import NgramTrie, SuffixIndex
+from .draft import COPY, MEMORY, TRIE, WINDOW, Draft, WindowRows
 from .window import LookaheadWindow
 
 
 @dataclass(frozen=True)
 class Proposal:
     """One source's tree: ``tokens`` int64[n], ``parents`` int64[n] (breadth-first), and ``match``:
-    how many context tokens the source matched to draft it (a feature of every node)."""
+    how many context tokens the source matched to draft it, for every node (an int), or per node
+    (int64[n]); the acceptance estimates bucket it (1, 2, 3+)."""
 
     tokens: np.ndarray
     parents: np.ndarray
-    match: int
+    match: int | np.ndarray
 
 
 class TrieSource:
@@ -49,9 +54,11 @@ class TrieSource:
     requests), and the prompt is not learned.
     """
 
-    def __init__(self, trie: NgramTrie, origin: int, max_match: int, per_request: bool):
+    def __init__(self, trie: NgramTrie, origin: int, max_match: int, per_request: bool, max_nodes: int = 16,
+                 max_depth: int = 10):
         self.trie, self.origin, self.per_request = trie, origin, per_request
         self.max_match = min(max_match, trie.max_n - 1)
+        self.max_nodes, self.max_depth = max_nodes, max_depth
 
     def start(self, prompt: np.ndarray) -> None:
         if self.per_request:
@@ -83,6 +90,7 @@ class WindowSource:
         self.max_match = min(max_match, ngram - 1)
         self.trie = NgramTrie(max_n=ngram, capacity=max(1 << 14, 4 * ngram**2))
         self.window: LookaheadWindow | None = None
+        self.max_nodes, self.max_depth = candidates * (ngram - 1), ngram - 1
 
     @property
     def max_rows(self) -> int:
@@ -114,11 +122,50 @@ class WindowSource:
             self.trie.insert(gram)
 
 
+class CopySource:
+    """Longest-match copies of the request's own context (``lookahead.cache.SuffixIndex``).
+
+    Each step it drafts the continuation of the context's longest suffix that occurred before (at
+    that suffix's first occurrence), ``max_depth`` deep, and beside it up to ``branches - 1`` other
+    continuations (other tokens that followed that suffix or a shorter one, longest first), each a
+    chain of up to :attr:`branch_depth` tokens. A node's match is its chain's suffix length put on
+    the acceptance estimates' scale: :attr:`buckets` ``(a, b)`` give 1 below ``a`` tokens, 2 below
+    ``b``, else 3 (a copy of a long passage is likelier to go on than one after a common phrase).
+    """
+
+    origin = COPY
+    branch_depth = 8
+    buckets = (4, 16)
+
+    def __init__(self, capacity: int, max_nodes: int, max_depth: int, branches: int):
+        self.index = SuffixIndex(capacity)
+        self.max_nodes, self.max_depth, self.branches = max_nodes, max_depth, branches
+
+    def start(self, prompt: np.ndarray) -> None:
+        self.index.clear()
+        self.index.extend(prompt)
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        """``context`` is not read: the index holds the whole context."""
+        tokens, parents, match = self.index.propose(max_nodes, max_depth, self.branches, self.branch_depth)
+        if not len(tokens):
+            return None
+        a, b = self.buckets
+        return Proposal(tokens, parents, 1 + (match >= a).astype(np.int64) + (match >= b))
+
+    def learn(self, emitted: np.ndarray) -> None:
+        self.index.extend(emitted)
+
+
 def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
     """The sources a :class:`~lookahead.config.LookaheadConfig` asks for, in merge order."""
-    sources: list = [TrieSource(trie, TRIE, config.max_match, per_request=True)]
+    sources: list = [TrieSource(trie, TRIE, config.max_match, per_request=True, max_nodes=config.tree_nodes,
+                                max_depth=config.tree_depth)]
+    if config.copy_nodes:  # after the trie: a node both draft keeps the trie's estimates (replayed: better)
+        sources.append(CopySource(config.copy_capacity, config.copy_nodes, config.copy_depth, config.copy_branches))
     if memory is not None:
-        sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False))
+        sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False, max_nodes=config.tree_nodes,
+                                  max_depth=config.tree_depth))
     if config.window_width:
         sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
                                     config.max_match))
@@ -127,16 +174,64 @@ def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
 
 def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None) -> Draft:
     """One draft from ``(origin, proposal)`` pairs; a path drafted by several sources appears once,
-    with the origin (and match) of the first source that drafted it."""
+    with the origin (and match) of the first source that drafted it; breadth-first, nodes of equal
+    depth in the order they were first drafted.
+
+    Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
+    parents ``[-1, 0, -1]`` -> tokens ``[5, 8, 6, 7]``, parents ``[-1, -1, 0, 0]``, origins
+    ``[first, second, first, second]``.
+    """
     if not proposals:
         return Draft.empty(window)
     if len(proposals) == 1:
         origin, p = proposals[0]
         return Draft.build(p.tokens, p.parents, np.full(len(p.tokens), origin, dtype=np.int8),
-                           np.full(len(p.tokens), p.match, dtype=np.int64), window)
-    tokens, parents, origin = merge_trees(*[(p.tokens, p.parents) for _, p in proposals],
-                                          origins=[o for o, _ in proposals])
-    match_of = np.zeros(max(o for o, _ in proposals) + 1, dtype=np.int64)
-    for o, p in proposals:
-        match_of[o] = p.match
-    return Draft.build(tokens, parents, origin, match_of[origin], window)
+                           np.broadcast_to(np.asarray(p.match, dtype=np.int64), p.tokens.shape), window)
+    tokens = np.concatenate([p.tokens for _, p in proposals]).astype(np.int64, copy=False)
+    parents = np.concatenate([p.parents for _, p in proposals]).astype(np.int64, copy=False)
+    origin = np.concatenate([np.full(len(p.tokens), o, dtype=np.int8) for o, p in proposals])
+    match = np.concatenate([np.broadcast_to(np.asarray(p.match, dtype=np.int64), p.tokens.shape)
+                            for _, p in proposals])
+    starts = np.cumsum([0] + [len(p.tokens) for _, p in proposals]).astype(np.int64)
+    keep, new_parents = _merge(tokens, parents, starts)
+    return Draft.build(tokens[keep], new_parents, origin[keep], match[keep], window)
+
+
+@njit(cache=True)
+def _merge(tokens, parents, starts):
+    """(kept int64[m], parents int64[m]): which of the concatenated trees' nodes form their union (the
+    first node of each path), in breadth-first order, and their parents in that order. ``parents`` are
+    per tree (local indices); tree ``t`` holds nodes ``starts[t]:starts[t + 1]``."""
+    n = tokens.shape[0]
+    merged = np.empty(n, np.int64)  # node -> its path's first node
+    first_child = np.full(n + 1, -1, np.int64)  # per first node (+1; 0: the root)
+    next_sibling = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
+    is_first = np.zeros(n, np.bool_)
+    for t in range(starts.shape[0] - 1):
+        for i in range(starts[t], starts[t + 1]):
+            p = parents[i]
+            mp = merged[starts[t] + p] if p >= 0 else -1
+            c = first_child[mp + 1]
+            while c != -1 and tokens[c] != tokens[i]:
+                c = next_sibling[c]
+            if c == -1:
+                c = i
+                is_first[i] = True
+                depth[i] = 1 if mp < 0 else depth[mp] + 1
+                next_sibling[i] = first_child[mp + 1]
+                first_child[mp + 1] = i
+            merged[i] = c
+    kept = np.flatnonzero(is_first)
+    order = kept[np.argsort(depth[kept], kind="mergesort")]  # stable: by depth, then first drafted
+    new_index = np.full(n, -1, np.int64)
+    for j in range(order.shape[0]):
+        new_index[order[j]] = j
+    new_parents = np.empty(order.shape[0], np.int64)
+    for j in range(order.shape[0]):
+        p = parents[order[j]]
+        t = 0
+        while starts[t + 1] <= order[j]:
+            t += 1
+        new_parents[j] = new_index[merged[starts[t] + p]] if p >= 0 else -1
+    return order, new_parents

@@ -70,8 +70,9 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
         assert curve is not None and dec.stats.cost_curve == curve.points
         # a fake clock: every forward "took" one tick, so the measured curve is flat at exactly 1 ms
         assert [t for _, t in curve.points] == pytest.approx([0.001] * len(curve.points))
-        # 6 sizes x 2 repeats, two readings each, between the call's own two readings: 25 ticks
-        assert first - dec.stats.target_calls == 1 + 12 and dec.stats.time_calibration == pytest.approx(0.025)
+        # 7 sizes (1 + step_nodes = 64 rows) x 2 repeats, two readings each, between the call's own two
+        # readings: 29 ticks
+        assert first - dec.stats.target_calls == 1 + 14 and dec.stats.time_calibration == pytest.approx(0.029)
         calls.clear()
         again = LookaheadDecoder(calibrations=registry, clock=FakeClock())
         model.generate(IDS, custom_generate=again, max_new_tokens=10, eos_token_id=None)
@@ -90,17 +91,20 @@ def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
     assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
     model = tiny_models("gpt2")
     registry = Calibrations()
-    dec = LookaheadDecoder(calibrations=registry, clock=FakeClock())  # 1 + 16 tree rows
+    dec = LookaheadDecoder(copy_nodes=0, calibrations=registry, clock=FakeClock())  # 1 + 16 tree rows
     model.generate(IDS, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
     assert [k for k, _ in dec.stats.cost_curve] == [1, 2, 4, 8, 16, 32]
     kept = registry.known(model)
-    small = LookaheadDecoder(tree_nodes=4, calibrations=registry)  # needs fewer rows: the kept curve serves
+    small = LookaheadDecoder(tree_nodes=4, copy_nodes=4, calibrations=registry)  # fewer rows: the kept curve serves
     model.generate(IDS, custom_generate=small, max_new_tokens=4, eos_token_id=None)
     assert registry.known(model) is kept and len(small.stats.cost_curve) == 6
     # a shared memory store doubles the tree, the window adds its rows: 1 + 32 + 3*3 + 4*3 = 54 rows
-    big = LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4, window_candidates=3,
+    big = LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4, window_candidates=3, copy_nodes=0,
                            calibrations=registry, clock=FakeClock())
     assert big.policy.max_rows() == 54
+    # the copy source adds its 56, but one step verifies at most step_nodes = 63: 1 + 63 + 4*3 rows
+    assert LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4,
+                            window_candidates=3).policy.max_rows() == 76
     model.generate(IDS, custom_generate=big, max_new_tokens=4, eos_token_id=None)
     assert [k for k, _ in big.stats.cost_curve] == [1, 2, 4, 8, 16, 32, 64]
     assert registry.known(model) is not kept  # replaced: one per model

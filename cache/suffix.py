@@ -1,0 +1,419 @@
+"""``SuffixIndex``: a suffix automaton over one request's context that drafts long copies.
+
+The n-gram trie matches at most a few context tokens and drafts at most ``max_n`` minus that deep.
+When a model copies (code it edits, a passage it quotes, a list it repeats), the context's longest
+suffix that occurred before is often dozens of tokens long, and what followed it then is the best
+guess of what follows now, far deeper than any n-gram. This index finds that suffix, in amortised
+O(1) per appended token, and drafts the continuation as deep as asked.
+
+Terms
+-----
+context
+    The tokens appended so far (``extend``), at most ``capacity`` of them: when a token would exceed
+    it, the index is rebuilt over the last ``capacity // 2`` tokens (``rebuilds`` counts them), so a
+    rebuild's O(capacity / 2) work is paid once per ``capacity / 2`` tokens: still amortised O(1).
+    Positions below are 0-based into the kept context ``tokens``.
+match
+    The longest suffix of the context that also ends at an earlier position (``match_length``); 0
+    when the last token never occurred before.
+continuation of an occurrence
+    An occurrence ending at ``e`` (``e`` < the last position) continues with ``ext[e + 1], ext[e + 2],
+    ...`` where ``ext`` is the context followed by the drafted path itself: a copy that runs into the
+    present keeps copying what it has just drafted (``a b a b`` -> ``a b a b ...``).
+candidate
+    One per distinct next token ``c``: ``L_c``, the longest suffix of the context that occurred
+    followed by ``c``, and ``f_c``, the end of the *first* occurrence of that suffix followed by ``c``
+    (where ``c`` stands). ``L_c`` is at most the match length; the match's own first occurrence gives
+    the first candidate.
+draft tree
+    ``propose`` returns up to ``max_branches`` candidates with ``L_c >= min_match``, by ``L_c``
+    descending, then ``f_c`` ascending, each as a chain ``c, ext[f_c + 1], ext[f_c + 2], ...`` (the
+    path's own tokens extend ``ext``) from the root: the first candidate's chain up to ``max_depth``
+    deep, then the others up to ``branch_depth`` each while ``max_nodes`` last, breadth-first
+    (``parents[i] < i``, -1 for a child of the root), with every node's ``L_c`` as its match.
+
+Worked example
+--------------
+>>> from lookahead.cache import SuffixIndex
+>>> index = SuffixIndex(capacity=64)
+>>> index.extend([7, 1, 2, 3, 9, 1, 2, 4, 5, 1, 2])
+>>> index.match_length
+2
+
+``1 2`` occurred twice before: followed by 3 (first at position 3) and by 4 (at 7). Both have
+``L_c = 2``; 3's occurrence is the earlier one, so its chain comes first: ``3 9 1 2 4 5 1 2 ...``
+(``ext`` runs on into the draft itself: after the context's ``1 2`` come the drafted ``3 9 ...``).
+
+>>> tokens, parents, match = index.propose(max_nodes=8, max_depth=6, max_branches=2, branch_depth=2)
+>>> tokens.tolist(), parents.tolist(), match.tolist()
+([3, 4, 9, 5, 1, 2, 4, 5], [-1, -1, 0, 1, 2, 4, 5, 6], [2, 2, 2, 2, 2, 2, 2, 2])
+
+How
+---
+A suffix automaton (Blumer et al. 1985; used for drafting by SAM-Decoding, Hu et al. 2024): each
+state is a class of substrings with the same set of end positions, with ``LEN`` (its longest
+string), a suffix ``LINK`` (the class of the longest suffix outside it) and ``FIRST``, its first end
+position. Appending a token adds one state and at most one clone, and walks suffix links whose total
+length is amortised O(1) per token (the standard online construction). After each token, the match
+is the suffix link of the newest state; the candidates are the out-transitions of the states on
+its suffix-link chain (longest first), the first end of ``c``'s transition target being ``f_c``.
+
+Arrays (preallocated once; ``capacity`` C tokens need ``2C + 2`` states and ``3C + 4`` transitions,
+about 110 bytes per token of capacity): ``states`` int32 ``(2C + 2, 4)`` (``LEN``, ``LINK``, ``FIRST``,
+``HEAD`` of the out-transition list), ``edges`` int32 ``(3C + 4, 4)`` (``TOKEN``, ``TARGET``,
+``NEXT`` in its state's list, ``OWNER``), ``table`` int32 open addressing from (state, token) to transition + 1 (load <= 1/2),
+``tokens`` int64[C] and ``info`` int64 scalars (``I_*``). Not thread-safe: one index per decoding
+stream (it holds one request's context). Knows nothing of torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# columns of ``states`` and ``edges``
+LEN, LINK, FIRST, HEAD, TAIL = range(5)
+TOKEN, TARGET, NEXT, OWNER = range(4)
+# slots of ``info``
+I_CAPACITY, I_N, I_STATES, I_EDGES, I_LAST, I_REBUILDS, I_DROPPED = range(7)
+INFO_SLOTS = 8
+INT32_MAX = 2**31 - 1
+OK, ERR_TOKEN = 0, -1
+_I64 = np.dtype(np.int64)
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, inline="always")
+def _slot(state, token, mask):
+    x = (np.uint64(state) << np.uint64(32)) | np.uint64(token)
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return np.int64(x & np.uint64(mask))
+
+
+@njit(cache=True)
+def reset(states, table, info):
+    """Empty context: the root state only."""
+    states[0, LEN] = 0
+    states[0, LINK] = -1
+    states[0, FIRST] = -1
+    states[0, HEAD] = -1
+    states[0, TAIL] = -1
+    table[:] = 0
+    info[I_N] = 0
+    info[I_STATES] = 1
+    info[I_EDGES] = 0
+    info[I_LAST] = 0
+
+
+@njit(cache=True, inline="always")
+def _lookup(edges, table, state, token):
+    """Transition index of ``state`` on ``token``, or -1."""
+    mask = table.shape[0] - 1
+    i = _slot(state, token, mask)
+    while True:
+        v = table[i]
+        if v == 0:
+            return -1
+        e = v - 1
+        if edges[e, TOKEN] == token and edges[e, OWNER] == state:
+            return e
+        i = (i + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _add_edge(states, edges, table, state, token, target, info):
+    e = info[I_EDGES]
+    info[I_EDGES] = e + 1
+    edges[e, TOKEN] = token
+    edges[e, TARGET] = target
+    edges[e, NEXT] = -1
+    edges[e, OWNER] = state
+    if states[state, TAIL] == -1:
+        states[state, HEAD] = e
+    else:
+        edges[states[state, TAIL], NEXT] = e
+    states[state, TAIL] = e
+    mask = table.shape[0] - 1
+    i = _slot(state, token, mask)
+    while table[i] != 0:
+        i = (i + 1) & mask
+    table[i] = e + 1
+
+
+@njit(cache=True)
+def _append(states, edges, table, info, tokens, c):
+    """One step of the online construction: the context gains token ``c`` (room is the caller's)."""
+    n = info[I_N]
+    tokens[n] = c
+    info[I_N] = n + 1
+    last = info[I_LAST]
+    cur = info[I_STATES]
+    info[I_STATES] = cur + 1
+    states[cur, LEN] = states[last, LEN] + 1
+    states[cur, FIRST] = n
+    states[cur, HEAD] = -1
+    states[cur, TAIL] = -1
+    p = last
+    e = -1
+    while p != -1:
+        e = _lookup(edges, table, p, c)
+        if e >= 0:
+            break
+        _add_edge(states, edges, table, p, c, cur, info)
+        p = states[p, LINK]
+    if p == -1:
+        states[cur, LINK] = 0
+    else:
+        q = edges[e, TARGET]
+        if states[p, LEN] + 1 == states[q, LEN]:
+            states[cur, LINK] = q
+        else:
+            clone = info[I_STATES]
+            info[I_STATES] = clone + 1
+            states[clone, LEN] = states[p, LEN] + 1
+            states[clone, LINK] = states[q, LINK]
+            states[clone, FIRST] = states[q, FIRST]
+            states[clone, HEAD] = -1
+            states[clone, TAIL] = -1
+            x = states[q, HEAD]
+            while x != -1:
+                _add_edge(states, edges, table, clone, edges[x, TOKEN], edges[x, TARGET], info)
+                x = edges[x, NEXT]
+            while p != -1:
+                e = _lookup(edges, table, p, c)
+                if e < 0 or edges[e, TARGET] != q:
+                    break
+                edges[e, TARGET] = clone
+                p = states[p, LINK]
+            states[q, LINK] = clone
+            states[cur, LINK] = clone
+    info[I_LAST] = cur
+
+
+@njit(cache=True)
+def extend(states, edges, table, info, tokens, new):
+    """Append ``new`` (int64[k]) to the context; rebuild over the last ``capacity // 2`` tokens when full.
+    Returns ``OK``, or ``ERR_TOKEN`` (nothing appended) when a token is outside [0, 2**31 - 1]."""
+    for j in range(new.shape[0]):
+        if new[j] < 0 or new[j] > INT32_MAX:
+            return ERR_TOKEN
+    cap = info[I_CAPACITY]
+    for j in range(new.shape[0]):
+        if info[I_N] == cap:
+            keep = cap // 2
+            drop = cap - keep
+            for i in range(keep):
+                tokens[i] = tokens[drop + i]
+            reset(states, table, info)
+            for i in range(keep):
+                _append(states, edges, table, info, tokens, tokens[i])
+            info[I_REBUILDS] += 1
+            info[I_DROPPED] += drop
+        _append(states, edges, table, info, tokens, new[j])
+    return OK
+
+
+@njit(cache=True)
+def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out):
+    """Draft tree after the context (see the module docstring) into ``out[0, :k]`` (tokens), ``out[1, :k]``
+    (parents), ``out[2, :k]`` (match); returns ``k`` (at most ``out.shape[1]``, the caller's max_nodes).
+    Candidates come from the first ``max_states`` states of the match's suffix-link chain. Read-only."""
+    n = info[I_N]
+    max_nodes = out.shape[1]
+    if n == 0 or max_nodes <= 0 or max_depth <= 0 or max_branches <= 0 or max_states <= 0:
+        return 0
+    q = states[info[I_LAST], LINK]
+    if q <= 0 or states[q, LEN] < max(min_match, 1):
+        return 0
+    # candidates: (L, first end, token), by L desc then first end asc; a token once only
+    cand = np.empty((3, max_branches), np.int64)
+    cand_len = cand[0]
+    cand_first = cand[1]
+    cand_tok = cand[2]
+    nc = 0
+    s = q
+    visited = 0
+    while s > 0 and states[s, LEN] >= min_match and nc < max_branches and visited < max_states:
+        visited += 1
+        length = states[s, LEN]
+        base = nc  # tokens before base came from longer suffixes
+        x = states[s, HEAD]
+        while x != -1 and nc < max_branches:  # a state's transitions are listed by their first end, ascending
+            c = edges[x, TOKEN]
+            seen = False
+            for i in range(base):
+                if cand_tok[i] == c:
+                    seen = True
+                    break
+            if not seen:
+                cand_len[nc] = length
+                cand_first[nc] = states[edges[x, TARGET], FIRST]
+                cand_tok[nc] = c
+                nc += 1
+            x = edges[x, NEXT]
+        s = states[s, LINK]
+    # chain lengths: the first up to max_depth, then the others up to branch_depth each, max_nodes in all
+    side = min(branch_depth, max_depth)
+    # breadth-first output, depth by depth, chain by chain; a chain's token at depth m is ext[f + m]
+    # (ext: the context, then the chain's own tokens: out[0, last[b]] holds its token at depth m - 1)
+    last = np.full(nc, -1, np.int64)
+    lens = np.empty(nc, np.int64)
+    total = 0
+    deepest = 0
+    for b in range(nc):
+        lens[b] = max(min(max_depth if b == 0 else side, max_nodes - total), 0)
+        total += lens[b]
+        deepest = max(deepest, lens[b])
+    k = 0
+    for d in range(deepest):
+        for b in range(nc):
+            if d < lens[b]:
+                if d == 0:
+                    tok = cand_tok[b]
+                else:
+                    j = cand_first[b] + d
+                    if j < n:
+                        tok = tokens[j]
+                    else:  # the chain's own token at depth j - n: walk up from its deepest node
+                        back = d - 1 - (j - n)
+                        v = last[b]
+                        for _ in range(back):
+                            v = out[1, v]
+                        tok = out[0, v]
+                out[0, k] = tok
+                out[1, k] = last[b]
+                out[2, k] = cand_len[b]
+                last[b] = k
+                k += 1
+    return k
+
+
+class SuffixIndex:
+    """The suffix automaton of one request's context (see the module docstring).
+
+    ``capacity``: the most context tokens held (>= 4); past it the index is rebuilt over the last
+    ``capacity // 2``. All memory (about 110 bytes per token of capacity) is allocated here.
+    """
+
+    def __init__(self, capacity: int = 1 << 16):
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 4:
+            raise ValueError(f"capacity: must be an integer >= 4, got {capacity!r}")
+        if capacity > (1 << 28):
+            raise ValueError(f"capacity: must be <= 2**28 (int32 transitions), got {capacity!r}")
+        _warm_up()
+        self._allocate(int(capacity))
+
+    def _allocate(self, cap: int) -> None:
+        self._tokens = np.zeros(cap, np.int64)
+        self._states = np.zeros((2 * cap + 2, 5), np.int32)
+        self._edges = np.zeros((3 * cap + 4, 4), np.int32)
+        self._table = np.zeros(1 << (2 * (3 * cap + 4) - 1).bit_length(), np.int32)
+        self._info = np.zeros(INFO_SLOTS, np.int64)
+        self._info[I_CAPACITY] = cap
+        reset(self._states, self._table, self._info)
+
+    # pickling / copy.deepcopy: the kept context travels; the automaton is rebuilt from it (the same
+    # arrays: a rebuild extends an empty index by the kept tokens, as the rebuilt one was)
+    def __getstate__(self) -> dict:
+        return {"capacity": self.capacity, "tokens": self.tokens, "rebuilds": self.rebuilds, "dropped": self.dropped}
+
+    def __setstate__(self, state: dict) -> None:
+        _warm_up()
+        self._allocate(int(state["capacity"]))
+        self.extend(state["tokens"])
+        self._info[I_REBUILDS] = state["rebuilds"]
+        self._info[I_DROPPED] = state["dropped"]
+
+    @property
+    def capacity(self) -> int:
+        return int(self._info[I_CAPACITY])
+
+    def __len__(self) -> int:
+        """Context tokens held now."""
+        return int(self._info[I_N])
+
+    @property
+    def rebuilds(self) -> int:
+        """How often the index was rebuilt over its last ``capacity // 2`` tokens."""
+        return int(self._info[I_REBUILDS])
+
+    @property
+    def dropped(self) -> int:
+        """Context tokens dropped by rebuilds (the kept context starts at this absolute position)."""
+        return int(self._info[I_DROPPED])
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The kept context (a copy)."""
+        return self._tokens[: len(self)].copy()
+
+    @property
+    def match_length(self) -> int:
+        """Length of the longest suffix of the context that also ends earlier (0: none)."""
+        q = int(self._states[self._info[I_LAST], LINK])
+        return int(self._states[q, LEN]) if q > 0 else 0
+
+    @property
+    def match_end(self) -> int:
+        """End position of the match's first occurrence (-1 when there is no match)."""
+        q = int(self._states[self._info[I_LAST], LINK])
+        return int(self._states[q, FIRST]) if q > 0 else -1
+
+    def __repr__(self) -> str:
+        return f"SuffixIndex(capacity={self.capacity}, tokens={len(self)}, match={self.match_length})"
+
+    def clear(self) -> None:
+        """Forget the context (the arrays are kept)."""
+        reset(self._states, self._table, self._info)
+        self._info[I_REBUILDS] = 0
+        self._info[I_DROPPED] = 0
+
+    def extend(self, tokens) -> None:
+        """Append ``tokens`` (ids in [0, 2**31 - 1]) to the context."""
+        arr = tokens
+        if type(arr) is not np.ndarray or arr.dtype is not _I64 or arr.ndim != 1 or not arr.flags.c_contiguous:
+            arr = np.asarray(tokens)
+            if arr.ndim != 1:
+                raise ValueError(f"tokens: expected a 1-D sequence of token ids, got shape {arr.shape}")
+            if arr.size and arr.dtype.kind not in "iu":
+                raise ValueError(f"tokens: expected integer token ids, got dtype {arr.dtype}")
+            arr = np.ascontiguousarray(arr, dtype=np.int64)
+        if extend(self._states, self._edges, self._table, self._info, self._tokens, arr) != OK:
+            raise ValueError(f"tokens: token ids must be in [0, {INT32_MAX}], got min {int(arr.min())}, "
+                             f"max {int(arr.max())}")
+
+    def propose(self, max_nodes: int, max_depth: int, max_branches: int = 1, branch_depth: int = 8,
+                min_match: int = 1, max_states: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens int64[k], parents int64[k], match int64[k]): the draft tree after the context (see the
+        module docstring); empty when the longest match is shorter than ``min_match``. Candidates come
+        from the match's ``max_states`` longest distinct earlier common-suffix lengths (the states of its
+        suffix-link chain), which bounds the work on a text that repeats one token."""
+        if max_nodes <= 0:
+            return _EMPTY, _EMPTY, _EMPTY
+        out = np.empty((3, max_nodes), np.int64)
+        k = propose(self._states, self._edges, self._info, self._tokens, max_depth, max_branches, branch_depth,
+                    min_match, max_states, out)
+        return out[0, :k], out[1, :k], out[2, :k]
+
+
+_EMPTY = np.zeros(0, np.int64)
+_EMPTY.flags.writeable = False
+_WARMED = False
+
+
+def _warm_up() -> None:
+    """Compile (or load from Numba's on-disk cache) the kernels once per process."""
+    global _WARMED
+    if _WARMED:
+        return
+    _WARMED = True
+    index = SuffixIndex.__new__(SuffixIndex)
+    index._allocate(8)
+    index.extend(np.array([1, 2, 1, 2, 3, 1, 2, 1, 2, 3], np.int64))  # runs a rebuild too
+    index.propose(4, 4, 2, 2)

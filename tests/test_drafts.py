@@ -1,0 +1,167 @@
+"""Draft sources beyond the trie: the longest-match copy (``CopySource``), the merge of every source's
+tree into one draft, the per-step node cap, and exactness (greedy and sampled) with them on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead.cache import NgramTrie
+from lookahead.cost import CostModel
+from lookahead.draft import COPY, ORIGINS, TRIE
+from lookahead.policy import DraftPolicy, Limits
+from lookahead.proposer import CopySource, Proposal, merge_proposals
+from lookahead.tree import merge_trees, tree_depths
+
+from tiny import TINY_ARCHS
+
+REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
+NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
+FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))
+COPY_HEAVY = {
+    "copy-only": dict(tree_nodes=0, copy_nodes=64, copy_depth=64, copy_branches=4, cost_curve=FLAT),
+    "copy-fixed": dict(copy_nodes=40, copy_depth=40, copy_branches=3, adaptive=False),
+    "copy-capped": dict(copy_nodes=56, copy_capacity=16, step_nodes=9, cost_curve=FLAT),
+}
+
+
+def _random_tree(rng, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """A breadth-first tree without two siblings of the same token (what every source proposes)."""
+    parents = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)])
+    order = np.argsort(tree_depths(parents), kind="stable")
+    index = np.empty(n, np.int64)
+    index[order] = np.arange(n)
+    bfs = np.where(parents[order] >= 0, index[np.maximum(parents[order], 0)], -1)
+    tokens, bfs, _ = merge_trees((rng.integers(0, vocab, n)[order], bfs))
+    return tokens, bfs
+
+
+def test_merge_equals_merge_trees_and_keeps_the_first_sources_match():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        trees = [_random_tree(rng, int(rng.integers(1, 14)), 3) for _ in range(int(rng.integers(1, 4)))]
+        want_tokens, want_parents, want_origin = merge_trees(*trees)
+        props = [(o, Proposal(t, p, 100 * o + np.arange(len(t)))) for o, (t, p) in enumerate(trees)]
+        draft = merge_proposals(props)
+        assert draft.tokens.tolist() == want_tokens.tolist()
+        assert draft.parents.tolist() == want_parents.tolist()
+        assert draft.origin.tolist() == want_origin.tolist()
+        # each node's match is the one its first source gave it: find that node by its path
+        for i in range(len(draft)):
+            path, v = [], i
+            while v >= 0:
+                path.append(int(draft.tokens[v]))
+                v = int(draft.parents[v])
+            o = int(draft.origin[i])
+            tokens, parents = trees[o]
+            for j in range(len(tokens)):
+                p, w = [], j
+                while w >= 0:
+                    p.append(int(tokens[w]))
+                    w = int(parents[w])
+                if p == path:
+                    assert draft.match[i] == 100 * o + j
+                    break
+            else:
+                raise AssertionError("merged node not found in its source")
+
+
+def test_merge_docstring_example_and_an_int_match():
+    draft = merge_proposals([(TRIE, Proposal(np.array([5, 6]), np.array([-1, 0]), 2)),
+                             (COPY, Proposal(np.array([5, 7, 8]), np.array([-1, 0, -1]), np.array([3, 3, 1])))])
+    assert draft.tokens.tolist() == [5, 8, 6, 7] and draft.parents.tolist() == [-1, -1, 0, 0]
+    assert draft.origin.tolist() == [TRIE, COPY, TRIE, COPY] and draft.match.tolist() == [2, 1, 2, 3]
+
+
+def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
+    src = CopySource(capacity=1024, max_nodes=40, max_depth=30, branches=2)
+    text = list(range(100, 140))
+    src.start(np.array(text + [1] + text[:20]))
+    p = src.propose(np.zeros(0, np.int64), src.max_nodes, src.max_depth)
+    chain = p.tokens[p.parents == np.arange(-1, len(p.tokens) - 1)]
+    assert p.tokens[:1].tolist() == [120] and len(p.tokens) <= 40
+    assert p.tokens[p.match == 3].tolist()[:3] == [120, 121, 122]  # 20 tokens matched: bucket 3
+    assert len(chain) >= 20
+    src.learn(np.array([120, 121, 122]))
+    assert src.index.match_length == 23
+    # a short match: bucket 1 (fewer than 4 tokens), then 2 (4 to 15)
+    src.start(np.array([5, 6, 9, 9, 5, 6]))
+    assert set(src.propose(np.zeros(0, np.int64), 8, 8).match.tolist()) == {1}
+    src.start(np.array([5, 6, 7, 8, 1, 5, 6, 7, 8]))
+    assert set(src.propose(np.zeros(0, np.int64), 8, 8).match.tolist()) == {2}
+
+
+def test_copy_is_an_origin_and_the_sources_merge_trie_first():
+    assert ORIGINS[COPY] == "copy"
+    policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
+    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource"]
+    assert [type(s).__name__ for s in DraftPolicy(LookaheadConfig(copy_nodes=0), NgramTrie(12, 4096)).sources] == [
+        "TrieSource"]
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_step_nodes_caps_the_merged_draft(adaptive):
+    prompt = list(range(50, 90)) + [7] + list(range(50, 70))
+    config = LookaheadConfig(step_nodes=10, copy_nodes=40, copy_depth=40, adaptive=adaptive, cost_curve=FLAT)
+    policy = DraftPolicy(config, NgramTrie(12, 4096))
+    policy.start(prompt, Limits(1000), CostModel(FLAT) if adaptive else None)
+    draft = policy.draft(len(prompt), len(prompt), len(prompt) - 1)
+    assert len(draft) == 10
+    assert np.all(draft.parents < np.arange(10))  # still a tree, breadth-first
+    full = DraftPolicy(LookaheadConfig(copy_nodes=40, copy_depth=40, adaptive=False), NgramTrie(12, 4096))
+    full.start(prompt, Limits(1000))
+    assert len(full.draft(len(prompt), len(prompt), len(prompt) - 1)) > 10
+    assert policy.max_rows() == 11
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("copy_nodes", -1), ("copy_nodes", 257), ("copy_depth", 0), ("copy_depth", 300), ("copy_branches", 0),
+     ("copy_branches", 65), ("copy_capacity", 8), ("copy_capacity", 1 << 29), ("step_nodes", -1),
+     ("step_nodes", 2000), ("copy_nodes", 1.5), ("step_nodes", True)],
+)
+def test_bad_copy_settings_name_field_and_value(field, value):
+    with pytest.raises(ValueError) as err:
+        LookaheadConfig(**{field: value})
+    assert f"LookaheadConfig.{field}={value!r} is invalid" in str(err.value)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("name", list(COPY_HEAVY))
+def test_greedy_is_exact_with_copy_drafts(tiny_models, arch, name):
+    model = tiny_models(arch)
+    for prompt in (REPETITIVE, NO_REPEAT):
+        ids = torch.tensor([prompt])
+        plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+        dec = LookaheadDecoder(**COPY_HEAVY[name])
+        ours = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
+        assert ours.tolist() == plain.tolist(), (name, prompt)
+        if prompt is REPETITIVE and name != "copy-capped":
+            assert dec.stats.drafted_by_origin["copy"] > 0 and dec.stats.accepted_by_origin["copy"] > 0
+
+
+def test_greedy_is_exact_with_copy_drafts_processors_and_eos(tiny_models):
+    model = tiny_models("llama")
+    ids = torch.tensor([REPETITIVE])
+    kw = dict(max_new_tokens=40, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    free = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)[0, len(REPETITIVE):]
+    for eos in (None, int(free[25])):
+        plain = model.generate(ids, do_sample=False, eos_token_id=eos, **kw)
+        ours = model.generate(ids, custom_generate=LookaheadDecoder(**COPY_HEAVY["copy-only"]), eos_token_id=eos,
+                              **kw)
+        assert ours.tolist() == plain.tolist()
+
+
+@pytest.mark.parametrize("name", list(COPY_HEAVY))
+def test_sampled_text_does_not_depend_on_copy_drafts(tiny_models, name):
+    """The uniforms belong to positions: a seed gives the same text with copy drafts as with none."""
+    model = tiny_models("qwen2")
+    ids = torch.tensor([REPETITIVE])
+    outs = []
+    for dec in (LookaheadDecoder(tree_nodes=0, copy_nodes=0), LookaheadDecoder(**COPY_HEAVY[name])):
+        torch.manual_seed(5)
+        outs.append(model.generate(ids, custom_generate=dec, do_sample=True, temperature=0.8, top_k=20,
+                                   max_new_tokens=30, eos_token_id=None).tolist())
+    assert outs[0] == outs[1]
