@@ -13,6 +13,8 @@ to the installed version) says which. Checked on transformers 5.24.
 - :func:`decoder_only_output`: ``GenerateDecoderOnlyOutput`` with the cache under its current field name.
 - :func:`host_stopping`: the attributes of ``MaxLengthCriteria`` and ``EosTokenCriteria`` that let the
   decoder check those two on the host instead of running tensor code per token.
+- :func:`processors_as_function`: what ``LogitsProcessorList.__call__`` does when ``generate``'s
+  sampling loop calls it (no extra keyword arguments), without its per-call signature inspection.
 """
 
 from __future__ import annotations
@@ -98,3 +100,23 @@ def host_stopping(stopping_criteria) -> tuple[int | None, frozenset[int], list]:
         else:
             others.append(criterion)
     return max_length, frozenset(eos), others
+
+
+def processors_as_function(processors):
+    """``processors(input_ids, scores)`` as a plain function, for the call ``generate``'s loop makes.
+
+    ``LogitsProcessorList.__call__`` inspects every processor's signature at every call (to pass extra
+    keyword arguments to processors that take them); ``generate`` passes none, and the list then simply
+    chains ``scores = processor(input_ids, scores)``. That inspection cost about 0.1 ms per verified row
+    with two processors. Returns None for an empty or missing list.
+    """
+    chain = list(processors or ())
+    if not chain:
+        return None
+
+    def apply(input_ids, scores):
+        for processor in chain:
+            scores = processor(input_ids, scores)
+        return scores
+
+    return apply

@@ -207,7 +207,7 @@ class _Call:
         self.model, self.streamer, self.clock = model, streamer, decoder.clock
         self.stats = decoder.stats
         self.policy = decoder.policy
-        self.processors = logits_processor if logits_processor else None
+        self.processors = compat.processors_as_function(logits_processor)
         max_length = gen.max_length
         stop_length, self.eos, self.other_stops = compat.host_stopping(stopping_criteria)
         self.max_length = stop_length if stop_length is not None else max_length

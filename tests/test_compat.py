@@ -117,3 +117,14 @@ def test_the_decoder_reads_no_private_transformers_api_outside_compat():
     offenders = [f"{p.name}:{i}" for p in root.rglob("*.py") if p.name != "compat.py"
                  for i, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
     assert offenders == []
+
+
+def test_processors_as_function_chains_like_the_list():
+    from transformers import LogitsProcessorList, MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+    procs = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(3, 2, [7]),
+                                 RepetitionPenaltyLogitsProcessor(1.3)])
+    ids = torch.tensor([[1, 2, 3, 4]])
+    scores = torch.randn(1, 10, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(compat.processors_as_function(procs)(ids, scores.clone()), procs(ids, scores.clone()))
+    assert compat.processors_as_function(LogitsProcessorList()) is None
