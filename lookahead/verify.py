@@ -140,15 +140,25 @@ def _choose_greedy(scores: torch.Tensor, kids: dict[int, int], u: float | None =
 
 def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, keep_scores, keep_raw,
           uniforms=None) -> Verdict:
-    """Walk down the tree from the root, processing only the rows on the walked path."""
+    """Walk down the tree from the root, processing only the rows on the walked path.
+
+    The processors see ``prefix`` plus the path so far, as views of one buffer written token by token;
+    a row's logits are copied before processing only when the raw logits are kept (a processor may
+    work in place, and each row is processed once)."""
     children = children_lists(tree_tokens, tree_parents)
     row, nodes, tokens = 0, [], []
     scores_out = [] if keep_scores else None
     raw_out = [] if keep_raw else None
-    ids = prefix
+    length = prefix.shape[1]
+    if logits_processor:  # [1, L + deepest path]: the prefix, then the accepted path's tokens
+        path_ids = torch.empty((1, length + len(tree_tokens) + 1), dtype=prefix.dtype, device=prefix.device)
+        path_ids[:, :length] = prefix
     while True:
         raw = logits[row : row + 1]  # [1, V]
-        scores = logits_processor(ids, raw.clone()) if logits_processor else raw
+        if logits_processor:
+            scores = logits_processor(path_ids[:, : length + len(nodes)], raw.clone() if keep_raw else raw)
+        else:
+            scores = raw
         if keep_scores:
             scores_out.append(scores)
         if keep_raw:
@@ -157,9 +167,10 @@ def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, k
         tokens.append(x)
         if child < 0:
             return Verdict(nodes, tokens, scores_out, raw_out)
+        if logits_processor:
+            path_ids[0, length + len(nodes)] = x
         nodes.append(child)
         row = child + 1
-        ids = torch.cat([ids, ids.new_full((1, 1), x)], dim=1)
 
 
 def sample_verify(
