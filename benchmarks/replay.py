@@ -15,10 +15,16 @@ Record once (SmolLM2, greedy), then replay as often as wanted::
     python -m benchmarks.replay record --prompts 8 --max-new-tokens 160 --out replay.json
     python -m benchmarks.replay run replay.json     # lookahead, lookahead-fixed and prompt lookup, on the
                                                     # recorded curve, then the draft sources on a flat one
+    python -m benchmarks.replay topk replay.json --out replay-topk.npz    # the rows' top-k (runs the model)
+    python -m benchmarks.replay run replay.json --topk replay-topk.npz    # ... and the model's predictions
 
 The flat curve (:data:`FLAT_CURVE`, ``t(256) / t(1) = 1.02``) is the GPU regime, where verifying 64
 tokens costs about what one does: there tokens per call is the speed-up, and it measures what the
 draft sources can find, whatever the machine's timing.
+
+The model-prediction source (``recycle_k``) learns from every verified row's logits, which a
+recording lacks: the replay runs it off, or (``--topk``) from the accepted path's rows only, which
+underestimates it (``benchmarks/drafts_real.py`` runs the real decoder for it).
 
 Worked example: output ``[5, 6, 7]``, a step that drafts the chain ``5 -> 6 -> 9`` accepts ``5, 6``
 (``9`` differs from ``7``) and emits ``5, 6, 7`` (7 from the last accepted node's logits): one call,
@@ -34,6 +40,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from lookahead.cache import NgramTrie
 from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
@@ -44,31 +52,43 @@ FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))
 """A GPU-like cost curve: 64 verified tokens cost about what one does (``DESIGN.md``, reporting a result)."""
 
 FLAT_METHODS = {
-    "lookahead": {},
-    "trie-only": {"copy_nodes": 0},
-    "copy-only": {"tree_nodes": 0},
+    "trie": {"copy_nodes": 0, "recycle_k": 0},
+    "copy": {"tree_nodes": 0, "recycle_k": 0},
+    "trie+copy": {"recycle_k": 0},
 }
-"""The draft sources compared on the flat curve: ``LookaheadConfig`` fields over the default."""
+"""The draft sources compared on the flat curve: ``LookaheadConfig`` fields over the default. With
+``run --topk`` also ``model`` (the model's predictions alone) and ``default`` (all three)."""
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, config: LookaheadConfig,
-           cost: CostModel) -> dict:
+           cost: CostModel, topk: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """Replay one prompt: the decoder's steps on a recorded greedy ``output`` (see the module docstring).
 
     The very :class:`~lookahead.policy.DraftPolicy` the decoder uses drafts each step (without the
     window, whose rows the replay cannot run: its n-gram store would stay empty), and the very
     greedy walk of ``verify.py`` accepts: the model's argmax after a node of depth ``d`` is taken
     to be the recorded token ``d`` places on, which is exact for every node on the accepted path and
-    never consulted elsewhere. ``cost`` prices a step of ``rows`` new tokens. Returns target calls
+    never consulted elsewhere. ``cost`` prices a step of ``rows`` new tokens.
+
+    The model's own predictions (``recycle_k``) need every verified row's top-k, which a recording
+    lacks: without ``topk`` that source is off. ``topk`` = (ids int[P + N, k], logits float[P + N, k]),
+    the top-k of one forward over the prompt and output (:func:`record_topk`), position ``j``
+    predicting token ``j + 1``, lets it learn from the prompt's rows (when the decoder would keep them)
+    and the rows of the accepted path (the pending token's and the accepted nodes'); the decoder also
+    learns from the rejected rows, so this underestimates it. Each call starts with an empty table
+    (``recycle_keep`` carries it across calls of one decoder; :func:`replay_all` replays one call per prompt).
+    Returns target calls
     (prefill included, as the decoder counts), tokens, the budgets chosen per step and ``speedup`` =
     plain's modelled time / the policy's, both without the prefill call (the same for both but for
     the first tree's few rows).
     """
     output = [int(t) for t in output]
     prompt = [int(t) for t in prompt]
-    config = replace(config, window_width=0)
+    config = replace(config, window_width=0, recycle_k=config.recycle_k if topk is not None else 0)
     policy = DraftPolicy(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
     policy.start(prompt, Limits(len(prompt) + max_new_tokens), cost if config.adaptive else None)
+    if policy.recycle_k and policy.prompt_rows:  # the decoder keeps the prompt's rows in the first forward
+        policy.learn_prompt(prompt[:-1], topk[0][: len(prompt) - 1], topk[1][: len(prompt) - 1])
     i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
     while i < len(output):
         length = len(prompt) + i
@@ -77,7 +97,15 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
         verdict = greedy_verify_argmax(argmax, draft.tokens.tolist(), draft.parents.tolist())
         emitted = output[i : i + len(verdict.nodes) + 1]
         rows = 1 + len(draft)
-        policy.learn(draft, verdict.nodes, emitted, None, rows, float(cost(rows)))
+        successors = None
+        if policy.recycle_k:  # the accepted path's rows: the pending token's, then each accepted node's
+            ids = np.full((rows, topk[0].shape[1]), -1, dtype=np.int64)
+            logits = np.zeros((rows, topk[0].shape[1]), dtype=np.float32)
+            at = len(prompt) + i - 1  # the pending token's position
+            for r, pos in zip([0, *(1 + j for j in verdict.nodes)], range(at, at + len(verdict.nodes) + 1)):
+                ids[r], logits[r] = topk[0][pos], topk[1][pos]
+            successors = (ids, logits)
+        policy.learn(draft, verdict.nodes, emitted, None, rows, float(cost(rows)), successors)
         budgets.append(len(draft))
         if calls:  # the first call is the prefill (with the first tree): priced like plain's prefill, left out
             seconds += float(cost(rows))
@@ -131,10 +159,12 @@ def replay_prompt_lookup(prompt: Sequence[int], output: Sequence[int], max_new_t
             "accepted": accepted, "seconds": seconds, "speedup": plain / seconds if seconds else 1.0}
 
 
-def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel) -> dict:
+def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, topk: dict | None = None) -> dict:
     """Every recorded prompt; per workload the median, min and tokens/call of the modelled speed-up.
-    ``config=None`` replays transformers' prompt lookup (10 tokens) instead of the decoder."""
-    per_prompt = {pid: (replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost) if config
+    ``config=None`` replays transformers' prompt lookup (10 tokens) instead of the decoder; ``topk``:
+    per prompt id, what :func:`replay` takes (from :func:`load_topk`)."""
+    per_prompt = {pid: (replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost,
+                               topk.get(pid) if topk else None) if config
                         else replay_prompt_lookup(r["prompt"], r["output"], r["max_new_tokens"], cost))
                   for pid, r in records["prompts"].items()}
     summary = {}
@@ -175,6 +205,33 @@ def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostMod
     return {"context": context, "cost_curve": [list(p) for p in cost.points], "prompts": out}
 
 
+def record_topk(model, records: dict, k: int = 8, progress: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per prompt id: (ids int32[P + N, k], logits float16[P + N, k]), the top-k of one forward over the
+    recorded prompt and output (position ``j`` predicts token ``j + 1``), for :func:`replay`'s ``topk``."""
+    import torch
+    from tqdm.auto import tqdm
+
+    out = {}
+    for pid, r in tqdm(records["prompts"].items(), desc="top-k", disable=not progress, file=sys.stderr):
+        ids = torch.tensor([r["prompt"] + r["output"]], device=model.device)
+        with torch.inference_mode():
+            logits = model(input_ids=ids).logits[0].float()
+        top = logits.topk(k, -1)
+        out[pid] = (top.indices.to(torch.int32).cpu().numpy(), top.values.to(torch.float16).cpu().numpy())
+    return out
+
+
+def save_topk(path: str, topk: dict) -> None:
+    np.savez_compressed(path, **{f"{pid}/ids": ids for pid, (ids, _) in topk.items()},
+                        **{f"{pid}/logits": lg for pid, (_, lg) in topk.items()})
+
+
+def load_topk(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    with np.load(path) as z:
+        pids = {name.rsplit("/", 1)[0] for name in z.files}
+        return {pid: (z[f"{pid}/ids"].astype(np.int64), z[f"{pid}/logits"].astype(np.float32)) for pid in pids}
+
+
 def _table(results: dict[str, dict]) -> str:
     lines = ["| workload | method | prompts | modelled speed-up (median) | min | tokens/call |",
              "|---|---|---:|---:|---:|---:|"]
@@ -198,7 +255,30 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="replay the default LookaheadConfig, adaptive=False and prompt lookup, "
                                      "then the draft sources on a flat cost curve")
     run.add_argument("recording")
+    run.add_argument("--topk", help="the recording's top-k (from `topk`): also replay the model's predictions")
+    top = sub.add_parser("topk", help="record the top-k of one forward over each recorded prompt and output "
+                                      "(runs the model), for `run --topk`")
+    top.add_argument("recording")
+    top.add_argument("--k", type=int, default=8)
+    top.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    top.add_argument("--out", required=True, help="an .npz file")
     args = parser.parse_args(argv)
+    if args.command == "topk":
+        import torch
+
+        from lookahead.models import load_smollm2
+
+        torch.set_num_threads(args.threads)
+        with open(args.recording, encoding="utf-8") as f:
+            data = json.load(f)
+        model, _ = load_smollm2()
+        topk = record_topk(model, data, args.k)
+        save_topk(args.out, topk)
+        agree = [float(np.mean(ids[len(r["prompt"]) - 1 : -1, 0] == r["output"]))
+                 for pid, r in data["prompts"].items() for ids in [topk[pid][0]]]
+        print(f"wrote {args.out}: {len(topk)} prompts, k={args.k}; the one-forward argmax is the recorded token "
+              f"at {100 * float(np.mean(agree)):.2f}% of output positions")
+        return 0
     if args.command == "record":
         import torch
 
@@ -225,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     flat_results = {name: replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE, **fields), flat)
                     for name, fields in FLAT_METHODS.items()}
     flat_results["prompt-lookup"] = replay_all(data, None, flat)
+    if args.topk:  # the model's predictions, learned from the accepted path's rows only (a lower bound)
+        topk = load_topk(args.topk)
+        results["lookahead+model"] = replay_all(data, LookaheadConfig(), cost, topk)
+        flat_results["model"] = replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE, tree_nodes=0, copy_nodes=0),
+                                           flat, topk)
+        flat_results["default"] = replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE), flat, topk)
     ctx = data.get("context") or {}
     if ctx:
         model, hw = ctx["model"], ctx["hardware"]

@@ -60,6 +60,15 @@ class LookaheadConfig:
       tokens that followed it or a shorter suffix (each a chain of up to 8 tokens).
     - ``copy_capacity``: context tokens the index holds; past it, it is rebuilt over the last half.
 
+    The model's own predictions (Token Recycling, ``recycle.py``): every verified row's top-k
+    successors, kept per input token (and per pair of tokens) and grown into a tree from the last token:
+
+    - ``recycle_k``: successors kept per row (the decoder takes one ``topk`` over the verified rows
+      after each forward); 0 turns the source off.
+    - ``recycle_nodes``: most draft tokens it proposes per step; ``recycle_depth``: its deepest path.
+    - ``recycle_keep``: keep the table across the calls of one decoder while they decode the same
+      model (it fills with every call); False starts each call with an empty table.
+
     All sources together:
 
     - ``step_nodes``: most draft tokens one step verifies (the most probable ones are kept); with the
@@ -86,6 +95,10 @@ class LookaheadConfig:
     copy_branches: int = 4
     copy_capacity: int = 1 << 16
     step_nodes: int = 63
+    recycle_k: int = 8
+    recycle_nodes: int = 63
+    recycle_depth: int = 16
+    recycle_keep: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -146,6 +159,12 @@ class LookaheadConfig:
             raise _bad("copy_capacity", self.copy_capacity, f"must be in [16, {1 << 28}]")
         if not 0 <= self.step_nodes <= 1024:
             raise _bad("step_nodes", self.step_nodes, "must be in [0, 1024] (0: every step is plain)")
+        if not 0 <= self.recycle_k <= 64:
+            raise _bad("recycle_k", self.recycle_k, "must be in [0, 64] (0 turns the model's predictions off)")
+        if not 1 <= self.recycle_nodes <= 256:
+            raise _bad("recycle_nodes", self.recycle_nodes, "must be in [1, 256]")
+        if not 1 <= self.recycle_depth <= 64:
+            raise _bad("recycle_depth", self.recycle_depth, "must be in [1, 64]")
         min_capacity = 4 * self.ngram_size * self.ngram_size
         if not min_capacity <= self.trie_capacity <= max_capacity:
             raise _bad("trie_capacity", self.trie_capacity,

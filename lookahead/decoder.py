@@ -261,7 +261,7 @@ class _Call:
             cost = decoder.cost_curve(model, kv_window)
             self.stats.time_calibration = self.clock() - t
             self.stats.cost_curve = cost.points
-        self.policy.start(prompt, Limits(max_length, kv_window), cost)
+        self.policy.start(prompt, Limits(max_length, kv_window), cost, model)
 
     def run(self):
         """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
@@ -274,7 +274,12 @@ class _Call:
             rows = draft.rows
             ids, pos, mask = self.pack(draft)
             t1 = clock()
-            logits = self.forward(ids, pos, mask, rows)  # [1 + n + m, V]
+            warm = p - 1 if p > 1 and policy.prompt_rows else 0  # the prompt's rows, for the model's predictions
+            logits = self.forward(ids, pos, mask, rows + warm)  # [warm + 1 + n + m, V]
+            if warm:
+                policy.learn_prompt(self.pending[:warm], *self.successors(logits, warm - 1))
+                logits = logits[warm:]
+            successors = self.successors(logits, len(draft)) if policy.recycle_k else None
             if not checked:
                 check_rollbackable(self.cache)
                 checked = True
@@ -285,7 +290,7 @@ class _Call:
             n_acc = min(len(verdict.nodes), n_emit)
             self.keep_kv(p, draft, verdict.nodes[:n_acc], verdict.tokens[n_emit - 1])
             policy.learn(draft, verdict.nodes, verdict.tokens[:n_emit], window_argmax,
-                         1 + rows if p == 1 else 0, t3 - t1)  # a step's time: forward + verify
+                         1 + rows if p == 1 else 0, t3 - t1, successors)  # a step's time: forward + verify
             stats.record_step(draft, verdict.nodes[:n_acc], n_emit, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
         return self.output()
 
@@ -306,6 +311,14 @@ class _Call:
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
         self.stats.target_calls += 1
         return out.logits[0, -(rows + 1) :].float()
+
+    def successors(self, logits: torch.Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The verified rows' top-k (ids, logits) for the model-prediction source: the host copy is queued
+        before verify's own round trip (non-blocking on CUDA), so it arrives with it. Greedy's argmax is
+        still ``argmax`` (topk's order among ties is unspecified)."""
+        top = logits[: n + 1].topk(min(self.policy.recycle_k, logits.shape[-1]), -1)
+        cuda = self.device.type == "cuda"
+        return top.indices.to("cpu", non_blocking=cuda).numpy(), top.values.to("cpu", non_blocking=cuda).numpy()
 
     def verify(self, logits: torch.Tensor, draft: Draft) -> tuple[Verdict, list[int] | None]:
         """(the verdict, the window rows' argmax or None), with one host round trip when greedy and plain."""

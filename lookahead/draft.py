@@ -14,10 +14,11 @@ import numpy as np
 
 from .tree import subset_tree, tree_depth_rank
 
-ORIGINS = ("trie", "window", "memory", "copy")
+ORIGINS = ("trie", "window", "memory", "copy", "model")
 """Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store,
-the longest-match copy of the context (``cache.SuffixIndex``)."""
-TRIE, WINDOW, MEMORY, COPY = range(4)
+the longest-match copy of the context (``cache.SuffixIndex``), the model's own earlier predictions
+(``recycle.py``)."""
+TRIE, WINDOW, MEMORY, COPY, MODEL = range(5)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY8 = np.zeros(0, dtype=np.int8)
@@ -40,8 +41,9 @@ class Draft:
     - ``origin`` int8[n]: index into :data:`ORIGINS` per node.
     - ``match`` int64[n]: per node, how many context tokens its source matched before drafting it.
     - ``depth``, ``rank`` int64[n]: each node's depth (1 = child of the root) and sibling rank (0 for an
-      only child, else 1 + its place among its siblings) in the tree *as proposed*: :meth:`keep`
-      subsets them, so a node keeps the cells that estimated it when the budget drops its siblings.
+      only child, else 1 + its place among its siblings) in the tree *as proposed* by its own source
+      (siblings another source adds do not demote an only child): :meth:`keep` subsets them, so a node
+      keeps the cells that estimated it when the budget drops its siblings.
     - ``window``: the window's rows, or None.
     """
 
@@ -54,12 +56,13 @@ class Draft:
     window: WindowRows | None = None
 
     @classmethod
-    def build(cls, tokens, parents, origin, match, window: WindowRows | None = None) -> Draft:
-        """A draft from a proposed tree, computing depth and rank."""
+    def build(cls, tokens, parents, origin, match, window: WindowRows | None = None, rank=None) -> Draft:
+        """A draft from a proposed tree, computing depth, and rank unless given (a merged tree's nodes keep
+        the rank they had in the tree of the source that drafted them)."""
         parents = np.asarray(parents, dtype=np.int64)
-        depth, rank = tree_depth_rank(parents)
+        depth, own_rank = tree_depth_rank(parents)
         return cls(np.asarray(tokens, dtype=np.int64), parents, np.asarray(origin, dtype=np.int8),
-                   np.asarray(match, dtype=np.int64), depth, rank, window)
+                   np.asarray(match, dtype=np.int64), depth, own_rank if rank is None else np.asarray(rank), window)
 
     @classmethod
     def empty(cls, window: WindowRows | None = None) -> Draft:

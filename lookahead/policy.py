@@ -27,8 +27,11 @@ from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import CostModel
 from .draft import Draft
-from .proposer import WindowSource, make_sources, merge_proposals
+from .proposer import ModelSource, WindowSource, make_sources, merge_proposals
 from .tuning import BudgetTuning
+
+PROMPT_ROWS_COST = 2.0
+"""The model-prediction source learns the prompt's rows when 64 rows cost at most this many one-row forwards."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,24 @@ class DraftPolicy:
         self.tuning = tuning or BudgetTuning()
         self.sources = make_sources(config, trie, memory)
         self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
+        self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
         self.budget: Budget | None = None
         self.limits = Limits(max_length=1 << 62)
         self._context: list[int] = []
         self._propose = True
+        self.prompt_rows = False
+
+    def learn_prompt(self, tokens: np.ndarray, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        """Before the first step, when :attr:`prompt_rows`: the rows of the pending prompt ``tokens`` but the
+        last (row ``j``: input ``tokens[j]``), their top-k successor ids and logits."""
+        if self.model is not None:
+            tokens = np.asarray(tokens, dtype=np.int64)
+            self.model.table.update(np.concatenate([[-1], tokens[:-1]]), tokens, top_ids, top_logits)
+
+    @property
+    def recycle_k(self) -> int:
+        """How many top-k successors of every verified row :meth:`learn` wants (0: none)."""
+        return self.model.k if self.model is not None else 0
 
     def max_rows(self) -> int:
         """The most new tokens one step can feed: the last token, the sources' trees (at most
@@ -69,14 +86,23 @@ class DraftPolicy:
         drafted = min(sum(s.max_nodes for s in self.sources), self.config.step_nodes)
         return 1 + drafted + (self.window.max_rows - self.window.max_nodes if self.window is not None else 0)
 
-    def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None) -> None:
-        """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget)."""
+    def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
+        """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget).
+        ``model``: the target model, which the model-prediction source keeps its table for (with
+        ``recycle_keep``, another model's empties it)."""
         arr = np.asarray(prompt, dtype=np.int64)
         for source in self.sources:
-            source.start(arr)
+            if source is self.model:
+                source.start(arr, model)
+            else:
+                source.start(arr)
         self._context = arr.tolist()
         self.limits = limits
         self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
+        # the prompt's own rows teach the model-prediction source before the first step, when the decoder keeps
+        # their logits: worth it where a forward's extra rows are nearly free; on a CPU the output layer over a
+        # long prompt costs several one-token forwards (SmolLM2's is a 576 x 49152 matrix per row)
+        self.prompt_rows = self.model is not None and (cost is None or float(cost(64) / cost(1)) <= PROMPT_ROWS_COST)
         # no tree can pay on this curve (and no window needs drafting): skip proposing (refinement may change it)
         self._propose = (self.budget is None or self.window is not None or self.config.refine_cost
                          or self.budget.drafting_can_pay)
@@ -113,9 +139,14 @@ class DraftPolicy:
         return draft
 
     def learn(self, draft: Draft, accepted_nodes: Sequence[int], emitted: Sequence[int],
-              window_argmax: np.ndarray | None = None, rows: int = 0, seconds: float = 0.0) -> None:
+              window_argmax: np.ndarray | None = None, rows: int = 0, seconds: float = 0.0,
+              successors: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """After a verified step: ``accepted_nodes`` of ``draft`` (root to leaf), the ``emitted`` tokens,
-        the window rows' argmax (when they ran), and the forward's ``rows`` and ``seconds``."""
+        the window rows' argmax (when they ran), the forward's ``rows`` and ``seconds``, and (when
+        :attr:`recycle_k`) ``successors``: (ids int64[1 + n, k], logits float[1 + n, k]), the top-k of
+        the verified rows: the last context token's, then each draft node's."""
+        if successors is not None and self.model is not None:
+            self.model.learn_rows(draft, accepted_nodes, *successors)
         if self.budget is not None:
             self.budget.record(draft, accepted_nodes, rows, seconds)
         arr = np.asarray(emitted, dtype=np.int64)

@@ -18,6 +18,9 @@ Each node of a merged draft knows which source drafted it (its *origin*, see ``d
 - :class:`CopySource` (``"copy"``): the continuation of the context's longest earlier match, as deep as
   ``copy_depth``, beside the other continuations of that match or shorter ones
   (``lookahead.cache.SuffixIndex``, a suffix automaton over the prompt and the output so far).
+- :class:`ModelSource` (``"model"``): the model's own predictions from earlier forwards (every verified
+  row's top-k successors of its input token, ``recycle.py``), grown into a tree from the last token.
+  It learns from those rows (:meth:`ModelSource.learn_rows`), which only the decoder has.
 
 Each source has ``max_nodes`` and ``max_depth``, the most it drafts per step.
 :func:`merge_proposals` unites the sources' trees into one :class:`~lookahead.draft.Draft`.
@@ -25,13 +28,16 @@ Each source has ``max_nodes`` and ``max_depth``, the most it drafts per step.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from .cache import NgramTrie, SuffixIndex
-from .draft import COPY, MEMORY, TRIE, WINDOW, Draft, WindowRows
+from .draft import COPY, MEMORY, MODEL, TRIE, WINDOW, Draft, WindowRows
+from .recycle import SuccessorTable
+from .tree import tree_depth_rank
 from .window import LookaheadWindow
 
 
@@ -157,6 +163,67 @@ class CopySource:
         self.index.extend(emitted)
 
 
+class ModelSource:
+    """The model's own predictions (Token Recycling): a best-first tree from the last two tokens through
+    a :class:`~lookahead.recycle.SuccessorTable` of every verified row's top-``k`` successors. A node's
+    match is its share of its parent's row (the row's top-k softmax) on the acceptance estimates'
+    scale: :attr:`buckets` ``(a, b)`` give 1 below ``a``, 2 below ``b``, else 3.
+
+    The table starts empty at each call unless ``keep``: then what earlier calls' rows taught stays
+    while the calls decode the same model (a later row of a key replaces its earlier one).
+    """
+
+    origin = MODEL
+    buckets = (0.95, 2.0)
+
+    def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False):
+        self.k, self.max_nodes, self.max_depth, self.keep = k, max_nodes, max_depth, keep
+        self.table = SuccessorTable(k)
+        self.prev = self.last = -1
+        self._model = None  # a weak reference to the model the table was learned from
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        same = model is not None and self._model is not None and self._model() is model
+        if not (self.keep and (same or model is None)):
+            self.table.clear()
+        if model is not None:
+            self._model = weakref.ref(model)
+        self.prev, self.last = (int(t) for t in np.concatenate([[-1, -1], prompt[-2:]])[-2:])
+
+    def __getstate__(self) -> dict:  # a weak reference does not pickle: an unpickled table starts anew
+        state = dict(self.__dict__)
+        state["_model"] = None
+        return state
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        if self.last < 0:
+            return None
+        tokens, parents, shares = self.table.propose(self.prev, self.last, max_nodes, max_depth)
+        if not len(tokens):
+            return None
+        a, b = self.buckets
+        return Proposal(tokens, parents, 1 + (shares >= a).astype(np.int64) + (shares >= b))
+
+    def learn(self, emitted: np.ndarray) -> None:
+        for t in emitted[-2:].tolist():
+            self.prev, self.last = self.last, t
+
+    def learn_rows(self, draft: Draft, accepted_nodes, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        """A verified step's rows (call before :meth:`learn`): the last token's, then each draft node's, with
+        their top-k successor ids int64[1 + n, k] and logits float[1 + n, k]. The accepted path's rows (whose
+        context is the text's) are learned last, so they win a key several rows share."""
+        n = len(draft)
+        inputs = np.empty(1 + n, np.int64)  # row r's input token, and the token before it on its path
+        prevs = np.empty(1 + n, np.int64)
+        inputs[0], prevs[0] = self.last, self.prev
+        inputs[1:] = draft.tokens
+        prevs[1:] = np.where(draft.parents >= 0, draft.tokens[np.maximum(draft.parents, 0)], self.last)
+        self.table.update(prevs, inputs, top_ids, top_logits)
+        if n:
+            path = np.array([0, *(1 + j for j in accepted_nodes)], dtype=np.int64)
+            self.table.update(prevs[path], inputs[path], top_ids[path], top_logits[path])
+
+
 def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
     """The sources a :class:`~lookahead.config.LookaheadConfig` asks for, in merge order."""
     sources: list = [TrieSource(trie, TRIE, config.max_match, per_request=True, max_nodes=config.tree_nodes,
@@ -166,6 +233,8 @@ def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
     if memory is not None:
         sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False, max_nodes=config.tree_nodes,
                                   max_depth=config.tree_depth))
+    if config.recycle_k:
+        sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep))
     if config.window_width:
         sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
                                     config.max_match))
@@ -174,8 +243,8 @@ def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
 
 def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None) -> Draft:
     """One draft from ``(origin, proposal)`` pairs; a path drafted by several sources appears once,
-    with the origin (and match) of the first source that drafted it; breadth-first, nodes of equal
-    depth in the order they were first drafted.
+    with the origin, match and sibling rank (in that source's own tree) of the first source that
+    drafted it; breadth-first, nodes of equal depth in the order they were first drafted.
 
     Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
     parents ``[-1, 0, -1]`` -> tokens ``[5, 8, 6, 7]``, parents ``[-1, -1, 0, 0]``, origins
@@ -192,9 +261,10 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
     origin = np.concatenate([np.full(len(p.tokens), o, dtype=np.int8) for o, p in proposals])
     match = np.concatenate([np.broadcast_to(np.asarray(p.match, dtype=np.int64), p.tokens.shape)
                             for _, p in proposals])
+    rank = np.concatenate([tree_depth_rank(p.parents)[1] for _, p in proposals])
     starts = np.cumsum([0] + [len(p.tokens) for _, p in proposals]).astype(np.int64)
     keep, new_parents = _merge(tokens, parents, starts)
-    return Draft.build(tokens[keep], new_parents, origin[keep], match[keep], window)
+    return Draft.build(tokens[keep], new_parents, origin[keep], match[keep], window, rank[keep])
 
 
 @njit(cache=True)

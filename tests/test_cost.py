@@ -91,18 +91,18 @@ def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
     assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
     model = tiny_models("gpt2")
     registry = Calibrations()
-    dec = LookaheadDecoder(copy_nodes=0, calibrations=registry, clock=FakeClock())  # 1 + 16 tree rows
+    dec = LookaheadDecoder(copy_nodes=0, recycle_k=0, calibrations=registry, clock=FakeClock())  # 1 + 16 tree rows
     model.generate(IDS, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
     assert [k for k, _ in dec.stats.cost_curve] == [1, 2, 4, 8, 16, 32]
     kept = registry.known(model)
-    small = LookaheadDecoder(tree_nodes=4, copy_nodes=4, calibrations=registry)  # fewer rows: the kept curve serves
+    small = LookaheadDecoder(tree_nodes=4, copy_nodes=4, recycle_k=0, calibrations=registry)  # the kept curve serves
     model.generate(IDS, custom_generate=small, max_new_tokens=4, eos_token_id=None)
     assert registry.known(model) is kept and len(small.stats.cost_curve) == 6
     # a shared memory store doubles the tree, the window adds its rows: 1 + 32 + 3*3 + 4*3 = 54 rows
     big = LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4, window_candidates=3, copy_nodes=0,
-                           calibrations=registry, clock=FakeClock())
+                           recycle_k=0, calibrations=registry, clock=FakeClock())
     assert big.policy.max_rows() == 54
-    # the copy source adds its 56, but one step verifies at most step_nodes = 63: 1 + 63 + 4*3 rows
+    # the copy and model sources add 56 and 63, but a step verifies at most step_nodes = 63: 1 + 63 + 4*3 rows
     assert LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4,
                             window_candidates=3).policy.max_rows() == 76
     model.generate(IDS, custom_generate=big, max_new_tokens=4, eos_token_id=None)

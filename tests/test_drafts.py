@@ -1,7 +1,10 @@
-"""Draft sources beyond the trie: the longest-match copy (``CopySource``), the merge of every source's
-tree into one draft, the per-step node cap, and exactness (greedy and sampled) with them on."""
+"""Draft sources beyond the trie: the longest-match copy (``CopySource``), the model's own predictions
+(``ModelSource``, ``recycle.py``), the merge of every source's tree into one draft, the per-step node cap,
+and exactness (greedy and sampled) with them on."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
@@ -10,9 +13,10 @@ import torch
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.cache import NgramTrie
 from lookahead.cost import CostModel
-from lookahead.draft import COPY, ORIGINS, TRIE
+from lookahead.draft import COPY, MODEL, ORIGINS, TRIE
 from lookahead.policy import DraftPolicy, Limits
-from lookahead.proposer import CopySource, Proposal, merge_proposals
+from lookahead.proposer import CopySource, ModelSource, Proposal, merge_proposals
+from lookahead.recycle import SuccessorTable
 from lookahead.tree import merge_trees, tree_depths
 
 from tiny import TINY_ARCHS
@@ -22,7 +26,7 @@ NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
 FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))
 COPY_HEAVY = {
     "copy-only": dict(tree_nodes=0, copy_nodes=64, copy_depth=64, copy_branches=4, cost_curve=FLAT),
-    "copy-fixed": dict(copy_nodes=40, copy_depth=40, copy_branches=3, adaptive=False),
+    "copy-fixed": dict(copy_nodes=40, copy_depth=40, copy_branches=3, adaptive=False, recycle_k=0),
     "copy-capped": dict(copy_nodes=56, copy_capacity=16, step_nodes=9, cost_curve=FLAT),
 }
 
@@ -93,12 +97,12 @@ def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
     assert set(src.propose(np.zeros(0, np.int64), 8, 8).match.tolist()) == {2}
 
 
-def test_copy_is_an_origin_and_the_sources_merge_trie_first():
-    assert ORIGINS[COPY] == "copy"
+def test_new_origins_and_the_sources_merge_trie_first():
+    assert (ORIGINS[COPY], ORIGINS[MODEL]) == ("copy", "model")
     policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
-    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource"]
-    assert [type(s).__name__ for s in DraftPolicy(LookaheadConfig(copy_nodes=0), NgramTrie(12, 4096)).sources] == [
-        "TrieSource"]
+    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource"]
+    only = DraftPolicy(LookaheadConfig(copy_nodes=0, recycle_k=0), NgramTrie(12, 4096))
+    assert [type(s).__name__ for s in only.sources] == ["TrieSource"]
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
@@ -165,3 +169,170 @@ def test_sampled_text_does_not_depend_on_copy_drafts(tiny_models, name):
         outs.append(model.generate(ids, custom_generate=dec, do_sample=True, temperature=0.8, top_k=20,
                                    max_new_tokens=30, eos_token_id=None).tolist())
     assert outs[0] == outs[1]
+
+
+# -- the model's own predictions (Token Recycling) -------------------------------------------------------
+
+
+def test_successor_table_docstring_example():
+    table = SuccessorTable(2, rows=64, calibration=0.5)
+    table.update(np.array([-1, -1]), np.array([5, 6]), np.array([[6, 7], [8, 9]]),
+                 np.array([[2.0, -0.2], [5.0, -5.0]], np.float32))  # shares 0.9/0.1 and 1.0/0.0
+    tokens, parents, shares = table.propose(-1, 5, 3, 8)
+    assert tokens.tolist() == [6, 8, 7] and parents.tolist() == [-1, 0, -1]
+    assert shares.tolist() == pytest.approx([0.9, 1.0, 0.1])
+    assert table.propose(-1, 5, 8, 1)[0].tolist() == [6, 7]  # one level deep
+    assert table.propose(-1, 4, 8, 8)[0].tolist() == []  # nothing known after 4
+
+
+def test_successor_table_pairs_first_later_rows_replace_unknown_rows_skipped():
+    table = SuccessorTable(2, rows=64)
+    table.update(np.array([-1]), np.array([5]), np.array([[6, 7]]), np.zeros((1, 2), np.float32))
+    table.update(np.array([3]), np.array([5]), np.array([[9, 8]]), np.array([[4.0, 0.0]], np.float32))
+    assert table.propose(3, 5, 1, 1)[0].tolist() == [9]  # the pair (3, 5) has its own row
+    assert table.propose(2, 5, 1, 1)[0].tolist() == [9]  # the token's row: the later one replaced [6, 7]
+    table.update(np.array([-1, -1]), np.array([5, 11]), np.array([[-1, -1], [1, 2]]), np.zeros((2, 2), np.float32))
+    assert table.propose(-1, 5, 1, 1)[0].tolist() == [9] and len(table) == 3  # the -1 row was skipped
+    # tokens sharing a slot (rows=64: 5 and 69) take turns
+    table.update(np.array([-1]), np.array([69]), np.array([[1, 2]]), np.zeros((1, 2), np.float32))
+    assert table.propose(-1, 5, 1, 1)[0].tolist() == [] and table.propose(-1, 69, 1, 1)[0].tolist() == [1]
+    twin = pickle.loads(pickle.dumps(table))
+    assert twin.propose(3, 5, 4, 4)[0].tolist() == table.propose(3, 5, 4, 4)[0].tolist()
+    assert len(pickle.dumps(SuccessorTable(8))) < 2_000
+
+
+def test_model_source_learns_rows_with_their_contexts_the_accepted_path_last():
+    src = ModelSource(k=2, max_nodes=8, max_depth=4)
+    src.start(np.array([1, 2, 3]))
+    # the draft after 3: 4 (node 0) -> 5 (node 1), and 6 (node 2), a sibling of 4; node 0 accepted
+    draft = merge_proposals([(MODEL, Proposal(np.array([4, 6, 5]), np.array([-1, -1, 0]), 1))])
+    ids = np.array([[4, 6], [5, 7], [8, 9], [10, 11]])  # rows: the last token 3, then nodes 4, 6, 5
+    src.learn_rows(draft, [0], ids, np.zeros((4, 2), np.float32))
+    src.learn(np.array([4, 5]))
+    table = src.table
+    assert table.propose(2, 3, 1, 1)[0].tolist() == [4]  # (2, 3): the root row
+    assert table.propose(3, 4, 1, 1)[0].tolist() == [5] and table.propose(3, 6, 1, 1)[0].tolist() == [8]
+    assert table.propose(4, 5, 1, 1)[0].tolist() == [10]  # node 5's context is (4, 5)
+    assert (src.prev, src.last) == (4, 5)
+    p = src.propose(np.zeros(0, np.int64), 8, 4)
+    assert p.tokens.tolist() == [10, 11] and set(p.match.tolist()) <= {1, 2}
+
+
+def test_model_source_keeps_its_table_for_the_same_model_only():
+    class M:
+        pass
+
+    a, b = M(), M()
+    src = ModelSource(k=2, max_nodes=4, max_depth=2, keep=True)
+    src.start(np.array([1, 2]), a)
+    src.table.update(np.array([-1]), np.array([2]), np.array([[3, 4]]), np.zeros((1, 2), np.float32))
+    src.start(np.array([7, 2]), a)
+    assert len(src.table) == 1
+    src.start(np.array([7, 2]), b)
+    assert len(src.table) == 0
+    fresh = ModelSource(k=2, max_nodes=4, max_depth=2, keep=False)
+    fresh.table.update(np.array([-1]), np.array([2]), np.array([[3, 4]]), np.zeros((1, 2), np.float32))
+    fresh.start(np.array([7, 2]), a)
+    assert len(fresh.table) == 0
+
+
+def test_policy_hands_the_rows_to_the_model_source_and_learns_the_prompt_on_a_flat_curve():
+    prompt = [3, 5, 7, 9]
+    flat = DraftPolicy(LookaheadConfig(cost_curve=FLAT), NgramTrie(12, 4096))
+    flat.start(prompt, Limits(100), CostModel(FLAT))
+    assert flat.recycle_k == 8 and flat.prompt_rows
+    steep = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
+    steep.start(prompt, Limits(100), CostModel(((1, 1.0), (2, 1.5), (64, 4.0))))
+    assert not steep.prompt_rows
+    assert DraftPolicy(LookaheadConfig(recycle_k=0), NgramTrie(12, 4096)).recycle_k == 0
+    k = 8
+    flat.learn_prompt(np.array(prompt[:-1]), np.tile(np.arange(k), (3, 1)), np.zeros((3, k), np.float32))
+    assert len(flat.model.table) == 3 + 2  # tokens 3, 5, 7 and pairs (3, 5), (5, 7)
+    draft = flat.draft(4, 4, 3)
+    ids = np.tile(np.arange(100, 100 + k), (1 + len(draft), 1))
+    flat.learn(draft, [], [11], None, 1 + len(draft), 0.01, (ids, np.zeros_like(ids, dtype=np.float32)))
+    assert flat.model.table.propose(7, 9, 1, 1)[0].tolist() == [100]  # the last prompt token's row
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("recycle_k", -1), ("recycle_k", 65), ("recycle_nodes", 0), ("recycle_nodes", 257), ("recycle_depth", 0),
+     ("recycle_depth", 65), ("recycle_keep", 1), ("recycle_k", 2.0)],
+)
+def test_bad_recycle_settings_name_field_and_value(field, value):
+    with pytest.raises(ValueError) as err:
+        LookaheadConfig(**{field: value})
+    assert f"LookaheadConfig.{field}={value!r} is invalid" in str(err.value)
+
+
+MODEL_HEAVY = {
+    "model-only": dict(tree_nodes=0, copy_nodes=0, cost_curve=FLAT),
+    "model-fixed": dict(tree_nodes=0, copy_nodes=0, recycle_nodes=32, recycle_depth=16, adaptive=False),
+    "all-flat": dict(cost_curve=FLAT, recycle_k=4),
+}
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("name", list(MODEL_HEAVY))
+def test_greedy_is_exact_with_the_models_predictions(tiny_models, arch, name):
+    """One decoder over several calls (the table carries over), each output plain generate's; the second
+    pass over the same prompts accepts the model's predictions."""
+    model = tiny_models(arch)
+    dec = LookaheadDecoder(**MODEL_HEAVY[name])
+    for rnd in range(2):
+        accepted = 0
+        for prompt in (REPETITIVE, NO_REPEAT):
+            ids = torch.tensor([prompt])
+            plain = model.generate(ids, do_sample=False, max_new_tokens=30, eos_token_id=None)
+            ours = model.generate(ids, custom_generate=dec, max_new_tokens=30, eos_token_id=None)
+            assert ours.tolist() == plain.tolist(), (name, rnd, prompt)
+            accepted += dec.stats.accepted_by_origin["model"]
+        if rnd:
+            assert accepted > 0
+
+
+def test_greedy_is_exact_with_the_models_predictions_padding_processors_eos(tiny_models):
+    model = tiny_models("llama")
+    ids = torch.tensor([[0, 0] + NO_REPEAT])
+    mask = torch.tensor([[0, 0] + [1] * len(NO_REPEAT)])
+    free = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, eos_token_id=None)
+    for kw in (dict(repetition_penalty=1.3), dict(eos_token_id=int(free[0, -10]))):
+        kw = {"eos_token_id": None, **kw}
+        plain = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, **kw)
+        dec = LookaheadDecoder(**MODEL_HEAVY["model-only"])
+        for _ in range(2):
+            ours = model.generate(ids, attention_mask=mask, custom_generate=dec, max_new_tokens=30, **kw)
+            assert ours.tolist() == plain.tolist()
+
+
+@pytest.mark.parametrize("name", list(MODEL_HEAVY))
+def test_sampled_text_does_not_depend_on_the_models_predictions(tiny_models, name):
+    model = tiny_models("mistral")
+    ids = torch.tensor([REPETITIVE])
+    dec = LookaheadDecoder(**MODEL_HEAVY[name])
+    for _ in range(2):  # the second call drafts from what the first one's rows taught
+        outs = []
+        for d in (LookaheadDecoder(tree_nodes=0, copy_nodes=0, recycle_k=0), dec):
+            torch.manual_seed(11)
+            outs.append(model.generate(ids, custom_generate=d, do_sample=True, temperature=0.8, max_new_tokens=30,
+                                       eos_token_id=None).tolist())
+        assert outs[0] == outs[1]
+
+
+def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypatch):
+    model = tiny_models("qwen2")
+    calls = []
+    real = torch.Tensor.topk
+
+    def spy(self, *a, **kw):
+        calls.append(self.shape)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "topk", spy)
+    ids = torch.tensor([REPETITIVE])
+    model.generate(ids, custom_generate=LookaheadDecoder(recycle_k=0), max_new_tokens=10, eos_token_id=None)
+    assert not calls
+    dec = LookaheadDecoder(cost_curve=FLAT)
+    model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
+    # the prompt's rows once (flat curve), then the verified rows of each step (never the window's)
+    assert calls[0][0] == len(REPETITIVE) - 1 and len(calls) == 1 + dec.stats.target_calls

@@ -1,0 +1,235 @@
+"""The model's own predictions as drafts: a successor table filled from every verified row (Token
+Recycling, Luo et al. 2024).
+
+Each forward returns logits for every row it verified, the rejected draft rows included; plain
+decoding throws all but one away. Each row says what the model expects after that row's input
+token in that row's context. :class:`SuccessorTable` keeps the ``k`` most likely successors of the
+latest row (their ids, and their *shares*: the softmax of the row's top-k logits among themselves)
+under two keys: the row's input token, and the pair (the token before it, the input token). The
+decoder hands the rows' top-k over with the argmax it needs anyway: no extra forward.
+
+A draft grows best-first from the last token: a node's successors are the table's row for the pair
+(its parent's token, its token), else for its token alone; a successor of share ``s`` scores its
+parent's score times ``calibration * s`` (the share calibrated into an acceptance probability: on
+SmolLM2's recorded outputs a successor of share ``s`` followed with probability about ``0.62 s``),
+and the ``max_nodes`` best-scoring nodes at most ``max_depth`` deep are drafted. So a confident
+prediction grows a deep chain and an unsure one a bushy fan.
+
+Worked example: the table knows ``5 -> [6 (share 0.9), 7 (0.1)]`` and ``6 -> [8 (1.0)]``; after
+``5``, three nodes: ``6`` (score 0.9c), ``8`` below it (0.9c^2), ``7`` (0.1c): tokens ``[6, 8, 7]``,
+parents ``[-1, 0, -1]`` (best-first: a parent always before its children).
+
+Slots: ``rows`` for single tokens, addressed by ``token & (rows - 1)`` (every token its own slot up
+to a vocabulary of ``rows``), and ``rows`` for pairs, addressed by a hash; each slot keeps its key,
+and a later row for another key in the same slot replaces it. Memory: ``2 rows * (8 + 8 k)`` bytes
+(9.4 MB with the defaults, ``rows = 65536`` and ``k = 8``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+CALIBRATION = 0.62
+"""P(a drafted successor follows) / its share; measured on SmolLM2's recorded greedy outputs
+(``benchmarks/results/drafts.md``): shares 0.9-1.0 followed 61% of the time, 0.4-0.5 26%, 0-0.1 3%."""
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, inline="always")
+def _mix(a, b):
+    x = (np.uint64(a) ^ (np.uint64(b) * _M2)) * _M1
+    return x ^ (x >> np.uint64(29))
+
+
+@njit(cache=True, inline="always")
+def _pair_key(prev, token):
+    """A 63-bit key of the pair (prev, token); never a token id (those are below 2**31)."""
+    x = _mix(np.uint64(prev), np.uint64(token))
+    return np.int64(x >> np.uint64(1)) | np.int64(1 << 40)
+
+
+@njit(cache=True, inline="always")
+def _context_slot(key, rows):
+    return rows + np.int64(np.uint64(key) & np.uint64(rows - 1))
+
+
+@njit(cache=True, inline="always")
+def _row(keys, rows, prev, token):
+    """The slot holding successors of (prev, token), else of token, else -1."""
+    if prev >= 0:
+        key = _pair_key(prev, token)
+        s = _context_slot(key, rows)
+        if keys[s] == key:
+            return s
+    s = token & (rows - 1)
+    return s if keys[s] == token else -1
+
+
+@njit(cache=True)
+def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
+    k = min(ids.shape[1], top_ids.shape[1])
+    for i in range(inputs.shape[0]):
+        t = inputs[i]
+        if t < 0 or top_ids[i, 0] < 0:  # a row not known (the replay knows only the accepted path's)
+            continue
+        top = top_logits[i, 0]
+        total = 0.0
+        for r in range(k):
+            total += np.exp(top_logits[i, r] - top)
+        for which in range(2):
+            if which == 0:
+                s = t & (rows - 1)
+                keys[s] = t
+            else:
+                if prevs[i] < 0:
+                    continue
+                key = _pair_key(prevs[i], t)
+                s = _context_slot(key, rows)
+                keys[s] = key
+            for r in range(k):
+                ids[s, r] = top_ids[i, r]
+                share[s, r] = np.exp(top_logits[i, r] - top) / total
+            for r in range(k, ids.shape[1]):
+                ids[s, r] = -1
+
+
+@njit(cache=True, inline="always")
+def _better(score, depth, a, b):
+    if score[a] != score[b]:
+        return score[a] > score[b]
+    if depth[a] != depth[b]:
+        return depth[a] < depth[b]
+    return a < b
+
+
+@njit(cache=True)
+def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
+    """Best-first tree into ``out[0, :m]`` tokens, ``out[1, :m]`` parents, ``out[2, :m]`` shares (x 1000,
+    rounded); returns m (at most ``out.shape[1]``)."""
+    max_nodes = out.shape[1]
+    k = ids.shape[1]
+    size = 2 * max_nodes + 2
+    # entry e: a candidate successor: row slot, rank, its parent's output index, input token, depth
+    e_row = np.empty(size, np.int64)
+    e_rank = np.empty(size, np.int64)
+    e_par = np.empty(size, np.int64)
+    e_in = np.empty(size, np.int64)
+    e_depth = np.empty(size, np.int64)
+    e_base = np.empty(size, np.float64)  # the parent's score
+    e_score = np.empty(size, np.float64)
+    heap = np.empty(size, np.int64)
+    n_ent = 0
+    n_heap = 0
+    m = 0
+    root = _row(keys, rows, prev, last)
+    if root < 0 or max_nodes <= 0 or max_depth <= 0 or ids[root, 0] < 0:
+        return 0
+    e_row[0], e_rank[0], e_par[0], e_in[0], e_depth[0], e_base[0] = root, 0, -1, last, 1, 1.0
+    e_score[0] = calibration * share[root, 0]
+    heap[0] = 0
+    n_ent, n_heap = 1, 1
+    while n_heap > 0 and m < max_nodes:
+        top = heap[0]
+        n_heap -= 1
+        last_e = heap[n_heap]
+        i = 0
+        while True:  # sift down
+            j = 2 * i + 1
+            if j >= n_heap:
+                break
+            if j + 1 < n_heap and _better(e_score, e_depth, heap[j + 1], heap[j]):
+                j += 1
+            if _better(e_score, e_depth, heap[j], last_e):
+                heap[i] = heap[j]
+                i = j
+            else:
+                break
+        heap[i] = last_e
+        row, rank = e_row[top], e_rank[top]
+        tok = ids[row, rank]
+        out[0, m] = tok
+        out[1, m] = e_par[top]
+        out[2, m] = np.int64(share[row, rank] * 1000.0 + 0.5)
+        me = m
+        m += 1
+        for which in range(2):  # the next sibling, then the first child
+            if which == 0:
+                if rank + 1 >= k or ids[row, rank + 1] < 0:
+                    continue
+                nr, nk, npar, nin, nd, nb = row, rank + 1, e_par[top], e_in[top], e_depth[top], e_base[top]
+            else:
+                if e_depth[top] >= max_depth:
+                    continue
+                nr = _row(keys, rows, e_in[top], tok)
+                if nr < 0 or ids[nr, 0] < 0:
+                    continue
+                nk, npar, nin, nd, nb = 0, me, tok, e_depth[top] + 1, e_score[top]
+            x = n_ent
+            n_ent += 1
+            e_row[x], e_rank[x], e_par[x], e_in[x], e_depth[x], e_base[x] = nr, nk, npar, nin, nd, nb
+            e_score[x] = nb * calibration * share[nr, nk]
+            i = n_heap  # sift up
+            n_heap += 1
+            while i > 0:
+                p = (i - 1) // 2
+                if _better(e_score, e_depth, x, heap[p]):
+                    heap[i] = heap[p]
+                    i = p
+                else:
+                    break
+            heap[i] = x
+    return m
+
+
+class SuccessorTable:
+    """Per input token, and per (previous token, input token), the top-``k`` successors of the latest
+    verified row with that input (see the module docstring). ``rows``: a power of two."""
+
+    def __init__(self, k: int, rows: int = 1 << 16, calibration: float = CALIBRATION):
+        if k < 1 or rows < 2 or rows & (rows - 1):
+            raise ValueError(f"SuccessorTable needs k >= 1 and rows a power of two, got k={k}, rows={rows}")
+        self.k, self.rows, self.calibration = k, rows, calibration
+        self.keys = np.full(2 * rows, -1, np.int64)
+        self.ids = np.full((2 * rows, k), -1, np.int32)
+        self.share = np.zeros((2 * rows, k), np.float32)
+
+    def clear(self) -> None:
+        self.keys[:] = -1
+
+    def __len__(self) -> int:
+        """Keys (tokens and pairs) with a row."""
+        return int(np.count_nonzero(self.keys >= 0))
+
+    def update(self, prevs: np.ndarray, inputs: np.ndarray, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        """Rows ``i``: input token ``inputs[i]`` after ``prevs[i]`` (-1: none), its top-k successor ids
+        ``top_ids[i]`` (likeliest first; -1 in column 0: row unknown, skipped) and their logits; a later
+        row of the same key replaces an earlier one."""
+        _update(self.keys, self.ids, self.share, self.rows, np.ascontiguousarray(prevs, dtype=np.int64),
+                np.ascontiguousarray(inputs, dtype=np.int64), np.ascontiguousarray(top_ids, dtype=np.int64),
+                np.ascontiguousarray(top_logits, dtype=np.float32))
+
+    def propose(self, prev: int, last: int, max_nodes: int, max_depth: int):
+        """(tokens int64[m], parents int64[m], shares float[m]): the best-first tree after ``prev, last``."""
+        if max_nodes <= 0:
+            return _EMPTY, _EMPTY, np.zeros(0)
+        out = np.empty((3, max_nodes), np.int64)
+        m = _propose(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
+                     float(self.calibration), out)
+        return out[0, :m], out[1, :m], out[2, :m] / 1000.0
+
+    # pickling: only the slots in use
+    def __getstate__(self) -> dict:
+        used = np.flatnonzero(self.keys >= 0)
+        return {"k": self.k, "rows": self.rows, "calibration": self.calibration, "used": used,
+                "keys": self.keys[used], "ids": self.ids[used], "share": self.share[used]}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["k"], state["rows"], state["calibration"])
+        used = state["used"]
+        self.keys[used], self.ids[used], self.share[used] = state["keys"], state["ids"], state["share"]
+
+
+_EMPTY = np.zeros(0, np.int64)
