@@ -77,8 +77,9 @@ class DraftPolicy:
 
     @property
     def recycle_k(self) -> int:
-        """How many top-k successors of every verified row :meth:`learn` wants (0: none)."""
-        return self.model.k if self.model is not None else 0
+        """How many top-k successors of every verified row :meth:`learn` wants (0: none, also while no tree
+        can pay on this call's cost curve: then nothing is proposed, so the table's upkeep would be wasted)."""
+        return self.model.k if self.model is not None and self._propose else 0
 
     def max_rows(self) -> int:
         """The most new tokens one step can feed: the last token, the sources' trees (at most
