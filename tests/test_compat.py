@@ -120,7 +120,11 @@ def test_the_decoder_reads_no_private_transformers_api_outside_compat():
 
 
 def test_processors_as_function_chains_like_the_list():
-    from transformers import LogitsProcessorList, MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
+    from transformers import (
+        LogitsProcessorList,
+        MinNewTokensLengthLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+    )
 
     procs = LogitsProcessorList([MinNewTokensLengthLogitsProcessor(3, 2, [7]),
                                  RepetitionPenaltyLogitsProcessor(1.3)])
