@@ -289,22 +289,26 @@ def _kernel_forward(module_ref: weakref.ref, prep: _Prepared, use: Callable[[int
 
     def forward(input: torch.Tensor) -> torch.Tensor:
         m = module_ref()
-        weight, bias = (prep.weight, prep.bias) if m is None else (m.weight, m.bias)
-        if (m is None or weight is not prep.weight or bias is not prep.bias or weight.data_ptr() != prep.data_ptr
-                or input.dtype != weight.dtype or input.device.type != "cpu" or input.dim() == 0
-                or input.shape[-1] != in_features
+        if m is None:  # unreachable through the module itself; a stray reference to this function
+            return linear(input, prep.weight, prep.bias)
+        params = m._parameters  # plain dict look-ups: cheaper than m.weight
+        weight, bias = params["weight"], params["bias"]
+        if (weight is not prep.weight or bias is not prep.bias or input.dtype != weight.dtype
+                or input.device.type != "cpu" or input.dim() == 0 or input.shape[-1] != in_features
+                or weight.data_ptr() != prep.data_ptr
                 or (torch.is_grad_enabled() and (weight.requires_grad or input.requires_grad))):
             return linear(input, weight, bias)
         rows = input.numel() // in_features
         if rows == 0 or not use(rows):
             return linear(input, weight, bias)
-        x = input.detach().reshape(rows, in_features)
-        x = x.contiguous() if weight.dtype == torch.float32 else x.to(torch.float32).contiguous()  # never in place
-        y = torch.empty((rows, out_features), dtype=torch.float32)
-        linear_into(x.numpy(), prep.w, prep.b, y.numpy(), threads())
-        if weight.dtype != torch.float32:
-            y = y.to(weight.dtype)
-        return y.reshape(*input.shape[:-1], out_features)
+        if weight.dtype == torch.float32:  # NumPy's reshape copies a non-contiguous input: never in place
+            x = np.ascontiguousarray(input.detach().numpy().reshape(rows, in_features))
+        else:
+            x = input.detach().reshape(rows, in_features).to(torch.float32).contiguous().numpy()
+        y = np.empty((rows, out_features), np.float32)  # float32[rows, out]
+        linear_into(x, prep.w, prep.b, y, threads())
+        out = torch.from_numpy(y.reshape(*input.shape[:-1], out_features))
+        return out if weight.dtype == torch.float32 else out.to(weight.dtype)
 
     return forward
 
