@@ -113,7 +113,7 @@ def main(argv=None) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
     lines = ["# Numba linear kernels vs torch on a CPU (issue 15)", "",
-             "Command: `python -m benchmarks.cpu_linear " + " ".join(argv or []) + "`".replace(" `", "`"), "",
+             "Command: `" + " ".join(["python -m benchmarks.cpu_linear", *(argv or [])]) + "`", "",
              f"Hardware: {os.cpu_count()} CPUs, {cpu}; torch {torch.__version__}; "
              f"model SmolLM2-135M fp32, {len(covered_linears(model))} `nn.Linear` routed; "
              f"context {args.context} random tokens; {args.repeats} rounds, medians.", ""]
