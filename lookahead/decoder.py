@@ -23,6 +23,7 @@ from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, measure_cost_curve
 from .draft import Draft
+from .kernels import row_top
 from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
@@ -226,6 +227,8 @@ class _Call:
         self.forward_kwargs[self.cache_kwarg] = self.cache
         kv_window = _check_cache_layers(self.cache, max_length)
         device = self.device = input_ids.device
+        self.on_cpu = device.type == "cpu"
+        self.argmax_by_max = self.on_cpu and getattr(model.config, "vocab_size", 0) >= 1024  # see read_rows
         self.dtype = model.dtype
 
         prompt = input_ids[0].cpu().numpy().astype(np.int64)  # int64[L], host copy
@@ -274,17 +277,17 @@ class _Call:
             rows = draft.rows
             ids, pos, mask = self.pack(draft)
             t1 = clock()
-            warm = p - 1 if p > 1 and policy.prompt_rows else 0  # the prompt's rows, for the model's predictions
-            logits = self.forward(ids, pos, mask, rows + warm)  # [warm + 1 + n + m, V]
+            warm = p - 1 if p > 1 and policy.prompt_rows and policy.recycle_k else 0  # the prompt's rows, for the
+            logits = self.forward(ids, pos, mask, rows + warm)  # [warm + 1 + n + m, V]   model's predictions
             if warm:
-                policy.learn_prompt(self.pending[:warm], *self.successors(logits, warm - 1))
+                policy.learn_prompt(self.pending[:warm], *self.read_rows(logits[:warm], policy.recycle_k, False)[1])
                 logits = logits[warm:]
-            successors = self.successors(logits, len(draft)) if policy.recycle_k else None
             if not checked:
                 check_rollbackable(self.cache)
                 checked = True
             t2 = clock()
-            verdict, window_argmax = self.verify(logits, draft)
+            argmax, successors = self.read_rows(logits, policy.recycle_k, self.plain_greedy, len(draft))
+            verdict, window_argmax = self.verify(logits, draft, argmax)
             t3 = clock()
             n_emit, done = self.emit(verdict)
             n_acc = min(len(verdict.nodes), n_emit)
@@ -312,19 +315,38 @@ class _Call:
         self.stats.target_calls += 1
         return out.logits[0, -(rows + 1) :].float()
 
-    def successors(self, logits: torch.Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """The verified rows' top-k (ids, logits) for the model-prediction source: the host copy is queued
-        before verify's own round trip (non-blocking on CUDA), so it arrives with it. Greedy's argmax is
-        still ``argmax`` (topk's order among ties is unspecified)."""
-        top = logits[: n + 1].topk(min(self.policy.recycle_k, logits.shape[-1]), -1)
-        cuda = self.device.type == "cuda"
-        return top.indices.to("cpu", non_blocking=cuda).numpy(), top.values.to("cpu", non_blocking=cuda).numpy()
+    def read_rows(self, logits: torch.Tensor, top: int, every_argmax: bool, n: int | None = None):
+        """(every row's argmax as a list when ``every_argmax``, else None; when ``top`` (k > 0), the first
+        ``n + 1`` rows' (all rows' when ``n`` is None) top-k (ids int64[., k], logits float32[., k]) for the
+        model-prediction source, else None).
 
-    def verify(self, logits: torch.Tensor, draft: Draft) -> tuple[Verdict, list[int] | None]:
-        """(the verdict, the window rows' argmax or None), with one host round trip when greedy and plain."""
+        On a CPU both come from one pass over each row (``kernels.row_top``, about 4x faster than
+        ``argmax`` plus ``topk``; its argmax is exactly ``torch.argmax``'s), and an argmax alone from
+        ``max`` (its indices are ``argmax``'s, first maximal value first; on this project's 2-core CPU
+        2.5x faster than ``argmax`` from a vocabulary of 4096 up, slower below 1024). On a GPU, ``argmax`` and ``topk`` run there and the top-k's host copy is queued before
+        the argmax's (non-blocking), so both arrive in one synchronisation."""
+        if not top:
+            if not every_argmax:
+                return None, None
+            return (logits.max(-1).indices if self.argmax_by_max else logits.argmax(-1)).tolist(), None
+        rows = logits.shape[0] if n is None else n + 1
+        if self.on_cpu:
+            arr = logits.detach().numpy()  # [r, V] float32, a view: read only
+            if not every_argmax:
+                arr = arr[:rows]
+            ids, vals = np.empty((arr.shape[0], top), np.int64), np.empty((arr.shape[0], top), np.float32)
+            argmax = row_top(arr, top, ids, vals)
+            return (argmax.tolist() if every_argmax else None), (ids[:rows], vals[:rows])
+        t = logits[:rows].topk(min(top, logits.shape[-1]), -1)
+        cuda = self.device.type == "cuda"
+        successors = (t.indices.to("cpu", non_blocking=cuda).numpy(), t.values.to("cpu", non_blocking=cuda).numpy())
+        return (logits.argmax(-1).tolist() if every_argmax else None), successors
+
+    def verify(self, logits: torch.Tensor, draft: Draft, argmax: list[int] | None) -> tuple[Verdict, list[int] | None]:
+        """(the verdict, the window rows' argmax or None). ``argmax``: every row's, when greedy and plain
+        (then the verdict needs nothing else: :meth:`read_rows` made the one host round trip)."""
         n = len(draft)
         if self.plain_greedy:
-            argmax = logits.argmax(-1).tolist()  # every row at once: the one host round trip
             if not n:
                 return Verdict([], argmax[:1]), (argmax[1:] if draft.window is not None else None)
             verdict = greedy_verify_argmax(argmax, draft.tokens.tolist(), draft.parents.tolist())

@@ -37,7 +37,6 @@ from numba import njit
 from .cache import NgramTrie, SuffixIndex
 from .draft import COPY, MEMORY, MODEL, TRIE, WINDOW, Draft, WindowRows
 from .recycle import SuccessorTable
-from .tree import tree_depth_rank
 from .window import LookaheadWindow
 
 
@@ -212,16 +211,8 @@ class ModelSource:
         """A verified step's rows (call before :meth:`learn`): the last token's, then each draft node's, with
         their top-k successor ids int64[1 + n, k] and logits float[1 + n, k]. The accepted path's rows (whose
         context is the text's) are learned last, so they win a key several rows share."""
-        n = len(draft)
-        inputs = np.empty(1 + n, np.int64)  # row r's input token, and the token before it on its path
-        prevs = np.empty(1 + n, np.int64)
-        inputs[0], prevs[0] = self.last, self.prev
-        inputs[1:] = draft.tokens
-        prevs[1:] = np.where(draft.parents >= 0, draft.tokens[np.maximum(draft.parents, 0)], self.last)
-        self.table.update(prevs, inputs, top_ids, top_logits)
-        if n:
-            path = np.array([0, *(1 + j for j in accepted_nodes)], dtype=np.int64)
-            self.table.update(prevs[path], inputs[path], top_ids[path], top_logits[path])
+        path = np.array([0, *(1 + j for j in accepted_nodes)], dtype=np.int64)
+        self.table.learn_step(self.prev, self.last, draft.tokens, draft.parents, path, top_ids, top_logits)
 
 
 def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
@@ -254,33 +245,51 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
         return Draft.empty(window)
     if len(proposals) == 1:
         origin, p = proposals[0]
-        return Draft.build(p.tokens, p.parents, np.full(len(p.tokens), origin, dtype=np.int8),
-                           np.broadcast_to(np.asarray(p.match, dtype=np.int64), p.tokens.shape), window)
+        return Draft.build(p.tokens, p.parents, np.full(len(p.tokens), origin, dtype=np.int8), _per_node(p), window)
     tokens = np.concatenate([p.tokens for _, p in proposals]).astype(np.int64, copy=False)
     parents = np.concatenate([p.parents for _, p in proposals]).astype(np.int64, copy=False)
-    origin = np.concatenate([np.full(len(p.tokens), o, dtype=np.int8) for o, p in proposals])
-    match = np.concatenate([np.broadcast_to(np.asarray(p.match, dtype=np.int64), p.tokens.shape)
-                            for _, p in proposals])
-    rank = np.concatenate([tree_depth_rank(p.parents)[1] for _, p in proposals])
-    starts = np.cumsum([0] + [len(p.tokens) for _, p in proposals]).astype(np.int64)
-    keep, new_parents = _merge(tokens, parents, starts)
-    return Draft.build(tokens[keep], new_parents, origin[keep], match[keep], window, rank[keep])
+    sizes = [len(p.tokens) for _, p in proposals]
+    origin = np.repeat(np.array([o for o, _ in proposals], dtype=np.int8), sizes)
+    match = np.concatenate([_per_node(p) for _, p in proposals])
+    starts = np.cumsum([0, *sizes]).astype(np.int64)
+    order, new_parents, depth, rank = _merge(tokens, parents, starts)
+    return Draft(tokens[order], new_parents, origin[order], match[order], depth, rank, window)
+
+
+def _per_node(p: Proposal) -> np.ndarray:
+    """int64[n]: the proposal's match for every node."""
+    if isinstance(p.match, np.ndarray) and p.match.shape == p.tokens.shape:
+        return p.match.astype(np.int64, copy=False)
+    return np.full(len(p.tokens), int(p.match), dtype=np.int64)
 
 
 @njit(cache=True)
 def _merge(tokens, parents, starts):
-    """(kept int64[m], parents int64[m]): which of the concatenated trees' nodes form their union (the
-    first node of each path), in breadth-first order, and their parents in that order. ``parents`` are
-    per tree (local indices); tree ``t`` holds nodes ``starts[t]:starts[t + 1]``."""
+    """(kept int64[m], parents int64[m], depth int64[m], rank int64[m]): which of the concatenated trees'
+    nodes form their union (the first node of each path), in breadth-first order, their parents in that
+    order, their depths, and each one's rank in its own tree (0: an only child, else 1 + its place among
+    its siblings there). ``parents`` are per tree (local indices); tree ``t`` holds nodes
+    ``starts[t]:starts[t + 1]``."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
     first_child = np.full(n + 1, -1, np.int64)  # per first node (+1; 0: the root)
     next_sibling = np.full(n, -1, np.int64)
     depth = np.zeros(n, np.int64)
     is_first = np.zeros(n, np.bool_)
+    tree = np.empty(n, np.int64)
+    place = np.empty(n, np.int64)  # among its siblings in its own tree
+    count = np.zeros(n, np.int64)  # children per node (global index), counted in its own tree
     for t in range(starts.shape[0] - 1):
+        roots = 0
         for i in range(starts[t], starts[t + 1]):
+            tree[i] = t
             p = parents[i]
+            if p >= 0:
+                place[i] = count[starts[t] + p]
+                count[starts[t] + p] += 1
+            else:
+                place[i] = roots
+                roots += 1
             mp = merged[starts[t] + p] if p >= 0 else -1
             c = first_child[mp + 1]
             while c != -1 and tokens[c] != tokens[i]:
@@ -292,16 +301,23 @@ def _merge(tokens, parents, starts):
                 next_sibling[i] = first_child[mp + 1]
                 first_child[mp + 1] = i
             merged[i] = c
+        for i in range(starts[t], starts[t + 1]):
+            p = parents[i]
+            siblings = count[starts[t] + p] if p >= 0 else roots
+            place[i] = 0 if siblings == 1 else 1 + place[i]
     kept = np.flatnonzero(is_first)
     order = kept[np.argsort(depth[kept], kind="mergesort")]  # stable: by depth, then first drafted
     new_index = np.full(n, -1, np.int64)
     for j in range(order.shape[0]):
         new_index[order[j]] = j
-    new_parents = np.empty(order.shape[0], np.int64)
-    for j in range(order.shape[0]):
-        p = parents[order[j]]
-        t = 0
-        while starts[t + 1] <= order[j]:
-            t += 1
-        new_parents[j] = new_index[merged[starts[t] + p]] if p >= 0 else -1
-    return order, new_parents
+    m = order.shape[0]
+    new_parents = np.empty(m, np.int64)
+    new_depth = np.empty(m, np.int64)
+    rank = np.empty(m, np.int64)
+    for j in range(m):
+        i = order[j]
+        p = parents[i]
+        new_parents[j] = new_index[merged[starts[tree[i]] + p]] if p >= 0 else -1
+        new_depth[j] = depth[i]
+        rank[j] = place[i]
+    return order, new_parents, new_depth, rank

@@ -96,6 +96,23 @@ def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
                 ids[s, r] = -1
 
 
+@njit(cache=True)
+def _learn_step(keys, ids, share, rows, prev, last, tokens, parents, path, top_ids, top_logits):
+    """A verified step's rows: row 0's input is ``last`` (after ``prev``), row ``1 + j`` draft node ``j``'s
+    (after its parent's token, or ``last``); then the rows of ``path`` (the accepted rows) again, so
+    they win a key several rows share."""
+    n = tokens.shape[0]
+    inputs = np.empty(1 + n, np.int64)
+    prevs = np.empty(1 + n, np.int64)
+    inputs[0], prevs[0] = last, prev
+    for j in range(n):
+        inputs[1 + j] = tokens[j]
+        prevs[1 + j] = tokens[parents[j]] if parents[j] >= 0 else last
+    _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits)
+    if n:
+        _update(keys, ids, share, rows, prevs[path], inputs[path], top_ids[path], top_logits[path])
+
+
 @njit(cache=True, inline="always")
 def _better(score, depth, a, b):
     if score[a] != score[b]:
@@ -210,6 +227,13 @@ class SuccessorTable:
         _update(self.keys, self.ids, self.share, self.rows, np.ascontiguousarray(prevs, dtype=np.int64),
                 np.ascontiguousarray(inputs, dtype=np.int64), np.ascontiguousarray(top_ids, dtype=np.int64),
                 np.ascontiguousarray(top_logits, dtype=np.float32))
+
+    def learn_step(self, prev: int, last: int, tokens: np.ndarray, parents: np.ndarray, path: np.ndarray,
+                   top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        """One verified step in one call: row 0 (input ``last`` after ``prev``), then the rows of draft nodes
+        ``tokens`` int64[n] / ``parents`` int64[n]; ``path`` int64[a]: the accepted rows (0 and 1 + node)."""
+        _learn_step(self.keys, self.ids, self.share, self.rows, int(prev), int(last), tokens, parents, path,
+                    np.ascontiguousarray(top_ids, dtype=np.int64), np.ascontiguousarray(top_logits, dtype=np.float32))
 
     def propose(self, prev: int, last: int, max_nodes: int, max_depth: int):
         """(tokens int64[m], parents int64[m], shares float[m]): the best-first tree after ``prev, last``."""

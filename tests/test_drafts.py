@@ -17,7 +17,7 @@ from lookahead.draft import COPY, MODEL, ORIGINS, TRIE
 from lookahead.policy import DraftPolicy, Limits
 from lookahead.proposer import CopySource, ModelSource, Proposal, merge_proposals
 from lookahead.recycle import SuccessorTable
-from lookahead.tree import merge_trees, tree_depths
+from lookahead.tree import merge_trees, tree_depth_rank, tree_depths
 
 from tiny import TINY_ARCHS
 
@@ -52,6 +52,7 @@ def test_merge_equals_merge_trees_and_keeps_the_first_sources_match():
         assert draft.tokens.tolist() == want_tokens.tolist()
         assert draft.parents.tolist() == want_parents.tolist()
         assert draft.origin.tolist() == want_origin.tolist()
+        assert draft.depth.tolist() == tree_depth_rank(draft.parents)[0].tolist()
         # each node's match is the one its first source gave it: find that node by its path
         for i in range(len(draft)):
             path, v = [], i
@@ -67,6 +68,7 @@ def test_merge_equals_merge_trees_and_keeps_the_first_sources_match():
                     w = int(parents[w])
                 if p == path:
                     assert draft.match[i] == 100 * o + j
+                    assert draft.rank[i] == tree_depth_rank(parents)[1][j]  # its rank in its own tree
                     break
             else:
                 raise AssertionError("merged node not found in its source")
@@ -320,19 +322,24 @@ def test_sampled_text_does_not_depend_on_the_models_predictions(tiny_models, nam
 
 
 def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypatch):
+    import lookahead.decoder as decoder_module
+
     model = tiny_models("qwen2")
-    calls = []
-    real = torch.Tensor.topk
+    calls = []  # (rows, k) of each pass over the logits
+    real = decoder_module.row_top
 
-    def spy(self, *a, **kw):
-        calls.append(self.shape)
-        return real(self, *a, **kw)
+    def spy(logits, k, ids, vals):
+        calls.append((logits.shape[0], k))
+        return real(logits, k, ids, vals)
 
-    monkeypatch.setattr(torch.Tensor, "topk", spy)
+    monkeypatch.setattr(decoder_module, "row_top", spy)
     ids = torch.tensor([REPETITIVE])
-    model.generate(ids, custom_generate=LookaheadDecoder(recycle_k=0), max_new_tokens=10, eos_token_id=None)
-    assert not calls
+    dec = LookaheadDecoder(recycle_k=0)
+    model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
+    assert not calls  # greedy's argmax only: no top-k kept
+    calls.clear()
     dec = LookaheadDecoder(cost_curve=FLAT)
     model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
     # the prompt's rows once (flat curve), then the verified rows of each step (never the window's)
-    assert calls[0][0] == len(REPETITIVE) - 1 and len(calls) == 1 + dec.stats.target_calls
+    assert calls[0] == (len(REPETITIVE) - 1, 8) and len(calls) == 1 + dec.stats.target_calls
+    assert all(k == 8 for _, k in calls)
