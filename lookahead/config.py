@@ -51,6 +51,13 @@ class LookaheadConfig:
     - ``refine_cost``: fold each step's measured forward time into the call's cost curve (off by
       default: decisions then depend only on the curve, not on the machine's momentary load; see
       ``cost.CostRefiner`` for how refinement avoids drifting).
+    - ``cpu_kernels``: on a CPU (fp32 or bf16 weights), the calibration also times the model's exact
+      ``nn.Linear`` layers through Numba kernels that read each weight once per step
+      (``cpu_linear.py``), and each step's forward runs them for the row counts where they measured
+      faster; the cost curve is then the faster path's. Needs the calibration (``adaptive`` without a
+      given ``cost_curve``). Their rounding differs from torch's (a dot product summed in another
+      order), so where the top two logits nearly tie the greedy token can differ from plain
+      ``generate``'s, as with any multi-row forward; False keeps torch's kernels everywhere.
 
     Longest-match copy (``lookahead.cache.SuffixIndex``, a suffix automaton over the prompt and output):
 
@@ -90,6 +97,7 @@ class LookaheadConfig:
     adaptive: bool = True
     cost_curve: tuple | None = None
     refine_cost: bool = False
+    cpu_kernels: bool = True
     copy_nodes: int = 56
     copy_depth: int = 32
     copy_branches: int = 4

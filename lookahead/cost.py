@@ -42,9 +42,13 @@ class CostModel:
     linearly with the slope of the last segment. Immutable: refinement makes a new curve.
 
     Example: ``CostModel([(1, .010), (2, .015), (4, .016)])(3)`` -> 0.0155; ``(8)`` -> 0.018.
+
+    ``kernel_rows``: the row counts whose forwards this curve assumes run through the CPU kernels
+    (``cpu_linear.fast_linears``), when its calibration chose them; empty: torch's path throughout.
     """
 
-    def __init__(self, points: Sequence[tuple[int, float]]):
+    def __init__(self, points: Sequence[tuple[int, float]], kernel_rows: frozenset[int] = frozenset()):
+        self.kernel_rows = frozenset(kernel_rows)
         pts = sorted((int(k), float(t)) for k, t in points)
         if not pts or pts[0][0] < 1 or any(t <= 0 for _, t in pts):
             raise ValueError(f"cost curve needs points (k >= 1, seconds > 0); got {points!r}")
@@ -66,10 +70,10 @@ class CostModel:
 
     def scaled(self, factors: np.ndarray) -> CostModel:
         """A new curve with each point's seconds multiplied by ``factors`` (float[points])."""
-        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())))
+        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())), self.kernel_rows)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, CostModel) and self.points == other.points
+        return isinstance(other, CostModel) and self.points == other.points and self.kernel_rows == other.kernel_rows
 
     def __repr__(self) -> str:
         return "CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points) + ")"
@@ -140,12 +144,20 @@ class Calibrations:
     def __init__(self):
         self._curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel]) -> CostModel:
-        entry = self._curves.get(model, {}).get(model_key(model))
+    def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = ""
+            ) -> CostModel:
+        """``variant``: what else the measurement depends on (``"cpu-kernels"``: both paths timed); a
+        pinned curve applies to every variant."""
+        curves = self._curves.get(model, {})
+        pinned = curves.get(model_key(model))
+        if pinned is not None and pinned[1]:
+            return pinned[0]
+        key = model_key(model) + ((variant,) if variant else ())
+        entry = curves.get(key)
         if entry is not None and (entry[1] or entry[0].max_k >= max_rows):
             return entry[0]
         curve = measure(calibration_sizes(max_rows))
-        self._curves.setdefault(model, {})[model_key(model)] = (curve, False)
+        self._curves.setdefault(model, {})[key] = (curve, False)
         return curve
 
     def pin(self, model, points: Sequence[tuple[int, float]]) -> CostModel:

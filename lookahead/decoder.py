@@ -9,6 +9,7 @@ verdict. Terms are defined in ``config.py``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from . import compat
 from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, measure_cost_curve
+from .cpu_linear import covered_linears, fast_linears, measure_paths
 from .draft import Draft
 from .kernels import row_top
 from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
@@ -133,12 +135,17 @@ class LookaheadDecoder:
         if self.config.cost_curve:
             return CostModel(self.config.cost_curve)
         cache_kwarg, keeps_logits = compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model)
+        kernels = (self.config.cpu_kernels and model.device.type == "cpu"
+                   and model.dtype in (torch.float32, torch.bfloat16))
 
         def measure(sizes):  # timing only: a plain cache, which a small sliding window cannot break
             factory = (lambda: DynamicCache(config=model.config)) if kv_window is None else DynamicCache
+            if kernels and covered_linears(model):  # both paths, per k: the curve of the faster one
+                times = measure_paths(model, sizes, clock=self.clock, cache_factory=factory)
+                return CostModel(times.curve_points, times.kernel_rows())
             return measure_cost_curve(model, factory, sizes, cache_kwarg, keeps_logits, clock=self.clock)
 
-        return self.calibrations.get(model, self.policy.max_rows(), measure)
+        return self.calibrations.get(model, self.policy.max_rows(), measure, "cpu-kernels" if kernels else "")
 
 
 def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
@@ -264,9 +271,20 @@ class _Call:
             cost = decoder.cost_curve(model, kv_window)
             self.stats.time_calibration = self.clock() - t
             self.stats.cost_curve = cost.points
+        self.kernel_rows = cost.kernel_rows if cost is not None and decoder.config.cpu_kernels else frozenset()
         self.policy.start(prompt, Limits(max_length, kv_window), cost, model)
 
     def run(self):
+        """The decode loop, with the model's linear layers on the path the cost curve was measured on."""
+        with contextlib.ExitStack() as stack:
+            if self.kernel_rows:
+                try:
+                    stack.enter_context(fast_linears(self.model, use=self.kernel_rows))
+                except RuntimeError:  # another call routes this model with another calibration: its routing applies
+                    pass
+            return self.loop()
+
+    def loop(self):
         """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
         stats, clock, policy = self.stats, self.clock, self.policy
         done, checked = False, False

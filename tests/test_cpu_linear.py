@@ -215,3 +215,74 @@ def test_measure_paths_with_a_fake_clock():
     assert all("forward" not in m.__dict__ for m in model.modules())
     with torch.no_grad(), fast_linears(model, use=times):
         assert model(torch.tensor([[5, 6]])).logits.shape == (1, 2, 96)
+
+
+# --- through the decoder ---------------------------------------------------------------------------------
+
+FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))
+
+
+def _float32(arch: str):
+    model = tiny_model(arch).to(torch.float32)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_decoder_routes_the_rows_its_curve_chose_and_restores(arch, monkeypatch):
+    import lookahead.cpu_linear as cl
+    from lookahead import LookaheadDecoder
+    from lookahead.cost import Calibrations, CostModel
+
+    model = _float32(arch)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    rows_seen = []
+    real = cl.linear_into
+    monkeypatch.setattr(cl, "linear_into", lambda x, *a, **kw: (rows_seen.append(x.shape[0]), real(x, *a, **kw)))
+    calibrations = Calibrations()
+    calibrations.pin(model, CostModel(FLAT, kernel_rows=frozenset(range(2, 65))))  # every step but 1 row
+    dec = LookaheadDecoder(calibrations=calibrations)
+    out = model.generate(ids, custom_generate=dec, max_new_tokens=24, eos_token_id=None)
+    assert out.tolist() == plain.tolist()
+    assert rows_seen and 1 not in rows_seen and set(rows_seen) <= set(range(2, 65))
+    assert not any("forward" in m.__dict__ for m in model.modules())  # restored after the call
+    rows_seen.clear()  # the switch
+    model.generate(ids, custom_generate=LookaheadDecoder(calibrations=calibrations, cpu_kernels=False),
+                   max_new_tokens=24, eos_token_id=None)
+    assert not rows_seen
+
+
+def test_the_decoder_restores_the_layers_when_a_call_fails():
+    from lookahead import LookaheadDecoder
+    from lookahead.cost import Calibrations, CostModel
+
+    model = _float32("llama")
+    calibrations = Calibrations()
+    calibrations.pin(model, CostModel(FLAT, kernel_rows=frozenset(range(1, 65))))
+
+    def stop(input_ids, scores, **kwargs):
+        raise KeyboardInterrupt  # a user's interrupt in the middle of decoding
+
+    with pytest.raises(KeyboardInterrupt):
+        model.generate(torch.tensor([[3, 4, 5, 3, 4]]), custom_generate=LookaheadDecoder(calibrations=calibrations),
+                       max_new_tokens=8, eos_token_id=None, stopping_criteria=[stop])
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_calibration_times_both_paths_on_a_cpu_and_pinned_curves_win():
+    from lookahead import LookaheadDecoder
+    from lookahead.cost import Calibrations, CostModel
+
+    model = _float32("llama")
+    ticks = iter(range(10**6))
+    dec = LookaheadDecoder(calibrations=Calibrations(), clock=lambda: float(next(ticks)))
+    curve = dec.cost_curve(model)  # every forward takes one tick on either path: torch wins ties
+    assert curve.kernel_rows == frozenset() and len(curve.points) >= 5
+    assert dec.calibrations.get(model, 1, lambda sizes: None, "cpu-kernels") is curve  # measured once
+    torch_only = LookaheadDecoder(calibrations=dec.calibrations, cpu_kernels=False,
+                                  clock=lambda: float(next(ticks))).cost_curve(model)
+    assert torch_only is not curve  # the torch-only variant is measured (and kept) separately
+    pinned = dec.calibrations.pin(model, CostModel(FLAT))
+    assert dec.cost_curve(model) is pinned
+    assert LookaheadDecoder(calibrations=dec.calibrations, cpu_kernels=False).cost_curve(model) is pinned
