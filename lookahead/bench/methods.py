@@ -88,6 +88,18 @@ def _lookahead_fixed() -> Method:
     return lookahead_method("lookahead-fixed", LookaheadConfig(adaptive=False))
 
 
+def _lookahead_torch() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("lookahead-torch", LookaheadConfig(cpu_kernels=False))
+
+
+def _no_drafts() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("no-drafts", LookaheadConfig(tree_nodes=0, copy_nodes=0, recycle_k=0))
+
+
 METHODS: dict[str, Callable[[], Method]] = {
     BASELINE: plain,
     "plain-again": plain_again,  # the same as plain: how much a ratio moves by chance on this machine
@@ -96,6 +108,8 @@ METHODS: dict[str, Callable[[], Method]] = {
     "lookahead-small": _lookahead_small,  # a smaller draft tree (for slow hardware)
     "lookahead-window": _lookahead_window,  # the Jacobi lookahead window on (W=4, N=4, G=4)
     "lookahead-fixed": _lookahead_fixed,  # always the full tree: no hardware-aware budget
+    "lookahead-torch": _lookahead_torch,  # torch's own linear kernels on a CPU (cpu_kernels=False)
+    "no-drafts": _no_drafts,  # the decoder with every draft source off: what the CPU kernels alone give
 }
 
 # what ``python -m lookahead bench`` runs unless told otherwise
