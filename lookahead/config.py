@@ -84,6 +84,19 @@ class LookaheadConfig:
     Example::
 
         LookaheadConfig(tree_nodes=8, tree_depth=6)   # a smaller tree for a slow CPU
+
+    Draft passes (``selfspec.py``): a cheaper forward drafts a greedy chain from its own KV cache; off by
+    default (measured on this project's CPU they do not pay, see ``benchmarks/results/selfspec.md``):
+
+    - ``self_draft``: ``"none"``, ``"layer-skip"`` (the target with some decoder layers skipped),
+      ``"early-exit"`` (its first layers, then its final norm and head) or ``"low-rank"`` (truncated-SVD
+      factors of its linear layers); Llama-family layouts only.
+    - ``self_draft_size``: fraction of layers kept (layer skip) or run (early exit), or the rank as a fraction
+      of each matrix's smaller side (low rank); 0 chooses it by a calibration on the first prompt.
+    - ``draft_depth``: deepest chain a draft pass proposes (also for ``LookaheadDecoder(draft_model=...)``).
+    - ``draft_branches``: tokens drafted per depth (the chain's, plus runner-ups as leaves).
+    - ``draft_cost``: one draft forward's cost as a fraction of one target forward, which prices the draft
+      passes against the cost curve; 0 measures it once per model.
     """
 
     ngram_size: int = 12
@@ -107,6 +120,11 @@ class LookaheadConfig:
     recycle_nodes: int = 63
     recycle_depth: int = 16
     recycle_keep: bool = True
+    self_draft: str = "none"
+    self_draft_size: float = 0.0
+    draft_depth: int = 6
+    draft_branches: int = 1
+    draft_cost: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -177,3 +195,18 @@ class LookaheadConfig:
         if not min_capacity <= self.trie_capacity <= max_capacity:
             raise _bad("trie_capacity", self.trie_capacity,
                        f"must be in [4 * ngram_size**2 = {min_capacity}, {max_capacity}]")
+        self_drafts = ("none", "layer-skip", "early-exit", "low-rank")
+        if self.self_draft not in self_drafts:
+            raise _bad("self_draft", self.self_draft, f"must be one of {self_drafts}")
+        for name in ("self_draft_size", "draft_cost"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise _bad(name, value, "must be a number")
+        if not 0.0 <= self.self_draft_size <= 1.0:
+            raise _bad("self_draft_size", self.self_draft_size, "must be in [0, 1] (0: chosen by calibration)")
+        if not 1 <= self.draft_depth <= 64:
+            raise _bad("draft_depth", self.draft_depth, "must be in [1, 64]")
+        if not 1 <= self.draft_branches <= 8:
+            raise _bad("draft_branches", self.draft_branches, "must be in [1, 8]")
+        if not 0.0 <= self.draft_cost <= 100.0:
+            raise _bad("draft_cost", self.draft_cost, "must be in [0, 100] (0: measured)")

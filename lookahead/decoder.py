@@ -56,6 +56,9 @@ class LookaheadDecoder:
     - ``clock``: the time source of the statistics, the calibration and (with ``refine_cost``) the
       budget; tests pass a fake one.
     - ``tuning``: the budget's constants (``tuning.BudgetTuning``).
+    - ``draft_model``: a causal LM with the model's tokenizer (or a function ``target -> draft model``, built
+      on the first call) that drafts a greedy chain each step from its own KV cache, as in two-model
+      speculative decoding; priced like the config's ``self_draft`` passes (``selfspec.py``).
     - ``tokenizer``: the model's tokenizer, for ``stop_strings=`` in the plain
       ``generate(custom_generate=decoder, ...)`` spelling: ``generate`` does not pass its own
       ``tokenizer=`` on to a custom decoding callable (``lookahead.enable``'s spellings do).
@@ -68,7 +71,7 @@ class LookaheadDecoder:
 
     def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None,
                  calibrations: Calibrations | None = None, clock: Callable[[], float] = time.perf_counter,
-                 tuning: BudgetTuning | None = None, tokenizer=None, **overrides):
+                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, **overrides):
         if config is None:
             config = LookaheadConfig(**overrides)
         elif overrides:
@@ -80,7 +83,15 @@ class LookaheadDecoder:
             raise TypeError(f"trie must be a lookahead.cache.NgramTrie shared across calls, got {type(trie).__name__}")
         self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)  # this request's
         self.memory = trie  # shared across calls: output n-grams of earlier requests
-        self.policy = DraftPolicy(config, self.trie, self.memory, tuning)
+        if draft_model is not None and not callable(draft_model):
+            raise ValueError(f"draft_model must be a causal LM or a function target -> causal LM; got "
+                             f"{type(draft_model).__name__}")
+        if isinstance(draft_model, torch.nn.Module):
+            from .selfspec import check_draft_model
+
+            check_draft_model(draft_model)
+        self.draft_model = draft_model  # proposes greedy chains from its own cache (selfspec.DraftPassSource)
+        self.policy = DraftPolicy(config, self.trie, self.memory, tuning, draft_model)
         self.calibrations = calibrations if calibrations is not None else DEFAULT_CALIBRATIONS
         self.clock = clock
         self.tokenizer = tokenizer

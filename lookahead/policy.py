@@ -56,10 +56,10 @@ class DraftPolicy:
     """
 
     def __init__(self, config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None = None,
-                 tuning: BudgetTuning | None = None):
+                 tuning: BudgetTuning | None = None, draft_model=None):
         self.config = config
         self.tuning = tuning or BudgetTuning()
-        self.sources = make_sources(config, trie, memory)
+        self.sources = make_sources(config, trie, memory, draft_model)
         self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
         self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
         self.budget: Budget | None = None
@@ -93,7 +93,7 @@ class DraftPolicy:
         ``recycle_keep``, another model's empties it)."""
         arr = np.asarray(prompt, dtype=np.int64)
         for source in self.sources:
-            if source is self.model:
+            if source is self.model or getattr(source, "needs_model", False):  # draft passes need the target
                 source.start(arr, model)
             else:
                 source.start(arr)
@@ -117,7 +117,13 @@ class DraftPolicy:
         if room > 0 and self._propose and cfg.step_nodes:
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self.sources:
-                p = source.propose(context, source.max_nodes, min(source.max_depth, room))
+                depth = min(source.max_depth, room)
+                if getattr(source, "priced", False):  # a draft pass costs its forwards: as deep as pays, or 0
+                    depth = source.priced_depth(depth, None if self.budget is None else self.budget.cost,
+                                                self.tuning.margin)
+                    if not depth:
+                        continue
+                p = source.propose(context, source.max_nodes, depth)
                 if p is not None:
                     proposals.append((source.origin, p))
         draft = merge_proposals(proposals, self.window.rows() if self.window is not None else None)

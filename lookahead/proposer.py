@@ -215,8 +215,9 @@ class ModelSource:
         self.table.learn_step(self.prev, self.last, draft.tokens, draft.parents, path, top_ids, top_logits)
 
 
-def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
-    """The sources a :class:`~lookahead.config.LookaheadConfig` asks for, in merge order."""
+def make_sources(config, trie: NgramTrie, memory: NgramTrie | None, draft_model=None) -> list:
+    """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model``) ask for, in merge
+    order; the draft passes (``selfspec.py``) after the others, the window last."""
     sources: list = [TrieSource(trie, TRIE, config.max_match, per_request=True, max_nodes=config.tree_nodes,
                                 max_depth=config.tree_depth)]
     if config.copy_nodes:  # after the trie: a node both draft keeps the trie's estimates (replayed: better)
@@ -226,6 +227,10 @@ def make_sources(config, trie: NgramTrie, memory: NgramTrie | None) -> list:
                                   max_depth=config.tree_depth))
     if config.recycle_k:
         sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep))
+    if getattr(config, "self_draft", "none") != "none" or draft_model is not None:
+        from .selfspec import make_draft_sources  # selfspec imports this module
+
+        sources.extend(make_draft_sources(config, draft_model))
     if config.window_width:
         sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
                                     config.max_match))
