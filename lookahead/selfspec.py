@@ -252,6 +252,22 @@ class ModelDrafter:
         return sum(p.numel() for m in self.model.modules() if isinstance(m, nn.Linear) for p in m.parameters())
 
 
+def truncated_copy(model, layers: int):
+    """A separate causal LM made of ``model``'s first ``layers`` decoder layers, its embedding, final norm and head:
+    a NEW module tree (a new config, new module objects) sharing the target's weight tensors (no copy of them).
+    What the bench uses as a draft model when no second real model is at hand; through HF's own forward it
+    computes what :func:`early_exit_drafter` does.
+    """
+    check_llama_family(model)
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    new = copy.deepcopy(model, memo)
+    new.model.layers = nn.ModuleList(list(new.model.layers)[:layers])
+    new.config.num_hidden_layers = layers
+    if getattr(new.config, "layer_types", None) is not None:
+        new.config.layer_types = list(new.config.layer_types)[:layers]
+    return new
+
+
 def check_draft_model(draft_model, target=None) -> None:
     """Raise ValueError unless ``draft_model`` is a decoder-only causal LM with ``target``'s vocabulary."""
     config = getattr(draft_model, "config", None)
@@ -320,7 +336,7 @@ def skip_set(importance: np.ndarray, keep_fraction: float) -> tuple[int, ...]:
     n = len(importance)
     k = min(n, max(2, int(round(keep_fraction * n))))
     order = [i for i in np.argsort(-importance, kind="stable") if i not in (0, n - 1)]
-    return tuple(sorted({0, n - 1, *order[: k - 2]}))
+    return tuple(sorted(int(i) for i in {0, n - 1, *order[: k - 2]}))
 
 
 def build(model, kind: str, size: float, importance: np.ndarray | None = None) -> tuple[LayerStack, tuple]:
@@ -404,13 +420,13 @@ DraftFactory = Callable[[object, np.ndarray], tuple[object, dict]]
 
 
 def self_draft_factory(kind: str, size: float) -> DraftFactory:
-    """A factory of ``kind``'s drafter, built once per target model (and size): a given ``size``, or chosen by
-    :func:`calibrate` on the first prompt of at least 8 tokens (its last 64), else the middle candidate."""
-    built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> (drafter, info)
-
+    """A factory of ``kind``'s drafter, built once per target model, kind and size in the process (kept while the
+    model lives): a given ``size``, or chosen by :func:`calibrate` on the first prompt of at least 8 tokens (its
+    last 64), else the middle candidate."""
     def make(target, prompt: np.ndarray):
-        if target in built:
-            return built[target]
+        built = _BUILT.setdefault(target, {})
+        if (kind, size) in built:
+            return built[kind, size]
         check_llama_family(target)
         if size:
             drafter, layers = build(target, kind, size)
@@ -424,10 +440,15 @@ def self_draft_factory(kind: str, size: float) -> DraftFactory:
             mid = CANDIDATE_SIZES[kind][1]
             drafter, layers = build(target, kind, mid)
             info = {"size": mid, "layers": layers}
-        built[target] = (drafter, info)
-        return built[target]
+        built[kind, size] = (drafter, info)
+        return built[kind, size]
 
     return make
+
+
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(kind, size): (drafter, info)}
+_DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a user's draft model -> its ModelDrafter
+_RATIOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> its measured cost ratio
 
 
 def draft_model_factory(draft_model) -> DraftFactory:
@@ -438,8 +459,10 @@ def draft_model_factory(draft_model) -> DraftFactory:
         if target not in built:
             model = draft_model if isinstance(draft_model, nn.Module) else draft_model(target)
             check_draft_model(model, target)
-            built[target] = (ModelDrafter(model), {"draft_model": type(model).__name__,
-                                                   "layers": model.config.num_hidden_layers})
+            if model not in _DRAFTERS:
+                _DRAFTERS[model] = ModelDrafter(model)
+            built[target] = (_DRAFTERS[model], {"draft_model": type(model).__name__,
+                                                "layers": model.config.num_hidden_layers})
         return built[target]
 
     return make
@@ -484,14 +507,13 @@ class DraftPassSource:
         self.drafter = None
         self.info: dict = {}
         self.stats = DraftPassStats()
-        self._ratios: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> measured cost ratio
         self.ratio = cost or 0.5
         self._acc, self._tried = 0.0, 0.0
         self._idle, self._probe = 0, self.probe_every[0]
 
-    def __getstate__(self) -> dict:  # copy / pickle: the drafter, its cache and the measured ratios stay behind
+    def __getstate__(self) -> dict:  # copy / pickle: the drafter and its cache stay behind
         state = dict(self.__dict__)
-        state.update(drafter=None, cache=None, _ratios=weakref.WeakKeyDictionary())
+        state.update(drafter=None, cache=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -507,10 +529,10 @@ class DraftPassSource:
         if model is None:
             raise ValueError("a draft-pass source needs the target model at start")
         self.drafter, self.info = self.factory(model, prompt)
-        if not self.cost_ratio:
-            if model not in self._ratios:
-                self._ratios[model] = measure_cost_ratio(model, self.drafter)
-            self.ratio = self._ratios[model]
+        if not self.cost_ratio:  # measured once per drafter in the process
+            if self.drafter not in _RATIOS:
+                _RATIOS[self.drafter] = measure_cost_ratio(model, self.drafter)
+            self.ratio = _RATIOS[self.drafter]
         self.cache = self.drafter.new_cache()
         self.tokens: list[int] = [int(t) for t in prompt]
         self.cached: list[int] = []  # the tokens whose keys/values the drafter's cache holds, in order
@@ -550,6 +572,9 @@ class DraftPassSource:
         self.stats.steps += 1
         if depth <= 0 or self.drafter is None:
             return None
+        if len(self.cached) >= len(self.tokens):  # a stop cut the emitted tokens inside the chain: re-feed the last
+            self.cache.crop(-(len(self.cached) - len(self.tokens) + 1))
+            del self.cached[len(self.tokens) - 1:]
         logits = self._forward(self.tokens[len(self.cached):])
         tokens, parents, match, chain = [], [], [], []
         parent = -1

@@ -327,3 +327,22 @@ def test_factory_without_size_uses_a_short_prompt_default():
     assert info["size"] == 0.625 and len(stack.layers) == 2  # the middle candidate: no calibration on 4 tokens
     again, _ = self_draft_factory("early-exit", 0.5)(model, np.arange(3, 30))
     assert len(again.layers) == 2
+
+
+def test_source_cache_follows_the_accepted_prefix():
+    """The drafter's cache holds exactly the context's tokens it has seen: the accepted part of a chain stays,
+    the rest is cropped; the next proposal continues from the context (here a drafter that is the target)."""
+    model = tiny_model("llama", layers=2)
+    src = DraftPassSource(8, lambda target, prompt: (early_exit_drafter(target, 2), {}), depth=4, cost=0.1)
+    src.start(np.arange(3, 13), model)
+    chain = src.propose(None, 4, 4).tokens.tolist()
+    assert src.cached == list(range(3, 13)) + chain[:3]
+    wrong = (chain[2] + 1) % 96
+    src.learn(np.array([chain[0], chain[1], wrong]))  # two accepted, then a correction
+    assert src.cached == list(range(3, 13)) + chain[:2] and src.cache.get_seq_length() == 12
+    assert (src.stats.tried, src.stats.accepted) == (3, 2)
+    src.learn(np.array([7]))  # a step it did not draft: nothing to crop
+    nxt = src.propose(None, 4, 4).tokens.tolist()
+    with torch.no_grad():
+        ids = torch.tensor([list(range(3, 13)) + chain[:2] + [wrong, 7]])
+        assert nxt[0] == int(model(input_ids=ids).logits[0, -1].argmax())

@@ -100,6 +100,47 @@ def _no_drafts() -> Method:
     return lookahead_method("no-drafts", LookaheadConfig(tree_nodes=0, copy_nodes=0, recycle_k=0))
 
 
+ALONE = dict(tree_nodes=0, copy_nodes=0, recycle_k=0)
+"""The draft-pass methods run alone: no n-gram, copy or model-prediction drafts beside them."""
+
+
+def _self_draft(kind: str) -> Callable[[], Method]:
+    def make() -> Method:
+        from lookahead import LookaheadConfig
+
+        return lookahead_method(f"self-{kind}", LookaheadConfig(self_draft=kind, **ALONE))
+
+    return make
+
+
+DRAFT_MODEL_LAYERS = 10
+"""The bench's draft model: the target's first 10 decoder layers with its head, as a separate model
+(``selfspec.truncated_copy``; no second model of SmolLM2's tokenizer is available offline)."""
+
+
+_TRUNCATED: dict = {}  # id(target) -> (target, its truncated copy): one copy per target for the whole bench
+
+
+def _truncated(target):
+    from lookahead.selfspec import truncated_copy
+
+    kept = _TRUNCATED.get(id(target))
+    if kept is None or kept[0] is not target:
+        _TRUNCATED.clear()
+        _TRUNCATED[id(target)] = kept = (target, truncated_copy(target, DRAFT_MODEL_LAYERS))
+    return kept[1]
+
+
+def _draft_model() -> Method:
+    from lookahead import LookaheadConfig, LookaheadDecoder
+
+    config = LookaheadConfig(**ALONE)
+    settings = {**dataclasses.asdict(config), "draft_model": f"truncated_copy(target, {DRAFT_MODEL_LAYERS})"}
+    return Method("draft-model", f"LookaheadDecoder(draft_model=the target's first {DRAFT_MODEL_LAYERS} layers + head, "
+                  "n-gram sources off)", settings=settings,
+                  decoder=LookaheadDecoder(config, draft_model=_truncated))
+
+
 METHODS: dict[str, Callable[[], Method]] = {
     BASELINE: plain,
     "plain-again": plain_again,  # the same as plain: how much a ratio moves by chance on this machine
@@ -110,6 +151,10 @@ METHODS: dict[str, Callable[[], Method]] = {
     "lookahead-fixed": _lookahead_fixed,  # always the full tree: no hardware-aware budget
     "lookahead-torch": _lookahead_torch,  # torch's own linear kernels on a CPU (cpu_kernels=False)
     "no-drafts": _no_drafts,  # the decoder with every draft source off: what the CPU kernels alone give
+    "self-layer-skip": _self_draft("layer-skip"),  # draft passes alone (selfspec.py): layers skipped,
+    "self-early-exit": _self_draft("early-exit"),  # the first layers then the head,
+    "self-low-rank": _self_draft("low-rank"),  # truncated-SVD weights,
+    "draft-model": _draft_model,  # a separate (truncated) draft model
 }
 
 # what ``python -m lookahead bench`` runs unless told otherwise
