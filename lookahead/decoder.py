@@ -134,6 +134,12 @@ class LookaheadDecoder:
             )
         try:
             self.stats = DecodeStats()
+            if input_ids.shape[0] > 1:
+                from .batch import _BatchCall  # batch size > 1: one forward per step for every row
+
+                call = _BatchCall(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  streamer, model_kwargs)
+                return call.run()
             call = _Call(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                          streamer, model_kwargs)
             return call.run()
@@ -176,11 +182,10 @@ def _check_supported(model, input_ids, generation_config, synced_gpus) -> None:
             generation_config, "prompt_lookup_num_tokens", None
         ):
             raise ValueError("LookaheadDecoder cannot be combined with prompt_lookup_num_tokens; pick one.")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"LookaheadDecoder decodes one sequence at a time (batch size 1); got batch size {input_ids.shape[0]}"
-            " (after num_return_sequences). Call generate once per prompt."
-        )
+    if input_ids.shape[0] > 1:
+        from .batch import check_batch_supported
+
+        check_batch_supported(generation_config)
     if synced_gpus:
         raise ValueError("LookaheadDecoder does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
     impl = getattr(generation_config, "cache_implementation", None) if generation_config is not None else None

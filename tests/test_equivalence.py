@@ -141,8 +141,14 @@ def test_unsupported_modes_are_refused(tiny_models, kw, match):
         model.generate(torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(), max_new_tokens=5, **kw)
 
 
-def test_batch_size_above_one_is_refused(tiny_models):
+def test_batch_size_above_one_is_decoded_row_by_row(tiny_models):
+    """Batches go to lookahead/batch.py (tests/test_batch.py); what it does not do is refused."""
     model = tiny_models("llama")
-    with pytest.raises(ValueError, match="batch size"):
-        model.generate(torch.tensor([REPETITIVE, REPETITIVE]), custom_generate=LookaheadDecoder(),
-                       max_new_tokens=5)
+    batch = torch.tensor([REPETITIVE, REPETITIVE[3:] + [3, 10, 11]])
+    plain = model.generate(batch, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ours = model.generate(batch, custom_generate=LookaheadDecoder(), max_new_tokens=5, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    assert ours.tolist() == plain.tolist()
+    with pytest.raises(ValueError, match="batch size > 1"):
+        model.generate(batch, custom_generate=LookaheadDecoder(), max_new_tokens=5, return_dict_in_generate=True,
+                       output_scores=True)

@@ -189,8 +189,8 @@ def test_default_falls_back_for_what_the_decoder_refuses_but_explicit_flags_rais
     with pytest.warns(UserWarning, match="num_beams"):
         assert llama.generate(_ids(), **kw).tolist() == beams.tolist()
     batch = torch.tensor([REPETITIVE, REPETITIVE])
-    with pytest.warns(UserWarning, match="batch size"):
-        llama.generate(batch, max_new_tokens=4, do_sample=False)
+    with pytest.warns(UserWarning, match="batch size > 1"):  # batches decode; their scores do not
+        llama.generate(batch, max_new_tokens=4, do_sample=False, return_dict_in_generate=True, output_scores=True)
     with pytest.raises(ValueError, match="num_beams"):
         llama.generate(_ids(), lookahead=True, **kw)
     with pytest.raises(ValueError, match="num_beams"):

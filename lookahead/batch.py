@@ -1,0 +1,667 @@
+"""Batched decoding (batch size > 1): every row exact, ONE forward per step for the whole batch.
+
+``LookaheadDecoder.__call__`` hands a batch of more than one row (left-padded prompts, or a prompt
+expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps the single-row loop
+(``decoder._Call``). Per step:
+
+1. **draft, per row**: each row has its own :class:`~lookahead.policy.DraftPolicy` (its own trie, copy
+   index and model-prediction table; a shared ``trie=`` store is read by every row and learns each row's
+   output as its own stream when the call ends). A row's policy prices its nodes on a flat curve, i.e.
+   keeps every node worth anything; the batch then chooses one *width* for all rows (below).
+2. **width, for the batch** (:func:`choose_width`): all rows are padded to the same number of draft
+   nodes ``w`` (dummy nodes, masked), so a step costs the forward of ``b * (p + w)`` new tokens (``b``
+   active rows, ``p`` pending tokens each): ``t(b * (p + w))`` on the call's cost curve. The width
+   maximises the expected tokens of all rows per second of that forward; a row that is not copying adds
+   nothing to the gain, so it never buys width that only the others would pay for.
+3. **pack** (:func:`pack_batch`): ids and positions ``[b, p + w]``, a 4D mask ``[b, 1, p + w, T + p + w]``;
+   each row's positions count only its real tokens.
+4. **forward**, then per-row acceptance with ``verify.py``'s functions (greedy or sampled, each row its
+   own position uniforms), emission and stopping per row.
+5. **KV, per row** (:func:`step_gather_index`): each row's kept entries (its pending tokens and accepted
+   nodes) are gathered to the front of the step's columns; the step keeps as many columns as the row
+   that kept most, and a row that kept fewer has masked *holes* there. Holes and left padding are
+   squeezed out (:func:`realign_index`, right-aligned) once they exceed :data:`HOLE_SLACK` columns beyond
+   the longest row, so the cache never holds more than plain batched decoding's (whose columns are
+   the longest row's plus the others' padding) plus ``HOLE_SLACK`` and one step's rows.
+6. **finished rows** leave the batch (their cache rows are dropped): the forward shrinks to the rows
+   still decoding. The output pads them with ``pad_token_id`` exactly as plain ``generate`` does.
+
+Plain ``generate``'s batch semantics that the output reproduces: all rows run until every row has
+stopped; with an EOS criterion (``eos_token_id`` set) a stopped row's later tokens are
+``pad_token_id``; without one, a row stopped by another criterion (a user criterion, ``stop_strings``)
+keeps its real continuation until the last row stops. The result is ``prompt + max(new tokens)`` long.
+
+Not in batched mode: the lookahead window (``window_width``, turned off: it is per-row Jacobi state),
+draft passes (``self_draft``, ``draft_model``), ``output_scores``/``output_logits`` (a finished row's
+scores in plain ``generate`` come from forwards this decoder never runs), a cache given with content, and
+the returned cache (``return_dict_in_generate`` returns the sequences with no cache: ours has holes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import torch
+
+from . import compat
+from . import kernels as K
+from .cache import NgramTrie
+from .cost import CostModel
+from .cpu_linear import fast_linears
+from .draft import Draft
+from .kernels import row_top
+from .kv_cache import cache_layers, check_rollbackable
+from .policy import DraftPolicy, Limits
+from .stats import DecodeStats
+from .verify import PositionUniforms, Verdict, greedy_verify_argmax, verify
+
+HOLE_SLACK = 16
+"""Hole columns beyond the longest row that the cache may hold before it is re-aligned (a full copy)."""
+
+FLAT = CostModel(((1, 1.0), (2, 1.0)))
+"""The curve a row's own budget prices with: every node with any chance is kept; the batch chooses the width."""
+
+_NO_WINDOW = np.zeros((0, 0), dtype=bool)
+
+
+def check_batch_supported(generation_config, decoder=None) -> None:
+    """Refuse, with a clear message, what the batched decoder does not do (batch size > 1)."""
+    gen = generation_config
+    if gen is not None and gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
+        raise ValueError(
+            "LookaheadDecoder with batch size > 1 does not return scores or logits (output_scores / output_logits):"
+            " plain generate's scores of a finished row come from forwards the decoder never runs. Use batch size"
+            " 1 or plain generate() for them."
+        )
+    if decoder is not None and getattr(decoder, "draft_model", None) is not None:
+        raise ValueError("LookaheadDecoder(draft_model=...) decodes batch size 1 only; call generate once per prompt.")
+
+
+# -- pure functions ------------------------------------------------------------------------------------
+
+
+def choose_width(gains: list[np.ndarray], cost: np.ndarray, margin: float = 1.05) -> int:
+    """Draft nodes per row (the step's padded width ``w``) that maximise the batch's expected tokens per second.
+
+    ``gains[i]``: float[n_i + 1], row ``i``'s expected accepted tokens when it verifies its ``k`` most
+    probable nodes (``gains[i][0] = 0``; cumulative sums of its node probabilities, largest first).
+    ``cost``: float[W + 1], the step's forward time at width ``w`` (every row padded to ``w`` nodes), W >= every
+    ``n_i``. Maximises ``sum_i (1 + gains[i][min(w, n_i)]) / cost[w]``; a ``w > 0`` must beat ``w = 0`` by
+    ``margin``. Ties: the smaller width.
+
+    Example: two rows, gains ``[0, .9, 1.7]`` and ``[0]`` (nothing to draft), cost ``[1.0, 1.2, 1.4]``:
+    totals ``2, 2.9, 3.7``, rates ``2.0, 2.42, 2.64`` -> ``w = 2``. With cost ``[1.0, 1.6, 2.2]``: rates
+    ``2.0, 1.81, 1.68`` -> ``w = 0``: the row that copies does not make the other wait for nothing.
+    """
+    width = len(cost) - 1
+    total = np.full(width + 1, float(len(gains)))
+    for g in gains:
+        g = np.asarray(g, dtype=np.float64)
+        total[: len(g)] += g[: width + 1]
+        if len(g) <= width:
+            total[len(g):] += g[-1]
+    rate = total / np.asarray(cost, dtype=np.float64)
+    best = int(np.argmax(rate))
+    if best and rate[best] < margin * rate[0]:
+        return 0
+    return best
+
+
+def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` most probable nodes, sorted (a child's probability never exceeds its parent's, and a parent
+    comes first among equals, so the set is closed under parents). Example: ``[.9, .2, .8]``, 2 -> ``[0, 2]``."""
+    return np.sort(np.argsort(-np.asarray(probs), kind="stable")[:k])
+
+
+def step_gather_index(keeps: list[list[int]], width: int) -> np.ndarray:
+    """int64[b, width]: per row, the step's columns it keeps (in order), padded with its last kept column.
+
+    Example: keeps ``[[0, 2, 3], [0]]``, width 3 -> ``[[0, 2, 3], [0, 0, 0]]`` (row 1's last two are holes).
+    """
+    idx = np.empty((len(keeps), width), dtype=np.int64)
+    for i, keep in enumerate(keeps):
+        idx[i, : len(keep)] = keep
+        idx[i, len(keep):] = keep[-1]
+    return idx
+
+
+def realign_index(visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(idx int64[b, T'], visible bool[b, T']): every row's visible columns right-aligned, T' = the most any row has.
+
+    Example: visible ``[[F, T, F, T], [T, T, T, F]]`` -> T' = 3, idx ``[[1, 1, 3], [0, 1, 2]]``, visible
+    ``[[F, T, T], [T, T, T]]`` (row 0's first column is a hole pointing at a column of its own).
+    """
+    counts = visible.sum(1)
+    width = max(int(counts.max()), 1)
+    idx = np.zeros((visible.shape[0], width), dtype=np.int64)
+    new_visible = np.zeros((visible.shape[0], width), dtype=bool)
+    for i in range(visible.shape[0]):
+        cols = np.flatnonzero(visible[i])
+        if len(cols):
+            idx[i, width - len(cols):] = cols
+            idx[i, : width - len(cols)] = cols[0]
+            new_visible[i, width - len(cols):] = True
+    return idx, new_visible
+
+
+def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.ndarray, drafts: list[Draft],
+               width: int, dtype: torch.dtype, device, fill_token: int = 0):
+    """The inputs of one batched step: (input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q]).
+
+    ``pending`` / ``pending_pos``: int64[b, p], every row's pending tokens and their positions;
+    ``col_visible``: bool[b, T + p], which cached and pending columns each row sees (False: padding, holes);
+    ``drafts``: each row's tree (no window), padded to ``width`` nodes with dummy children of the root
+    (token ``fill_token``, one past the last pending position, seeing only the cache, the pending tokens and
+    themselves; never verified). q = p + width. Worked example: p = 1, width 2, row 0 drafts ``[a, b]``
+    (``b`` after ``a``), row 1 drafts nothing: row 1's two columns are dummies, each sees only itself and
+    the pending token::
+
+        row 0:  p a b      row 1:  p d d
+        p       1 0 0      p       1 0 0
+        a       1 1 0      d       1 1 0
+        b       1 1 1      d       1 0 1
+    """
+    b, p = pending.shape
+    q = p + width
+    past = col_visible.shape[1] - p
+    host_dtype = np.float64 if dtype == torch.float64 else np.float32
+    neg = float(torch.finfo(dtype).min)
+    mask = np.empty((b, 1, q, past + q), dtype=host_dtype)
+    ids = np.full((b, q), fill_token, dtype=np.int64)
+    pos = np.empty((b, q), dtype=np.int64)
+    ids[:, :p] = pending
+    pos[:, :p] = pending_pos
+    for i, d in enumerate(drafts):
+        n = len(d)
+        parents = np.full(width, -1, dtype=np.int64)
+        parents[:n] = d.parents
+        ids[i, p : p + n] = d.tokens
+        pos[i, p:] = pending_pos[i, -1] + 1
+        pos[i, p : p + n] = pending_pos[i, -1] + d.depth
+        K.fill_step_mask(mask[i, 0], p, parents, _NO_WINDOW, col_visible[i], neg)
+    return (torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device),
+            torch.from_numpy(mask).to(device, dtype))
+
+
+def row_processors(processors, r: int, b: int) -> list:
+    """Row ``r``'s logits processors (of ``b`` rows), called with that row alone (input ids [1, L], scores
+    [1, V]), as ``verify.py`` calls them: row-wise processors as they are; the per-row state of the ones
+    ``generate`` builds with one (the repetition penalty's padding lengths, the encoder repetition penalty's
+    prompt) sliced to the row, in copies (the caller's processors are not changed). Processors bound to the
+    whole batch raise. A user's own processor is taken to work row by row, like transformers' own ones.
+
+    Example: ``RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=tensor([2, 0]))``, row 1 -> a copy
+    whose ``prompt_ignore_length`` is ``tensor([0])``.
+    """
+    from transformers.generation import logits_process as lp
+
+    bound = tuple(getattr(lp, name) for name in (
+        "PrefixConstrainedLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor",
+        "ClassifierFreeGuidanceLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
+        "EncoderNoRepeatNGramLogitsProcessor") if hasattr(lp, name))
+    sliced = {"RepetitionPenaltyLogitsProcessor": "prompt_ignore_length",
+              "EncoderRepetitionPenaltyLogitsProcessor": "encoder_input_ids"}
+    out = []
+    for proc in processors or ():
+        if isinstance(proc, bound):
+            raise ValueError(f"LookaheadDecoder with batch size > 1 does not support {type(proc).__name__} (it "
+                             "depends on the whole batch); use batch size 1 or plain generate().")
+        attr = sliced.get(type(proc).__name__)
+        state = getattr(proc, attr, None) if attr else None
+        if isinstance(state, torch.Tensor) and state.dim() >= 1 and state.shape[0] > 1 and b % state.shape[0] == 0:
+            i = r // (b // state.shape[0])  # a prompt's row, when generate expanded it (num_return_sequences)
+            proc = copy.copy(proc)
+            setattr(proc, attr, state[i : i + 1])
+        out.append(proc)
+    return out
+
+
+# -- the shared store, read by every row ----------------------------------------------------------------
+
+
+class _ReadOnlyStore:
+    """A shared ``trie=`` store as a row's memory source sees it: proposals from it, nothing written while
+    the rows decode (rows interleave in one thread, whose one stream would join their n-grams);
+    :meth:`_BatchCall.output` writes each row's output as its own stream instead."""
+
+    def __init__(self, store: NgramTrie):
+        self.store = store
+
+    @property
+    def max_n(self) -> int:
+        return self.store.max_n
+
+    def propose(self, *args, **kwargs):
+        return self.store.propose(*args, **kwargs)
+
+    def insert(self, tokens) -> None:
+        pass
+
+    def reset_stream(self) -> None:
+        pass
+
+
+def row_policies(decoder, count: int) -> list[DraftPolicy]:
+    """The decoder's per-row draft policies, created on first use (each with its own trie), kept across calls."""
+    policies = decoder.__dict__.setdefault("_row_policies", [])
+    config = decoder.config
+    overrides = {"window_width": 0, "refine_cost": False}
+    if "self_draft" in {f.name for f in fields(config)}:
+        overrides["self_draft"] = "none"
+    config = replace(config, **overrides)
+    memory = _ReadOnlyStore(decoder.memory) if decoder.memory is not None else None
+    while len(policies) < count:
+        trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
+        policies.append(DraftPolicy(config, trie, memory, decoder.policy.tuning))
+    return policies[:count]
+
+
+# -- the call --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    """One row's state. ``length``: tokens in its sequence (its left padding included, as ``max_length``
+    counts them); ``limit``: the length it stops at at the latest; ``stop``: the length at which a stopping
+    criterion first held (None: not yet); ``done``: out of the batch."""
+
+    policy: DraftPolicy
+    prompt: np.ndarray
+    length: int
+    limit: int
+    last_pos: int = 0
+    pending: int = 0
+    stop: int | None = None
+    done: bool = False
+    uniforms: PositionUniforms | None = None
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+class _BatchCall:
+    """One batched ``generate`` call (batch size > 1): its state and the decode loop (:meth:`run`)."""
+
+    def __init__(self, decoder, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                 streamer, model_kwargs):
+        from .decoder import _check_cache_layers, _check_model_kwargs
+
+        gen = generation_config if generation_config is not None else model.generation_config
+        check_batch_supported(gen, decoder)
+        _check_model_kwargs(model_kwargs, gen)
+        self.model, self.streamer, self.clock = model, streamer, decoder.clock
+        self.decoder, self.stats = decoder, decoder.stats
+        self.processors = [compat.processors_as_function(row_processors(logits_processor, r, input_ids.shape[0]))
+                           for r in range(input_ids.shape[0])]  # per row: None when there are none
+        stop_length, self.eos, self.other_stops = compat.host_stopping(stopping_criteria)
+        self.max_length = stop_length if stop_length is not None else gen.max_length
+        # plain generate pads a stopped row only when some criterion is an EOS one (its _sample)
+        self.pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria or ())
+        pad = getattr(gen, "_pad_token_tensor", None)
+        pad = gen.pad_token_id if pad is None else pad
+        self.pad = None if pad is None else int(torch.as_tensor(pad).reshape(-1)[0])
+        if self.pads and self.pad is None:
+            raise ValueError("If `eos_token_id` is defined, make sure that `pad_token_id` is defined.")
+        if decoder.memory is not None and decoder.memory.max_token() >= model.config.vocab_size:
+            raise ValueError(
+                f"the shared trie holds token id {decoder.memory.max_token()}, outside this model's vocabulary of "
+                f"{model.config.vocab_size}: the store was built with another tokenizer."
+            )
+        self.cache_kwarg = compat.cache_kwarg_name(model)
+        self.keeps_logits = compat.supports_logits_to_keep(model)
+        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        self.cache = _new_cache(model) if cache is None else cache
+        if self.cache.get_seq_length():
+            raise ValueError("LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds "
+                             f"{self.cache.get_seq_length()} tokens. Pass no cache, or use plain generate().")
+        self.forward_kwargs = {"use_cache": True, self.cache_kwarg: self.cache}
+        self.kv_window = _check_cache_layers(self.cache, gen.max_length)
+        self.device = input_ids.device
+        self.on_cpu = self.device.type == "cpu"
+        self.argmax_by_max = self.on_cpu and getattr(model.config, "vocab_size", 0) >= 1024
+        self.dtype = model.dtype
+        self.return_dict = bool(gen.return_dict_in_generate)
+        sampling = bool(gen.do_sample)
+        self.plain_greedy = self.processors[0] is None and not sampling
+
+        b, length = input_ids.shape
+        self.prompt_length = length
+        ids = input_ids.cpu().numpy().astype(np.int64)  # int64[b, L], host copy
+        mask = model_kwargs.get("attention_mask")
+        if mask is not None and mask.dim() != 2:
+            raise ValueError("attention_mask must be 2D [batch, sequence]")
+        visible = np.ones((b, length), dtype=bool) if mask is None else mask.bool().cpu().numpy()
+        self.pending, self.pending_vis = ids, visible  # [b, L] each: the first step's pending tokens
+        self.pending_pos = np.maximum(np.cumsum(visible, 1) - 1, 0)
+        cap = max(self.max_length, length) + 1
+        self.fill = self.pad if self.pad is not None else 0
+        self.seq = torch.full((b, cap), self.fill, dtype=torch.long, device=self.device)  # the output buffer
+        self.seq[:, :length] = input_ids
+        self.seq_host = self.seq.numpy() if self.device.type == "cpu" else None
+
+        cost = None
+        if decoder.config.adaptive:
+            t = self.clock()
+            cost = decoder.cost_curve(model, self.kv_window)
+            self.stats.time_calibration = self.clock() - t
+            self.stats.cost_curve = cost.points
+        self.cost = cost
+        self.margin = decoder.policy.tuning.margin
+        self.probe_every = decoder.policy.tuning.probe_every
+        self.kernel_rows = cost.kernel_rows if cost is not None and decoder.config.cpu_kernels else frozenset()
+        self.max_nodes = decoder.config.step_nodes
+        self._can_pay: dict[tuple[int, int], bool] = {}
+        self._since_draft = 0
+
+        limits = Limits(self.max_length, self.kv_window)
+        self.rows: list[_Row] = []
+        for i, policy in enumerate(row_policies(decoder, b)):
+            prompt = ids[i][visible[i]]
+            policy.start(prompt, limits, FLAT if cost is not None else None, model)
+            self.rows.append(_Row(policy, prompt, length, self.max_length, last_pos=int(self.pending_pos[i, -1]),
+                                  uniforms=PositionUniforms() if sampling else None))
+        self.active = list(range(b))  # the rows in the cache, in its batch order
+        self.T = 0  # cache columns
+        self.vis = np.zeros((b, cap + HOLE_SLACK + 2 * (self.max_nodes + 1) + length), dtype=bool)
+        self.streamed = length  # columns handed to the streamer so far
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    def run(self):
+        """The decode loop, with the model's linear layers on the path the cost curve was measured on."""
+        with contextlib.ExitStack() as stack:
+            if self.kernel_rows:
+                try:
+                    stack.enter_context(fast_linears(self.model, use=self.kernel_rows))
+                except RuntimeError:  # another call routes this model with another calibration: its routing applies
+                    pass
+            return self.loop()
+
+    def loop(self):
+        stats, clock = self.stats, self.clock
+        checked = False
+        while self.active:
+            t0 = clock()
+            rows = [self.rows[r] for r in self.active]
+            p = self.pending.shape[1]
+            drafts, tops_wanted = self.draft(rows, p)
+            width = max((len(d) for d in drafts), default=0)
+            width = self.fit_kv_window(p, width, drafts)
+            col_visible = np.concatenate([self.vis[: len(rows), : self.T], self.pending_vis], axis=1)
+            ids, pos, mask = pack_batch(self.pending, self.pending_pos, col_visible, drafts, width, self.dtype,
+                                        self.device)
+            t1 = clock()
+            logits = self.forward(ids, pos, mask, width)  # [b, 1 + w, V]
+            if not checked:
+                check_rollbackable(self.cache)
+                checked = True
+            t2 = clock()
+            argmax, tops = self.read_rows(logits, tops_wanted)
+            verdicts = [self.verify(i, row, logits, drafts[i], argmax) for i, row in enumerate(rows)]
+            t3 = clock()
+            keeps = []
+            for i, (row, d, verdict) in enumerate(zip(rows, drafts, verdicts)):
+                n_emit = self.emit(self.active[i], row, verdict)
+                n_acc = min(len(verdict.nodes), n_emit)
+                keeps.append(list(range(p)) + [p + j for j in verdict.nodes[:n_acc]])
+                row.last_pos = int(self.pending_pos[i, -1]) + n_acc + 1
+                row.pending = verdict.tokens[n_emit - 1]
+                successors = None
+                if tops is not None:
+                    start = i * (1 + width)
+                    successors = (tops[0][start : start + len(d) + 1], tops[1][start : start + len(d) + 1])
+                row.policy.learn(d, verdict.nodes, verdict.tokens[:n_emit], None, 0, 0.0, successors)
+                row.stats.target_calls += 1
+                row.stats.record_step(d, verdict.nodes[:n_acc], n_emit, 0.0, 0.0, 0.0, 0.0)
+                first = i == 0
+                stats.record_step(d, verdict.nodes[:n_acc], n_emit, (t1 - t0) * first, (t2 - t1) * first,
+                                  (t3 - t2) * first, 0.0)
+            self.keep_kv(p, width, keeps)
+            self.finish_rows()
+            self.next_pending()
+            self.stream()
+            stats.time_bookkeeping += clock() - t3
+        return self.output()
+
+    # -- one step's parts ------------------------------------------------------------------------------------
+
+    def batch_can_pay(self, b: int, p: int) -> bool:
+        """Whether any width could pay at ``b`` rows and ``p`` pending tokens, were every node accepted."""
+        key = (b, p)
+        if key not in self._can_pay:
+            w = np.arange(self.max_nodes + 1)
+            t = self.cost(b * (p + w))
+            self._can_pay[key] = bool(np.any((1 + w[1:]) * t[0] >= self.margin * t[1:]))
+        return self._can_pay[key]
+
+    def draft(self, rows: list[_Row], p: int) -> tuple[list[Draft], bool]:
+        """(each row's draft, trimmed to the step's width; whether the rows' top-k successors are wanted)."""
+        b = len(rows)
+        if self.cost is not None and not self.batch_can_pay(b, p):
+            return [Draft.empty()] * b, False
+        drafts = []
+        for row in rows:
+            drafts.append(row.policy.draft(row.length, self.T + p, row.last_pos).without_window())
+        tops = any(row.policy.recycle_k for row in rows)
+        if self.cost is None or not any(len(d) for d in drafts):
+            return drafts, tops
+        probs = [row.policy.budget.acceptance.node_probabilities(d) * row.policy.budget.belief.scale()
+                 if len(d) else np.zeros(0) for row, d in zip(rows, drafts)]
+        gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for pr in probs]
+        widest = max(len(d) for d in drafts)
+        width = choose_width(gains, self.cost(b * (p + np.arange(widest + 1))), self.margin)
+        if width:
+            self._since_draft = 0
+        else:
+            self._since_draft += 1
+            if self._since_draft >= self.probe_every:  # estimates learned low can recover
+                width, self._since_draft = 1, 0
+        return [d.keep(top_nodes(pr, width)) if len(d) > width else d for d, pr in zip(drafts, probs)], tops
+
+    def fit_kv_window(self, p: int, width: int, drafts: list[Draft]) -> int:
+        """Below a sliding-window cache's window, where rollback still works: re-align, then narrow the step."""
+        if self.kv_window is None or self.T + p + width <= self.kv_window - 1:
+            return width
+        self.compact(None, force=True)
+        spare = self.kv_window - 1 - self.T - p
+        if spare < 0:
+            raise RuntimeError("the batch no longer fits the model's sliding window")
+        if width > spare:
+            for i, d in enumerate(drafts):
+                if len(d) > spare:
+                    drafts[i] = d.keep(np.arange(spare))
+            width = spare
+        return width
+
+    def forward(self, ids, pos, mask, width: int) -> torch.Tensor:
+        """One forward; the float logits [b, 1 + w, V] of the last pending token and the draft columns."""
+        kwargs = self.forward_kwargs
+        if self.keeps_logits:
+            kwargs["logits_to_keep"] = width + 1
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
+        self.stats.target_calls += 1
+        return out.logits[:, -(width + 1):].float()
+
+    def read_rows(self, logits: torch.Tensor, tops_wanted: bool):
+        """(every row's argmax as lists [b][1 + w] when the verdicts need only them, else None; the top-k
+        (ids int64[b * (1 + w), k], logits float32[b * (1 + w), k]) when the rows' model sources want them)."""
+        k = max(row.policy.recycle_k for row in (self.rows[r] for r in self.active)) if tops_wanted else 0
+        b, q, v = logits.shape
+        if not k:
+            if not self.plain_greedy:
+                return None, None
+            am = logits.max(-1).indices if self.argmax_by_max else logits.argmax(-1)
+            return am.tolist(), None
+        if self.on_cpu:
+            arr = np.ascontiguousarray(logits.detach().reshape(b * q, v).numpy())
+            ids, vals = np.empty((b * q, k), np.int64), np.empty((b * q, k), np.float32)
+            am = row_top(arr, k, ids, vals)
+            return (am.reshape(b, q).tolist() if self.plain_greedy else None), (ids, vals)
+        t = logits.reshape(b * q, v).topk(min(k, v), -1)
+        tops = (t.indices.cpu().numpy(), t.values.cpu().numpy())
+        return (logits.argmax(-1).tolist() if self.plain_greedy else None), tops
+
+    def verify(self, i: int, row: _Row, logits: torch.Tensor, draft: Draft, argmax) -> Verdict:
+        n = len(draft)
+        if self.plain_greedy:
+            if not n:
+                return Verdict([], argmax[i][:1])
+            return greedy_verify_argmax(argmax[i][: n + 1], draft.tokens.tolist(), draft.parents.tolist())
+        r = self.active[i]
+        uniforms = row.uniforms.take(row.stats.new_tokens, n + 1) if row.uniforms is not None else None
+        return verify(logits[i, : n + 1], draft.tokens.tolist(), draft.parents.tolist(), self.seq[r : r + 1, : row.length],
+                      self.processors[r], do_sample=row.uniforms is not None, uniforms=uniforms)
+
+    def emit(self, r: int, row: _Row, verdict: Verdict) -> int:
+        """Append row ``r``'s verdict tokens until it stops; returns how many were emitted."""
+        tokens, start = verdict.tokens, row.length
+        if self.seq_host is not None:
+            self.seq_host[r, start : start + len(tokens)] = tokens
+        else:
+            self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        n_emit = len(tokens)
+        for i, tok in enumerate(tokens):
+            end = start + i + 1
+            if end >= row.limit:
+                n_emit = i + 1
+                break
+            if row.stop is None and (tok in self.eos or (self.other_stops and self._other_stop(r, end))):
+                row.stop = end
+                if self.pads:
+                    n_emit = i + 1
+                    break
+        if n_emit < len(tokens):  # the buffer past a row's end holds the padding again
+            self.seq[r, start + n_emit : start + len(tokens)] = self.fill
+        row.length = start + n_emit
+        if row.length >= row.limit and row.stop is None:
+            row.stop = row.length
+        return n_emit
+
+    def _other_stop(self, r: int, end: int) -> bool:
+        ids = self.seq[r : r + 1, :end]
+        return any(bool(criterion(ids, None).all()) for criterion in self.other_stops)
+
+    def finish_rows(self) -> None:
+        """Mark the rows that are done: stopped (with an EOS criterion), or, without one, past the length at
+        which the last row stopped (every row runs to it, as in plain generate)."""
+        rows = self.rows
+        if self.pads:
+            for r in self.active:
+                if rows[r].stop is not None:
+                    rows[r].done = True
+        else:
+            if all(rows[r].stop is not None for r in range(len(rows))):
+                final = max(row.stop for row in rows)
+                for r in self.active:
+                    rows[r].limit = final
+                    if rows[r].length >= final:
+                        rows[r].done = True
+            for r in self.active:
+                if rows[r].length >= self.max_length:
+                    rows[r].done = True
+        keep = [i for i, r in enumerate(self.active) if not rows[r].done]
+        self.compact(keep if len(keep) < len(self.active) else None)
+
+    def keep_kv(self, p: int, width: int, keeps: list[list[int]]) -> None:
+        """Per row, keep its pending tokens' and accepted nodes' entries at the front of the step's columns."""
+        q, start = p + width, self.T
+        most = max(len(k) for k in keeps)
+        if any(k != list(range(most)) for k in keeps):  # not one plain prefix for all: gather
+            idx = torch.from_numpy(step_gather_index(keeps, most) + start).to(self.device)
+            for layer in _kv_layers(self.cache):
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    index = idx[:, None, :, None].expand(t.shape[0], t.shape[1], most, t.shape[3])
+                    t[:, :, start : start + most] = t.gather(2, index)
+        if q > most:
+            self.cache.crop(-(q - most))
+        vis = self.vis
+        vis[: len(keeps), start : start + most] = False
+        for i, k in enumerate(keeps):
+            vis[i, start : start + p] = self.pending_vis[i]
+            vis[i, start + p : start + len(k)] = True
+        self.T = start + most
+
+    def compact(self, keep: list[int] | None, force: bool = False) -> None:
+        """Drop the cache rows not in ``keep`` (indices into the active rows; None: all stay), then squeeze
+        the holes out (every row right-aligned) when they exceed :data:`HOLE_SLACK` columns, or ``force``."""
+        if keep is not None:
+            self.active = [self.active[i] for i in keep]
+            self.pending = self.pending[keep]
+            self.pending_pos = self.pending_pos[keep]
+            self.pending_vis = self.pending_vis[keep]
+            self.vis[: len(keep)] = self.vis[keep]
+            if not keep:
+                return
+            self.cache.batch_select_indices(torch.tensor(keep, dtype=torch.long, device=self.device))
+        b, T = len(self.active), self.T
+        vis = self.vis[:b, :T]
+        if not force and T - int(vis.sum(1).max()) <= HOLE_SLACK:
+            return
+        idx, new_vis = realign_index(vis)
+        width = idx.shape[1]
+        index = torch.from_numpy(idx).to(self.device)
+        for layer in _kv_layers(self.cache):
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                t[:, :, :width] = t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3]))
+        if T > width:
+            self.cache.crop(-(T - width))
+        self.vis[:b, :T] = False
+        self.vis[:b, :width] = new_vis
+        self.T = width
+
+    def next_pending(self) -> None:
+        """Every active row's last emitted token becomes its one pending token."""
+        rows = [self.rows[r] for r in self.active]
+        self.pending = np.array([[row.pending] for row in rows], dtype=np.int64).reshape(len(rows), 1)
+        self.pending_pos = np.array([[row.last_pos] for row in rows], dtype=np.int64).reshape(len(rows), 1)
+        self.pending_vis = np.ones((len(rows), 1), dtype=bool)
+
+    def final_length(self) -> int:
+        if self.pads:
+            return max(row.length for row in self.rows)
+        return max(row.stop if row.stop is not None else row.length for row in self.rows)
+
+    def stream(self, final: int | None = None) -> None:
+        """Hand the streamer every column all rows have emitted (a finished row's: ``pad_token_id``), one
+        ``[B]`` tensor per column, as plain ``generate`` puts one per step."""
+        if self.streamer is None:
+            return
+        if final is None:
+            live = [self.rows[r].length for r in self.active]
+            final = min(live) if live else self.final_length()
+        for c in range(self.streamed, final):
+            self.streamer.put(self.seq[:, c].cpu().clone())
+        self.streamed = max(self.streamed, final)
+
+    def output(self):
+        final = self.final_length()
+        self.stream(final)
+        if self.streamer is not None:
+            self.streamer.end()
+        memory = self.decoder.memory
+        if memory is not None:  # each row's output, its own stream
+            for r, row in enumerate(self.rows):
+                end = row.stop if row.stop is not None else row.length
+                memory.reset_stream()
+                memory.insert(self.seq[r, self.prompt_length : min(end, final)].cpu().numpy())
+                memory.reset_stream()
+        self.decoder.row_stats = [row.stats for row in self.rows]
+        sequences = self.seq[:, :final].clone()
+        if not self.return_dict:
+            return sequences
+        return compat.decoder_only_output(sequences, None, None, None)
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _kv_layers(cache) -> list:
+    """The cache layers holding keys/values (layers sharing another's KV are skipped)."""
+    return [layer for layer in cache_layers(cache)
+            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel()]
