@@ -350,19 +350,20 @@ class _Call:
         return out.logits[0, -(rows + 1) :].float()
 
     def read_rows(self, logits: torch.Tensor, top: int, every_argmax: bool, n: int | None = None):
-        """(every row's argmax as a list when ``every_argmax``, else None; when ``top`` (k > 0), the first
-        ``n + 1`` rows' (all rows' when ``n`` is None) top-k (ids int64[., k], logits float32[., k]) for the
-        model-prediction source, else None).
+        """(every row's argmax, int64[r] on the host, when ``every_argmax``, else None; when ``top`` (k > 0),
+        the first ``n + 1`` rows' (all rows' when ``n`` is None) top-k (ids int64[., k], logits
+        float32[., k]) for the model-prediction source, else None).
 
         On a CPU both come from one pass over each row (``kernels.row_top``, about 4x faster than
         ``argmax`` plus ``topk``; its argmax is exactly ``torch.argmax``'s), and an argmax alone from
         ``max`` (its indices are ``argmax``'s, first maximal value first; on this project's 2-core CPU
-        2.5x faster than ``argmax`` from a vocabulary of 4096 up, slower below 1024). On a GPU, ``argmax`` and ``topk`` run there and the top-k's host copy is queued before
-        the argmax's (non-blocking), so both arrive in one synchronisation."""
+        2.5x faster than ``argmax`` from a vocabulary of 4096 up, slower below 1024). On a GPU,
+        ``argmax`` and ``topk`` run there and the top-k's host copy is queued before the argmax's
+        (non-blocking), so both arrive in one synchronisation."""
         if not top:
             if not every_argmax:
                 return None, None
-            return (logits.max(-1).indices if self.argmax_by_max else logits.argmax(-1)).tolist(), None
+            return (logits.max(-1).indices if self.argmax_by_max else logits.argmax(-1)).cpu().numpy(), None
         rows = logits.shape[0] if n is None else n + 1
         if self.on_cpu:
             arr = logits.detach().numpy()  # [r, V] float32, a view: read only
@@ -370,21 +371,21 @@ class _Call:
                 arr = arr[:rows]
             ids, vals = np.empty((arr.shape[0], top), np.int64), np.empty((arr.shape[0], top), np.float32)
             argmax = row_top(arr, top, ids, vals)
-            return (argmax.tolist() if every_argmax else None), (ids[:rows], vals[:rows])
+            return (argmax if every_argmax else None), (ids[:rows], vals[:rows])
         t = logits[:rows].topk(min(top, logits.shape[-1]), -1)
         cuda = self.device.type == "cuda"
         successors = (t.indices.to("cpu", non_blocking=cuda).numpy(), t.values.to("cpu", non_blocking=cuda).numpy())
-        return (logits.argmax(-1).tolist() if every_argmax else None), successors
+        return (logits.argmax(-1).cpu().numpy() if every_argmax else None), successors
 
-    def verify(self, logits: torch.Tensor, draft: Draft, argmax: list[int] | None) -> tuple[Verdict, list[int] | None]:
+    def verify(self, logits: torch.Tensor, draft: Draft, argmax: np.ndarray | None) -> tuple[Verdict, list[int] | None]:
         """(the verdict, the window rows' argmax or None). ``argmax``: every row's, when greedy and plain
         (then the verdict needs nothing else: :meth:`read_rows` made the one host round trip)."""
         n = len(draft)
         if self.plain_greedy:
+            window_argmax = argmax[n + 1 :].tolist() if draft.window is not None else None
             if not n:
-                return Verdict([], argmax[:1]), (argmax[1:] if draft.window is not None else None)
-            verdict = greedy_verify_argmax(argmax, draft.tokens.tolist(), draft.parents.tolist())
-            return verdict, (argmax[n + 1 :] if draft.window is not None else None)
+                return Verdict([], [int(argmax[0])]), window_argmax
+            return greedy_verify_argmax(argmax, draft.tokens, draft.parents), window_argmax
         uniforms = self.uniforms.take(self.stats.new_tokens, n + 1) if self.uniforms is not None else None
         verdict = verify(logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(),
                          self.seq[:, : self.length], self.processors, do_sample=self.uniforms is not None,

@@ -261,3 +261,33 @@ def row_top(logits, k, ids, vals):
                     nan = j
         arg[i] = ids[i, 0] if nan < 0 else nan
     return arg
+
+
+@njit(cache=True, nogil=True)
+def greedy_walk(argmax, tokens, parents):
+    """The greedy verdict of a breadth-first draft tree given every row's argmax (row 0: the last context
+    token, row ``1 + i``: node ``i``): (accepted nodes int64[a], emitted tokens int64[a + 1]). From row 0,
+    follow the child whose token is the row's argmax (the first such child) while there is one; the
+    last row's argmax is the bonus token.
+
+    Example: argmax ``[5, 9, 3, 4]``, tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]`` -> nodes ``[0, 2]``
+    (5, then 9 under it), tokens ``[5, 9, 4]``.
+    """
+    n = tokens.shape[0]
+    nodes = np.empty(n, np.int64)
+    out = np.empty(n + 1, np.int64)
+    a = 0
+    row = 0
+    while True:
+        x = argmax[row]
+        out[a] = x
+        child = -1
+        for i in range(row, n):  # a node's children come after it (breadth-first): scan from row - 1 + 1
+            if parents[i] == row - 1 and tokens[i] == x:
+                child = i
+                break
+        if child < 0:
+            return nodes[:a], out[: a + 1]
+        nodes[a] = child
+        a += 1
+        row = child + 1

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .kernels import greedy_walk
+
 
 @dataclass
 class Verdict:
@@ -59,18 +61,14 @@ def children_lists(tree_tokens: list[int], tree_parents: list[int]) -> list[dict
     return children
 
 
-def greedy_verify_argmax(argmax: list[int], tree_tokens: list[int], tree_parents: list[int]) -> Verdict:
-    """Greedy walk given the argmax of every row (rows: root, then node 0..n-1)."""
-    children = children_lists(tree_tokens, tree_parents)
-    row, nodes, tokens = 0, [], []
-    while True:
-        x = argmax[row]
-        tokens.append(x)
-        child = children[row].get(x)
-        if child is None:
-            return Verdict(nodes, tokens)
-        nodes.append(child)
-        row = child + 1
+def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
+    """Greedy walk given the argmax of every row (rows: root, then node 0..n-1); lists or int64 arrays.
+
+    Example: argmax ``[5, 9, 3, 4]``, tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]`` -> nodes ``[0, 2]``,
+    tokens ``[5, 9, 4]``."""
+    nodes, tokens = greedy_walk(np.asarray(argmax, dtype=np.int64), np.asarray(tree_tokens, dtype=np.int64),
+                                np.asarray(tree_parents, dtype=np.int64))
+    return Verdict(nodes.tolist(), tokens.tolist())
 
 
 def verify(
