@@ -61,6 +61,9 @@ from .verify import PositionUniforms, Verdict, greedy_verify_argmax, verify
 HOLE_SLACK = 16
 """Hole columns beyond the longest row that the cache may hold before it is re-aligned (a full copy)."""
 
+COPY_SECONDS_PER_BYTE = 1 / 4e9
+"""A whole-cache copy's time per byte before one was measured (then a running mean of the measured ones)."""
+
 FLAT = CostModel(((1, 1.0), (2, 1.0)))
 """The curve a row's own budget prices with: every node with any chance is kept; the batch chooses the width."""
 
@@ -353,6 +356,8 @@ class _BatchCall:
         self.max_nodes = decoder.config.step_nodes
         self._can_pay: dict[tuple[int, int], bool] = {}
         self._since_draft = 0
+        self._dead_cost = 0.0  # forward seconds finished rows have cost since the last drop
+        self._copy_seconds_per_byte = COPY_SECONDS_PER_BYTE
 
         limits = Limits(self.max_length, self.kv_window)
         self.rows: list[_Row] = []
@@ -381,9 +386,9 @@ class _BatchCall:
     def loop(self):
         stats, clock = self.stats, self.clock
         checked = False
-        while self.active:
+        while any(not self.rows[r].done for r in self.active):
             t0 = clock()
-            rows = [self.rows[r] for r in self.active]
+            rows = [self.rows[r] for r in self.active]  # the cache's rows: a finished one waits to be dropped
             p = self.pending.shape[1]
             drafts, tops_wanted = self.draft(rows, p)
             width = max((len(d) for d in drafts), default=0)
@@ -397,11 +402,15 @@ class _BatchCall:
                 check_rollbackable(self.cache)
                 checked = True
             t2 = clock()
-            argmax, tops = self.read_rows(logits, tops_wanted)
-            verdicts = [self.verify(i, row, logits, drafts[i], argmax) for i, row in enumerate(rows)]
+            argmax, tops = self.read_rows(logits, drafts, tops_wanted)
+            verdicts = [None if row.done else self.verify(i, row, logits, drafts[i], argmax)
+                        for i, row in enumerate(rows)]
             t3 = clock()
-            keeps = []
+            keeps, first = [], True
             for i, (row, d, verdict) in enumerate(zip(rows, drafts, verdicts)):
+                if verdict is None:  # finished: nothing to verify or keep
+                    keeps.append(list(range(p)))
+                    continue
                 n_emit = self.emit(self.active[i], row, verdict)
                 n_acc = min(len(verdict.nodes), n_emit)
                 keeps.append(list(range(p)) + [p + j for j in verdict.nodes[:n_acc]])
@@ -414,11 +423,11 @@ class _BatchCall:
                 row.policy.learn(d, verdict.nodes, verdict.tokens[:n_emit], None, 0, 0.0, successors)
                 row.stats.target_calls += 1
                 row.stats.record_step(d, verdict.nodes[:n_acc], n_emit, 0.0, 0.0, 0.0, 0.0)
-                first = i == 0
                 stats.record_step(d, verdict.nodes[:n_acc], n_emit, (t1 - t0) * first, (t2 - t1) * first,
                                   (t3 - t2) * first, 0.0)
+                first = False
             self.keep_kv(p, width, keeps)
-            self.finish_rows()
+            self.finish_rows(width)
             self.next_pending()
             self.stream()
             stats.time_bookkeeping += clock() - t3
@@ -431,26 +440,39 @@ class _BatchCall:
         key = (b, p)
         if key not in self._can_pay:
             w = np.arange(self.max_nodes + 1)
-            t = self.cost(b * (p + w))
+            t = self.step_costs(b, p, self.max_nodes)
             self._can_pay[key] = bool(np.any((1 + w[1:]) * t[0] >= self.margin * t[1:]))
         return self._can_pay[key]
+
+    def step_costs(self, b: int, p: int, widest: int) -> np.ndarray:
+        """float[widest + 1]: what a step of ``b`` rows, ``p`` pending tokens each and width ``w`` costs, as
+        the width's rule compares it: ``t(b * (1 + w))``; with a long pending run (the prompt), a plain step's
+        ``t(b)`` plus what the drafts add to that forward, ``t(b * (p + w)) - t(b * p)``: the prompt's own
+        forward is paid whatever the width, and the drafts' tokens are worth what they save of plain steps.
+
+        Example: ``t(k) = 1 + k / 100``, b = 4, p = 100: ``w = 1`` costs ``t(4) + 0.04 = 1.08``, not ``t(404)``,
+        against which 1 expected token would always look free.
+        """
+        w = np.arange(widest + 1)
+        if p == 1:
+            return self.cost(b * (1 + w))
+        return self.cost(b) + self.cost(b * (p + w)) - self.cost(b * p)
 
     def draft(self, rows: list[_Row], p: int) -> tuple[list[Draft], bool]:
         """(each row's draft, trimmed to the step's width; whether the rows' top-k successors are wanted)."""
         b = len(rows)
         if self.cost is not None and not self.batch_can_pay(b, p):
             return [Draft.empty()] * b, False
-        drafts = []
-        for row in rows:
-            drafts.append(row.policy.draft(row.length, self.T + p, row.last_pos).without_window())
-        tops = any(row.policy.recycle_k for row in rows)
+        drafts = [Draft.empty() if row.done else row.policy.draft(row.length, self.T + p, row.last_pos).without_window()
+                  for row in rows]
+        tops = any(row.policy.recycle_k for row in rows if not row.done)
         if self.cost is None or not any(len(d) for d in drafts):
             return drafts, tops
         probs = [row.policy.budget.acceptance.node_probabilities(d) * row.policy.budget.belief.scale()
                  if len(d) else np.zeros(0) for row, d in zip(rows, drafts)]
-        gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for pr in probs]
+        gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for row, pr in zip(rows, probs) if not row.done]
         widest = max(len(d) for d in drafts)
-        width = choose_width(gains, self.cost(b * (p + np.arange(widest + 1))), self.margin)
+        width = choose_width(gains, self.step_costs(b, p, widest), self.margin)
         if width:
             self._since_draft = 0
         else:
@@ -483,9 +505,13 @@ class _BatchCall:
         self.stats.target_calls += 1
         return out.logits[:, -(width + 1):].float()
 
-    def read_rows(self, logits: torch.Tensor, tops_wanted: bool):
-        """(every row's argmax as lists [b][1 + w] when the verdicts need only them, else None; the top-k
-        (ids int64[b * (1 + w), k], logits float32[b * (1 + w), k]) when the rows' model sources want them)."""
+    def read_rows(self, logits: torch.Tensor, drafts: list[Draft], tops_wanted: bool):
+        """(every row's argmax, [b][1 + w] lists, when the verdicts need only them, else None; when the rows'
+        model sources want them, the top-k (ids int64[b * (1 + w), k], logits float32[b * (1 + w), k]) of
+        each row's root and draft nodes: a dummy node's entries are left unset).
+
+        On a CPU, one ``kernels.row_top`` pass over each row's real logits rows (its root and nodes), which
+        gives their argmax too (exactly ``torch.argmax``'s); the dummy nodes are not read."""
         k = max(row.policy.recycle_k for row in (self.rows[r] for r in self.active)) if tops_wanted else 0
         b, q, v = logits.shape
         if not k:
@@ -494,10 +520,14 @@ class _BatchCall:
             am = logits.max(-1).indices if self.argmax_by_max else logits.argmax(-1)
             return am.tolist(), None
         if self.on_cpu:
-            arr = np.ascontiguousarray(logits.detach().reshape(b * q, v).numpy())
+            arr = logits.detach().numpy()  # [b, q, V] float32, read only
             ids, vals = np.empty((b * q, k), np.int64), np.empty((b * q, k), np.float32)
-            am = row_top(arr, k, ids, vals)
-            return (am.reshape(b, q).tolist() if self.plain_greedy else None), (ids, vals)
+            argmax = []
+            for i, d in enumerate(drafts):
+                start, rows = i * q, len(d) + 1
+                argmax.append(row_top(np.ascontiguousarray(arr[i, :rows]), k, ids[start : start + rows],
+                                      vals[start : start + rows]).tolist())
+            return (argmax if self.plain_greedy else None), (ids, vals)
         t = logits.reshape(b * q, v).topk(min(k, v), -1)
         tops = (t.indices.cpu().numpy(), t.values.cpu().numpy())
         return (logits.argmax(-1).tolist() if self.plain_greedy else None), tops
@@ -542,26 +572,46 @@ class _BatchCall:
         ids = self.seq[r : r + 1, :end]
         return any(bool(criterion(ids, None).all()) for criterion in self.other_stops)
 
-    def finish_rows(self) -> None:
+    def finish_rows(self, width: int) -> None:
         """Mark the rows that are done: stopped (with an EOS criterion), or, without one, past the length at
-        which the last row stopped (every row runs to it, as in plain generate)."""
+        which the last row stopped (every row runs to it, as in plain generate). A finished row stops
+        drafting at once; its cache row is dropped (a copy of the whole cache) once the forwards it has
+        cost since it finished, on the cost curve, reach the copy's estimated time (ski rental: at most
+        twice the better of dropping at once and never dropping)."""
         rows = self.rows
         if self.pads:
-            for r in self.active:
-                if rows[r].stop is not None:
-                    rows[r].done = True
+            finished = [r for r in self.active if rows[r].stop is not None]
         else:
-            if all(rows[r].stop is not None for r in range(len(rows))):
+            finished = [r for r in self.active if rows[r].length >= self.max_length]
+            if all(row.stop is not None for row in rows):
                 final = max(row.stop for row in rows)
                 for r in self.active:
                     rows[r].limit = final
-                    if rows[r].length >= final:
-                        rows[r].done = True
-            for r in self.active:
-                if rows[r].length >= self.max_length:
-                    rows[r].done = True
-        keep = [i for i, r in enumerate(self.active) if not rows[r].done]
-        self.compact(keep if len(keep) < len(self.active) else None)
+                finished += [r for r in self.active if rows[r].length >= final]
+        for i, r in enumerate(self.active):
+            if r in finished and not rows[r].done:
+                rows[r].done = True
+                self.vis[i] = False  # nothing of it is attended to any more; a re-alignment drops its columns
+        live = [i for i, r in enumerate(self.active) if not rows[r].done]
+        b = len(self.active)
+        if len(live) == b:
+            self.compact(None)
+            return
+        if self.cost is not None and live:
+            self._dead_cost += float(self.cost(b * (1 + width)) - self.cost(len(live) * (1 + width)))
+            if self._dead_cost < self._cache_bytes() * self._copy_seconds_per_byte:
+                self.compact(None)
+                return
+        t = self.clock()
+        size = self._cache_bytes()
+        self.compact(live)
+        if size:
+            seconds = max(self.clock() - t, 0.0)
+            self._copy_seconds_per_byte = 0.5 * self._copy_seconds_per_byte + 0.5 * seconds / size
+        self._dead_cost = 0.0
+
+    def _cache_bytes(self) -> int:
+        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in _kv_layers(self.cache))
 
     def keep_kv(self, p: int, width: int, keeps: list[list[int]]) -> None:
         """Per row, keep its pending tokens' and accepted nodes' entries at the front of the step's columns."""
@@ -579,8 +629,9 @@ class _BatchCall:
         vis = self.vis
         vis[: len(keeps), start : start + most] = False
         for i, k in enumerate(keeps):
-            vis[i, start : start + p] = self.pending_vis[i]
-            vis[i, start + p : start + len(k)] = True
+            if not self.rows[self.active[i]].done:
+                vis[i, start : start + p] = self.pending_vis[i]
+                vis[i, start + p : start + len(k)] = True
         self.T = start + most
 
     def compact(self, keep: list[int] | None, force: bool = False) -> None:
@@ -614,8 +665,9 @@ class _BatchCall:
 
     def next_pending(self) -> None:
         """Every active row's last emitted token becomes its one pending token."""
-        rows = [self.rows[r] for r in self.active]
-        self.pending = np.array([[row.pending] for row in rows], dtype=np.int64).reshape(len(rows), 1)
+        rows = [self.rows[r] for r in self.active]  # a finished row's pending token: a dummy only it sees
+        self.pending = np.array([[self.fill if row.done else row.pending] for row in rows],
+                                dtype=np.int64).reshape(len(rows), 1)
         self.pending_pos = np.array([[row.last_pos] for row in rows], dtype=np.int64).reshape(len(rows), 1)
         self.pending_vis = np.ones((len(rows), 1), dtype=bool)
 
@@ -630,7 +682,7 @@ class _BatchCall:
         if self.streamer is None:
             return
         if final is None:
-            live = [self.rows[r].length for r in self.active]
+            live = [self.rows[r].length for r in self.active if not self.rows[r].done]
             final = min(live) if live else self.final_length()
         for c in range(self.streamed, final):
             self.streamer.put(self.seq[:, c].cpu().clone())

@@ -81,7 +81,9 @@ def test_greedy_rows_identical_to_plain_batched(tiny, arch, size):
 
 
 @pytest.mark.parametrize("arch", ["llama", "phi3"])
-def test_eos_in_some_rows_pads_them_as_plain_does(tiny, arch):
+@pytest.mark.parametrize("copy_cost", [0.0, 1.0])  # finished rows leave the cache at once / stay to the end
+def test_eos_in_some_rows_pads_them_as_plain_does(tiny, monkeypatch, arch, copy_cost):
+    monkeypatch.setattr(batch_mod, "COPY_SECONDS_PER_BYTE", copy_cost)
     model = tiny(arch)
     inputs = _batch(PROMPTS)
     kw = dict(max_new_tokens=30, do_sample=False, pad_token_id=0)
