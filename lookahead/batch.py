@@ -12,7 +12,8 @@ expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps
    nodes ``w`` (dummy nodes, masked), so a step costs the forward of ``b * (p + w)`` new tokens (``b``
    active rows, ``p`` pending tokens each): ``t(b * (p + w))`` on the call's cost curve. The width
    maximises the expected tokens of all rows per second of that forward; a row that is not copying adds
-   nothing to the gain, so it never buys width that only the others would pay for.
+   nothing to the gain, so it never buys width that only the others would pay for. (At the prompt's step
+   the drafts are priced by what they add to the prompt's forward, :meth:`_BatchCall.step_costs`.)
 3. **pack** (:func:`pack_batch`): ids and positions ``[b, p + w]``, a 4D mask ``[b, 1, p + w, T + p + w]``;
    each row's positions count only its real tokens.
 4. **forward**, then per-row acceptance with ``verify.py``'s functions (greedy or sampled, each row its
@@ -23,8 +24,10 @@ expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps
    squeezed out (:func:`realign_index`, right-aligned) once they exceed :data:`HOLE_SLACK` columns beyond
    the longest row, so the cache never holds more than plain batched decoding's (whose columns are
    the longest row's plus the others' padding) plus ``HOLE_SLACK`` and one step's rows.
-6. **finished rows** leave the batch (their cache rows are dropped): the forward shrinks to the rows
-   still decoding. The output pads them with ``pad_token_id`` exactly as plain ``generate`` does.
+6. **finished rows** stop drafting at once and leave the batch (their cache rows are dropped, a copy of
+   the whole cache) once the forwards they have cost since, on the cost curve, reach that copy's time;
+   the forward then shrinks to the rows still decoding. The output pads them with ``pad_token_id``
+   exactly as plain ``generate`` does.
 
 Plain ``generate``'s batch semantics that the output reproduces: all rows run until every row has
 stopped; with an EOS criterion (``eos_token_id`` set) a stopped row's later tokens are

@@ -51,7 +51,7 @@ How it works (the decisions):
   ``custom_generate=decoder, streamer=s`` spelling, without ``enable``, is routed by the decoder itself
   (see ``compat.streamer_of_calling_generate``).
 - **The implicit default falls back, explicit flags never do.** With ``default=``, a call without a
-  flag that the decoder would refuse (beam search, batch size > 1, anything else its own check
+  flag that the decoder would refuse (beam search, scores of a batch, anything else its own check
   rejects) or that asks for another method (``assistant_model=``,
   ``prompt_lookup_num_tokens=``, ``custom_generate=``) runs plain ``generate``, with a warning naming
   the reason, so that adding the default never breaks an existing call. An explicit ``assistant=`` /
