@@ -242,15 +242,15 @@ def test_the_decoder_routes_the_rows_its_curve_chose_and_restores(arch, monkeypa
     monkeypatch.setattr(cl, "linear_into", lambda x, *a, **kw: (rows_seen.append(x.shape[0]), real(x, *a, **kw)))
     calibrations = Calibrations()
     calibrations.pin(model, CostModel(FLAT, kernel_rows=frozenset(range(2, 65))))  # every step but 1 row
-    dec = LookaheadDecoder(calibrations=calibrations)
+    dec = LookaheadDecoder(calibrations=calibrations, cpu_kernels=True)
     out = model.generate(ids, custom_generate=dec, max_new_tokens=24, eos_token_id=None)
     assert out.tolist() == plain.tolist()
     assert rows_seen and 1 not in rows_seen and set(rows_seen) <= set(range(2, 65))
     assert not any("forward" in m.__dict__ for m in model.modules())  # restored after the call
     rows_seen.clear()  # the switch
-    model.generate(ids, custom_generate=LookaheadDecoder(calibrations=calibrations, cpu_kernels=False),
-                   max_new_tokens=24, eos_token_id=None)
-    assert not rows_seen
+    model.generate(ids, custom_generate=LookaheadDecoder(calibrations=calibrations), max_new_tokens=24,
+                   eos_token_id=None)
+    assert not rows_seen  # off by default
 
 
 def test_the_decoder_restores_the_layers_when_a_call_fails():
@@ -265,7 +265,8 @@ def test_the_decoder_restores_the_layers_when_a_call_fails():
         raise KeyboardInterrupt  # a user's interrupt in the middle of decoding
 
     with pytest.raises(KeyboardInterrupt):
-        model.generate(torch.tensor([[3, 4, 5, 3, 4]]), custom_generate=LookaheadDecoder(calibrations=calibrations),
+        model.generate(torch.tensor([[3, 4, 5, 3, 4]]),
+                       custom_generate=LookaheadDecoder(calibrations=calibrations, cpu_kernels=True),
                        max_new_tokens=8, eos_token_id=None, stopping_criteria=[stop])
     assert not any("forward" in m.__dict__ for m in model.modules())
 
@@ -276,7 +277,7 @@ def test_calibration_times_both_paths_on_a_cpu_and_pinned_curves_win():
 
     model = _float32("llama")
     ticks = iter(range(10**6))
-    dec = LookaheadDecoder(calibrations=Calibrations(), clock=lambda: float(next(ticks)))
+    dec = LookaheadDecoder(calibrations=Calibrations(), clock=lambda: float(next(ticks)), cpu_kernels=True)
     curve = dec.cost_curve(model)  # every forward takes one tick on either path: torch wins ties
     assert curve.kernel_rows == frozenset() and len(curve.points) >= 5
     assert dec.calibrations.get(model, 1, lambda sizes: None, "cpu-kernels") is curve  # measured once
@@ -285,4 +286,4 @@ def test_calibration_times_both_paths_on_a_cpu_and_pinned_curves_win():
     assert torch_only is not curve  # the torch-only variant is measured (and kept) separately
     pinned = dec.calibrations.pin(model, CostModel(FLAT))
     assert dec.cost_curve(model) is pinned
-    assert LookaheadDecoder(calibrations=dec.calibrations, cpu_kernels=False).cost_curve(model) is pinned
+    assert LookaheadDecoder(calibrations=dec.calibrations).cost_curve(model) is pinned
