@@ -500,6 +500,7 @@ class DraftPassSource:
     prior = (3.0, 2.0)  # Beta prior (accepted, rejected) of the acceptance a: 0.6, tried before it is known
     decay = 0.98
     probe_every = (16, 256)  # a depth-2 probe after this many undrafted steps, doubling up to the second
+    hopeless_below = 1.05  # calibrated modelled speed under which the source never drafts (the budget's margin)
 
     def __init__(self, origin: int, factory: DraftFactory, depth: int, branches: int = 1, cost: float = 0.0):
         self.origin, self.factory, self.branches, self.cost_ratio = origin, factory, branches, cost
@@ -510,6 +511,7 @@ class DraftPassSource:
         self.ratio = cost or 0.5
         self._acc, self._tried = 0.0, 0.0
         self._idle, self._probe = 0, self.probe_every[0]
+        self.hopeless = False
 
     def __getstate__(self) -> dict:  # copy / pickle: the drafter and its cache stay behind
         state = dict(self.__dict__)
@@ -533,6 +535,10 @@ class DraftPassSource:
             if self.drafter not in _RATIOS:
                 _RATIOS[self.drafter] = measure_cost_ratio(model, self.drafter)
             self.ratio = _RATIOS[self.drafter]
+        # the calibration's agreement with the target, where one was measured: a chain cannot pay even with free
+        # verification (modelled_speed, the flat-curve bound) -> no draft and no probe for this drafter
+        agreement = self.info.get("agreement")
+        self.hopeless = agreement is not None and modelled_speed(agreement, self.ratio) < self.hopeless_below
         self.cache = self.drafter.new_cache()
         self.tokens: list[int] = [int(t) for t in prompt]
         self.cached: list[int] = []  # the tokens whose keys/values the drafter's cache holds, in order
@@ -542,9 +548,12 @@ class DraftPassSource:
 
     def priced_depth(self, depth: int, cost, margin: float = 1.05) -> int:
         """How deep to draft this step on the cost curve ``cost`` (a ``CostModel``; None: ``depth``), see the
-        module docstring; a probe of at most 2 every so many steps while it pays to draft nothing."""
+        module docstring; a probe of at most 2 every so many steps while it pays to draft nothing; nothing at all
+        when the calibration's agreement says a chain cannot pay even with free verification (``hopeless``)."""
         if cost is None or depth <= 0:
             return depth
+        if self.hopeless:
+            return 0
         d = np.arange(1, depth + 1)
         t1 = float(cost(1))
         rate = (1 + np.cumsum(self.alpha ** d)) / (cost(1 + d) + d * self.ratio * t1)
@@ -625,7 +634,7 @@ class DraftPassSource:
         return {"info": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.info.items()},
                 "cost_ratio": self.ratio, "alpha": self.alpha, "forwards": s.forwards, "seconds": s.seconds,
                 "proposed": s.proposed, "tried": s.tried, "accepted": s.accepted, "steps": s.steps,
-                "drafting_steps": s.drafting_steps}
+                "drafting_steps": s.drafting_steps, "hopeless": self.hopeless}
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -208,8 +208,9 @@ def test_self_draft_greedy_identical(deep_models, arch, kind):
     model = deep_models(arch)
     ids = _prompt()
     ref = model.generate(ids, max_new_tokens=32, do_sample=False)
-    alone = LookaheadDecoder(self_draft=kind, draft_cost=0.3, **ALONE)
-    merged = LookaheadDecoder(self_draft=kind, draft_cost=0.3, draft_branches=2)  # in one tree with the others
+    # a given size: no calibration, whose agreement on a random model would turn the source off (hopeless)
+    alone = LookaheadDecoder(self_draft=kind, self_draft_size=0.5, draft_cost=0.3, **ALONE)
+    merged = LookaheadDecoder(self_draft=kind, self_draft_size=0.5, draft_cost=0.3, draft_branches=2)
     for decoder in (alone, merged):
         out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=decoder)
         assert torch.equal(out, ref), (arch, kind)
@@ -346,3 +347,15 @@ def test_source_cache_follows_the_accepted_prefix():
     with torch.no_grad():
         ids = torch.tensor([list(range(3, 13)) + chain[:2] + [wrong, 7]])
         assert nxt[0] == int(model(input_ids=ids).logits[0, -1].argmax())
+
+
+def test_a_calibration_that_cannot_pay_turns_the_source_off_without_probes():
+    src = DraftPassSource(5, None, depth=6, cost=0.5)
+    src.hopeless = True  # as start() sets it from a calibrated agreement
+    src._acc, src._tried = 95.0, 100.0
+    assert [src.priced_depth(6, CostModel(FLAT)) for _ in range(40)] == [0] * 40  # not even a probe
+    assert src.priced_depth(6, None) == 6  # adaptive=False: drafted as configured
+    from lookahead.selfspec import modelled_speed
+
+    # SmolLM2's early exit after 22 of 30 layers: agreement 0.27 at 0.76 of a target forward
+    assert modelled_speed(0.27, 0.76) < DraftPassSource.hopeless_below <= modelled_speed(0.9, 0.3)
