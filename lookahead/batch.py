@@ -42,7 +42,6 @@ the returned cache (``return_dict_in_generate`` returns the sequences with no ca
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass, field, fields, replace
 
@@ -53,7 +52,7 @@ from . import compat
 from . import kernels as K
 from .cache import NgramTrie
 from .cost import CostModel
-from .cpu_linear import fast_linears
+from .cpu_linear import routed
 from .draft import Draft
 from .kernels import row_top
 from .kv_cache import cache_layers, check_rollbackable
@@ -378,12 +377,7 @@ class _BatchCall:
 
     def run(self):
         """The decode loop, with the model's linear layers on the path the cost curve was measured on."""
-        with contextlib.ExitStack() as stack:
-            if self.kernel_rows:
-                try:
-                    stack.enter_context(fast_linears(self.model, use=self.kernel_rows))
-                except RuntimeError:  # another call routes this model with another calibration: its routing applies
-                    pass
+        with routed(self.model, self.kernel_rows):
             return self.loop()
 
     def loop(self):

@@ -406,6 +406,20 @@ def fast_linears(model: torch.nn.Module, use=None, threads: Callable[[], int] | 
                 _ACTIVE.pop(model, None)
 
 
+@contextlib.contextmanager
+def routed(model: torch.nn.Module, rows: frozenset[int]) -> Iterator[None]:
+    """:func:`fast_linears` for the row counts ``rows`` (a calibrated ``CostModel.kernel_rows``); nothing when
+    ``rows`` is empty, or when another call already routes this model with another set (its routing
+    then applies: both are the calibrated faster path of the same model)."""
+    with contextlib.ExitStack() as stack:
+        if rows:
+            try:
+                stack.enter_context(fast_linears(model, use=rows))
+            except RuntimeError:
+                pass
+        yield
+
+
 def _restore(modules: list) -> None:
     for m in modules:
         m.__dict__.pop("forward", None)

@@ -9,7 +9,6 @@ verdict. Terms are defined in ``config.py``.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from . import compat
 from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, measure_cost_curve
-from .cpu_linear import covered_linears, fast_linears, measure_paths
+from .cpu_linear import covered_linears, measure_paths, routed
 from .draft import Draft
 from .kernels import row_top
 from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
@@ -292,12 +291,7 @@ class _Call:
 
     def run(self):
         """The decode loop, with the model's linear layers on the path the cost curve was measured on."""
-        with contextlib.ExitStack() as stack:
-            if self.kernel_rows:
-                try:
-                    stack.enter_context(fast_linears(self.model, use=self.kernel_rows))
-                except RuntimeError:  # another call routes this model with another calibration: its routing applies
-                    pass
+        with routed(self.model, self.kernel_rows):
             return self.loop()
 
     def loop(self):
