@@ -1,7 +1,7 @@
 """Batched decoding: throughput of ``LookaheadDecoder`` against plain batched ``generate`` (greedy, CPU).
 
     python -m benchmarks.batch [--sizes 1,4,8,16] [--workloads code,chat,mix] [--max-new-tokens 128]
-        [--threads 1] [--out benchmarks/results/batch]
+        [--threads 1] [--device cpu] [--dtype float32] [--out benchmarks/results/batch]
 
 Per workload and batch size ``B``: the first ``B`` prompts of the workload (``code``: code-editing
 prompts, ``chat``: chat questions, ``mix``: alternately a code edit and a chat, starting with the code
@@ -60,7 +60,8 @@ def generated_tokens(out, prompt_len: int, eos: set[int]) -> list[int]:
 def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens: int) -> dict:
     import torch
 
-    inputs = encode(tokenizer, prompts_for(workload, size))
+    inputs = encode(tokenizer, prompts_for(workload, size)).to(model.device)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     kw = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
@@ -68,12 +69,15 @@ def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens:
     with torch.inference_mode():
         for name in ("plain", "ours", "plain-again"):
             extra = {"custom_generate": decoder} if name == "ours" else {}
+            sync()
             t0 = time.perf_counter()
             out = model.generate(**inputs, **kw, **extra)
+            sync()
             runs[name] = (out, time.perf_counter() - t0)
     plain, ours = runs["plain"][0], runs["ours"][0]
     prompt_len = inputs["input_ids"].shape[1]
     tokens = sum(generated_tokens(plain, prompt_len, eos))
+    plain, ours = plain.cpu(), ours.cpu()
     identical = [bool(plain.shape == ours.shape and (plain[i] == ours[i]).all()) for i in range(size)]
     t_plain = (runs["plain"][1] + runs["plain-again"][1]) / 2
     per_row = [s.tokens_per_call for s in getattr(decoder, "row_stats", [decoder.stats])]
@@ -99,7 +103,7 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: str) -> None:
+def plot(results: list[dict], path: str, title: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -114,7 +118,7 @@ def plot(results: list[dict], path: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("generated tokens per second (whole batch)")
-    ax.set_title("SmolLM2-135M fp32, CPU, greedy: batched generate", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -126,6 +130,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workloads", default="mix,code,chat")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--out", default="benchmarks/results/batch")
     args = parser.parse_args(argv)
 
@@ -135,7 +141,7 @@ def main(argv=None) -> int:
     from lookahead.models import load_smollm2
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_smollm2(getattr(torch, args.dtype), args.device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -152,12 +158,14 @@ def main(argv=None) -> int:
     command = "python -m benchmarks.batch " + " ".join(argv if argv is not None else sys.argv[1:])
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | head -1"], capture_output=True, text=True).stdout
     meta = {"command": command.strip(), "cpu": cpu.split(":", 1)[-1].strip(), "cores": os.cpu_count(),
-            "torch_threads": args.threads, "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": args.threads, "device": args.device, "dtype": args.dtype,
+            "gpu": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None, "python": platform.python_version(), "torch": torch.__version__,
             "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "max_new_tokens": args.max_new_tokens,
             "cost_curve": curve.points}
     with open(args.out + ".json", "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
-    plot(results, args.out + ".png")
+    where = "CPU" if args.device == "cpu" else meta["gpu"]
+    plot(results, args.out + ".png", f"SmolLM2-135M {args.dtype}, {where}, greedy: batched generate")
     print(table(results))
     print(json.dumps(meta))
     return 0
