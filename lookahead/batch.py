@@ -315,7 +315,7 @@ class _BatchCall:
             )
         self.cache_kwarg = compat.cache_kwarg_name(model)
         self.keeps_logits = compat.supports_logits_to_keep(model)
-        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        cache = compat.cache_of(model_kwargs)
         self.cache = _new_cache(model) if cache is None else cache
         if self.cache.get_seq_length():
             raise ValueError("LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds "

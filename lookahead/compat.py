@@ -1,7 +1,7 @@
 """Every place where lookahead relies on transformers beyond its documented public API, in one module.
 
 A transformers upgrade that changes one of these breaks here, and ``tests/test_compat.py`` (pinned
-to the installed version) says which. Checked on transformers 5.24.
+to the installed version) says which. Checked on transformers 5.17 and 5.24.
 
 - :func:`streamer_of_calling_generate`: ``generate`` does not hand ``streamer=`` to a callable
   ``custom_generate``; we read it, read-only, from the calling ``generate`` frame.
@@ -10,6 +10,11 @@ to the installed version) says which. Checked on transformers 5.24.
   ``generate`` call with these kwargs would use).
 - :func:`rollbackable_layer_types`: the cache layer classes whose entries can be gathered and cropped.
 - :func:`cache_kwarg_name`: ``cache`` (new) or ``past_key_values`` (old) as the forward's cache argument.
+  (5.17 takes ``cache=`` into ``**kwargs`` and ignores it: the forward then runs without any cache.)
+- :func:`cache_of`: the cache ``generate`` prepared, under whichever of :data:`CACHE_KWARGS` it used
+  (5.17 hands Mamba-like models ``cache_params``).
+- :func:`crop_cache`: ``Cache.crop(-n)`` that skips layers holding nothing (5.17's ``DynamicLayer.crop``
+  fails on one; 5.24 skips it itself).
 - :func:`decoder_only_output`: ``GenerateDecoderOnlyOutput`` with the cache under its current field name.
 - :func:`host_stopping`: the attributes of ``MaxLengthCriteria`` and ``EosTokenCriteria`` that let the
   decoder check those two on the host instead of running tensor code per token.
@@ -22,7 +27,10 @@ from __future__ import annotations
 import inspect
 import sys
 
-TESTED_TRANSFORMERS = "5.24"
+TESTED_TRANSFORMERS = ("5.17", "5.24")  # str.startswith takes the tuple
+
+# the model kwargs under which generate() hands over the cache it prepared (newest name first)
+CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
 
 
 def streamer_of_calling_generate(custom_generate, depth: int = 2):
@@ -70,6 +78,33 @@ def rollbackable_layer_types() -> tuple[type, type]:
 def cache_kwarg_name(model) -> str:
     """The forward's name for the KV cache: ``cache`` where supported, else ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cache_of(model_kwargs: dict):
+    """The cache in ``generate``'s ``model_kwargs`` (under any of :data:`CACHE_KWARGS`), or None."""
+    for name in CACHE_KWARGS:
+        cache = model_kwargs.get(name)
+        if cache is not None:
+            return cache
+    return None
+
+
+def crop_cache(cache, n: int) -> None:
+    """Drop the last ``n`` entries of every layer of ``cache`` that holds any (``cache.crop(-n)``).
+
+    A lazily grown cache (a layer-skipping drafter's, or layers that share another layer's KV) has
+    layers that were never written; transformers 5.24 skips them in ``crop``, 5.17 raises on them
+    (``keys`` is None). Then only the initialised layers are cropped, one by one, as ``Cache.crop`` does.
+    """
+    if n <= 0:
+        return
+    layers = getattr(cache, "layers", None)
+    if layers is None or all(getattr(layer, "is_initialized", True) for layer in layers):
+        cache.crop(-n)
+        return
+    for layer in layers:
+        if getattr(layer, "is_initialized", True):
+            layer.crop(-n)
 
 
 def decoder_only_output(sequences, scores, logits, cache):

@@ -198,11 +198,17 @@ def set_cost_curve(model, points: Sequence[tuple[int, float]], calibrations: Cal
     return (calibrations or DEFAULT_CALIBRATIONS).pin(model, points)
 
 
-def measure_cost_curve(model, cache_factory, sizes: Sequence[int], cache_kwarg: str = "cache",
+def measure_cost_curve(model, cache_factory, sizes: Sequence[int], cache_kwarg: str | None = None,
                        keeps_logits: bool = True, context: int = 128, repeats: int = 2,
                        clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """Time one forward for each ``k`` in ``sizes`` after a ``context``-token prefill; each ``k`` keeps
-    the fastest of ``repeats`` runs. About 3 s for SmolLM2-135M on one core of a 2-core CPU."""
+    the fastest of ``repeats`` runs. About 3 s for SmolLM2-135M on one core of a 2-core CPU.
+    ``cache_kwarg``: the forward's name for the cache, by default the model's own
+    (:func:`lookahead.compat.cache_kwarg_name`)."""
+    if cache_kwarg is None:
+        from .compat import cache_kwarg_name
+
+        cache_kwarg = cache_kwarg_name(model)
     device = model.device
     limit = getattr(model.config, "max_position_embeddings", None) or 4096
     context = max(1, min(context, limit - max(sizes) - 1))

@@ -33,7 +33,7 @@ from .tuning import BudgetTuning
 from .verify import PositionUniforms, Verdict, greedy_verify_argmax, verify
 
 # model kwargs that generate() prepares and that the decoder handles itself
-_HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", "cache", "past_key_values"}
+_HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", *compat.CACHE_KWARGS}
 
 
 class LookaheadDecoder:
@@ -244,7 +244,7 @@ class _Call:
                 "this model's tokenizer (NgramTrie.load(path, vocab_size=..., tokenizer_id=...) checks it when "
                 "the store was saved with them)."
             )
-        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        cache = compat.cache_of(model_kwargs)
         self.cache = DynamicCache(config=model.config) if cache is None else cache
         self.forward_kwargs[self.cache_kwarg] = self.cache
         kv_window = _check_cache_layers(self.cache, max_length)

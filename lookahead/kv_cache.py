@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from transformers import Cache
 
+from .compat import crop_cache
+
 
 class CacheNotRollbackable(ValueError):
     """The model's cache cannot drop entries, so rejected drafts could not be undone."""
@@ -57,5 +59,4 @@ def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
             idx = src + start
             layer.keys[..., start : start + n_keep, :] = layer.keys.index_select(-2, idx)
             layer.values[..., start : start + n_keep, :] = layer.values.index_select(-2, idx)
-    if n_new > n_keep:
-        cache.crop(-(n_new - n_keep))  # a negative count crops on every transformers version
+    crop_cache(cache, n_new - n_keep)  # a negative count crops on every transformers version

@@ -33,9 +33,25 @@ def load_smollm2(dtype=None, device: str | None = None):
     with quiet_loading():
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype or torch.float32)
+    _special_tokens_from_model(tok, model)
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+def _special_tokens_from_model(tok, model) -> None:
+    """Give the GGUF tokenizer the model's EOS and padding tokens where it lacks or differs on them.
+
+    transformers 5.24 reads both from the GGUF file (``<|im_end|>``, id 2, for each); 5.17 gives the
+    tokenizer ``<|im_start|>`` (id 1) as EOS and no padding token, while the model's configs still say 2.
+    """
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    if isinstance(eos, int) and getattr(tok, "eos_token_id", eos) != eos:
+        tok.eos_token = tok.convert_ids_to_tokens(eos)
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    if isinstance(pad, int) and getattr(tok, "pad_token", "") is None:
+        tok.pad_token = tok.convert_ids_to_tokens(int(pad))
 
 
 @contextlib.contextmanager

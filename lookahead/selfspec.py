@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .compat import crop_cache
 from .draft import DRAFT_MODEL, EARLY_EXIT, LAYER_SKIP, LOW_RANK
 from .proposer import Proposal
 
@@ -582,7 +583,7 @@ class DraftPassSource:
         if depth <= 0 or self.drafter is None:
             return None
         if len(self.cached) >= len(self.tokens):  # a stop cut the emitted tokens inside the chain: re-feed the last
-            self.cache.crop(-(len(self.cached) - len(self.tokens) + 1))
+            crop_cache(self.cache, len(self.cached) - len(self.tokens) + 1)
             del self.cached[len(self.tokens) - 1:]
         logits = self._forward(self.tokens[len(self.cached):])
         tokens, parents, match, chain = [], [], [], []
@@ -625,7 +626,7 @@ class DraftPassSource:
             return
         keep = old + _common_prefix(self.cached[old:], emitted)
         if keep < len(self.cached):
-            self.cache.crop(-(len(self.cached) - keep))
+            crop_cache(self.cache, len(self.cached) - keep)
             del self.cached[keep:]
 
     def report(self) -> dict:

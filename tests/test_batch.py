@@ -36,6 +36,7 @@ from lookahead.batch import (
     step_gather_index,
     top_nodes,
 )
+from lookahead.compat import cache_kwarg_name
 from lookahead.draft import Draft
 
 REP = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
@@ -119,9 +120,10 @@ def test_cache_never_holds_more_than_plain_plus_one_step(tiny):
     model = tiny("llama")
     inputs = _batch(PROMPTS)
     seen = []
+    kw = cache_kwarg_name(model)  # `cache` on transformers 5.24, `past_key_values` on 5.17
 
     def hook(module, args, kwargs):
-        seen.append((kwargs["cache"].get_seq_length(), kwargs["input_ids"].shape[1]))
+        seen.append((kwargs[kw].get_seq_length(), kwargs["input_ids"].shape[1]))
 
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -335,7 +337,9 @@ def test_small_helpers_docstring_examples():
     assert step_gather_index([[0, 2, 3], [0]], 3).tolist() == [[0, 2, 3], [0, 0, 0]]
     idx, vis = realign_index(np.array([[False, True, False, True], [True, True, True, False]]))
     assert idx.tolist() == [[1, 1, 3], [0, 1, 2]] and vis.tolist() == [[False, True, True], [True, True, True]]
-    procs = row_processors([RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=torch.tensor([2, 0]))], 1, 2)
+    penalty = RepetitionPenaltyLogitsProcessor(1.3)
+    penalty.prompt_ignore_length = torch.tensor([2, 0])  # as generate builds it on 5.24 (5.17's __init__ takes ints only)
+    procs = row_processors([penalty], 1, 2)
     assert procs[0].prompt_ignore_length.tolist() == [0]
 
 

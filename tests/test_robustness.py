@@ -37,6 +37,7 @@ from transformers import StaticCache, StoppingCriteria, StoppingCriteriaList
 import lookahead
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.cache import NgramTrie
+from lookahead.compat import cache_kwarg_name
 from lookahead.kv_cache import CacheNotRollbackable
 
 PROMPT = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
@@ -196,8 +197,8 @@ def test_a_static_cache_object_is_refused_before_any_forward(tiny_models):
     model = tiny_models("llama")
     with _CountForwards(model) as fw:
         with pytest.raises(CacheNotRollbackable, match="StaticLayer"):
-            model.generate(IDS, custom_generate=LookaheadDecoder(), max_new_tokens=5,
-                           cache=StaticCache(config=model.config, max_cache_len=64))
+            model.generate(IDS, custom_generate=LookaheadDecoder(), max_new_tokens=5,  # `cache` or (5.17) `past_key_values`
+                           **{cache_kwarg_name(model): StaticCache(config=model.config, max_cache_len=64)})
     assert fw.n == 0
 
 

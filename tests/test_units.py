@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
+from lookahead.compat import cache_kwarg_name
 from lookahead.kv_cache import keep_entries
 from lookahead.tree import pack_step, tree_depths
 from lookahead.verify import children_lists, greedy_verify, greedy_verify_argmax
@@ -166,11 +167,12 @@ def test_compacted_cache_matches_plain_decoding(tiny_models):
     cache = DynamicCache(config=model.config)
     pos = torch.arange(4)[None]
     ids, tpos, mask = pack_step(prompt, pos, tree_tokens, tree_parents, None, 0, model.dtype)
-    model(input_ids=ids, position_ids=tpos, attention_mask=mask, cache=cache, use_cache=True)
+    kw = cache_kwarg_name(model)  # `cache` on 5.24, `past_key_values` on 5.17 (which ignores `cache=`)
+    model(input_ids=ids, position_ids=tpos, attention_mask=mask, use_cache=True, **{kw: cache})
     keep_entries(cache, n_new=8, keep=[0, 1, 2, 3, 5, 6, 7])
 
     ref = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([[3, 10, 11, 12, 30, 31, 32]]), cache=ref, use_cache=True)
+    model(input_ids=torch.tensor([[3, 10, 11, 12, 30, 31, 32]]), use_cache=True, **{kw: ref})
     assert cache.get_seq_length() == ref.get_seq_length() == 7
     for a, b in zip(cache.layers, ref.layers):
         torch.testing.assert_close(a.keys, b.keys, rtol=1e-9, atol=1e-9)
