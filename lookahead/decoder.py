@@ -367,8 +367,9 @@ class _Call:
             argmax = row_top(arr, top, ids, vals)
             return (argmax if every_argmax else None), (ids[:rows], vals[:rows])
         t = logits[:rows].topk(min(top, logits.shape[-1]), -1)
-        cuda = self.device.type == "cuda"
-        successors = (t.indices.to("cpu", non_blocking=cuda).numpy(), t.values.to("cpu", non_blocking=cuda).numpy())
+        # non-blocking only when the argmax's blocking copy below waits for it: else no sync would follow
+        queue = self.device.type == "cuda" and every_argmax
+        successors = (t.indices.to("cpu", non_blocking=queue).numpy(), t.values.to("cpu", non_blocking=queue).numpy())
         return (logits.argmax(-1).cpu().numpy() if every_argmax else None), successors
 
     def verify(self, logits: torch.Tensor, draft: Draft, argmax: np.ndarray | None) -> tuple[Verdict, list[int] | None]:
