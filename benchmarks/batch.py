@@ -1,7 +1,7 @@
 """Batched decoding: throughput of ``LookaheadDecoder`` against plain batched ``generate`` (greedy, CPU).
 
     python -m benchmarks.batch [--sizes 1,4,8,16] [--workloads code,chat,mix] [--max-new-tokens 128]
-        [--threads 1] [--device cpu] [--dtype float32] [--out benchmarks/results/batch]
+        [--threads 1] [--device cpu] [--dtype float32] [--compare-padded] [--out benchmarks/results/batch]
 
 Per workload and batch size ``B``: the first ``B`` prompts of the workload (``code``: code-editing
 prompts, ``chat``: chat questions, ``mix``: alternately a code edit and a chat, starting with the code
@@ -57,7 +57,7 @@ def generated_tokens(out, prompt_len: int, eos: set[int]) -> list[int]:
     return counts
 
 
-def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens: int) -> dict:
+def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens: int, padded=None) -> dict:
     import torch
 
     inputs = encode(tokenizer, prompts_for(workload, size)).to(model.device)
@@ -67,8 +67,9 @@ def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens:
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
     runs = {}
     with torch.inference_mode():
-        for name in ("plain", "ours", "plain-again"):
-            extra = {"custom_generate": decoder} if name == "ours" else {}
+        names = ("plain", "ours") + (("ours-padded",) if padded is not None else ()) + ("plain-again",)
+        for name in names:
+            extra = {"custom_generate": {"ours": decoder, "ours-padded": padded}[name]} if name.startswith("ours") else {}
             sync()
             t0 = time.perf_counter()
             out = model.generate(**inputs, **kw, **extra)
@@ -79,6 +80,13 @@ def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens:
     tokens = sum(generated_tokens(plain, prompt_len, eos))
     plain, ours = plain.cpu(), ours.cpu()
     identical = [bool(plain.shape == ours.shape and (plain[i] == ours[i]).all()) for i in range(size)]
+    extra = {}
+    if padded is not None:  # the same decoder with one padded prompt forward (batch_prefill="padded")
+        other = runs["ours-padded"][0].cpu()
+        extra = {"ours_padded_s": runs["ours-padded"][1], "speedup_padded": t_plain_of(runs) / runs["ours-padded"][1],
+                 "identical_rows_padded": sum(bool(plain.shape == other.shape and (plain[i] == other[i]).all())
+                                              for i in range(size)),
+                 "prefill_groups": getattr(decoder, "prefill_groups", None)}
     t_plain = (runs["plain"][1] + runs["plain-again"][1]) / 2
     per_row = [s.tokens_per_call for s in getattr(decoder, "row_stats", [decoder.stats])]
     return {
@@ -87,8 +95,12 @@ def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens:
         "plain_tok_s": tokens / t_plain, "ours_tok_s": tokens / runs["ours"][1],
         "speedup": t_plain / runs["ours"][1], "aa": runs["plain-again"][1] / runs["plain"][1],
         "tokens_per_call_per_row": sum(per_row) / len(per_row), "target_calls": decoder.stats.target_calls,
-        "identical_rows": sum(identical), "rows": size,
+        "identical_rows": sum(identical), "rows": size, **extra,
     }
+
+
+def t_plain_of(runs: dict) -> float:
+    return (runs["plain"][1] + runs["plain-again"][1]) / 2
 
 
 def table(results: list[dict]) -> str:
@@ -100,6 +112,13 @@ def table(results: list[dict]) -> str:
                      f"{r['plain_tok_s']:.1f} | {r['ours_tok_s']:.1f} | {r['speedup']:.2f}x | "
                      f"{r['tokens_per_call_per_row']:.2f} | {r['target_calls']} | {r['aa']:.2f} | "
                      f"{r['identical_rows']}/{r['rows']} |")
+    if any("speedup_padded" in r for r in results):
+        lines += ["", "| workload | batch | speed-up (prompt in groups, the default) | speed-up (one padded prompt forward) "
+                  "| prompt groups (row indices) | identical rows (padded) |", "|---|---|---|---|---|---|"]
+        for r in results:
+            if "speedup_padded" in r:
+                lines.append(f"| {r['workload']} | {r['batch']} | {r['speedup']:.2f}x | {r['speedup_padded']:.2f}x | "
+                             f"{r['prefill_groups']} | {r['identical_rows_padded']}/{r['rows']} |")
     return "\n".join(lines)
 
 
@@ -132,6 +151,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--compare-padded", action="store_true",
+                        help="also run the decoder with batch_prefill='padded' (one padded prompt forward)")
     parser.add_argument("--out", default="benchmarks/results/batch")
     args = parser.parse_args(argv)
 
@@ -151,7 +172,8 @@ def main(argv=None) -> int:
         curve = LookaheadDecoder().cost_curve(model)
     for workload in args.workloads.split(","):
         for size in sizes:  # a fresh decoder: no table learned from the same prompts at a smaller size
-            r = measure(model, tokenizer, LookaheadDecoder(), workload, size, args.max_new_tokens)
+            padded = LookaheadDecoder(batch_prefill="padded") if args.compare_padded else None
+            r = measure(model, tokenizer, LookaheadDecoder(), workload, size, args.max_new_tokens, padded)
             r["load_avg_1m"] = os.getloadavg()[0]
             results.append(r)
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)

@@ -14,6 +14,11 @@ expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps
    maximises the expected tokens of all rows per second of that forward; a row that is not copying adds
    nothing to the gain, so it never buys width that only the others would pay for. (At the prompt's step
    the drafts are priced by what they add to the prompt's forward, :meth:`_BatchCall.step_costs`.)
+   **The prompt's step**, when the prompts' lengths differ enough that the cost curve says so
+   (:func:`prefill_groups`; a CPU, where a forward's cost grows with its tokens): the rows are prefilled in
+   groups of similar length, each group padded only to its own longest row, and their keys/values are
+   placed, left-padded, into the batch's cache; plain ``generate`` computes every padding position. No
+   drafts at that step. ``LookaheadConfig(batch_prefill="padded")`` keeps one padded forward.
 3. **pack** (:func:`pack_batch`): ids and positions ``[b, p + w]``, a 4D mask ``[b, 1, p + w, T + p + w]``;
    each row's positions count only its real tokens.
 4. **forward**, then per-row acceptance with ``verify.py``'s functions (greedy or sampled, each row its
@@ -113,6 +118,46 @@ def choose_width(gains: list[np.ndarray], cost: np.ndarray, margin: float = 1.05
     if best and rate[best] < margin * rate[0]:
         return 0
     return best
+
+
+PREFILL_MARGIN = 1.1
+"""Grouped prefill must be estimated this much cheaper than one padded forward (its extra forwards' host
+work is not on the cost curve)."""
+
+
+def prefill_groups(lengths: np.ndarray, cost, margin: float = PREFILL_MARGIN) -> list[np.ndarray] | None:
+    """The rows of a left-padded prompt batch in groups, each prefilled by its own forward padded only to
+    its longest row, when the cost curve puts the groups' forwards below one forward of the whole padded
+    batch by ``margin``; None when it does not (or the rows are equally long).
+
+    ``lengths``: int[b], each row's real prompt tokens. A group of ``g`` rows whose longest has ``l``
+    tokens costs ``t(g * l)``; an optimal split is a run of the rows sorted by length (moving a row to
+    the group of rows of its length never costs more), found by dynamic programming over the cut points.
+
+    Example: lengths [10, 200, 12, 190], ``t(k) = 0.1 + 0.001 k``: one padded forward is t(4 x 200) = 0.9 s;
+    the groups [0, 2] (t(2 x 12) = 0.124 s) and [3, 1] (t(2 x 200) = 0.5 s) cost 0.624 s, below 0.9 / 1.1;
+    each row alone would cost 0.812 s. Returns [array([0, 2]), array([3, 1])].
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n < 2 or lengths.min() < 1 or lengths.min() == lengths.max():
+        return None
+    order = np.argsort(lengths, kind="stable")
+    sl = lengths[order]
+    best = np.zeros(n + 1)
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):  # best[j]: rows order[:j] in groups; the last group is order[i:j]
+        i = np.arange(j)
+        total = best[:j] + cost((j - i) * sl[j - 1])
+        cut[j] = int(np.argmin(total))
+        best[j] = total[cut[j]]
+    if best[n] * margin >= float(cost(n * sl[-1])):
+        return None
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
 
 
 def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
@@ -368,6 +413,7 @@ class _BatchCall:
             policy.start(prompt, limits, FLAT if cost is not None else None, model)
             self.rows.append(_Row(policy, prompt, length, self.max_length, last_pos=int(self.pending_pos[i, -1]),
                                   uniforms=PositionUniforms() if sampling else None))
+        decoder.prefill_groups = None  # the prompt's row groups when it was prefilled in groups (prefill())
         self.active = list(range(b))  # the rows in the cache, in its batch order
         self.T = 0  # cache columns
         self.vis = np.zeros((b, cap + HOLE_SLACK + 2 * (self.max_nodes + 1) + length), dtype=bool)
@@ -387,14 +433,21 @@ class _BatchCall:
             t0 = clock()
             rows = [self.rows[r] for r in self.active]  # the cache's rows: a finished one waits to be dropped
             p = self.pending.shape[1]
-            drafts, tops_wanted = self.draft(rows, p)
-            width = max((len(d) for d in drafts), default=0)
-            width = self.fit_kv_window(p, width, drafts)
-            col_visible = np.concatenate([self.vis[: len(rows), : self.T], self.pending_vis], axis=1)
-            ids, pos, mask = pack_batch(self.pending, self.pending_pos, col_visible, drafts, width, self.dtype,
-                                        self.device)
-            t1 = clock()
-            logits = self.forward(ids, pos, mask, width)  # [b, 1 + w, V]
+            groups = self.prefill_plan()
+            if groups is not None:  # the prompt, in groups of rows of similar length; no drafts this step
+                drafts, width = [Draft.empty()] * len(rows), 0
+                tops_wanted = any(row.policy.recycle_k for row in rows)
+                t1 = clock()
+                logits = self.prefill(groups)  # [b, 1, V]
+            else:
+                drafts, tops_wanted = self.draft(rows, p)
+                width = max((len(d) for d in drafts), default=0)
+                width = self.fit_kv_window(p, width, drafts)
+                col_visible = np.concatenate([self.vis[: len(rows), : self.T], self.pending_vis], axis=1)
+                ids, pos, mask = pack_batch(self.pending, self.pending_pos, col_visible, drafts, width, self.dtype,
+                                            self.device)
+                t1 = clock()
+                logits = self.forward(ids, pos, mask, width)  # [b, 1 + w, V]
             if not checked:
                 check_rollbackable(self.cache)
                 checked = True
@@ -431,6 +484,52 @@ class _BatchCall:
         return self.output()
 
     # -- one step's parts ------------------------------------------------------------------------------------
+
+    def prefill_plan(self) -> list[np.ndarray] | None:
+        """At the prompt's step: the rows' prefill groups (:func:`prefill_groups`), or None for one padded
+        forward (the prefill is not grouped with a pinned flat curve, a sliding-window or shared-KV cache,
+        ``batch_prefill="padded"``, or when the groups would not pay)."""
+        if self.T or self.cost is None or self.decoder.config.batch_prefill == "padded" or self.kv_window is not None:
+            return None
+        if not _plain_layers(self.cache):
+            return None
+        return prefill_groups(self.pending_vis.sum(1), self.cost)
+
+    def prefill(self, groups: list[np.ndarray]) -> torch.Tensor:
+        """The prompt's forward in groups of rows, each padded only to its longest row, into caches of their
+        own whose entries are then placed, left-padded, into the batch's cache: what one padded forward
+        would have written at the real columns (the padding columns hold zeros, masked as before).
+        Returns the float logits [b, 1, V] of every row's last prompt token."""
+        b, length = self.pending.shape
+        logits, full = None, None
+        for g in groups:
+            width = int(self.pending_vis[g].sum(1).max())
+            ids, pos, mask = pack_batch(self.pending[g][:, -width:], self.pending_pos[g][:, -width:],
+                                        self.pending_vis[g][:, -width:], [Draft.empty()] * len(g), 0, self.dtype,
+                                        self.device)
+            cache = _new_cache(self.model)
+            kwargs = {"use_cache": True, self.cache_kwarg: cache}
+            if self.keeps_logits:
+                kwargs["logits_to_keep"] = 1
+            out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
+            self.stats.target_calls += 1
+            rows = torch.from_numpy(g).to(self.device)
+            if logits is None:
+                logits = torch.empty((b, 1, out.logits.shape[-1]), dtype=torch.float32, device=self.device)
+            logits[rows] = out.logits[:, -1:].float()
+            layers = cache_layers(cache)
+            if full is None:  # per layer: keys and values [b, heads, length, head_dim], zeros where padded
+                full = [(layer.keys.new_zeros((b, *layer.keys.shape[1:2], length, layer.keys.shape[3])),
+                         layer.values.new_zeros((b, *layer.values.shape[1:2], length, layer.values.shape[3])))
+                        for layer in layers]
+            for (keys, values), layer in zip(full, layers):
+                keys[rows, :, length - width :] = layer.keys
+                values[rows, :, length - width :] = layer.values
+            del cache, out
+        for i, (keys, values) in enumerate(full):
+            self.cache.update(keys, values, i)
+        self.decoder.prefill_groups = [g.tolist() for g in groups]
+        return logits
 
     def batch_can_pay(self, b: int, p: int) -> bool:
         """Whether any width could pay at ``b`` rows and ``p`` pending tokens, were every node accepted."""
@@ -714,3 +813,14 @@ def _kv_layers(cache) -> list:
     """The cache layers holding keys/values (layers sharing another's KV are skipped)."""
     return [layer for layer in cache_layers(cache)
             if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel()]
+
+
+def _plain_layers(cache) -> bool:
+    """Whether every layer of the (empty) ``cache`` is a plain ``DynamicLayer``, one per decoder layer: then
+    a layer's entries can be handed over whole with ``cache.update`` (a sliding-window layer's update would
+    keep only its window)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = cache_layers(cache)
+    return bool(layers) and all(type(layer) is DynamicLayer and not getattr(layer, "is_initialized", False)
+                                for layer in layers)

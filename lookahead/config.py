@@ -100,6 +100,13 @@ class LookaheadConfig:
     - ``draft_branches``: tokens drafted per depth (the chain's, plus runner-ups as leaves).
     - ``draft_cost``: one draft forward's cost as a fraction of one target forward, which prices the draft
       passes against the cost curve; 0 measures it once per model.
+
+    Batches (``batch.py``):
+
+    - ``batch_prefill``: ``"auto"`` prefills left-padded prompts of different lengths in groups of similar
+      length (each group padded only to its own longest row) when the cost curve puts that below one
+      forward of the whole padded batch (on a CPU; never with a flat curve, as on a GPU); ``"padded"``:
+      always one padded forward, as plain ``generate``.
     """
 
     ngram_size: int = 12
@@ -128,6 +135,7 @@ class LookaheadConfig:
     draft_depth: int = 6
     draft_branches: int = 1
     draft_cost: float = 0.0
+    batch_prefill: str = "auto"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -213,3 +221,5 @@ class LookaheadConfig:
             raise _bad("draft_branches", self.draft_branches, "must be in [1, 8]")
         if not 0.0 <= self.draft_cost <= 100.0:
             raise _bad("draft_cost", self.draft_cost, "must be in [0, 100] (0: measured)")
+        if self.batch_prefill not in ("auto", "padded"):
+            raise _bad("batch_prefill", self.batch_prefill, "must be 'auto' or 'padded'")

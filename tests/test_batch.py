@@ -31,12 +31,14 @@ from lookahead import LookaheadDecoder, NgramTrie
 from lookahead.batch import (
     choose_width,
     pack_batch,
+    prefill_groups,
     realign_index,
     row_processors,
     step_gather_index,
     top_nodes,
 )
 from lookahead.compat import cache_kwarg_name
+from lookahead.cost import CostModel
 from lookahead.draft import Draft
 
 REP = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
@@ -367,3 +369,69 @@ def test_smollm_batch_greedy_identical(smollm):
     plain, ours, _ = _both(model, dict(inputs), dec, max_new_tokens=12, do_sample=False, pad_token_id=pad)
     assert ours.tolist() == plain.tolist()
     assert dec.stats.accepted > 0  # the code row copies (the slowest row sets the number of forwards)
+
+
+# -- the prompt's forward in groups of similar length ---------------------------------------------------------
+
+LINEAR = ((1, 0.01), (2, 0.02), (64, 0.64))
+"""A forward's cost proportional to its tokens (no fixed part): each prompt length is best prefilled alone."""
+
+
+def test_prefill_groups_docstring_example():
+    cost = lambda k: 0.1 + 0.001 * np.asarray(k, dtype=float)  # noqa: E731
+    groups = prefill_groups(np.array([10, 200, 12, 190]), cost)
+    assert [g.tolist() for g in groups] == [[0, 2], [3, 1]]
+
+
+def test_prefill_groups_only_when_they_pay():
+    flat = lambda k: 0.02 + 0.0 * np.asarray(k, dtype=float)  # noqa: E731  (a GPU: any forward costs the same)
+    assert prefill_groups(np.array([10, 200, 12, 190]), flat) is None
+    linear = CostModel(LINEAR)
+    assert prefill_groups(np.array([7, 7, 7]), linear) is None  # equally long: nothing is padded
+    assert prefill_groups(np.array([9]), linear) is None
+    # proportional cost: every length alone, shortest first; a margin above the saving keeps one forward
+    assert [g.tolist() for g in prefill_groups(np.array([17, 10, 11, 2]), linear)] == [[3], [1], [2], [0]]
+    assert prefill_groups(np.array([17, 16, 16, 16]), linear, margin=1.1) is None  # 4 x 17 = 68 vs 65 tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "gemma", "phi3"])
+def test_grouped_prefill_rows_identical_to_plain(tiny, arch):
+    model = tiny(arch)
+    inputs = _batch(PROMPTS)  # real lengths 17, 10, 11, 2
+    dec = LookaheadDecoder(cost_curve=LINEAR)
+    plain, ours, _ = _both(model, inputs, dec, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert dec.prefill_groups == [[3], [1], [2], [0]]  # the prompt went in four forwards, one per length
+    assert ours.shape == plain.shape and ours.tolist() == plain.tolist()
+
+
+def test_grouped_prefill_with_eos_and_padded_off(tiny):
+    model = tiny("llama")
+    inputs = _batch(PROMPTS)
+    kw = dict(max_new_tokens=30, do_sample=False, pad_token_id=0)
+    width = inputs["input_ids"].shape[1]
+    eos = int(model.generate(**inputs, **kw, eos_token_id=None)[0, width + 4])
+    dec = LookaheadDecoder(cost_curve=LINEAR)
+    plain, ours, _ = _both(model, inputs, dec, **kw, eos_token_id=eos)
+    assert dec.prefill_groups is not None and ours.tolist() == plain.tolist()
+    padded = LookaheadDecoder(cost_curve=LINEAR, batch_prefill="padded")
+    again = model.generate(**inputs, **kw, eos_token_id=eos, custom_generate=padded)
+    assert padded.prefill_groups is None and again.tolist() == plain.tolist()
+
+
+def test_grouped_prefill_not_for_a_sliding_window_cache(tiny):
+    model = tiny("mistral")  # DynamicSlidingWindowLayer: its update keeps only the window; one padded forward
+    dec = LookaheadDecoder(cost_curve=LINEAR)
+    plain, ours, _ = _both(model, _batch(PROMPTS), dec, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    assert dec.prefill_groups is None and ours.tolist() == plain.tolist()
+
+
+def test_grouped_prefill_on_the_sampled_path(tiny):
+    """Sampled decoding reads the grouped prefill's logits too: with top_k=1 it must give greedy's rows."""
+    model = tiny("llama")
+    inputs = _batch(PROMPTS)
+    greedy = model.generate(**inputs, max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=None)
+    dec = LookaheadDecoder(cost_curve=LINEAR)
+    ours = model.generate(**inputs, max_new_tokens=16, do_sample=True, top_k=1, pad_token_id=0, eos_token_id=None,
+                          custom_generate=dec)
+    assert dec.prefill_groups is not None and ours.tolist() == greedy.tolist()
