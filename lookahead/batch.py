@@ -499,7 +499,10 @@ class _BatchCall:
         """The prompt's forward in groups of rows, each padded only to its longest row, into caches of their
         own whose entries are then placed, left-padded, into the batch's cache: what one padded forward
         would have written at the real columns (the padding columns hold zeros, masked as before).
-        Returns the float logits [b, 1, V] of every row's last prompt token."""
+        Returns the float logits [b, 1, V] of every row's last prompt token.
+
+        Memory: at most the prompt's keys/values once, plus one group's cache (while it runs) or one layer's
+        (while it is handed over), where one padded forward holds the prompt's once plus its activations."""
         b, length = self.pending.shape
         logits, full = None, None
         for g in groups:
@@ -526,8 +529,11 @@ class _BatchCall:
                 keys[rows, :, length - width :] = layer.keys
                 values[rows, :, length - width :] = layer.values
             del cache, out
-        for i, (keys, values) in enumerate(full):
+        for i in range(len(full)):  # update copies each layer into the cache: drop ours as it goes
+            keys, values = full[i]
+            full[i] = None
             self.cache.update(keys, values, i)
+            del keys, values
         self.decoder.prefill_groups = [g.tolist() for g in groups]
         return logits
 
