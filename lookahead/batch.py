@@ -11,9 +11,12 @@ expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps
 2. **width, for the batch** (:func:`choose_width`): all rows are padded to the same number of draft
    nodes ``w`` (dummy nodes, masked), so a step costs the forward of ``b * (p + w)`` new tokens (``b``
    active rows, ``p`` pending tokens each): ``t(b * (p + w))`` on the call's cost curve. The width
-   maximises the expected tokens of all rows per second of that forward; a row that is not copying adds
-   nothing to the gain, so it never buys width that only the others would pay for. (At the prompt's step
-   the drafts are priced by what they add to the prompt's forward, :meth:`_BatchCall.step_costs`.)
+   maximises the time it saves the batch until its last row ends, net of what it adds to this forward:
+   a token of the row expected to end last saves a step of the batch's tail, any other row's only its
+   share of the steps it is in (:func:`token_values`). So a row that is not copying never buys width
+   that only the others would pay for, and rows that will end early anyway buy little of it on a CPU (on
+   a GPU, where width costs nothing, every row drafts). (At the prompt's step the drafts are priced by
+   what they add to the prompt's forward, :meth:`_BatchCall.step_costs`.)
    **The prompt's step**, when the prompts' lengths differ enough that the cost curve says so
    (:func:`prefill_groups`; a CPU, where a forward's cost grows with its tokens): the rows are prefilled in
    groups of similar length, each group padded only to its own longest row, and their keys/values are
@@ -93,33 +96,6 @@ def check_batch_supported(generation_config, decoder=None) -> None:
 # -- pure functions ------------------------------------------------------------------------------------
 
 
-def choose_width(gains: list[np.ndarray], cost: np.ndarray, margin: float = 1.05) -> int:
-    """Draft nodes per row (the step's padded width ``w``) that maximise the batch's expected tokens per second.
-
-    ``gains[i]``: float[n_i + 1], row ``i``'s expected accepted tokens when it verifies its ``k`` most
-    probable nodes (``gains[i][0] = 0``; cumulative sums of its node probabilities, largest first).
-    ``cost``: float[W + 1], the step's forward time at width ``w`` (every row padded to ``w`` nodes), W >= every
-    ``n_i``. Maximises ``sum_i (1 + gains[i][min(w, n_i)]) / cost[w]``; a ``w > 0`` must beat ``w = 0`` by
-    ``margin``. Ties: the smaller width.
-
-    Example: two rows, gains ``[0, .9, 1.7]`` and ``[0]`` (nothing to draft), cost ``[1.0, 1.2, 1.4]``:
-    totals ``2, 2.9, 3.7``, rates ``2.0, 2.42, 2.64`` -> ``w = 2``. With cost ``[1.0, 1.6, 2.2]``: rates
-    ``2.0, 1.81, 1.68`` -> ``w = 0``: the row that copies does not make the other wait for nothing.
-    """
-    width = len(cost) - 1
-    total = np.full(width + 1, float(len(gains)))
-    for g in gains:
-        g = np.asarray(g, dtype=np.float64)
-        total[: len(g)] += g[: width + 1]
-        if len(g) <= width:
-            total[len(g):] += g[-1]
-    rate = total / np.asarray(cost, dtype=np.float64)
-    best = int(np.argmax(rate))
-    if best and rate[best] < margin * rate[0]:
-        return 0
-    return best
-
-
 PREFILL_MARGIN = 1.1
 """Grouped prefill must be estimated this much cheaper than one padded forward (its extra forwards' host
 work is not on the cost curve)."""
@@ -158,6 +134,49 @@ def prefill_groups(lengths: np.ndarray, cost, margin: float = PREFILL_MARGIN) ->
         groups.append(order[cut[j] : j])
         j = cut[j]
     return groups[::-1]
+
+
+def choose_width(gains: list[np.ndarray], values: np.ndarray, cost: np.ndarray, margin: float = 1.05) -> int:
+    """Draft nodes per row (the step's padded width ``w``) that save the batch the most time until its last
+    row ends: maximises ``sum_i values[i] * gains[i][min(w, n_i)] - (cost[w] - cost[0])``, where
+    ``values[i]`` is the seconds one more accepted token of row ``i`` saves later; a ``w > 0`` must save
+    ``margin`` times its extra cost. Ties: the smaller width.
+
+    Example: two rows, gains ``[0, .9, 1.7]`` and ``[0]``, values ``[0.02, 0.1]`` (the first row will finish
+    before the second), cost ``[1.0, 1.02, 1.2]``: savings ``0, 0.018 - 0.02, 0.034 - 0.2`` -> ``w = 0``;
+    with values ``[0.1, 0.1]``: ``0, 0.09 - 0.02, 0.17 - 0.2`` -> ``w = 1``.
+    """
+    width = len(cost) - 1
+    saved = np.zeros(width + 1)
+    for g, value in zip(gains, values):
+        g = np.asarray(g, dtype=np.float64)[: width + 1] * value
+        saved[: len(g)] += g
+        saved[len(g):] += g[-1]
+    extra = np.asarray(cost, dtype=np.float64) - float(cost[0])
+    net = saved - extra
+    best = int(np.argmax(net))
+    if best and saved[best] < margin * extra[best]:
+        return 0
+    return best
+
+
+def token_values(remaining: np.ndarray, paces: np.ndarray, step: float, single: float) -> np.ndarray:
+    """Seconds one more accepted token of each live row saves before the batch ends (float[b]), for
+    :func:`choose_width`. The batch runs until its last row ends, so tokens are not all worth the same:
+
+    - the row expected to end last (most remaining tokens over its tokens per step so far, ``remaining /
+      paces``) decodes the batch's tail alone: its token saves a single-row step, ``single = t(1)``; with one
+      row left this is the single-row budget's rule (draft iff ``(1 + gain) t(1) > t(1 + w)``);
+    - any other row's token saves its share of the steps it is in, ``(t(b) - t(1)) / (b - 1)`` for ``b`` rows,
+      ``step = t(b)``: the forward it leaves becomes that much cheaper.
+
+    Example: remaining [100, 40], paces [1, 2], t(2) = 0.12, t(1) = 0.1: [0.1, 0.02]. On a flat curve (a GPU)
+    the others' tokens are worth almost nothing, but a width there costs nothing either.
+    """
+    b = len(remaining)
+    values = np.full(b, max(step - single, 0.0) / (b - 1) if b > 1 else single)
+    values[int(np.argmax(remaining / paces))] = single
+    return values
 
 
 def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
@@ -574,7 +593,11 @@ class _BatchCall:
                  if len(d) else np.zeros(0) for row, d in zip(rows, drafts)]
         gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for row, pr in zip(rows, probs) if not row.done]
         widest = max(len(d) for d in drafts)
-        width = choose_width(gains, self.step_costs(b, p, widest), self.margin)
+        live = [row for row in rows if not row.done]
+        paces = np.array([max(1.0, row.stats.new_tokens / max(row.stats.target_calls, 1)) for row in live])
+        remaining = np.array([row.limit - row.length for row in live], dtype=np.float64)
+        values = token_values(remaining, paces, float(self.cost(len(live))), float(self.cost(1)))
+        width = choose_width(gains, values, self.step_costs(b, p, widest), self.margin)
         if width:
             self._since_draft = 0
         else:

@@ -35,6 +35,7 @@ from lookahead.batch import (
     realign_index,
     row_processors,
     step_gather_index,
+    token_values,
     top_nodes,
 )
 from lookahead.compat import cache_kwarg_name
@@ -329,9 +330,20 @@ def test_a_wrong_rule_fails_the_same_check(peaky, monkeypatch):
 
 
 def test_choose_width_docstring_examples():
-    gains = [np.array([0, 0.9, 1.7]), np.array([0.0])]
-    assert choose_width(gains, np.array([1.0, 1.2, 1.4])) == 2
-    assert choose_width(gains, np.array([1.0, 1.6, 2.2])) == 0
+    gains = [np.array([0.0, 0.9, 1.7]), np.array([0.0])]
+    cost = np.array([1.0, 1.02, 1.2])
+    assert choose_width(gains, np.array([0.02, 0.1]), cost) == 0  # the copying row ends first anyway
+    assert choose_width(gains, np.array([0.1, 0.1]), cost) == 1
+    assert choose_width(gains, np.array([0.1, 0.1]), np.array([1.0, 1.0, 1.0])) == 2  # width is free: widest
+    assert choose_width([np.array([0.0])] * 2, np.array([0.1, 0.1]), np.array([1.0, 1.0])) == 0  # nothing to gain
+
+
+def test_token_values_docstring_example():
+    np.testing.assert_allclose(token_values(np.array([100.0, 40.0]), np.array([1.0, 2.0]), 0.12, 0.1), [0.1, 0.02])
+    # the row expected to end last is the one with most remaining steps, not tokens: 60 at pace 3 < 30 at pace 1
+    np.testing.assert_allclose(token_values(np.array([60.0, 30.0]), np.array([3.0, 1.0]), 0.12, 0.1), [0.02, 0.1])
+    # one row left: the single-row budget's rule, draft iff (1 + gain) t(1) > t(1 + w)
+    np.testing.assert_allclose(token_values(np.array([30.0]), np.array([2.0]), 0.1, 0.1), [0.1])
 
 
 def test_small_helpers_docstring_examples():
