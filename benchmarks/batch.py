@@ -78,16 +78,18 @@ def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens:
     plain, ours = runs["plain"][0], runs["ours"][0]
     prompt_len = inputs["input_ids"].shape[1]
     tokens = sum(generated_tokens(plain, prompt_len, eos))
-    plain, ours = plain.cpu(), ours.cpu()
-    identical = [bool(plain.shape == ours.shape and (plain[i] == ours[i]).all()) for i in range(size)]
+    plain = plain.cpu()
+
+    def identical_rows(out) -> int:
+        out = out.cpu()
+        return sum(bool(plain.shape == out.shape and (plain[i] == out[i]).all()) for i in range(size))
+
+    t_plain = (runs["plain"][1] + runs["plain-again"][1]) / 2
     extra = {}
     if padded is not None:  # the same decoder with one padded prompt forward (batch_prefill="padded")
-        other = runs["ours-padded"][0].cpu()
-        extra = {"ours_padded_s": runs["ours-padded"][1], "speedup_padded": t_plain_of(runs) / runs["ours-padded"][1],
-                 "identical_rows_padded": sum(bool(plain.shape == other.shape and (plain[i] == other[i]).all())
-                                              for i in range(size)),
+        extra = {"ours_padded_s": runs["ours-padded"][1], "speedup_padded": t_plain / runs["ours-padded"][1],
+                 "identical_rows_padded": identical_rows(runs["ours-padded"][0]),
                  "prefill_groups": getattr(decoder, "prefill_groups", None)}
-    t_plain = (runs["plain"][1] + runs["plain-again"][1]) / 2
     per_row = [s.tokens_per_call for s in getattr(decoder, "row_stats", [decoder.stats])]
     return {
         "workload": workload, "batch": size, "prompt_tokens": prompt_len, "new_tokens": tokens,
@@ -95,12 +97,8 @@ def measure(model, tokenizer, decoder, workload: str, size: int, max_new_tokens:
         "plain_tok_s": tokens / t_plain, "ours_tok_s": tokens / runs["ours"][1],
         "speedup": t_plain / runs["ours"][1], "aa": runs["plain-again"][1] / runs["plain"][1],
         "tokens_per_call_per_row": sum(per_row) / len(per_row), "target_calls": decoder.stats.target_calls,
-        "identical_rows": sum(identical), "rows": size, **extra,
+        "identical_rows": identical_rows(ours), "rows": size, **extra,
     }
-
-
-def t_plain_of(runs: dict) -> float:
-    return (runs["plain"][1] + runs["plain-again"][1]) / 2
 
 
 def table(results: list[dict]) -> str:

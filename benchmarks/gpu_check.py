@@ -77,14 +77,9 @@ def check_sampling(device: str, n: int = 1500) -> list[dict]:
 
     from lookahead import LookaheadDecoder
 
-    torch.manual_seed(7)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny import peaky_llama
 
-    cfg = LlamaConfig(vocab_size=ts.VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(cfg).eval().to(torch.float64)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(3.0)
+    model = peaky_llama(ts.VOCAB)
     exact = ts._exact_two_token_distribution(model, ts.SETTINGS["temperature"])  # on the CPU, by enumeration
     model = model.to(device)
     torch.manual_seed(2024)
@@ -131,7 +126,7 @@ def check_curves(device: str, shapes: tuple[str, ...] = ("smollm2-135m", "llama-
     import torch
     from transformers import DynamicCache
 
-    from lookahead import LookaheadDecoder, compat
+    from lookahead import LookaheadDecoder
     from lookahead.cost import measure_cost_curve
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -141,7 +136,6 @@ def check_curves(device: str, shapes: tuple[str, ...] = ("smollm2-135m", "llama-
         model = _random_llama(shape, device)
         with torch.inference_mode():
             curve = measure_cost_curve(model, lambda m=model: DynamicCache(config=m.config), sizes,
-                                       compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model),
                                        context=1024, repeats=3)
         t1 = curve.points[0][1]
         results.append({"check": "cost-curve", "model": shape, "dtype": "bfloat16", "context": 1024,

@@ -51,7 +51,7 @@ the returned cache (``return_dict_in_generate`` returns the sequences with no ca
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -317,10 +317,7 @@ def row_policies(decoder, count: int) -> list[DraftPolicy]:
     """The decoder's per-row draft policies, created on first use (each with its own trie), kept across calls."""
     policies = decoder.__dict__.setdefault("_row_policies", [])
     config = decoder.config
-    overrides = {"window_width": 0, "refine_cost": False}
-    if "self_draft" in {f.name for f in fields(config)}:
-        overrides["self_draft"] = "none"
-    config = replace(config, **overrides)
+    config = replace(config, window_width=0, refine_cost=False, self_draft="none")
     memory = _ReadOnlyStore(decoder.memory) if decoder.memory is not None else None
     while len(policies) < count:
         trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
@@ -530,15 +527,11 @@ class _BatchCall:
                                         self.pending_vis[g][:, -width:], [Draft.empty()] * len(g), 0, self.dtype,
                                         self.device)
             cache = _new_cache(self.model)
-            kwargs = {"use_cache": True, self.cache_kwarg: cache}
-            if self.keeps_logits:
-                kwargs["logits_to_keep"] = 1
-            out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
-            self.stats.target_calls += 1
+            group_logits = self.forward(ids, pos, mask, 0, cache)  # [g, 1, V]
             rows = torch.from_numpy(g).to(self.device)
             if logits is None:
-                logits = torch.empty((b, 1, out.logits.shape[-1]), dtype=torch.float32, device=self.device)
-            logits[rows] = out.logits[:, -1:].float()
+                logits = group_logits.new_empty((b, 1, group_logits.shape[-1]))
+            logits[rows] = group_logits
             layers = cache_layers(cache)
             if full is None:  # per layer: keys and values [b, heads, length, head_dim], zeros where padded
                 full = [(layer.keys.new_zeros((b, *layer.keys.shape[1:2], length, layer.keys.shape[3])),
@@ -547,7 +540,7 @@ class _BatchCall:
             for (keys, values), layer in zip(full, layers):
                 keys[rows, :, length - width :] = layer.keys
                 values[rows, :, length - width :] = layer.values
-            del cache, out
+            del cache, group_logits
         for i in range(len(full)):  # update copies each layer into the cache: drop ours as it goes
             keys, values = full[i]
             full[i] = None
@@ -591,9 +584,9 @@ class _BatchCall:
             return drafts, tops
         probs = [row.policy.budget.acceptance.node_probabilities(d) * row.policy.budget.belief.scale()
                  if len(d) else np.zeros(0) for row, d in zip(rows, drafts)]
+        live = [row for row in rows if not row.done]
         gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for row, pr in zip(rows, probs) if not row.done]
         widest = max(len(d) for d in drafts)
-        live = [row for row in rows if not row.done]
         paces = np.array([max(1.0, row.stats.new_tokens / max(row.stats.target_calls, 1)) for row in live])
         remaining = np.array([row.limit - row.length for row in live], dtype=np.float64)
         values = token_values(remaining, paces, float(self.cost(len(live))), float(self.cost(1)))
@@ -621,14 +614,12 @@ class _BatchCall:
             width = spare
         return width
 
-    def forward(self, ids, pos, mask, width: int) -> torch.Tensor:
-        """One forward; the float logits [b, 1 + w, V] of the last pending token and the draft columns."""
-        kwargs = self.forward_kwargs
-        if self.keeps_logits:
-            kwargs["logits_to_keep"] = width + 1
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
+    def forward(self, ids, pos, mask, width: int, cache=None) -> torch.Tensor:
+        """One forward (into ``cache`` when given, else the batch's); the float logits [b, 1 + w, V] of the last
+        pending token and the draft columns."""
+        kwargs = self.forward_kwargs if cache is None else {**self.forward_kwargs, self.cache_kwarg: cache}
         self.stats.target_calls += 1
-        return out.logits[:, -(width + 1):].float()
+        return compat.last_logits(self.model, ids, pos, mask, kwargs, self.keeps_logits, width + 1)
 
     def read_rows(self, logits: torch.Tensor, drafts: list[Draft], tops_wanted: bool):
         """(every row's argmax, [b][1 + w] lists, when the verdicts need only them, else None; when the rows'

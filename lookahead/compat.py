@@ -62,6 +62,14 @@ def supports_logits_to_keep(model) -> bool:
     return bool(probe()) if probe is not None else "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
+def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool, keep: int):
+    """One forward of ``model``; the float logits of its last ``keep`` input positions, [b, keep, V] (with
+    ``logits_to_keep=keep`` when the model takes it, so only those rows get the LM head)."""
+    kwargs = {**forward_kwargs, "logits_to_keep": keep} if keeps_logits else forward_kwargs
+    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
+    return out.logits[:, -keep:].float()
+
+
 def generation_config_for_call(model, generation_config, kwargs: dict):
     """The ``GenerationConfig`` that ``model.generate(generation_config=..., **kwargs)`` would decode with."""
     config, _ = model._prepare_generation_config(generation_config, **kwargs)

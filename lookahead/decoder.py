@@ -236,7 +236,7 @@ class _Call:
         self.max_length = stop_length if stop_length is not None else max_length
         self.cache_kwarg = compat.cache_kwarg_name(model)
         self.keeps_logits = compat.supports_logits_to_keep(model)
-        self.forward_kwargs = {"use_cache": True}  # the same every step but logits_to_keep
+        self.forward_kwargs = {"use_cache": True}  # the same every step (compat.last_logits adds logits_to_keep)
         if decoder.memory is not None and decoder.memory.max_token() >= model.config.vocab_size:
             raise ValueError(
                 f"the shared trie holds token id {decoder.memory.max_token()}, outside this model's vocabulary of "
@@ -336,12 +336,8 @@ class _Call:
 
     def forward(self, ids, pos, mask, rows: int) -> torch.Tensor:
         """One forward of the target model; the float logits of the last pending token and the draft rows."""
-        kwargs = self.forward_kwargs
-        if self.keeps_logits:
-            kwargs["logits_to_keep"] = rows + 1
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
         self.stats.target_calls += 1
-        return out.logits[0, -(rows + 1) :].float()
+        return compat.last_logits(self.model, ids, pos, mask, self.forward_kwargs, self.keeps_logits, rows + 1)[0]
 
     def read_rows(self, logits: torch.Tensor, top: int, every_argmax: bool, n: int | None = None):
         """(every row's argmax, int64[r] on the host, when ``every_argmax``, else None; when ``top`` (k > 0),

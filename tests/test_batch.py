@@ -13,8 +13,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
     StoppingCriteria,
@@ -41,6 +39,8 @@ from lookahead.batch import (
 from lookahead.compat import cache_kwarg_name
 from lookahead.cost import CostModel
 from lookahead.draft import Draft
+
+from tiny import peaky_llama
 
 REP = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
 PROMPTS = [REP, [3, 4, 3, 4, 3, 4, 3, 4, 12, 13], [20, 21, 22, 23, 24, 25, 26, 20, 21, 22, 23], [40, 41]]
@@ -252,13 +252,7 @@ LEVEL = 1e-4
 
 @pytest.fixture(scope="module")
 def peaky():
-    torch.manual_seed(7)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    m = LlamaForCausalLM(cfg).eval().to(torch.float64)
-    with torch.no_grad():  # drafts are sometimes accepted, sometimes rejected
-        m.lm_head.weight.mul_(3.0)
-    return m
+    return peaky_llama(VOCAB)
 
 
 SAMPLING = dict(temperature=0.8, top_k=10, repetition_penalty=1.2)

@@ -13,8 +13,6 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -24,6 +22,8 @@ from transformers import (
 
 import lookahead.verify as verify_mod
 from lookahead import LookaheadDecoder
+
+from tiny import peaky_llama
 
 VOCAB = 16
 # "2 2" is followed by 7, 12 and 3 in the prompt, so the trie drafts three siblings after the last
@@ -35,13 +35,7 @@ LEVEL = 1e-4  # the exact rule fails this only once in 10,000 seeds; the wrong r
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(7)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    m = LlamaForCausalLM(cfg).eval().to(torch.float64)
-    with torch.no_grad():  # a peakier model: drafts are sometimes accepted, sometimes rejected
-        m.lm_head.weight.mul_(3.0)
-    return m
+    return peaky_llama(VOCAB)
 
 
 SETTINGS = {

@@ -45,3 +45,17 @@ TINY_ARCHS = ["llama", "qwen2", "mistral", "gpt2", "phi3", "gemma"]
 
 
 TINY_COST_CURVE = ((1, 0.0025), (2, 0.0027), (16, 0.0030), (64, 0.0036))
+
+
+def peaky_llama(vocab: int = 16, seed: int = 7):
+    """A tiny float64 Llama whose output head is scaled by 3, for the sampled-distribution checks: its top tokens
+    are peaked enough that drafts are sometimes accepted and sometimes rejected."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).eval().to(torch.float64)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    return model
