@@ -63,7 +63,7 @@ from .cost import CostModel
 from .cpu_linear import routed
 from .draft import Draft
 from .kernels import row_top
-from .kv_cache import cache_layers, check_rollbackable
+from .kv_cache import GrowingLayer, cache_layers, check_rollbackable, new_cache
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
 from .verify import PositionUniforms, Verdict, greedy_verify_argmax, verify
@@ -377,7 +377,7 @@ class _BatchCall:
         self.cache_kwarg = compat.cache_kwarg_name(model)
         self.keeps_logits = compat.supports_logits_to_keep(model)
         cache = compat.cache_of(model_kwargs)
-        self.cache = _new_cache(model) if cache is None else cache
+        self.cache = new_cache(model) if cache is None else cache
         if self.cache.get_seq_length():
             raise ValueError("LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds "
                              f"{self.cache.get_seq_length()} tokens. Pass no cache, or use plain generate().")
@@ -526,7 +526,7 @@ class _BatchCall:
             ids, pos, mask = pack_batch(self.pending[g][:, -width:], self.pending_pos[g][:, -width:],
                                         self.pending_vis[g][:, -width:], [Draft.empty()] * len(g), 0, self.dtype,
                                         self.device)
-            cache = _new_cache(self.model)
+            cache = new_cache(self.model)
             group_logits = self.forward(ids, pos, mask, 0, cache)  # [g, 1, V]
             rows = torch.from_numpy(g).to(self.device)
             if logits is None:
@@ -823,12 +823,6 @@ class _BatchCall:
         return compat.decoder_only_output(sequences, None, None, None)
 
 
-def _new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
 def _kv_layers(cache) -> list:
     """The cache layers holding keys/values (layers sharing another's KV are skipped)."""
     return [layer for layer in cache_layers(cache)
@@ -842,5 +836,5 @@ def _plain_layers(cache) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     layers = cache_layers(cache)
-    return bool(layers) and all(type(layer) is DynamicLayer and not getattr(layer, "is_initialized", False)
+    return bool(layers) and all(type(layer) in (DynamicLayer, GrowingLayer) and not getattr(layer, "is_initialized", False)
                                 for layer in layers)

@@ -25,7 +25,7 @@ from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, measure_cost_cu
 from .cpu_linear import covered_linears, measure_paths, routed
 from .draft import Draft
 from .kernels import row_top
-from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries
+from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries, new_cache
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
 from .tree import pack_step
@@ -155,7 +155,7 @@ class LookaheadDecoder:
                    and model.dtype in (torch.float32, torch.bfloat16))
 
         def measure(sizes):  # timing only: a plain cache, which a small sliding window cannot break
-            factory = (lambda: DynamicCache(config=model.config)) if kv_window is None else DynamicCache
+            factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache
             if kernels and covered_linears(model):  # both paths, per k: the curve of the faster one
                 times = measure_paths(model, sizes, clock=self.clock, cache_factory=factory)
                 return CostModel(times.curve_points, times.kernel_rows())
@@ -245,7 +245,7 @@ class _Call:
                 "the store was saved with them)."
             )
         cache = compat.cache_of(model_kwargs)
-        self.cache = DynamicCache(config=model.config) if cache is None else cache
+        self.cache = new_cache(model) if cache is None else cache
         self.forward_kwargs[self.cache_kwarg] = self.cache
         kv_window = _check_cache_layers(self.cache, max_length)
         device = self.device = input_ids.device
