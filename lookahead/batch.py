@@ -63,7 +63,7 @@ from .cost import CostModel
 from .cpu_linear import routed
 from .draft import Draft
 from .kernels import row_top
-from .kv_cache import GrowingLayer, cache_layers, check_rollbackable, new_cache
+from .kv_cache import GrowingLayer, cache_layers, check_rollbackable, grow_in_place, new_cache
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
 from .verify import PositionUniforms, Verdict, greedy_verify_argmax, verify
@@ -377,7 +377,7 @@ class _BatchCall:
         self.cache_kwarg = compat.cache_kwarg_name(model)
         self.keeps_logits = compat.supports_logits_to_keep(model)
         cache = compat.cache_of(model_kwargs)
-        self.cache = new_cache(model) if cache is None else cache
+        self.cache = new_cache(model) if cache is None else grow_in_place(cache)
         if self.cache.get_seq_length():
             raise ValueError("LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds "
                              f"{self.cache.get_seq_length()} tokens. Pass no cache, or use plain generate().")

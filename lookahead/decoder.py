@@ -25,7 +25,15 @@ from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, measure_cost_cu
 from .cpu_linear import covered_linears, measure_paths, routed
 from .draft import Draft
 from .kernels import row_top
-from .kv_cache import CacheNotRollbackable, cache_layers, check_rollbackable, keep_entries, new_cache
+from .kv_cache import (
+    CacheNotRollbackable,
+    GrowingLayer,
+    cache_layers,
+    check_rollbackable,
+    grow_in_place,
+    keep_entries,
+    new_cache,
+)
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
 from .tree import pack_step
@@ -201,7 +209,7 @@ def _check_cache_layers(cache, max_length: int) -> int | None:
     DynamicLayer, DynamicSlidingWindowLayer = compat.rollbackable_layer_types()
     window = None
     for layer in cache_layers(cache):
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, GrowingLayer):
             raise CacheNotRollbackable(
                 f"the model's cache layer {type(layer).__name__} cannot roll back rejected draft tokens "
                 "(static, quantized, offloaded or recurrent state). LookaheadDecoder cannot decode this model "
@@ -245,7 +253,7 @@ class _Call:
                 "the store was saved with them)."
             )
         cache = compat.cache_of(model_kwargs)
-        self.cache = new_cache(model) if cache is None else cache
+        self.cache = new_cache(model) if cache is None else grow_in_place(cache)
         self.forward_kwargs[self.cache_kwarg] = self.cache
         kv_window = _check_cache_layers(self.cache, max_length)
         device = self.device = input_ids.device

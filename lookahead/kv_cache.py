@@ -120,9 +120,19 @@ class GrowingLayer(DynamicLayer):
         super().reset()
 
 
-def new_cache(model) -> DynamicCache:
-    """The decoder's own cache for ``model``: a ``DynamicCache`` whose plain layers are :class:`GrowingLayer`
-    (sliding-window and other layer types stay as transformers makes them)."""
-    cache = DynamicCache(config=model.config)
-    cache.layers[:] = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+def grow_in_place(cache: Cache) -> Cache:
+    """Turn ``cache``'s plain ``DynamicLayer``s that hold nothing yet into :class:`GrowingLayer`s; returns ``cache``.
+
+    In place, so the cache ``generate`` made (or the caller passed) is the one the call fills and returns;
+    sliding-window and other layer types, and layers already written, stay as they are.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers:
+        layers[:] = [GrowingLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
+                     for layer in layers]
     return cache
+
+
+def new_cache(model) -> DynamicCache:
+    """A ``DynamicCache`` for ``model`` whose plain layers are :class:`GrowingLayer` (:func:`grow_in_place`)."""
+    return grow_in_place(DynamicCache(config=model.config))

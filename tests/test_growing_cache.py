@@ -137,3 +137,22 @@ def test_forwards_with_growing_layers_equal_plain_cache_bit_for_bit(arch, tiny_m
         logits.append(torch.cat(out, 1))
         assert cache.get_seq_length() == 14
     assert torch.equal(logits[0], logits[1])
+
+
+def test_generate_fills_its_own_cache_with_growing_layers(tiny_models):
+    """generate() hands the decoder an empty DynamicCache: the decoder fills that object, its layers now growing,
+    and returns it; plain generate continues from it as from its own."""
+    from lookahead import LookaheadDecoder
+
+    model = tiny_models("llama")
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    given = DynamicCache(config=model.config)
+    out = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, custom_generate=LookaheadDecoder(),
+                         return_dict_in_generate=True, **{cache_kwarg_name(model): given})
+    cache = getattr(out, "cache", None) or out.past_key_values
+    assert cache is given and all(type(layer) is GrowingLayer for layer in cache.layers)
+    plain = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    more = model.generate(input_ids=out.sequences, max_new_tokens=4, do_sample=False,
+                          **{cache_kwarg_name(model): cache})
+    assert torch.equal(more, model.generate(input_ids=out.sequences, max_new_tokens=4, do_sample=False))
