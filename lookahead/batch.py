@@ -31,7 +31,9 @@ expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps
    that kept most, and a row that kept fewer has masked *holes* there. Holes and left padding are
    squeezed out (:func:`realign_index`, right-aligned) once they exceed :data:`HOLE_SLACK` columns beyond
    the longest row, so the cache never holds more than plain batched decoding's (whose columns are
-   the longest row's plus the others' padding) plus ``HOLE_SLACK`` and one step's rows.
+   the longest row's plus the others' padding) plus ``HOLE_SLACK`` and one step's rows, and the
+   spare columns of its layers' buffers (:class:`~lookahead.kv_cache.GrowingLayer`: at most
+   ``GROW_COLUMNS``, which save a copy of the whole cache at every forward).
 6. **finished rows** stop drafting at once and leave the batch (their cache rows are dropped, a copy of
    the whole cache) once the forwards they have cost since, on the cost curve, reach that copy's time;
    the forward then shrinks to the rows still decoding. The output pads them with ``pad_token_id``
