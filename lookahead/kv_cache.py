@@ -87,33 +87,36 @@ class GrowingLayer(DynamicLayer):
     a second copy of this one layer, as ``torch.cat`` holds too).
     """
 
+    _storage: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) [b, heads, capacity, head_dim]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self.keys, self.values
-        n = keys.shape[-2] if keys is not None and keys.dim() == 4 else 0
-        m = key_states.shape[-2]
-        buffers = getattr(self, "_storage", None)  # (keys, values) [b, heads, capacity, head_dim]
-        if n and not (self._holds(keys, 0) and self._holds(values, 1)):
-            buffers = None  # entries not in our buffer: adopt them (one copy)
-        if buffers is None or n + m > buffers[0].shape[-2] or buffers[0].shape[0] != key_states.shape[0]:
-            buffers = tuple(new.new_empty((*new.shape[:2], n + m + GROW_COLUMNS, new.shape[3]))
-                            for new in (key_states, value_states))
-            if n:
-                buffers[0][:, :, :n] = keys
-                buffers[1][:, :, :n] = values
-            self._storage = buffers
-        buffers[0][:, :, n : n + m] = key_states
-        buffers[1][:, :, n : n + m] = value_states
-        self.keys, self.values = buffers[0][:, :, : n + m], buffers[1][:, :, : n + m]
+        n, m = self.get_seq_length(), key_states.shape[-2]
+        if not self._can_append(key_states, value_states, n + m):
+            self._storage = tuple(new.new_empty((*new.shape[:2], n + m + GROW_COLUMNS, new.shape[3]))
+                                  for new in (key_states, value_states))
+            if n:  # grow, or adopt entries replaced from outside: one copy
+                self._storage[0][:, :, :n] = self.keys
+                self._storage[1][:, :, :n] = self.values
+        keys, values = self._storage
+        keys[:, :, n : n + m] = key_states
+        values[:, :, n : n + m] = value_states
+        self.keys, self.values = keys[:, :, : n + m], values[:, :, : n + m]
         return self.keys, self.values
 
-    def _holds(self, entries: torch.Tensor, i: int) -> bool:
-        """Whether ``entries`` is a prefix view of buffer ``i`` (what ``update`` and ``crop`` leave there)."""
-        buffer = self._storage[i] if getattr(self, "_storage", None) is not None else None
-        return (buffer is not None and entries.data_ptr() == buffer.data_ptr() and entries.stride() == buffer.stride()
-                and entries.shape[:2] == buffer.shape[:2] and entries.shape[3] == buffer.shape[3]
-                and entries.dtype == buffer.dtype and entries.device == buffer.device)
+    def _can_append(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int) -> bool:
+        """Whether the buffers take ``length`` columns of these states and hold the current entries (a prefix
+        view, as ``update`` and ``crop`` leave them; not a tensor put there from outside)."""
+        if self._storage is None:
+            return False
+        for buffer, entries, new in zip(self._storage, (self.keys, self.values), (key_states, value_states)):
+            if (buffer.shape[-2] < length or buffer.shape[:2] != new.shape[:2] or buffer.shape[3] != new.shape[3]
+                    or buffer.dtype != new.dtype or buffer.device != new.device):
+                return False
+            if entries.numel() and (entries.data_ptr() != buffer.data_ptr() or entries.stride() != buffer.stride()):
+                return False
+        return True
 
     def reset(self) -> None:
         self._storage = None
