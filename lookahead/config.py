@@ -16,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 
+SELF_DRAFTS = ("none", "layer-skip", "early-exit", "low-rank")
+"""``LookaheadConfig.self_draft`` values (the draft passes of ``selfspec.py``)."""
+
+
 def _bad(field: str, value, why: str) -> ValueError:
     return ValueError(f"LookaheadConfig.{field}={value!r} is invalid: {why}")
 
@@ -206,9 +210,8 @@ class LookaheadConfig:
         if not min_capacity <= self.trie_capacity <= max_capacity:
             raise _bad("trie_capacity", self.trie_capacity,
                        f"must be in [4 * ngram_size**2 = {min_capacity}, {max_capacity}]")
-        self_drafts = ("none", "layer-skip", "early-exit", "low-rank")
-        if self.self_draft not in self_drafts:
-            raise _bad("self_draft", self.self_draft, f"must be one of {self_drafts}")
+        if self.self_draft not in SELF_DRAFTS:
+            raise _bad("self_draft", self.self_draft, f"must be one of {SELF_DRAFTS}")
         for name in ("self_draft_size", "draft_cost"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):

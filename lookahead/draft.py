@@ -14,13 +14,14 @@ import numpy as np
 
 from .tree import subset_tree, tree_depth_rank
 
-ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model")
+ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model", "heads")
 """Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store,
 the longest-match copy of the context (``cache.SuffixIndex``), the model's own earlier predictions
-(``recycle.py``), and the draft passes of ``selfspec.py`` (the target with layers skipped, its first layers
-then its head, its low-rank approximation, a user's draft model)."""
+(``recycle.py``), the draft passes of ``selfspec.py`` (the target with layers skipped, its first layers
+then its head, its low-rank approximation, a user's draft model), and trained draft heads over the model's
+hidden state (``heads.py``)."""
 TRIE, WINDOW, MEMORY, COPY, MODEL = range(5)
-LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL = range(5, 9)
+LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL, HEADS = range(5, 10)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY8 = np.zeros(0, dtype=np.int8)

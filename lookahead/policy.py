@@ -27,7 +27,10 @@ from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import CostModel
 from .draft import Draft
-from .proposer import ModelSource, WindowSource, make_sources, merge_proposals
+from .draft import COPY, MEMORY, TRIE
+from .proposer import CopySource, ModelSource, TrieSource, WindowSource, merge_proposals
+from .selfspec import make_draft_sources
+from .source import DraftSource
 from .tuning import BudgetTuning
 
 PROMPT_ROWS_COST = 2.0
@@ -93,10 +96,7 @@ class DraftPolicy:
         ``recycle_keep``, another model's empties it)."""
         arr = np.asarray(prompt, dtype=np.int64)
         for source in self.sources:
-            if source is self.model or getattr(source, "needs_model", False):  # draft passes need the target
-                source.start(arr, model)
-            else:
-                source.start(arr)
+            source.start(arr, model)
         self._context = arr.tolist()
         self.limits = limits
         self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
@@ -118,7 +118,7 @@ class DraftPolicy:
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self.sources:
                 depth = min(source.max_depth, room)
-                if getattr(source, "priced", False):  # a draft pass costs its forwards: as deep as pays, or 0
+                if source.priced:  # a draft pass costs its forwards: as deep as pays, or 0
                     depth = source.priced_depth(depth, None if self.budget is None else self.budget.cost,
                                                 self.tuning.margin)
                     if not depth:
@@ -152,8 +152,10 @@ class DraftPolicy:
         the window rows' argmax (when they ran), the forward's ``rows`` and ``seconds``, and (when
         :attr:`recycle_k`) ``successors``: (ids int64[1 + n, k], logits float[1 + n, k]), the top-k of
         the verified rows: the last context token's, then each draft node's."""
-        if successors is not None and self.model is not None:
-            self.model.learn_rows(draft, accepted_nodes, *successors)
+        if successors is not None:
+            for source in self.sources:
+                if source.wants_rows:
+                    source.learn_rows(draft, accepted_nodes, *successors)
         if self.budget is not None:
             self.budget.record(draft, accepted_nodes, rows, seconds)
         arr = np.asarray(emitted, dtype=np.int64)
@@ -162,3 +164,23 @@ class DraftPolicy:
         self._context.extend(emitted)
         if window_argmax is not None and self.window is not None:
             self.window.advance(window_argmax, len(arr))
+
+
+def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None, draft_model=None
+                 ) -> list[DraftSource]:
+    """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model``) ask for, in merge
+    order; the draft passes (``selfspec.py``) after the others, the window last."""
+    sources: list[DraftSource] = [TrieSource(trie, TRIE, config.max_match, per_request=True,
+                                             max_nodes=config.tree_nodes, max_depth=config.tree_depth)]
+    if config.copy_nodes:  # after the trie: a node both draft keeps the trie's estimates (replayed: better)
+        sources.append(CopySource(config.copy_capacity, config.copy_nodes, config.copy_depth, config.copy_branches))
+    if memory is not None:
+        sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False, max_nodes=config.tree_nodes,
+                                  max_depth=config.tree_depth))
+    if config.recycle_k:
+        sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep))
+    sources.extend(make_draft_sources(config, draft_model))
+    if config.window_width:
+        sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
+                                    config.max_match))
+    return sources

@@ -1,12 +1,6 @@
-"""Draft sources: where draft trees come from, behind one interface.
+"""The copying and model-prediction draft sources, and how their trees merge into one draft.
 
-A *source* proposes a tree after the context and learns the tokens the decoder emits:
-
-- ``start(prompt)``: a call begins with this prompt (int64[L]).
-- ``propose(context, max_nodes, max_depth) -> Proposal | None``: a tree continuing ``context``.
-- ``learn(emitted)``: the step emitted these tokens (int64[k]).
-
-Each node of a merged draft knows which source drafted it (its *origin*, see ``draft.ORIGINS``):
+Every source follows the protocol of ``source.py`` (:class:`~lookahead.source.DraftSource`). Each node of a merged draft knows which source drafted it (its *origin*, see ``draft.ORIGINS``):
 
 - :class:`TrieSource` over the request's own trie (``"trie"``): the prompt and the output so far;
   cleared at every call.
@@ -29,7 +23,6 @@ Each source has ``max_nodes`` and ``max_depth``, the most it drafts per step.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -37,21 +30,11 @@ from numba import njit
 from .cache import NgramTrie, SuffixIndex
 from .draft import COPY, MEMORY, MODEL, TRIE, WINDOW, Draft, WindowRows
 from .recycle import SuccessorTable
+from .source import DraftSource, Proposal
 from .window import LookaheadWindow
 
 
-@dataclass(frozen=True)
-class Proposal:
-    """One source's tree: ``tokens`` int64[n], ``parents`` int64[n] (breadth-first), and ``match``:
-    how many context tokens the source matched to draft it, for every node (an int), or per node
-    (int64[n]); the acceptance estimates bucket it (1, 2, 3+)."""
-
-    tokens: np.ndarray
-    parents: np.ndarray
-    match: int | np.ndarray
-
-
-class TrieSource:
+class TrieSource(DraftSource):
     """Drafts from an n-gram trie (``NgramTrie.propose``), matching up to ``max_match`` context tokens.
 
     ``per_request=True`` (the request's trie): ``start`` clears it and inserts the prompt.
@@ -65,7 +48,7 @@ class TrieSource:
         self.max_match = min(max_match, trie.max_n - 1)
         self.max_nodes, self.max_depth = max_nodes, max_depth
 
-    def start(self, prompt: np.ndarray) -> None:
+    def start(self, prompt: np.ndarray, model=None) -> None:
         if self.per_request:
             self.trie.clear()
             self.trie.insert(prompt)
@@ -82,7 +65,7 @@ class TrieSource:
         self.trie.insert(emitted)
 
 
-class WindowSource:
+class WindowSource(DraftSource):
     """The Jacobi lookahead window: its rows join each forward, and the n-grams it harvests are drafted.
 
     ``W``, ``N``, ``G`` are ``LookaheadConfig.window_width``, ``window_ngram``, ``window_candidates``.
@@ -102,7 +85,7 @@ class WindowSource:
         """Window rows plus the most drafted nodes per step."""
         return (self.candidates + self.width) * (self.ngram - 1)
 
-    def start(self, prompt: np.ndarray) -> None:
+    def start(self, prompt: np.ndarray, model=None) -> None:
         self.trie.clear()
         self.window = LookaheadWindow(self.width, self.ngram, prompt.tolist())
 
@@ -127,7 +110,7 @@ class WindowSource:
             self.trie.insert(gram)
 
 
-class CopySource:
+class CopySource(DraftSource):
     """Longest-match copies of the request's own context (``lookahead.cache.SuffixIndex``).
 
     Each step it drafts the continuation of the context's longest suffix that occurred before (at
@@ -146,7 +129,7 @@ class CopySource:
         self.index = SuffixIndex(capacity)
         self.max_nodes, self.max_depth, self.branches = max_nodes, max_depth, branches
 
-    def start(self, prompt: np.ndarray) -> None:
+    def start(self, prompt: np.ndarray, model=None) -> None:
         self.index.clear()
         self.index.extend(prompt)
 
@@ -162,7 +145,7 @@ class CopySource:
         self.index.extend(emitted)
 
 
-class ModelSource:
+class ModelSource(DraftSource):
     """The model's own predictions (Token Recycling): a best-first tree from the last two tokens through
     a :class:`~lookahead.recycle.SuccessorTable` of every verified row's top-``k`` successors. A node's
     match is its share of its parent's row (the row's top-k softmax) on the acceptance estimates'
@@ -173,6 +156,7 @@ class ModelSource:
     """
 
     origin = MODEL
+    wants_rows = True
     buckets = (0.95, 2.0)
 
     def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False):
@@ -213,28 +197,6 @@ class ModelSource:
         context is the text's) are learned last, so they win a key several rows share."""
         path = np.array([0, *(1 + j for j in accepted_nodes)], dtype=np.int64)
         self.table.learn_step(self.prev, self.last, draft.tokens, draft.parents, path, top_ids, top_logits)
-
-
-def make_sources(config, trie: NgramTrie, memory: NgramTrie | None, draft_model=None) -> list:
-    """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model``) ask for, in merge
-    order; the draft passes (``selfspec.py``) after the others, the window last."""
-    sources: list = [TrieSource(trie, TRIE, config.max_match, per_request=True, max_nodes=config.tree_nodes,
-                                max_depth=config.tree_depth)]
-    if config.copy_nodes:  # after the trie: a node both draft keeps the trie's estimates (replayed: better)
-        sources.append(CopySource(config.copy_capacity, config.copy_nodes, config.copy_depth, config.copy_branches))
-    if memory is not None:
-        sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False, max_nodes=config.tree_nodes,
-                                  max_depth=config.tree_depth))
-    if config.recycle_k:
-        sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep))
-    if getattr(config, "self_draft", "none") != "none" or draft_model is not None:
-        from .selfspec import make_draft_sources  # selfspec imports this module
-
-        sources.extend(make_draft_sources(config, draft_model))
-    if config.window_width:
-        sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
-                                    config.max_match))
-    return sources
 
 
 def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None) -> Draft:

@@ -49,15 +49,13 @@ import torch
 from torch import nn
 
 from .compat import crop_cache
+from .config import SELF_DRAFTS
 from .draft import DRAFT_MODEL, EARLY_EXIT, LAYER_SKIP, LOW_RANK
-from .proposer import Proposal
+from .source import DraftSource, Proposal
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3")
 """Model types whose decoder forward is embed -> rotary -> layers -> norm -> head, as :class:`LayerStack` runs it
 (Gemma has the same module names but scales the embeddings inside its forward: refused)."""
-
-SELF_DRAFTS = ("none", "layer-skip", "early-exit", "low-rank")
-"""``LookaheadConfig.self_draft`` values."""
 
 CANDIDATE_SIZES = {"layer-skip": (0.75, 0.625, 0.5), "early-exit": (0.75, 0.625, 0.5, 0.375),
                    "low-rank": (0.5, 0.25, 0.125)}
@@ -484,7 +482,7 @@ class DraftPassStats:
     drafting_steps: int = 0
 
 
-class DraftPassSource:
+class DraftPassSource(DraftSource):
     """A proposer running a drafter autoregressively from its own KV cache (see the module docstring).
 
     ``propose`` catches the drafter's cache up with the context (one forward of the tokens it has not seen),
@@ -496,7 +494,6 @@ class DraftPassSource:
     ``cost``: one draft forward as a fraction of one target forward (0: measured once per target).
     """
 
-    needs_model = True
     priced = True
     prior = (3.0, 2.0)  # Beta prior (accepted, rejected) of the acceptance a: 0.6, tried before it is known
     decay = 0.98

@@ -15,7 +15,8 @@ from lookahead.cache import NgramTrie
 from lookahead.cost import CostModel
 from lookahead.draft import COPY, MODEL, ORIGINS, TRIE
 from lookahead.policy import DraftPolicy, Limits
-from lookahead.proposer import CopySource, ModelSource, Proposal, merge_proposals
+from lookahead.proposer import CopySource, ModelSource, merge_proposals
+from lookahead.source import Proposal
 from lookahead.recycle import SuccessorTable
 from lookahead.tree import merge_trees, tree_depth_rank, tree_depths
 

@@ -1,0 +1,77 @@
+"""The draft-source protocol: what every source of draft trees offers the draft policy.
+
+A *source* proposes a tree of candidate tokens after the context and learns from what the decoder
+emits. The policy (``policy.py``) drives every source through :class:`DraftSource`'s methods only;
+what a source needs beyond the emitted tokens it declares with a class attribute, and the decoder
+hands it over after each verified step:
+
+- ``priced``: proposing costs forwards of its own (a draft pass, trained heads): the policy first asks
+  :meth:`DraftSource.priced_depth` how deep drafting pays this step on the call's cost curve (0: skip).
+- ``wants_rows``: it learns from every verified row's top-k successors (:meth:`DraftSource.learn_rows`).
+- ``wants_hidden``: it learns from the final hidden state of the step's last verified row
+  (:meth:`DraftSource.observe_hidden`): the input of the model's output embedding (after the final
+  norm) at the row whose logits gave the step's last emitted token.
+
+Terms (context, draft tree) are defined in ``config.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One source's tree: ``tokens`` int64[n], ``parents`` int64[n] (breadth-first), and ``match``:
+    how many context tokens the source matched to draft it, for every node (an int), or per node
+    (int64[n]); the acceptance estimates bucket it (1, 2, 3+).
+
+    Example: the chain ``5 -> 6`` after a 2-token match: ``Proposal(array([5, 6]), array([-1, 0]), 2)``.
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    match: int | np.ndarray
+
+
+class DraftSource:
+    """Base class of every draft source. A subclass sets ``origin`` (an index into ``draft.ORIGINS``),
+    ``max_nodes`` and ``max_depth`` (the most it drafts per step) and implements :meth:`propose`; the
+    rest has do-nothing defaults.
+
+    - ``start(prompt, model)``: a call begins with this prompt (int64[L]) on this target model.
+    - ``propose(context, max_nodes, max_depth) -> Proposal | None``: a tree continuing ``context``
+      (int64[c], the context's last tokens, at most ``LookaheadConfig.max_match``).
+    - ``learn(emitted)``: the step emitted these tokens (int64[k]).
+    """
+
+    origin: int
+    max_nodes: int
+    max_depth: int
+    priced: bool = False
+    wants_rows: bool = False
+    wants_hidden: bool = False
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        """A call begins: ``prompt`` int64[L], the target ``model`` (None in a replay without a model)."""
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        raise NotImplementedError
+
+    def learn(self, emitted: np.ndarray) -> None:
+        """The step emitted ``emitted`` int64[k] (after :meth:`learn_rows` / :meth:`observe_hidden`)."""
+
+    def priced_depth(self, depth: int, cost, margin: float) -> int:
+        """(``priced`` sources) How deep to draft this step, at most ``depth``, on the cost curve ``cost``
+        (a ``CostModel``, or None when there is no budget); 0 drafts nothing."""
+        return depth
+
+    def learn_rows(self, draft, accepted_nodes, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        """(``wants_rows`` sources) A verified step's rows: the last context token's, then each node of
+        ``draft``'s, with their top-k successor ids int64[1 + n, k] and logits float[1 + n, k]."""
+
+    def observe_hidden(self, hidden) -> None:
+        """(``wants_hidden`` sources) The final hidden state float[H] (a tensor on the model's device) of
+        the step's last verified row: what the next step's draft continues from."""
