@@ -69,6 +69,8 @@ class LookaheadDecoder:
     - ``tokenizer``: the model's tokenizer, for ``stop_strings=`` in the plain
       ``generate(custom_generate=decoder, ...)`` spelling: ``generate`` does not pass its own
       ``tokenizer=`` on to a custom decoding callable (``lookahead.enable``'s spellings do).
+    - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``), one more draft source
+      over the model's final hidden state; batch size 1.
 
     Threads: a decoder is the state of one decoding stream. A second call while one is running (from
     another thread) raises ``RuntimeError``; use one decoder per concurrent stream. Decoders in
@@ -78,7 +80,7 @@ class LookaheadDecoder:
 
     def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None,
                  calibrations: Calibrations | None = None, clock: Callable[[], float] = time.perf_counter,
-                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, **overrides):
+                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, heads=None, **overrides):
         if config is None:
             config = LookaheadConfig(**overrides)
         elif overrides:
@@ -98,7 +100,8 @@ class LookaheadDecoder:
 
             check_draft_model(draft_model)
         self.draft_model = draft_model  # proposes greedy chains from its own cache (selfspec.DraftPassSource)
-        self.policy = DraftPolicy(config, self.trie, self.memory, tuning, draft_model)
+        self.heads = heads  # trained draft heads (heads.DraftHeads): a source over the model's hidden state
+        self.policy = DraftPolicy(config, self.trie, self.memory, tuning, draft_model, heads)
         self.calibrations = calibrations if calibrations is not None else DEFAULT_CALIBRATIONS
         self.clock = clock
         self.tokenizer = tokenizer
@@ -142,6 +145,9 @@ class LookaheadDecoder:
         try:
             self.stats = DecodeStats()
             if input_ids.shape[0] > 1:
+                if self.policy.wants_hidden:
+                    raise ValueError("LookaheadDecoder(heads=...) decodes batch size 1 only; call generate once per "
+                                     "prompt, or use a decoder without heads for batches.")
                 from .batch import _BatchCall  # batch size > 1: one forward per step for every row
 
                 call = _BatchCall(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
@@ -296,11 +302,24 @@ class _Call:
             self.stats.cost_curve = cost.points
         self.kernel_rows = cost.kernel_rows if cost is not None and decoder.config.cpu_kernels else frozenset()
         self.policy.start(prompt, Limits(max_length, kv_window), cost, model)
+        self.hidden = None  # [1, rows, H]: the output embedding's input of the last forward, when a source wants it
 
     def run(self):
         """The decode loop, with the model's linear layers on the path the cost curve was measured on."""
-        with routed(self.model, self.kernel_rows):
-            return self.loop()
+        if not self.policy.wants_hidden:
+            with routed(self.model, self.kernel_rows):
+                return self.loop()
+        head = self.model.get_output_embeddings()
+
+        def keep_hidden(module, args):
+            self.hidden = args[0]
+
+        handle = head.register_forward_pre_hook(keep_hidden)
+        try:
+            with routed(self.model, self.kernel_rows):
+                return self.loop()
+        finally:
+            handle.remove()
 
     def loop(self):
         """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
@@ -328,8 +347,11 @@ class _Call:
             n_emit, done = self.emit(verdict)
             n_acc = min(len(verdict.nodes), n_emit)
             self.keep_kv(p, draft, verdict.nodes[:n_acc], verdict.tokens[n_emit - 1])
+            hidden = None
+            if self.hidden is not None:  # the row whose logits gave the last emitted token (rows: root, nodes, ...)
+                hidden = self.hidden[0, self.hidden.shape[1] - (rows + 1) + (1 + verdict.nodes[n_acc - 1] if n_acc else 0)]
             policy.learn(draft, verdict.nodes, verdict.tokens[:n_emit], window_argmax,
-                         1 + rows if p == 1 else 0, t3 - t1, successors)  # a step's time: forward + verify
+                         1 + rows if p == 1 else 0, t3 - t1, successors, hidden)  # a step's time: forward + verify
             stats.record_step(draft, verdict.nodes[:n_acc], n_emit, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
         return self.output()
 

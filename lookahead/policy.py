@@ -59,10 +59,11 @@ class DraftPolicy:
     """
 
     def __init__(self, config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None = None,
-                 tuning: BudgetTuning | None = None, draft_model=None):
+                 tuning: BudgetTuning | None = None, draft_model=None, heads=None):
         self.config = config
         self.tuning = tuning or BudgetTuning()
-        self.sources = make_sources(config, trie, memory, draft_model)
+        self.sources = make_sources(config, trie, memory, draft_model, heads)
+        self.wants_hidden = any(s.wants_hidden for s in self.sources)
         self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
         self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
         self.budget: Budget | None = None
@@ -147,17 +148,22 @@ class DraftPolicy:
 
     def learn(self, draft: Draft, accepted_nodes: Sequence[int], emitted: Sequence[int],
               window_argmax: np.ndarray | None = None, rows: int = 0, seconds: float = 0.0,
-              successors: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+              successors: tuple[np.ndarray, np.ndarray] | None = None, hidden=None) -> None:
         """After a verified step: ``accepted_nodes`` of ``draft`` (root to leaf), the ``emitted`` tokens,
         the window rows' argmax (when they ran), the forward's ``rows`` and ``seconds``, and (when
         :attr:`recycle_k`) ``successors``: (ids int64[1 + n, k], logits float[1 + n, k]), the top-k of
-        the verified rows: the last context token's, then each draft node's."""
+        the verified rows: the last context token's, then each draft node's; (when :attr:`wants_hidden`)
+        ``hidden``, the final hidden state float[H] of the row whose logits gave the last emitted token."""
         if successors is not None:
             for source in self.sources:
                 if source.wants_rows:
                     source.learn_rows(draft, accepted_nodes, *successors)
         if self.budget is not None:
             self.budget.record(draft, accepted_nodes, rows, seconds)
+        if hidden is not None:
+            for source in self.sources:
+                if source.wants_hidden:
+                    source.observe_hidden(hidden)
         arr = np.asarray(emitted, dtype=np.int64)
         for source in self.sources:
             source.learn(arr)
@@ -166,10 +172,11 @@ class DraftPolicy:
             self.window.advance(window_argmax, len(arr))
 
 
-def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None, draft_model=None
-                 ) -> list[DraftSource]:
-    """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model``) ask for, in merge
-    order; the draft passes (``selfspec.py``) after the others, the window last."""
+def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None, draft_model=None,
+                 heads=None) -> list[DraftSource]:
+    """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model`` and trained
+    ``heads``: an object whose ``make_source(config)`` returns their :class:`DraftSource`) ask for, in merge
+    order; the draft passes (``selfspec.py``) and the heads after the others, the window last."""
     sources: list[DraftSource] = [TrieSource(trie, TRIE, config.max_match, per_request=True,
                                              max_nodes=config.tree_nodes, max_depth=config.tree_depth)]
     if config.copy_nodes:  # after the trie: a node both draft keeps the trie's estimates (replayed: better)
@@ -180,6 +187,8 @@ def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | N
     if config.recycle_k:
         sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep))
     sources.extend(make_draft_sources(config, draft_model))
+    if heads is not None:
+        sources.append(heads.make_source(config))
     if config.window_width:
         sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
                                     config.max_match))
