@@ -59,9 +59,10 @@ def tiny_model() -> LlamaForCausalLM:
     return model
 
 
-def prompt_ids() -> torch.Tensor:
+def prompt_ids(batch: int = 1) -> torch.Tensor:
+    """long[batch, 160]: per row 40 random ids repeated 4 times (row 0 the same for every batch size)."""
     gen = torch.Generator().manual_seed(0)
-    return torch.randint(3, 256, (40,), generator=gen).repeat(4)[None]  # [1, 160], no pad/bos/eos
+    return torch.stack([torch.randint(3, 256, (40,), generator=gen).repeat(4) for _ in range(batch)])
 
 
 def make_decoder(method: str) -> LookaheadDecoder | None:
@@ -109,11 +110,11 @@ def run_once(model, ids, method: str, max_new_tokens: int) -> dict:
     finally:
         clock.remove()
     steps = decoder.stats.target_calls if decoder is not None else clock.calls
-    new = out.shape[1] - ids.shape[1]
+    new = (out.shape[1] - ids.shape[1]) * out.shape[0]
     return {"wall_s": wall, "forward_s": clock.seconds, "steps": steps, "new_tokens": new,
             "host_ms_per_step": (wall - clock.seconds) / steps * 1e3,
             "forward_ms_per_step": clock.seconds / steps * 1e3, "tokens_per_call": new / steps,
-            "sequence": out[0, ids.shape[1]:].tolist()}
+            "sequence": out[:, ids.shape[1]:].tolist()}
 
 
 def measure(model, ids, methods, repeats: int, max_new_tokens: int) -> dict:
@@ -194,9 +195,12 @@ def main(argv=None) -> None:
     ap.add_argument("--no-eos", action="store_true",
                     help="eos_token_id=None: no logits processors (min_new_tokens then adds none), max length only")
     ap.add_argument("--profile", choices=METHODS, metavar="METHOD", help="cProfile one method instead")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="rows per generate call (left-padding-free prompts of 160 tokens each; default 1): a "
+                         "step's host work for the whole batch, to compare with --batch 1 (goal: 16 rows at most 3x)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, ids = tiny_model(), prompt_ids()
+    model, ids = tiny_model(), prompt_ids(args.batch)
     if args.no_eos:
         model.generation_config.eos_token_id = None
     if args.profile:
@@ -206,12 +210,13 @@ def main(argv=None) -> None:
     if unknown := set(methods) - set(METHODS):
         ap.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
     result = measure(model, ids, methods, args.repeats, args.max_new_tokens)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), prompt {ids.shape[1]} tokens, "
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {ids.shape[0]} row(s), prompt {ids.shape[1]} tokens, "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats{', no EOS' if args.no_eos else ''}\n")
     print(table(result["summary"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+            json.dump({"threads": args.threads, "batch": args.batch, "max_new_tokens": args.max_new_tokens,
+                       "repeats": args.repeats,
                        "no_eos": args.no_eos, **result}, f, indent=1)
 
 

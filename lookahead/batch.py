@@ -1,8 +1,8 @@
 """Batched decoding (batch size > 1): every row exact, ONE forward per step for the whole batch.
 
 ``LookaheadDecoder.__call__`` hands a batch of more than one row (left-padded prompts, or a prompt
-expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps the single-row loop
-(``decoder._Call``). Per step:
+expanded by ``num_return_sequences``) to :class:`BatchCall`; batch size 1 keeps the single-row loop
+(``decoder.SingleCall``). Both are loops over the pieces of ``call.py``. Per step:
 
 1. **draft, per row**: each row has its own :class:`~lookahead.policy.DraftPolicy` (its own trie, copy
    index and model-prediction table; a shared ``trie=`` store is read by every row and learns each row's
@@ -16,7 +16,7 @@ expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps
    share of the steps it is in (:func:`token_values`). So a row that is not copying never buys width
    that only the others would pay for, and rows that will end early anyway buy little of it on a CPU (on
    a GPU, where width costs nothing, every row drafts). (At the prompt's step the drafts are priced by
-   what they add to the prompt's forward, :meth:`_BatchCall.step_costs`.)
+   what they add to the prompt's forward, :meth:`BatchCall.step_costs`.)
    **The prompt's step**, when the prompts' lengths differ enough that the cost curve says so
    (:func:`prefill_groups`; a CPU, where a forward's cost grows with its tokens): the rows are prefilled in
    groups of similar length, each group padded only to its own longest row, and their keys/values are
@@ -24,11 +24,12 @@ expanded by ``num_return_sequences``) to :class:`_BatchCall`; batch size 1 keeps
    drafts at that step. ``LookaheadConfig(batch_prefill="padded")`` keeps one padded forward.
 3. **pack** (:func:`pack_batch`): ids and positions ``[b, p + w]``, a 4D mask ``[b, 1, p + w, T + p + w]``;
    each row's positions count only its real tokens.
-4. **forward**, then per-row acceptance with ``verify.py``'s functions (greedy or sampled, each row its
-   own position uniforms), emission and stopping per row.
-5. **KV, per row** (:func:`step_gather_index`): each row's kept entries (its pending tokens and accepted
-   nodes) are gathered to the front of the step's columns; the step keeps as many columns as the row
-   that kept most, and a row that kept fewer has masked *holes* there. Holes and left padding are
+4. **forward**, then every row's argmax and top-k in one pass, the greedy verdicts of every row in one
+   Numba pass (with processors or sampling: ``verify.py`` per row, each row its own position uniforms),
+   and the stopping criteria on every row's emitted tokens in one pass.
+5. **KV, per row** (``kv_cache.keep_rows_entries``): each row's kept entries (its pending tokens and accepted
+   nodes) are gathered to the front of the step's columns, one gather per layer for all rows; the step keeps
+   as many columns as the row that kept most, and a row that kept fewer has masked *holes* there. Holes and left padding are
    squeezed out (:func:`realign_index`, right-aligned) once they exceed :data:`HOLE_SLACK` columns beyond
    the longest row, so the cache never holds more than plain batched decoding's (whose columns are
    the longest row's plus the others' padding) plus ``HOLE_SLACK`` and one step's rows, and the
@@ -53,22 +54,21 @@ the returned cache (``return_dict_in_generate`` returns the sequences with no ca
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from . import compat
+from . import call
 from . import kernels as K
+from .budget import Prober, can_pay
 from .cache import NgramTrie
 from .cost import CostModel
-from .cpu_linear import routed
 from .draft import Draft
-from .kernels import row_top
-from .kv_cache import GrowingLayer, cache_layers, check_rollbackable, grow_in_place, new_cache
+from .kv_cache import PLAIN_LAYERS, cache_layers, check_rollbackable, keep_rows_entries, kv_layers, new_cache
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
-from .verify import PositionUniforms, Verdict, greedy_verify_argmax, verify
+from .verify import PositionUniforms, Verdict
 
 HOLE_SLACK = 16
 """Hole columns beyond the longest row that the cache may hold before it is re-aligned (a full copy)."""
@@ -80,19 +80,6 @@ FLAT = CostModel(((1, 1.0), (2, 1.0)))
 """The curve a row's own budget prices with: every node with any chance is kept; the batch chooses the width."""
 
 _NO_WINDOW = np.zeros((0, 0), dtype=bool)
-
-
-def check_batch_supported(generation_config, decoder=None) -> None:
-    """Refuse, with a clear message, what the batched decoder does not do (batch size > 1)."""
-    gen = generation_config
-    if gen is not None and gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
-        raise ValueError(
-            "LookaheadDecoder with batch size > 1 does not return scores or logits (output_scores / output_logits):"
-            " plain generate's scores of a finished row come from forwards the decoder never runs. Use batch size"
-            " 1 or plain generate() for them."
-        )
-    if decoder is not None and getattr(decoder, "draft_model", None) is not None:
-        raise ValueError("LookaheadDecoder(draft_model=...) decodes batch size 1 only; call generate once per prompt.")
 
 
 # -- pure functions ------------------------------------------------------------------------------------
@@ -293,10 +280,10 @@ def row_processors(processors, r: int, b: int) -> list:
 # -- the shared store, read by every row ----------------------------------------------------------------
 
 
-class _ReadOnlyStore:
+class ReadOnlyStore:
     """A shared ``trie=`` store as a row's memory source sees it: proposals from it, nothing written while
     the rows decode (rows interleave in one thread, whose one stream would join their n-grams);
-    :meth:`_BatchCall.output` writes each row's output as its own stream instead."""
+    :meth:`BatchCall.output` writes each row's output as its own stream instead."""
 
     def __init__(self, store: NgramTrie):
         self.store = store
@@ -315,23 +302,11 @@ class _ReadOnlyStore:
         pass
 
 
-def row_policies(decoder, count: int) -> list[DraftPolicy]:
-    """The decoder's per-row draft policies, created on first use (each with its own trie), kept across calls."""
-    policies = decoder.__dict__.setdefault("_row_policies", [])
-    config = decoder.config
-    config = replace(config, window_width=0, refine_cost=False, self_draft="none")
-    memory = _ReadOnlyStore(decoder.memory) if decoder.memory is not None else None
-    while len(policies) < count:
-        trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
-        policies.append(DraftPolicy(config, trie, memory, decoder.policy.tuning))
-    return policies[:count]
-
-
 # -- the call --------------------------------------------------------------------------------------------
 
 
 @dataclass
-class _Row:
+class Row:
     """One row's state. ``length``: tokens in its sequence (its left padding included, as ``max_length``
     counts them); ``limit``: the length it stops at at the latest; ``stop``: the length at which a stopping
     criterion first held (None: not yet); ``done``: out of the batch."""
@@ -348,57 +323,27 @@ class _Row:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
 
-class _BatchCall:
+class BatchCall:
     """One batched ``generate`` call (batch size > 1): its state and the decode loop (:meth:`run`)."""
 
     def __init__(self, decoder, model, input_ids, logits_processor, stopping_criteria, generation_config,
                  streamer, model_kwargs):
-        from .decoder import _check_cache_layers, _check_model_kwargs
-
-        gen = generation_config if generation_config is not None else model.generation_config
-        check_batch_supported(gen, decoder)
-        _check_model_kwargs(model_kwargs, gen)
+        self.setup = setup = call.prepare(decoder, model, input_ids, logits_processor, stopping_criteria,
+                                          generation_config, model_kwargs, row_processors)
+        gen = setup.gen
         self.model, self.streamer, self.clock = model, streamer, decoder.clock
         self.decoder, self.stats = decoder, decoder.stats
-        self.processors = [compat.processors_as_function(row_processors(logits_processor, r, input_ids.shape[0]))
-                           for r in range(input_ids.shape[0])]  # per row: None when there are none
-        stop_length, self.eos, self.other_stops = compat.host_stopping(stopping_criteria)
-        self.max_length = stop_length if stop_length is not None else gen.max_length
-        # plain generate pads a stopped row only when some criterion is an EOS one (its _sample)
-        self.pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria or ())
+        self.max_length, self.pads, self.cache, self.device = setup.max_length, setup.pads, setup.cache, setup.device
         pad = getattr(gen, "_pad_token_tensor", None)
         pad = gen.pad_token_id if pad is None else pad
         self.pad = None if pad is None else int(torch.as_tensor(pad).reshape(-1)[0])
         if self.pads and self.pad is None:
             raise ValueError("If `eos_token_id` is defined, make sure that `pad_token_id` is defined.")
-        if decoder.memory is not None and decoder.memory.max_token() >= model.config.vocab_size:
-            raise ValueError(
-                f"the shared trie holds token id {decoder.memory.max_token()}, outside this model's vocabulary of "
-                f"{model.config.vocab_size}: the store was built with another tokenizer."
-            )
-        self.cache_kwarg = compat.cache_kwarg_name(model)
-        self.keeps_logits = compat.supports_logits_to_keep(model)
-        cache = compat.cache_of(model_kwargs)
-        self.cache = new_cache(model) if cache is None else grow_in_place(cache)
-        if self.cache.get_seq_length():
-            raise ValueError("LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds "
-                             f"{self.cache.get_seq_length()} tokens. Pass no cache, or use plain generate().")
-        self.forward_kwargs = {"use_cache": True, self.cache_kwarg: self.cache}
-        self.kv_window = _check_cache_layers(self.cache, gen.max_length)
-        self.device = input_ids.device
-        self.on_cpu = self.device.type == "cpu"
-        self.argmax_by_max = self.on_cpu and getattr(model.config, "vocab_size", 0) >= 1024
-        self.dtype = model.dtype
-        self.return_dict = bool(gen.return_dict_in_generate)
-        sampling = bool(gen.do_sample)
-        self.plain_greedy = self.processors[0] is None and not sampling
 
         b, length = input_ids.shape
         self.prompt_length = length
         ids = input_ids.cpu().numpy().astype(np.int64)  # int64[b, L], host copy
         mask = model_kwargs.get("attention_mask")
-        if mask is not None and mask.dim() != 2:
-            raise ValueError("attention_mask must be 2D [batch, sequence]")
         visible = np.ones((b, length), dtype=bool) if mask is None else mask.bool().cpu().numpy()
         self.pending, self.pending_vis = ids, visible  # [b, L] each: the first step's pending tokens
         self.pending_pos = np.maximum(np.cumsum(visible, 1) - 1, 0)
@@ -406,31 +351,23 @@ class _BatchCall:
         self.fill = self.pad if self.pad is not None else 0
         self.seq = torch.full((b, cap), self.fill, dtype=torch.long, device=self.device)  # the output buffer
         self.seq[:, :length] = input_ids
-        self.seq_host = self.seq.numpy() if self.device.type == "cpu" else None
+        self.seq_host = self.seq.numpy() if setup.on_cpu else None
 
-        cost = None
-        if decoder.config.adaptive:
-            t = self.clock()
-            cost = decoder.cost_curve(model, self.kv_window)
-            self.stats.time_calibration = self.clock() - t
-            self.stats.cost_curve = cost.points
-        self.cost = cost
-        self.margin = decoder.policy.tuning.margin
-        self.probe_every = decoder.policy.tuning.probe_every
-        self.kernel_rows = cost.kernel_rows if cost is not None and decoder.config.cpu_kernels else frozenset()
+        self.cost = setup.cost
+        self.margin = decoder.tuning.margin
+        self.prober = Prober(decoder.tuning.probe_every)
         self.max_nodes = decoder.config.step_nodes
         self._can_pay: dict[tuple[int, int], bool] = {}
-        self._since_draft = 0
         self._dead_cost = 0.0  # forward seconds finished rows have cost since the last drop
         self._copy_seconds_per_byte = COPY_SECONDS_PER_BYTE
 
-        limits = Limits(self.max_length, self.kv_window)
-        self.rows: list[_Row] = []
-        for i, policy in enumerate(row_policies(decoder, b)):
+        limits = Limits(self.max_length, setup.kv_window)
+        self.rows: list[Row] = []
+        for i, policy in enumerate(decoder.policies_for(b)):
             prompt = ids[i][visible[i]]
-            policy.start(prompt, limits, FLAT if cost is not None else None, model)
-            self.rows.append(_Row(policy, prompt, length, self.max_length, last_pos=int(self.pending_pos[i, -1]),
-                                  uniforms=PositionUniforms() if sampling else None))
+            policy.start(prompt, limits, FLAT if self.cost is not None else None, model)
+            self.rows.append(Row(policy, prompt, length, self.max_length, last_pos=int(self.pending_pos[i, -1]),
+                                 uniforms=PositionUniforms() if setup.sampling else None))
         decoder.prefill_groups = None  # the prompt's row groups when it was prefilled in groups (prefill())
         self.active = list(range(b))  # the rows in the cache, in its batch order
         self.T = 0  # cache columns
@@ -440,11 +377,7 @@ class _BatchCall:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def run(self):
-        """The decode loop, with the model's linear layers on the path the cost curve was measured on."""
-        with routed(self.model, self.kernel_rows):
-            return self.loop()
-
-    def loop(self):
+        """The decode loop: draft -> pack -> forward -> read rows -> verify -> emit -> keep KV -> learn."""
         stats, clock = self.stats, self.clock
         checked = False
         while any(not self.rows[r].done for r in self.active):
@@ -454,46 +387,42 @@ class _BatchCall:
             groups = self.prefill_plan()
             if groups is not None:  # the prompt, in groups of rows of similar length; no drafts this step
                 drafts, width = [Draft.empty()] * len(rows), 0
-                tops_wanted = any(row.policy.recycle_k for row in rows)
+                k = max(row.policy.recycle_k for row in rows)
                 t1 = clock()
                 logits = self.prefill(groups)  # [b, 1, V]
             else:
-                drafts, tops_wanted = self.draft(rows, p)
+                drafts, k = self.draft(rows, p)
                 width = max((len(d) for d in drafts), default=0)
                 width = self.fit_kv_window(p, width, drafts)
                 col_visible = np.concatenate([self.vis[: len(rows), : self.T], self.pending_vis], axis=1)
-                ids, pos, mask = pack_batch(self.pending, self.pending_pos, col_visible, drafts, width, self.dtype,
-                                            self.device)
+                ids, pos, mask = pack_batch(self.pending, self.pending_pos, col_visible, drafts, width,
+                                            self.setup.dtype, self.device)
                 t1 = clock()
-                logits = self.forward(ids, pos, mask, width)  # [b, 1 + w, V]
+                logits = call.forward(self.setup, stats, ids, pos, mask, width + 1)  # [b, 1 + w, V]
             if not checked:
                 check_rollbackable(self.cache)
                 checked = True
             t2 = clock()
-            argmax, tops = self.read_rows(logits, drafts, tops_wanted)
-            verdicts = [None if row.done else self.verify(i, row, logits, drafts[i], argmax)
-                        for i, row in enumerate(rows)]
+            verdicts, tops = self.verify(rows, logits, drafts, k)
             t3 = clock()
-            keeps, first = [], True
-            for i, (row, d, verdict) in enumerate(zip(rows, drafts, verdicts)):
+            emitted = self.emit(rows, verdicts)
+            keeps = []
+            for i, (row, d, verdict, n_emit) in enumerate(zip(rows, drafts, verdicts, emitted)):
                 if verdict is None:  # finished: nothing to verify or keep
                     keeps.append(list(range(p)))
                     continue
-                n_emit = self.emit(self.active[i], row, verdict)
                 n_acc = min(len(verdict.nodes), n_emit)
                 keeps.append(list(range(p)) + [p + j for j in verdict.nodes[:n_acc]])
                 row.last_pos = int(self.pending_pos[i, -1]) + n_acc + 1
                 row.pending = verdict.tokens[n_emit - 1]
-                successors = None
-                if tops is not None:
-                    start = i * (1 + width)
-                    successors = (tops[0][start : start + len(d) + 1], tops[1][start : start + len(d) + 1])
+                successors = None if tops is None else (tops[0][i, : len(d) + 1], tops[1][i, : len(d) + 1])
                 row.policy.learn(d, verdict.nodes, verdict.tokens[:n_emit], None, 0, 0.0, successors)
                 row.stats.target_calls += 1
                 row.stats.record_step(d, verdict.nodes[:n_acc], n_emit, 0.0, 0.0, 0.0, 0.0)
-                stats.record_step(d, verdict.nodes[:n_acc], n_emit, (t1 - t0) * first, (t2 - t1) * first,
-                                  (t3 - t2) * first, 0.0)
-                first = False
+                stats.record_step(d, verdict.nodes[:n_acc], n_emit, 0.0, 0.0, 0.0, 0.0)
+            stats.time_propose += t1 - t0
+            stats.time_forward += t2 - t1
+            stats.time_verify += t3 - t2
             self.keep_kv(p, width, keeps)
             self.finish_rows(width)
             self.next_pending()
@@ -507,7 +436,8 @@ class _BatchCall:
         """At the prompt's step: the rows' prefill groups (:func:`prefill_groups`), or None for one padded
         forward (the prefill is not grouped with a pinned flat curve, a sliding-window or shared-KV cache,
         ``batch_prefill="padded"``, or when the groups would not pay)."""
-        if self.T or self.cost is None or self.decoder.config.batch_prefill == "padded" or self.kv_window is not None:
+        if (self.T or self.cost is None or self.decoder.config.batch_prefill == "padded"
+                or self.setup.kv_window is not None):
             return None
         if not _plain_layers(self.cache):
             return None
@@ -526,10 +456,10 @@ class _BatchCall:
         for g in groups:
             width = int(self.pending_vis[g].sum(1).max())
             ids, pos, mask = pack_batch(self.pending[g][:, -width:], self.pending_pos[g][:, -width:],
-                                        self.pending_vis[g][:, -width:], [Draft.empty()] * len(g), 0, self.dtype,
-                                        self.device)
+                                        self.pending_vis[g][:, -width:], [Draft.empty()] * len(g), 0,
+                                        self.setup.dtype, self.device)
             cache = new_cache(self.model)
-            group_logits = self.forward(ids, pos, mask, 0, cache)  # [g, 1, V]
+            group_logits = call.forward(self.setup, self.stats, ids, pos, mask, 1, cache)  # [g, 1, V]
             rows = torch.from_numpy(g).to(self.device)
             if logits is None:
                 logits = group_logits.new_empty((b, 1, group_logits.shape[-1]))
@@ -555,9 +485,7 @@ class _BatchCall:
         """Whether any width could pay at ``b`` rows and ``p`` pending tokens, were every node accepted."""
         key = (b, p)
         if key not in self._can_pay:
-            w = np.arange(self.max_nodes + 1)
-            t = self.step_costs(b, p, self.max_nodes)
-            self._can_pay[key] = bool(np.any((1 + w[1:]) * t[0] >= self.margin * t[1:]))
+            self._can_pay[key] = can_pay(self.step_costs(b, p, self.max_nodes), self.margin)
         return self._can_pay[key]
 
     def step_costs(self, b: int, p: int, widest: int) -> np.ndarray:
@@ -574,18 +502,17 @@ class _BatchCall:
             return self.cost(b * (1 + w))
         return self.cost(b) + self.cost(b * (p + w)) - self.cost(b * p)
 
-    def draft(self, rows: list[_Row], p: int) -> tuple[list[Draft], bool]:
-        """(each row's draft, trimmed to the step's width; whether the rows' top-k successors are wanted)."""
+    def draft(self, rows: list[Row], p: int) -> tuple[list[Draft], int]:
+        """(each row's draft, trimmed to the step's width; the top-k the rows' model sources want, 0 for none)."""
         b = len(rows)
         if self.cost is not None and not self.batch_can_pay(b, p):
-            return [Draft.empty()] * b, False
+            return [Draft.empty()] * b, 0
         drafts = [Draft.empty() if row.done else row.policy.draft(row.length, self.T + p, row.last_pos).without_window()
                   for row in rows]
-        tops = any(row.policy.recycle_k for row in rows if not row.done)
+        k = max((row.policy.recycle_k for row in rows if not row.done), default=0)
         if self.cost is None or not any(len(d) for d in drafts):
-            return drafts, tops
-        probs = [row.policy.budget.acceptance.node_probabilities(d) * row.policy.budget.belief.scale()
-                 if len(d) else np.zeros(0) for row, d in zip(rows, drafts)]
+            return drafts, k
+        probs = [row.policy.budget.node_probabilities(d) if len(d) else np.zeros(0) for row, d in zip(rows, drafts)]
         live = [row for row in rows if not row.done]
         gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for row, pr in zip(rows, probs) if not row.done]
         widest = max(len(d) for d in drafts)
@@ -593,20 +520,17 @@ class _BatchCall:
         remaining = np.array([row.limit - row.length for row in live], dtype=np.float64)
         values = token_values(remaining, paces, float(self.cost(len(live))), float(self.cost(1)))
         width = choose_width(gains, values, self.step_costs(b, p, widest), self.margin)
-        if width:
-            self._since_draft = 0
-        else:
-            self._since_draft += 1
-            if self._since_draft >= self.probe_every:  # estimates learned low can recover
-                width, self._since_draft = 1, 0
-        return [d.keep(top_nodes(pr, width)) if len(d) > width else d for d, pr in zip(drafts, probs)], tops
+        if self.prober.due(bool(width)):  # estimates learned low can recover
+            width = 1
+        return [d.keep(top_nodes(pr, width)) if len(d) > width else d for d, pr in zip(drafts, probs)], k
 
     def fit_kv_window(self, p: int, width: int, drafts: list[Draft]) -> int:
         """Below a sliding-window cache's window, where rollback still works: re-align, then narrow the step."""
-        if self.kv_window is None or self.T + p + width <= self.kv_window - 1:
+        kv_window = self.setup.kv_window
+        if kv_window is None or self.T + p + width <= kv_window - 1:
             return width
         self.compact(None, force=True)
-        spare = self.kv_window - 1 - self.T - p
+        spare = kv_window - 1 - self.T - p
         if spare < 0:
             raise RuntimeError("the batch no longer fits the model's sliding window")
         if width > spare:
@@ -616,79 +540,72 @@ class _BatchCall:
             width = spare
         return width
 
-    def forward(self, ids, pos, mask, width: int, cache=None) -> torch.Tensor:
-        """One forward (into ``cache`` when given, else the batch's); the float logits [b, 1 + w, V] of the last
-        pending token and the draft columns."""
-        kwargs = self.forward_kwargs if cache is None else {**self.forward_kwargs, self.cache_kwarg: cache}
-        self.stats.target_calls += 1
-        return compat.last_logits(self.model, ids, pos, mask, kwargs, self.keeps_logits, width + 1)
+    def verify(self, rows: list[Row], logits: torch.Tensor, drafts: list[Draft], k: int):
+        """(per row its verdict, None for a finished row; the top-k (ids int64[b, 1 + w, k], logits
+        float32[b, 1 + w, k]) of each row's root and draft nodes when ``k``, else None).
 
-    def read_rows(self, logits: torch.Tensor, drafts: list[Draft], tops_wanted: bool):
-        """(every row's argmax, [b][1 + w] lists, when the verdicts need only them, else None; when the rows'
-        model sources want them, the top-k (ids int64[b * (1 + w), k], logits float32[b * (1 + w), k]) of
-        each row's root and draft nodes: a dummy node's entries are left unset).
+        Greedy with no processors: every row's argmax and top-k in one pass over its real rows (a dummy node is
+        not read, ``call.read_rows``), then every row's verdict in one Numba pass (``call.greedy_verdicts``)."""
+        setup = self.setup
+        counts = np.array([0 if row.done else len(d) + 1 for row, d in zip(rows, drafts)], dtype=np.int64)
+        argmax, tops = call.read_rows(setup, logits, counts if setup.plain_greedy else None, counts, k)
+        live = [i for i, row in enumerate(rows) if not row.done]
+        verdicts: list[Verdict | None] = [None] * len(rows)
+        if setup.plain_greedy:
+            for i, v in zip(live, call.greedy_verdicts(argmax[live], [drafts[i] for i in live])):
+                verdicts[i] = v
+            return verdicts, tops
+        for i in live:
+            r, row, n = self.active[i], rows[i], len(drafts[i])
+            uniforms = row.uniforms.take(row.stats.new_tokens, n + 1) if row.uniforms is not None else None
+            verdicts[i] = call.processed_verdict(setup, logits[i], drafts[i], self.seq[r : r + 1, : row.length],
+                                                 setup.processors[r], uniforms)
+        return verdicts, tops
 
-        On a CPU, one ``kernels.row_top`` pass over each row's real logits rows (its root and nodes), which
-        gives their argmax too (exactly ``torch.argmax``'s); the dummy nodes are not read."""
-        k = max(row.policy.recycle_k for row in (self.rows[r] for r in self.active)) if tops_wanted else 0
-        b, q, v = logits.shape
-        if not k:
-            if not self.plain_greedy:
-                return None, None
-            am = logits.max(-1).indices if self.argmax_by_max else logits.argmax(-1)
-            return am.tolist(), None
-        if self.on_cpu:
-            arr = logits.detach().numpy()  # [b, q, V] float32, read only
-            ids, vals = np.empty((b * q, k), np.int64), np.empty((b * q, k), np.float32)
-            argmax = []
-            for i, d in enumerate(drafts):
-                start, rows = i * q, len(d) + 1
-                argmax.append(row_top(np.ascontiguousarray(arr[i, :rows]), k, ids[start : start + rows],
-                                      vals[start : start + rows]).tolist())
-            return (argmax if self.plain_greedy else None), (ids, vals)
-        t = logits.reshape(b * q, v).topk(min(k, v), -1)
-        tops = (t.indices.cpu().numpy(), t.values.cpu().numpy())
-        return (logits.argmax(-1).tolist() if self.plain_greedy else None), tops
+    def emit(self, rows: list[Row], verdicts: list[Verdict | None]) -> list[int]:
+        """Append each row's verdict tokens until it stops; returns how many each emitted (0: finished rows).
+        The host-checkable criteria of every row in one pass (``call.first_stops``), then, where there are
+        others, those token by token up to the first stop."""
+        setup = self.setup
+        live = [i for i, v in enumerate(verdicts) if v is not None]
+        starts = np.array([rows[i].length for i in live], dtype=np.int64)
+        limits = np.array([rows[i].limit for i in live], dtype=np.int64)
+        index, by_limit = call.first_stops(setup, [verdicts[i].tokens for i in live], starts, limits)
+        emitted = [0] * len(rows)
+        for j, i in enumerate(live):
+            row, tokens, r, start = rows[i], verdicts[i].tokens, self.active[i], rows[i].length
+            if self.seq_host is not None:
+                self.seq_host[r, start : start + len(tokens)] = tokens
+            else:
+                self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            n_emit, stop, by_length = len(tokens), int(index[j]), bool(by_limit[j])
+            if row.stop is not None:  # stopped already (no EOS criterion): only its length limit counts
+                stop, by_length = self._limit_index(start, len(tokens), row.limit), True
+            elif setup.other_stops:  # the criteria on tensors, token by token up to the host's stop
+                for t in range(stop + 1 if stop >= 0 else len(tokens)):
+                    if call.other_stop(setup, self.seq[r : r + 1, : start + t + 1], None):
+                        if t < stop or stop < 0:
+                            stop, by_length = t, False
+                        break
+            if stop >= 0 and by_length:
+                n_emit = stop + 1
+            elif stop >= 0:  # a criterion holds at token `stop`: with an EOS criterion the row ends there, else it
+                row.stop = start + stop + 1  # keeps its real continuation (as plain generate) up to its limit
+                limit = self._limit_index(start, len(tokens), row.limit)
+                n_emit = stop + 1 if self.pads else (limit + 1 if limit >= 0 else len(tokens))
+            if n_emit < len(tokens):  # the buffer past a row's end holds the padding again
+                self.seq[r, start + n_emit : start + len(tokens)] = self.fill
+            row.length = start + n_emit
+            if row.length >= row.limit and row.stop is None:
+                row.stop = row.length
+            emitted[i] = n_emit
+        return emitted
 
-    def verify(self, i: int, row: _Row, logits: torch.Tensor, draft: Draft, argmax) -> Verdict:
-        n = len(draft)
-        if self.plain_greedy:
-            if not n:
-                return Verdict([], argmax[i][:1])
-            return greedy_verify_argmax(argmax[i][: n + 1], draft.tokens.tolist(), draft.parents.tolist())
-        r = self.active[i]
-        uniforms = row.uniforms.take(row.stats.new_tokens, n + 1) if row.uniforms is not None else None
-        return verify(logits[i, : n + 1], draft.tokens.tolist(), draft.parents.tolist(), self.seq[r : r + 1, : row.length],
-                      self.processors[r], do_sample=row.uniforms is not None, uniforms=uniforms)
-
-    def emit(self, r: int, row: _Row, verdict: Verdict) -> int:
-        """Append row ``r``'s verdict tokens until it stops; returns how many were emitted."""
-        tokens, start = verdict.tokens, row.length
-        if self.seq_host is not None:
-            self.seq_host[r, start : start + len(tokens)] = tokens
-        else:
-            self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        n_emit = len(tokens)
-        for i, tok in enumerate(tokens):
-            end = start + i + 1
-            if end >= row.limit:
-                n_emit = i + 1
-                break
-            if row.stop is None and (tok in self.eos or (self.other_stops and self._other_stop(r, end))):
-                row.stop = end
-                if self.pads:
-                    n_emit = i + 1
-                    break
-        if n_emit < len(tokens):  # the buffer past a row's end holds the padding again
-            self.seq[r, start + n_emit : start + len(tokens)] = self.fill
-        row.length = start + n_emit
-        if row.length >= row.limit and row.stop is None:
-            row.stop = row.length
-        return n_emit
-
-    def _other_stop(self, r: int, end: int) -> bool:
-        ids = self.seq[r : r + 1, :end]
-        return any(bool(criterion(ids, None).all()) for criterion in self.other_stops)
+    @staticmethod
+    def _limit_index(start: int, n: int, limit: int) -> int:
+        """The index of the token at which a row of ``start`` tokens reaches ``limit``, or -1 within ``n``."""
+        i = limit - start - 1
+        return i if 0 <= i < n else -1
 
     def finish_rows(self, width: int) -> None:
         """Mark the rows that are done: stopped (with an EOS criterion), or, without one, past the length at
@@ -729,21 +646,12 @@ class _BatchCall:
         self._dead_cost = 0.0
 
     def _cache_bytes(self) -> int:
-        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in _kv_layers(self.cache))
+        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in kv_layers(self.cache))
 
     def keep_kv(self, p: int, width: int, keeps: list[list[int]]) -> None:
         """Per row, keep its pending tokens' and accepted nodes' entries at the front of the step's columns."""
-        q, start = p + width, self.T
-        most = max(len(k) for k in keeps)
-        if any(k != list(range(most)) for k in keeps):  # not one plain prefix for all: gather
-            idx = torch.from_numpy(step_gather_index(keeps, most) + start).to(self.device)
-            for layer in _kv_layers(self.cache):
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    index = idx[:, None, :, None].expand(t.shape[0], t.shape[1], most, t.shape[3])
-                    t[:, :, start : start + most] = t.gather(2, index)
-        if q > most:
-            self.cache.crop(-(q - most))
+        start = self.T
+        most = keep_rows_entries(self.cache, p + width, keeps)
         vis = self.vis
         vis[: len(keeps), start : start + most] = False
         for i, k in enumerate(keeps):
@@ -771,7 +679,7 @@ class _BatchCall:
         idx, new_vis = realign_index(vis)
         width = idx.shape[1]
         index = torch.from_numpy(idx).to(self.device)
-        for layer in _kv_layers(self.cache):
+        for layer in kv_layers(self.cache):
             for name in ("keys", "values"):
                 t = getattr(layer, name)
                 t[:, :, :width] = t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3]))
@@ -820,23 +728,17 @@ class _BatchCall:
                 memory.reset_stream()
         self.decoder.row_stats = [row.stats for row in self.rows]
         sequences = self.seq[:, :final].clone()
-        if not self.return_dict:
+        if not self.setup.return_dict:
             return sequences
+        from . import compat
+
         return compat.decoder_only_output(sequences, None, None, None)
 
 
-def _kv_layers(cache) -> list:
-    """The cache layers holding keys/values (layers sharing another's KV are skipped)."""
-    return [layer for layer in cache_layers(cache)
-            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel()]
-
-
 def _plain_layers(cache) -> bool:
-    """Whether every layer of the (empty) ``cache`` is a plain ``DynamicLayer``, one per decoder layer: then
+    """Whether every layer of the (empty) ``cache`` is a plain full-attention layer, one per decoder layer: then
     a layer's entries can be handed over whole with ``cache.update`` (a sliding-window layer's update would
     keep only its window)."""
-    from transformers.cache_utils import DynamicLayer
-
     layers = cache_layers(cache)
-    return bool(layers) and all(type(layer) in (DynamicLayer, GrowingLayer) and not getattr(layer, "is_initialized", False)
+    return bool(layers) and all(type(layer) in PLAIN_LAYERS and not getattr(layer, "is_initialized", False)
                                 for layer in layers)

@@ -23,6 +23,37 @@ from .draft import ORIGINS, WINDOW, Draft
 from .tuning import BudgetTuning
 
 
+def can_pay(costs: np.ndarray, margin: float) -> bool:
+    """Whether drafting could ever beat a plain step on ``costs`` (float[K + 1], a step's cost with ``k`` = 0..K
+    draft nodes, ``costs[0]`` the plain step's), were every node surely accepted: ``(1 + k) * costs[0] >= margin
+    * costs[k]`` for some ``k`` >= 1. When not, proposing is skipped altogether.
+
+    Example: ``t(1) = 1, t(2) = 3, t(k) = k + 1`` beyond (costs ``[1, 3, 4, 5]``): ``(1 + k) / costs[k]`` stays
+    below 1: False.
+    """
+    k = np.arange(1, len(costs))
+    return bool(np.any((1 + k) * costs[0] >= margin * np.asarray(costs)[1:]))
+
+
+class Prober:
+    """Counts the steps that drafted nothing although drafts existed; every ``every``-th such step should
+    verify one node anyway (:meth:`due`), so that acceptance estimates learned low can recover."""
+
+    def __init__(self, every: int):
+        self.every, self.idle = every, 0
+
+    def due(self, drafted: bool) -> bool:
+        """Record a step that did (``drafted``) or did not draft; True when this step should probe instead."""
+        if drafted:
+            self.idle = 0
+            return False
+        self.idle += 1
+        if self.idle >= self.every:
+            self.idle = 0
+            return True
+        return False
+
+
 def choose_nodes(probs: np.ndarray, cost: CostModel | np.ndarray, extra_rows: int = 0, extra_gain: float = 0.0,
                  margin: float = 1.05) -> tuple[np.ndarray, float]:
     """The draft nodes worth verifying: (indices, sorted; expected tokens per second of the choice).
@@ -62,7 +93,7 @@ class Budget:
         self.belief = CopyBelief(tuning)
         self.window_gain = tuning.window_gain_start
         self._since_window = 0
-        self._since_draft = 0
+        self.prober = Prober(tuning.probe_every)
 
     @property
     def drafting_can_pay(self) -> bool:
@@ -72,8 +103,13 @@ class Budget:
 
         Example: ``t(1) = 1, t(2) = 3, t(k) = k + 1`` beyond: ``(1 + k) / t(1 + k)`` stays below 1.
         """
-        k = np.arange(1, len(self._table) - 1)
-        return bool(np.any((1 + k) * self._table[1] >= self.tuning.margin * self._table[1 + k]))
+        return can_pay(self._table[1:], self.tuning.margin)
+
+    def node_probabilities(self, draft: Draft, scaled: bool = True) -> np.ndarray:
+        """float[n]: P(node accepted) for each node of ``draft``: the acceptance estimates, times the copy
+        belief's scale when ``scaled`` (unscaled: the same order, for ranking nodes)."""
+        probs = self.acceptance.node_probabilities(draft)
+        return probs * self.belief.scale() if scaled else probs
 
     def plan(self, draft: Draft) -> Draft:
         """The part of ``draft`` worth verifying this step (nodes kept, window kept or dropped)."""
@@ -81,7 +117,7 @@ class Budget:
         n, window_rows = len(draft.tokens), draft.n_window_rows
         if not n and not window_rows:
             return draft
-        probs = self.acceptance.node_probabilities(draft) * self.belief.scale() if n else np.zeros(0)
+        probs = self.node_probabilities(draft) if n else np.zeros(0)
         margin = self.tuning.margin
         keep, rate = choose_nodes(probs, self._table, margin=margin)
         use_window = False
@@ -91,12 +127,8 @@ class Budget:
             use_window = rate_w > rate or self._since_window >= self.tuning.window_probe_every
             if use_window:
                 keep, self._since_window = with_w, 0
-        if n and not len(keep):
-            self._since_draft += 1
-            if self._since_draft >= self.tuning.probe_every:
-                keep = np.argsort(-probs, kind="stable")[:1]  # the most probable node is a root child
-        if len(keep):
-            self._since_draft = 0
+        if n and self.prober.due(bool(len(keep))):
+            keep = np.argsort(-probs, kind="stable")[:1]  # the most probable node is a root child
         draft = draft.keep(keep)
         return draft if use_window else draft.without_window()
 

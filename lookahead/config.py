@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-
 SELF_DRAFTS = ("none", "layer-skip", "early-exit", "low-rank")
 """``LookaheadConfig.self_draft`` values (the draft passes of ``selfspec.py``)."""
 
@@ -55,16 +54,6 @@ class LookaheadConfig:
     - ``refine_cost``: fold each step's measured forward time into the call's cost curve (off by
       default: decisions then depend only on the curve, not on the machine's momentary load; see
       ``cost.CostRefiner`` for how refinement avoids drifting).
-    - ``cpu_kernels``: on a CPU (fp32 or bf16 weights), the calibration also times the model's exact
-      ``nn.Linear`` layers through Numba kernels that read each weight once per step
-      (``cpu_linear.py``), and each step's forward runs them for the row counts where they measured
-      faster; the cost curve is then the faster path's. Needs the calibration (``adaptive`` without a
-      given ``cost_curve``). Off by default: on the 2-core Xeon of ``benchmarks/results/cpu-linear.md``
-      they win only from 4 to 16 rows and gave no end-to-end gain, and their sums round differently
-      from torch's (a dot product summed in another order), so where the top two logits nearly tie the
-      greedy token can differ from plain ``generate``'s, as with any multi-row forward. Turn it on
-      where torch's small-batch matrix multiply is far from the memory bound (compare the two curves
-      in ``python -m benchmarks.cpu_linear``).
 
     Longest-match copy (``lookahead.cache.SuffixIndex``, a suffix automaton over the prompt and output):
 
@@ -124,7 +113,6 @@ class LookaheadConfig:
     adaptive: bool = True
     cost_curve: tuple | None = None
     refine_cost: bool = False
-    cpu_kernels: bool = False
     copy_nodes: int = 56
     copy_depth: int = 32
     copy_branches: int = 4

@@ -68,8 +68,8 @@ import warnings
 
 import torch
 
-from . import compat
-from .decoder import LookaheadDecoder, _check_supported
+from . import call, compat
+from .decoder import LookaheadDecoder
 
 __all__ = ["LookaheadGenerate", "enable", "disable", "is_enabled"]
 
@@ -166,8 +166,7 @@ class LookaheadGenerate:
         batch = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else 1
         batch *= max(config.num_return_sequences or 1, 1)
         try:
-            _check_supported(model, torch.empty((batch, 0), dtype=torch.long), config,
-                             bool(kwargs.get("synced_gpus")))
+            call.check_supported(model, batch, config, bool(kwargs.get("synced_gpus")), self.default)
         except ValueError as err:
             return str(err)
         return None

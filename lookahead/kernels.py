@@ -291,3 +291,104 @@ def greedy_walk(argmax, tokens, parents):
         nodes[a] = child
         a += 1
         row = child + 1
+
+
+@njit(cache=True, nogil=True)
+def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
+    """:func:`row_top` over a batch: for each row ``i`` of ``logits`` float32[b, q, V], the argmax of its first
+    ``argmax_rows[i]`` query rows into ``argmax`` int64[b, q] and, for its first ``top_rows[i]`` (at most
+    ``argmax_rows[i]``), their ``k`` largest entries into ``ids`` int64[b, q, k] / ``vals`` float32[b, q, k]
+    (the same pass). Entries past those counts are left unset. ``k`` = 0: argmax only.
+
+    Example: logits ``[[[1., 5., 5.], [3., 0., 1.]]]``, argmax_rows ``[2]``, top_rows ``[1]``, k = 1 -> argmax
+    ``[[1, 0]]``, ids ``[[[1], [unset]]]``.
+    """
+    b, q, v = logits.shape
+    for i in range(b):
+        for j in range(argmax_rows[i]):
+            row = logits[i, j]
+            if k and j < top_rows[i]:
+                argmax[i, j] = row_top(row.reshape(1, v), k, ids[i, j:j + 1], vals[i, j:j + 1])[0]
+            else:
+                best = 0
+                m = row[0]
+                if m == m:
+                    for c in range(1, v):
+                        x = row[c]
+                        if x > m:
+                            m, best = x, c
+                        elif x != x:
+                            best = c
+                            break
+                argmax[i, j] = best
+    return argmax
+
+
+@njit(cache=True, nogil=True)
+def greedy_walks(argmax, tokens, parents, counts):
+    """:func:`greedy_walk` for every row of a batch at once: row ``i``'s tree is ``tokens[i, :counts[i]]`` /
+    ``parents[i, :counts[i]]`` (int64[b, w] each) and its rows' argmax ``argmax[i, :1 + counts[i]]``. Returns
+    (nodes int64[b, w], accepted int64[b], emitted int64[b, w + 1]): row ``i`` accepted ``nodes[i, :accepted[i]]``
+    and emits ``emitted[i, :accepted[i] + 1]``.
+
+    Example: argmax ``[[5, 9, 3, 4], [7, 0, 0, 0]]``, tokens ``[[5, 7, 9], [5, 0, 0]]``, parents
+    ``[[-1, -1, 0], [-1, 0, 0]]``, counts ``[3, 1]`` -> row 0 accepts ``[0, 2]`` and emits ``[5, 9, 4]``; row 1
+    accepts nothing and emits ``[7]``.
+    """
+    b, w = tokens.shape
+    nodes = np.empty((b, w), np.int64)
+    accepted = np.zeros(b, np.int64)
+    emitted = np.empty((b, w + 1), np.int64)
+    for i in range(b):
+        n = counts[i]
+        a = 0
+        row = 0
+        while True:
+            x = argmax[i, row]
+            emitted[i, a] = x
+            child = -1
+            for c in range(row, n):
+                if parents[i, c] == row - 1 and tokens[i, c] == x:
+                    child = c
+                    break
+            if child < 0:
+                break
+            nodes[i, a] = child
+            a += 1
+            row = child + 1
+        accepted[i] = a
+    return nodes, accepted, emitted
+
+
+@njit(cache=True, nogil=True)
+def first_stops(tokens, offsets, starts, limits, eos):
+    """Per row of a batch's emitted tokens, the first one at which the sequence stops on the host-checkable
+    criteria: its length reaches the row's limit (``max_length``) or the token is an EOS id.
+
+    ``tokens`` int64[total]: every row's emitted tokens, row ``i``'s at ``offsets[i]:offsets[i + 1]``;
+    ``starts`` int64[b]: the row's sequence length before them; ``limits`` int64[b]; ``eos`` int64[e].
+    Returns (index int64[b]: the stopping token's place in the row's tokens, or -1; by_limit bool[b]: it
+    stopped on its length rather than an EOS id).
+
+    Example: tokens ``[4, 2, 7, 5]``, offsets ``[0, 3, 4]``, starts ``[10, 18]``, limits ``[20, 19]``, eos
+    ``[2]`` -> index ``[1, 0]``, by_limit ``[False, True]``.
+    """
+    b = starts.shape[0]
+    index = np.full(b, -1, np.int64)
+    by_limit = np.zeros(b, np.bool_)
+    for i in range(b):
+        for j in range(offsets[i], offsets[i + 1]):
+            t = tokens[j]
+            end = starts[i] + j - offsets[i] + 1
+            hit = end >= limits[i]
+            if hit:
+                by_limit[i] = True
+            else:
+                for e in range(eos.shape[0]):
+                    if eos[e] == t:
+                        hit = True
+                        break
+            if hit:
+                index[i] = j - offsets[i]
+                break
+    return index, by_limit

@@ -3,7 +3,7 @@
 After a step the cache holds ``base`` old entries followed by ``n_new`` entries of this step's
 rows (pending tokens, draft nodes, window rows). ``keep`` lists, in order, which of those
 ``n_new`` entries stay; they are gathered to the front of the step's region and the rest is
-cropped. No recomputation.
+cropped (:func:`keep_rows_entries`: every row of a batch in one gather per layer). No recomputation.
 
 Worked example: base=10, n_new=5 (pending p, nodes a b c d), keep=[0, 2, 4] (p, b, d):
 entries 12 and 14 are copied to 11 and 12, then the cache is cropped to 13 entries.
@@ -11,6 +11,7 @@ entries 12 and 14 are copied to 11 and 12, then the cache is cropped to 13 entri
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -48,21 +49,43 @@ def check_rollbackable(cache: Cache) -> None:
 
 
 def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
-    """Of the step's last ``n_new`` entries, keep the ``k``-th for ``k`` in ``keep`` (in order), drop the others of the step.
+    """Of the step's last ``n_new`` entries, keep the ``k``-th for ``k`` in ``keep`` (increasing, in order), drop
+    the others of the step (a batch of one row: :func:`keep_rows_entries`). Mutates ``cache``."""
+    keep_rows_entries(cache, n_new, [keep])
 
-    Mutates ``cache`` (the decoder's own cache). ``keep`` must be increasing.
+
+def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
+    """After a step of ``n_new`` query rows (the cache's last ``n_new`` columns): keep, per row of the batch,
+    the step's columns ``keeps[i]`` (increasing) at the front of the step's region, in one gather per layer
+    for every row, and crop the step's region to the longest row's. Returns that kept width. Mutates ``cache``.
+
+    A row that kept fewer columns than the longest has *holes* there (its last kept column repeated), which
+    a batch masks. Example: ``keeps [[0, 2, 3], [0]]``: row 0 keeps columns 0, 2, 3 of the step, row 1 column 0
+    and two holes; the region is cropped to 3 columns.
     """
-    n_keep = len(keep)
-    if keep != list(range(n_keep)):  # not a plain prefix: gather first
-        for layer in cache_layers(cache):
-            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
-                continue  # e.g. layers that share another layer's KV
-            src = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
-            start = layer.keys.shape[-2] - n_new  # layer-local index of the step's first entry
-            idx = src + start
-            layer.keys[..., start : start + n_keep, :] = layer.keys.index_select(-2, idx)
-            layer.values[..., start : start + n_keep, :] = layer.values.index_select(-2, idx)
-    crop_cache(cache, n_new - n_keep)  # a negative count crops on every transformers version
+    most = max(len(k) for k in keeps)
+    if any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
+        idx = np.empty((len(keeps), most), dtype=np.int64)
+        for i, keep in enumerate(keeps):
+            idx[i, : len(keep)] = keep
+            idx[i, len(keep):] = keep[-1]
+        index = None
+        for layer in kv_layers(cache):
+            first = layer.keys.shape[-2] - n_new  # the layer's own first column of the step
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                if index is None or index.device != t.device:
+                    index = torch.from_numpy(idx).to(t.device)[:, None, :, None]
+                region = index.expand(t.shape[0], t.shape[1], most, t.shape[3])
+                t[:, :, first : first + most] = t[:, :, first:].gather(2, region)
+    crop_cache(cache, n_new - most)  # a negative count crops on every transformers version
+    return most
+
+
+def kv_layers(cache: Cache) -> list:
+    """The cache layers holding keys/values (layers sharing another's KV, or never written, are skipped)."""
+    return [layer for layer in cache_layers(cache)
+            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel()]
 
 
 class GrowingLayer(DynamicLayer):
@@ -134,6 +157,10 @@ def grow_in_place(cache: Cache) -> Cache:
         layers[:] = [GrowingLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
                      for layer in layers]
     return cache
+
+
+PLAIN_LAYERS = (DynamicLayer, GrowingLayer)
+"""The cache layer types of a full-attention layer whose entries can be gathered, cropped and handed over whole."""
 
 
 def new_cache(model) -> DynamicCache:

@@ -26,8 +26,7 @@ from .budget import Budget
 from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import CostModel
-from .draft import Draft
-from .draft import COPY, MEMORY, TRIE
+from .draft import MEMORY, TRIE, Draft
 from .proposer import CopySource, ModelSource, TrieSource, WindowSource, merge_proposals
 from .selfspec import make_draft_sources
 from .source import DraftSource
@@ -64,6 +63,9 @@ class DraftPolicy:
         self.tuning = tuning or BudgetTuning()
         self.sources = make_sources(config, trie, memory, draft_model, heads)
         self.wants_hidden = any(s.wants_hidden for s in self.sources)
+        self._lazy = [s for s in self.sources if s.learns_lazily]
+        self._eager = [s for s in self.sources if not s.learns_lazily]
+        self._unlearned: list[np.ndarray] = []  # emitted tokens the lazy sources have not learned yet
         self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
         self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
         self.budget: Budget | None = None
@@ -96,6 +98,7 @@ class DraftPolicy:
         ``model``: the target model, which the model-prediction source keeps its table for (with
         ``recycle_keep``, another model's empties it)."""
         arr = np.asarray(prompt, dtype=np.int64)
+        self._unlearned = []
         for source in self.sources:
             source.start(arr, model)
         self._context = arr.tolist()
@@ -116,6 +119,7 @@ class DraftPolicy:
         room = limits.max_length - length - 1  # before the bonus token
         proposals = []
         if room > 0 and self._propose and cfg.step_nodes:
+            self.catch_up()
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self.sources:
                 depth = min(source.max_depth, room)
@@ -130,7 +134,7 @@ class DraftPolicy:
         draft = merge_proposals(proposals, self.window.rows() if self.window is not None else None)
         if len(draft) > cfg.step_nodes:
             if self.budget is not None:  # the most probable nodes (a parent before its children)
-                probs = self.budget.acceptance.node_probabilities(draft)
+                probs = self.budget.node_probabilities(draft, scaled=False)
                 draft = draft.keep(np.sort(np.argsort(-probs, kind="stable")[: cfg.step_nodes]))
             else:
                 draft = draft.keep(np.arange(cfg.step_nodes))
@@ -145,6 +149,15 @@ class DraftPolicy:
                 if len(draft) > spare:
                     draft = draft.keep(np.arange(max(spare, 0)))
         return draft
+
+    def catch_up(self) -> None:
+        """Hand the sources that learn lazily (``DraftSource.learns_lazily``) the tokens emitted since they last
+        learned; the decode loop calls it when a call ends, so a shared store has learned the whole output."""
+        if self._unlearned:
+            arr = self._unlearned[0] if len(self._unlearned) == 1 else np.concatenate(self._unlearned)
+            self._unlearned = []
+            for source in self._lazy:
+                source.learn(arr)
 
     def learn(self, draft: Draft, accepted_nodes: Sequence[int], emitted: Sequence[int],
               window_argmax: np.ndarray | None = None, rows: int = 0, seconds: float = 0.0,
@@ -165,8 +178,10 @@ class DraftPolicy:
                 if source.wants_hidden:
                     source.observe_hidden(hidden)
         arr = np.asarray(emitted, dtype=np.int64)
-        for source in self.sources:
+        for source in self._eager:
             source.learn(arr)
+        if self._lazy:
+            self._unlearned.append(arr)
         self._context.extend(emitted)
         if window_argmax is not None and self.window is not None:
             self.window.advance(window_argmax, len(arr))

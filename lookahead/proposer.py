@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from .cache import NgramTrie, SuffixIndex
-from .draft import COPY, MEMORY, MODEL, TRIE, WINDOW, Draft, WindowRows
+from .draft import COPY, MODEL, WINDOW, Draft, WindowRows
 from .recycle import SuccessorTable
 from .source import DraftSource, Proposal
 from .window import LookaheadWindow
@@ -41,6 +41,8 @@ class TrieSource(DraftSource):
     ``per_request=False`` (a shared store): ``start`` only begins a new stream (no n-gram spans two
     requests), and the prompt is not learned.
     """
+
+    learns_lazily = True
 
     def __init__(self, trie: NgramTrie, origin: int, max_match: int, per_request: bool, max_nodes: int = 16,
                  max_depth: int = 10):
@@ -122,6 +124,7 @@ class CopySource(DraftSource):
     """
 
     origin = COPY
+    learns_lazily = True
     branch_depth = 8
     buckets = (4, 16)
 

@@ -11,6 +11,9 @@ hands it over after each verified step:
 - ``wants_hidden``: it learns from the final hidden state of the step's last verified row
   (:meth:`DraftSource.observe_hidden`): the input of the model's output embedding (after the final
   norm) at the row whose logits gave the step's last emitted token.
+- ``learns_lazily``: its state is a function of the token stream alone, so :meth:`DraftSource.learn` may get
+  several steps' tokens at once, just before it next proposes (or when the call ends): steps that draft
+  nothing then cost it nothing.
 
 Terms (context, draft tree) are defined in ``config.py``.
 """
@@ -53,6 +56,7 @@ class DraftSource:
     priced: bool = False
     wants_rows: bool = False
     wants_hidden: bool = False
+    learns_lazily: bool = False
 
     def start(self, prompt: np.ndarray, model=None) -> None:
         """A call begins: ``prompt`` int64[L], the target ``model`` (None in a replay without a model)."""

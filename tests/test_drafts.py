@@ -323,17 +323,17 @@ def test_sampled_text_does_not_depend_on_the_models_predictions(tiny_models, nam
 
 
 def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypatch):
-    import lookahead.decoder as decoder_module
+    import lookahead.kernels as kernels_module
 
     model = tiny_models("qwen2")
-    calls = []  # (rows, k) of each pass over the logits
-    real = decoder_module.row_top
+    calls = []  # (rows whose top-k is read, k) of each pass over the logits
+    real = kernels_module.rows_top
 
-    def spy(logits, k, ids, vals):
-        calls.append((logits.shape[0], k))
-        return real(logits, k, ids, vals)
+    def spy(logits, argmax_rows, top_rows, k, argmax, ids, vals):
+        calls.append((int(top_rows.sum()), k))
+        return real(logits, argmax_rows, top_rows, k, argmax, ids, vals)
 
-    monkeypatch.setattr(decoder_module, "row_top", spy)
+    monkeypatch.setattr(kernels_module, "rows_top", spy)
     ids = torch.tensor([REPETITIVE])
     dec = LookaheadDecoder(recycle_k=0)
     model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)

@@ -205,7 +205,7 @@ def test_a_static_cache_object_is_refused_before_any_forward(tiny_models):
 def test_quantized_layers_are_refused():
     from transformers.cache_utils import DynamicCache, QuantoQuantizedLayer
 
-    from lookahead.decoder import _check_cache_layers
+    from lookahead.call import check_cache_layers as _check_cache_layers
 
     cache = DynamicCache()
     cache.layers = [QuantoQuantizedLayer.__new__(QuantoQuantizedLayer)]  # (no quantization backend needed)

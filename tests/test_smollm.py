@@ -67,7 +67,7 @@ def test_stop_strings_in_every_spelling(smollm):
         ours = run(**inputs, **kw)
         assert ours.tolist() == plain.tolist(), name
     # generate() drops tokenizer= for a custom_generate callable: the decoder says what to do instead
-    with pytest.raises(ValueError, match=r"LookaheadDecoder\(tokenizer=tokenizer\)"):
+    with pytest.raises(ValueError, match=r"LookaheadDecoder\(tokenizer=tok\)"):
         model.generate(**inputs, **kw, custom_generate=LookaheadDecoder())
     # stop strings set in a generation config reach the decoder through the enabled spellings too
     config = copy.deepcopy(model.generation_config)

@@ -88,16 +88,10 @@ def _lookahead_fixed() -> Method:
     return lookahead_method("lookahead-fixed", LookaheadConfig(adaptive=False))
 
 
-def _lookahead_kernels() -> Method:
-    from lookahead import LookaheadConfig
-
-    return lookahead_method("lookahead-kernels", LookaheadConfig(cpu_kernels=True))
-
-
 def _no_drafts() -> Method:
     from lookahead import LookaheadConfig
 
-    return lookahead_method("no-drafts", LookaheadConfig(tree_nodes=0, copy_nodes=0, recycle_k=0, cpu_kernels=True))
+    return lookahead_method("no-drafts", LookaheadConfig(tree_nodes=0, copy_nodes=0, recycle_k=0))
 
 
 ALONE = dict(tree_nodes=0, copy_nodes=0, recycle_k=0)
@@ -149,8 +143,7 @@ METHODS: dict[str, Callable[[], Method]] = {
     "lookahead-small": _lookahead_small,  # a smaller draft tree (for slow hardware)
     "lookahead-window": _lookahead_window,  # the Jacobi lookahead window on (W=4, N=4, G=4)
     "lookahead-fixed": _lookahead_fixed,  # always the full tree: no hardware-aware budget
-    "lookahead-kernels": _lookahead_kernels,  # the CPU linear kernels where calibration finds them faster
-    "no-drafts": _no_drafts,  # every draft source off (with cpu_kernels=True: what the kernels alone give)
+    "no-drafts": _no_drafts,  # every draft source off: the decoder's own cost with every step plain
     "self-layer-skip": _self_draft("layer-skip"),  # draft passes alone (selfspec.py): layers skipped,
     "self-early-exit": _self_draft("early-exit"),  # the first layers then the head,
     "self-low-rank": _self_draft("low-rank"),  # truncated-SVD weights,

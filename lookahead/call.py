@@ -1,0 +1,399 @@
+"""The call layer: what every decode loop shares, from validating a ``generate`` call to one step's pieces.
+
+A decode loop (``decoder.SingleCall`` for one row, ``batch.BatchCall`` for several) is a thin loop over:
+
+1. **checks** before anything expensive, each raising a ``ValueError`` that says what to do instead:
+   :func:`check_supported` (the generation settings), :func:`check_inputs` (the token ids and the
+   attention mask), :func:`check_model_kwargs`, :func:`check_cache_layers`, :func:`check_store`;
+2. **set-up** once per call (:func:`prepare`): the stopping split, the cache and how the forward takes it, the
+   KV window, the device flags and the cost curve, in one :class:`CallSetup`;
+3. **the step's pieces**, each written once with a batched form (a single row is a batch of one):
+   :func:`forward`, :func:`read_rows` (every row's argmax and the top-k the model-prediction source learns
+   from, in one pass), :func:`greedy_verdicts` (one Numba pass over every row's tree) or
+   :func:`processed_verdict` (processors or sampling, row by row: there the math differs), :func:`first_stops`
+   (the stopping criteria on the emitted tokens), ``kv_cache.keep_rows_entries`` (one gather per cache layer
+   for every row's kept entries).
+
+Terms (pending tokens, draft tree, step) are defined in ``config.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import compat
+from . import kernels as K
+from .cost import CostModel
+from .draft import Draft
+from .kv_cache import PLAIN_LAYERS, CacheNotRollbackable, cache_layers, grow_in_place, new_cache
+from .verify import Verdict, verify
+
+HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", *compat.CACHE_KWARGS}
+"""The model kwargs that ``generate`` prepares and that the decode loops handle themselves."""
+
+# -- checks ---------------------------------------------------------------------------------------------------
+
+
+def check_supported(model, batch: int, generation_config, synced_gpus: bool = False, decoder=None) -> None:
+    """Refuse, with a clear message, every setting the decoder would not decode exactly as asked, for a call
+    of ``batch`` rows (before any input is looked at: ``lookahead.enable`` asks this of a call it routes)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(
+            "LookaheadDecoder supports decoder-only models; this is an encoder-decoder model. "
+            "Use plain generate() for it."
+        )
+    gen = generation_config
+    if gen is not None:
+        if gen.num_beams != 1:
+            raise ValueError(
+                f"LookaheadDecoder does not do beam search (num_beams={gen.num_beams}). "
+                "Remove num_beams or use plain generate()."
+            )
+        if getattr(gen, "num_assistant_tokens", None) and getattr(gen, "prompt_lookup_num_tokens", None):
+            raise ValueError("LookaheadDecoder cannot be combined with prompt_lookup_num_tokens; pick one.")
+    if synced_gpus:
+        raise ValueError("LookaheadDecoder does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
+    impl = getattr(gen, "cache_implementation", None) if gen is not None else None
+    if impl not in (None, "dynamic"):
+        raise CacheNotRollbackable(
+            f"LookaheadDecoder needs a dynamic KV cache it can roll back; cache_implementation={impl!r} is not one. "
+            "Remove cache_implementation or use plain generate()."
+        )
+    if batch > 1:
+        if gen is not None and gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
+            raise ValueError(
+                "LookaheadDecoder with batch size > 1 does not return scores or logits (output_scores / "
+                "output_logits): plain generate's scores of a finished row come from forwards the decoder never "
+                "runs. Use batch size 1 or plain generate() for them."
+            )
+        if decoder is not None and decoder.draft_model is not None:
+            raise ValueError("LookaheadDecoder(draft_model=...) decodes batch size 1 only; call generate once per "
+                             "prompt.")
+        if decoder is not None and decoder.policy.wants_hidden:
+            raise ValueError("LookaheadDecoder(heads=...) decodes batch size 1 only; call generate once per prompt, "
+                             "or use a decoder without heads for batches.")
+
+
+def vocabulary_size(model) -> int:
+    """The number of token ids the model's input embedding takes (``config.vocab_size`` without one)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    return int(rows) if rows else int(model.config.vocab_size)
+
+
+def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab_size: int) -> None:
+    """Refuse inputs plain ``generate`` would fail on late or decode into garbage, before anything expensive.
+
+    - ``input_ids`` long[b, L]: not empty; every id in ``[0, vocab_size)`` (the bad id and the size named;
+      plain ``generate`` raises ``IndexError`` from the embedding, and so does this).
+    - ``attention_mask`` long[b, L] or None: 2D; every row has a visible token and its padding on the left
+      only (``0 ... 0 1 ... 1``): a right-padded row decodes after its padding, which is not what was asked.
+
+    Example: ``attention_mask=[[1, 1, 0]]`` raises "... padding on the right of row 0 ... padding_side = 'left'".
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2D [batch, sequence]; got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}): give generate() at least one "
+                         "prompt token per row (e.g. the tokenizer's BOS token)")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        row, col = (input_ids == bad).nonzero()[0].tolist()
+        raise IndexError(f"input_ids holds token id {bad} (row {row}, position {col}), outside the model's vocabulary "
+                         f"of {vocab_size} ids (0 to {vocab_size - 1}): the ids come from another tokenizer")
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 2:
+        raise ValueError("attention_mask must be 2D [batch, sequence]")
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}:"
+                         " they must match")
+    visible = attention_mask.bool()
+    empty = (~visible.any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"row {empty[0]} of attention_mask hides every token: nothing to decode from. Drop the row "
+                         "or give it a visible token")
+    # left padding only: once a row shows a token, it shows every later one
+    after = visible.int().cummax(1).values.bool() & ~visible
+    bad = after.any(1).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"attention_mask has padding on the right of row {bad[0]} (or inside it): LookaheadDecoder "
+                         "decodes after the last token of each row, so rows must be padded on the left. Set "
+                         "tokenizer.padding_side = 'left' before tokenizing the batch")
+
+
+def check_model_kwargs(model_kwargs: dict, gen) -> None:
+    """Refuse model inputs and outputs the decoder would not handle exactly as plain generate does."""
+    wanted = sorted(k for k in ("output_attentions", "output_hidden_states")
+                    if model_kwargs.get(k) or (gen.return_dict_in_generate and getattr(gen, k, False)))
+    if wanted:
+        raise ValueError(
+            f"LookaheadDecoder does not return attentions or hidden states ({', '.join(wanted)}=True): "
+            "the draft rows of each forward would make them differ from plain generate's. Use plain "
+            "generate() for them."
+        )
+    unknown = {k for k, v in model_kwargs.items() if v is not None and k not in HANDLED_KWARGS}
+    if unknown:
+        raise ValueError(
+            f"LookaheadDecoder does not support these model inputs: {sorted(unknown)}. "
+            "Use plain generate() for multimodal or other extra inputs."
+        )
+
+
+def check_cache_layers(cache, max_length: int) -> int | None:
+    """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the
+    smallest sliding window of its layers (every forward must stay below it), or None."""
+    _, sliding = compat.rollbackable_layer_types()
+    window = None
+    for layer in cache_layers(cache):
+        if type(layer) not in (*PLAIN_LAYERS, sliding):
+            raise CacheNotRollbackable(
+                f"the model's cache layer {type(layer).__name__} cannot roll back rejected draft tokens "
+                "(static, quantized, offloaded or recurrent state). LookaheadDecoder cannot decode this model "
+                "exactly; use plain generate() for it."
+            )
+        if isinstance(layer, sliding):
+            if max_length > layer.sliding_window:
+                raise CacheNotRollbackable(
+                    f"the model attends over a sliding window of {layer.sliding_window} tokens and this call may "
+                    f"reach {max_length}; LookaheadDecoder cannot roll back past the window. Use max_length <= "
+                    f"{layer.sliding_window} or plain generate()."
+                )
+            window = layer.sliding_window if window is None else min(window, layer.sliding_window)
+    return window
+
+
+def check_store(memory, vocab_size: int) -> None:
+    """Refuse a shared n-gram store (``LookaheadDecoder(trie=...)``) built with another tokenizer."""
+    if memory is not None and memory.max_token() >= vocab_size:
+        raise ValueError(
+            f"the shared trie holds token id {memory.max_token()}, outside this model's vocabulary of {vocab_size}: "
+            "the store was built with another tokenizer. Use a store built with this model's tokenizer "
+            "(NgramTrie.load(path, vocab_size=..., tokenizer_id=...) checks it when the store was saved with them)."
+        )
+
+
+def with_stop_strings(stopping_criteria, stop_strings, tokenizer):
+    """``stopping_criteria`` plus transformers' ``StopStringCriteria`` for ``stop_strings`` (checked token
+    by token like every criterion)."""
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    if tokenizer is None:
+        raise ValueError(
+            "stop_strings need the model's tokenizer, and generate(..., tokenizer=tok) does not hand it on to a "
+            "custom_generate callable (transformers takes it out of the call before it reads the callable's "
+            "parameters). Give it to the decoder, LookaheadDecoder(tokenizer=tok), or call lookahead.enable(model) "
+            "and use generate(..., lookahead=True, tokenizer=tok), which passes it on."
+        )
+    return StoppingCriteriaList([*(stopping_criteria or []), StopStringCriteria(tokenizer, stop_strings)])
+
+
+# -- set-up -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CallSetup:
+    """What one ``generate`` call decodes with, the same for every loop (built by :func:`prepare`).
+
+    - ``max_length``: sequence length at which every row stops (``generate``'s ``max_length`` criterion);
+      ``eos``: EOS ids checked on the host; ``other_stops``: the remaining stopping criteria (called with
+      tensors); ``pads``: whether some criterion is an EOS one (then plain ``generate`` pads a stopped row).
+    - ``cache``: the call's cache (the one ``generate`` made or the caller passed, its plain layers growing in
+      place); ``forward_kwargs``: what every forward passes besides ids, positions and mask; ``kv_window``: the
+      smallest sliding window of its layers, or None.
+    - ``processors``: per row, the logits processors as one function, or None; ``sampling``; ``plain_greedy``:
+      greedy with no processors and no scores kept (a verdict needs only every row's argmax).
+    - ``cost``: the cost curve the budget prices with, or None (``adaptive=False``).
+    """
+
+    model: object
+    gen: object
+    max_length: int
+    eos: frozenset
+    eos_ids: np.ndarray
+    other_stops: list
+    pads: bool
+    cache: object
+    cache_kwarg: str
+    keeps_logits: bool
+    forward_kwargs: dict
+    kv_window: int | None
+    device: torch.device
+    on_cpu: bool
+    argmax_by_max: bool
+    dtype: torch.dtype
+    processors: list
+    sampling: bool
+    keep_scores: bool
+    keep_raw: bool
+    return_dict: bool
+    plain_greedy: bool
+    cost: CostModel | None = None
+
+
+def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
+            model_kwargs: dict, row_processors=None) -> CallSetup:
+    """Check the call and set it up (the cost curve last: it may time forwards on first use).
+
+    ``row_processors(processors, r, b)``: row ``r``'s processors of ``b`` (batches slice per-row state);
+    None: the call's own list for its one row. A batch (``b`` > 1) starts from an empty cache; one row may
+    continue a cache that holds a prefix of ``input_ids``."""
+    gen = generation_config if generation_config is not None else model.generation_config
+    b = input_ids.shape[0]
+    check_model_kwargs(model_kwargs, gen)
+    vocab = vocabulary_size(model)
+    check_inputs(input_ids, model_kwargs.get("attention_mask"), vocab)
+    check_store(decoder.memory, vocab)
+    stop_length, eos, other_stops = compat.host_stopping(stopping_criteria)
+    max_length = stop_length if stop_length is not None else gen.max_length
+    cache = compat.cache_of(model_kwargs)
+    cache = new_cache(model) if cache is None else grow_in_place(cache)
+    kv_window = check_cache_layers(cache, gen.max_length)
+    past = cache.get_seq_length()
+    if b > 1 and past:
+        raise ValueError(f"LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds {past} "
+                         "tokens. Pass no cache, or use plain generate().")
+    if past >= input_ids.shape[1]:
+        raise ValueError(f"the cache already holds {past} tokens but input_ids has {input_ids.shape[1]}: nothing is "
+                         "left to decode from (input_ids must be the whole sequence, the cached prefix included)")
+    cache_kwarg = compat.cache_kwarg_name(model)
+    device = input_ids.device
+    on_cpu = device.type == "cpu"
+    if row_processors is None:
+        processors = [compat.processors_as_function(logits_processor)]
+    else:
+        processors = [compat.processors_as_function(row_processors(logits_processor, r, b)) for r in range(b)]
+    sampling = bool(gen.do_sample)
+    keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
+    keep_raw = bool(gen.return_dict_in_generate and gen.output_logits)
+    setup = CallSetup(
+        model=model, gen=gen, max_length=max_length, eos=eos, eos_ids=np.array(sorted(eos), dtype=np.int64),
+        other_stops=other_stops, pads=any(hasattr(c, "eos_token_id") for c in stopping_criteria or ()),
+        cache=cache, cache_kwarg=cache_kwarg, keeps_logits=compat.supports_logits_to_keep(model),
+        forward_kwargs={"use_cache": True, cache_kwarg: cache}, kv_window=kv_window, device=device, on_cpu=on_cpu,
+        # on a CPU ``max`` finds the argmax 2.5x faster than ``argmax`` from a vocabulary of 4096 up (its indices are
+        # argmax's, first maximal value first); slower below 1024
+        argmax_by_max=on_cpu and getattr(model.config, "vocab_size", 0) >= 1024, dtype=model.dtype,
+        processors=processors, sampling=sampling, keep_scores=keep_scores, keep_raw=keep_raw,
+        return_dict=bool(gen.return_dict_in_generate),
+        plain_greedy=all(p is None for p in processors) and not sampling and not (keep_scores or keep_raw))
+    if decoder.config.adaptive:
+        t = decoder.clock()
+        setup.cost = decoder.cost_curve(model, kv_window)
+        decoder.stats.time_calibration = decoder.clock() - t
+        decoder.stats.cost_curve = setup.cost.points
+    return setup
+
+
+def prompt_positions(attention_mask, length: int, max_length: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(positions int64[length] of one row's prompt tokens, col_visible) from a 2D ``attention_mask`` or None.
+
+    ``col_visible``: host bool[max(max_length, length) + 1], False at the prompt's padding and True
+    for every later token; None when nothing is padding. Example: mask ``[[0, 1, 1]]`` -> positions
+    ``[0, 0, 1]``, col_visible ``[F, T, T, T, ...]``.
+    """
+    if attention_mask is None or bool((attention_mask == 1).all()):
+        return np.arange(length), None
+    visible = attention_mask[0].bool().cpu().numpy()
+    col_visible = np.ones(max(max_length, length) + 1, dtype=bool)
+    col_visible[:length] = visible
+    return np.maximum(np.cumsum(visible) - 1, 0), col_visible
+
+
+# -- one step's pieces ------------------------------------------------------------------------------------------
+
+
+def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> torch.Tensor:
+    """One forward of the target model (into ``cache`` when given, else the call's); the float logits
+    [b, keep, V] of its last ``keep`` query rows."""
+    kwargs = setup.forward_kwargs if cache is None else {**setup.forward_kwargs, setup.cache_kwarg: cache}
+    stats.target_calls += 1
+    return compat.last_logits(setup.model, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+
+
+def read_rows(setup: CallSetup, logits: torch.Tensor, argmax_rows: np.ndarray | None, top_rows: np.ndarray, k: int):
+    """The host readout of a step's logits [b, q, V]: (argmax int64[b, q] of each row's first ``argmax_rows[i]``
+    query rows, or None when ``argmax_rows`` is None; when ``k`` > 0, (ids int64[b, q, k], logits
+    float32[b, q, k]), the top-k of each row's first ``top_rows[i]`` query rows (entries past the counts unset),
+    else None).
+
+    On a CPU both come from one pass over each query row (``kernels.rows_top``; its argmax is exactly
+    ``torch.argmax``'s); an argmax alone over all rows from ``max`` where that is faster. On a GPU, ``argmax`` and
+    ``topk`` run there and the top-k's host copy is queued before the argmax's (non-blocking), so both arrive
+    in one synchronisation."""
+    b, q, v = logits.shape
+    if not k:
+        if argmax_rows is None:
+            return None, None
+        am = logits.max(-1).indices if setup.argmax_by_max else logits.argmax(-1)
+        return am.cpu().numpy(), None
+    if setup.on_cpu:
+        arr = logits.detach().numpy()  # [b, q, V] float32, a view: read only
+        argmax = np.empty((b, q), np.int64)
+        ids, vals = np.empty((b, q, k), np.int64), np.empty((b, q, k), np.float32)
+        counts = top_rows if argmax_rows is None else argmax_rows
+        K.rows_top(arr, counts, top_rows, k, argmax, ids, vals)
+        return (argmax if argmax_rows is not None else None), (ids, vals)
+    rows = int(top_rows.max()) if len(top_rows) else 0
+    t = logits[:, :max(rows, 1)].topk(min(k, v), -1)
+    # non-blocking only when the argmax's blocking copy below waits for it: else no sync would follow
+    queue = setup.device.type == "cuda" and argmax_rows is not None
+    tops = (t.indices.to("cpu", non_blocking=queue).numpy(), t.values.to("cpu", non_blocking=queue).numpy())
+    return (logits.argmax(-1).cpu().numpy() if argmax_rows is not None else None), tops
+
+
+def tree_arrays(drafts: list[Draft]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens int64[b, w], parents int64[b, w], counts int64[b]) of every row's tree, padded to the widest."""
+    counts = np.array([len(d) for d in drafts], dtype=np.int64)
+    w = max(int(counts.max()) if len(counts) else 0, 1)
+    tokens, parents = np.zeros((len(drafts), w), np.int64), np.full((len(drafts), w), -2, np.int64)
+    for i, d in enumerate(drafts):
+        tokens[i, : len(d)] = d.tokens
+        parents[i, : len(d)] = d.parents
+    return tokens, parents, counts
+
+
+def greedy_verdicts(argmax: np.ndarray, drafts: list[Draft]) -> list[Verdict]:
+    """The greedy verdict of every row's tree from its rows' argmax (int64[b, q]: row ``i``'s root, then its
+    nodes), in one Numba pass (``kernels.greedy_walks``)."""
+    if len(drafts) == 1:
+        d = drafts[0]
+        if not len(d):
+            return [Verdict([], [int(argmax[0, 0])])]
+        nodes, tokens = K.greedy_walk(argmax[0], d.tokens, d.parents)
+        return [Verdict(nodes.tolist(), tokens.tolist())]
+    tokens, parents, counts = tree_arrays(drafts)
+    nodes, accepted, emitted = K.greedy_walks(argmax, tokens, parents, counts)
+    return [Verdict(nodes[i, :a].tolist(), emitted[i, : a + 1].tolist()) for i, a in enumerate(accepted.tolist())]
+
+
+def processed_verdict(setup: CallSetup, logits: torch.Tensor, draft: Draft, prefix: torch.Tensor, processors,
+                      uniforms: list[float] | None) -> Verdict:
+    """One row's verdict when its logits must be processed first (logits processors, sampling, kept scores):
+    ``logits`` float[1 + n (+ more), V] of its root and nodes, ``prefix`` long[1, L] its context."""
+    n = len(draft)
+    return verify(logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(), prefix, processors,
+                  do_sample=setup.sampling, keep_scores=setup.keep_scores, keep_raw=setup.keep_raw, uniforms=uniforms)
+
+
+def first_stops(setup: CallSetup, tokens: list[list[int]], starts: np.ndarray, limits: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Where each row's emitted ``tokens`` stop on the host-checkable criteria (``max_length`` as the row's
+    ``limits``, EOS ids), in one Numba pass: (index int64[b], -1 for none; by_limit bool[b]); see
+    ``kernels.first_stops``. The other criteria are :func:`other_stop`'s."""
+    sizes = [len(t) for t in tokens]
+    offsets = np.zeros(len(tokens) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    flat = np.fromiter((x for t in tokens for x in t), np.int64, int(offsets[-1]))
+    return K.first_stops(flat, offsets, starts.astype(np.int64, copy=False), limits.astype(np.int64, copy=False),
+                         setup.eos_ids)
+
+
+def other_stop(setup: CallSetup, ids: torch.Tensor, scores) -> bool:
+    """Whether one of the criteria that need tensors (user criteria, stop strings, ``max_time``) holds for
+    ``ids`` long[1, L] (``scores``: the last position's processed scores, or None)."""
+    return any(bool(criterion(ids, scores).all()) for criterion in setup.other_stops)
