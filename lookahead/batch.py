@@ -548,10 +548,15 @@ class BatchCall:
         not read, ``call.read_rows``), then every row's verdict in one Numba pass (``call.greedy_verdicts``)."""
         setup = self.setup
         counts = np.array([0 if row.done else len(d) + 1 for row, d in zip(rows, drafts)], dtype=np.int64)
-        argmax, tops = call.read_rows(setup, logits, counts if setup.plain_greedy else None, counts, k)
+        argmax, tops = call.read_rows(setup, logits, counts if setup.argmax_verdicts else None, counts,
+                                      call.top_width(setup, k))
         live = [i for i, row in enumerate(rows) if not row.done]
         verdicts: list[Verdict | None] = [None] * len(rows)
-        if setup.plain_greedy:
+        read = tops
+        if tops is not None and k < tops[0].shape[2]:  # the sources' top-k, of the wider one the bans needed
+            tops = (tops[0][:, :, :k], tops[1][:, :, :k]) if k else None
+        if setup.argmax_verdicts and (setup.bans is None or setup.bans.apply(argmax, read, counts,
+                                                                             self.row_lengths(rows, drafts))):
             for i, v in zip(live, call.greedy_verdicts(argmax[live], [drafts[i] for i in live])):
                 verdicts[i] = v
             return verdicts, tops
@@ -561,6 +566,16 @@ class BatchCall:
             verdicts[i] = call.processed_verdict(setup, logits[i], drafts[i], self.seq[r : r + 1, : row.length],
                                                  setup.processors[r], uniforms)
         return verdicts, tops
+
+    @staticmethod
+    def row_lengths(rows: list[Row], drafts: list[Draft]) -> np.ndarray:
+        """int64[b, 1 + w]: the sequence length each verified row continues (its root's, then each node's)."""
+        width = max((len(d) for d in drafts), default=0)
+        lengths = np.zeros((len(rows), 1 + width), np.int64)
+        for i, (row, d) in enumerate(zip(rows, drafts)):
+            lengths[i, 0] = row.length
+            lengths[i, 1 : 1 + len(d)] = row.length + d.depth
+        return lengths
 
     def emit(self, rows: list[Row], verdicts: list[Verdict | None]) -> list[int]:
         """Append each row's verdict tokens until it stops; returns how many each emitted (0: finished rows).

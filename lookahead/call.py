@@ -195,6 +195,34 @@ def with_stop_strings(stopping_criteria, stop_strings, tokenizer):
 # -- set-up -----------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TokenBans:
+    """``compat.token_bans``'s rules packed for ``kernels.apply_bans``: rule ``r`` bans
+    ``ids[offsets[r]:offsets[r + 1]]`` while ``lo[r] <= length < hi[r]``; ``width``: the top-k that always
+    holds an allowed token (every banned id, plus one)."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    width: int
+
+    @classmethod
+    def of(cls, rules) -> TokenBans | None:
+        """From ``((ids, lo, hi), ...)``; None for no rules."""
+        if not rules:
+            return None
+        ids = np.concatenate([r[0] for r in rules]).astype(np.int64)
+        offsets = np.cumsum([0] + [len(r[0]) for r in rules]).astype(np.int64)
+        return cls(ids, offsets, np.array([r[1] for r in rules], np.int64), np.array([r[2] for r in rules], np.int64),
+                   len(np.unique(ids)) + 1)
+
+    def apply(self, argmax: np.ndarray, tops, counts: np.ndarray, lengths: np.ndarray) -> bool:
+        """Every verified row's argmax -> its processed argmax, in place (``kernels.apply_bans``); False when some
+        row needs its scores processed instead."""
+        return K.apply_bans(argmax, tops[0], tops[1], counts, lengths, self.ids, self.offsets, self.lo, self.hi)
+
+
 @dataclass
 class CallSetup:
     """What one ``generate`` call decodes with, the same for every loop (built by :func:`prepare`).
@@ -205,8 +233,10 @@ class CallSetup:
     - ``cache``: the call's cache (the one ``generate`` made or the caller passed, its plain layers growing in
       place); ``forward_kwargs``: what every forward passes besides ids, positions and mask; ``kv_window``: the
       smallest sliding window of its layers, or None.
-    - ``processors``: per row, the logits processors as one function, or None; ``sampling``; ``plain_greedy``:
-      greedy with no processors and no scores kept (a verdict needs only every row's argmax).
+    - ``processors``: per row, the logits processors as one function, or None; ``sampling``; ``bans``: the
+      processors as token bans (:class:`TokenBans`), when they are all of that kind; ``argmax_verdicts``: greedy,
+      no scores kept, and no processors or only token bans: a verdict needs only every row's (processed)
+      argmax, which the host reads in one pass.
     - ``cost``: the cost curve the budget prices with, or None (``adaptive=False``).
     """
 
@@ -231,7 +261,8 @@ class CallSetup:
     keep_scores: bool
     keep_raw: bool
     return_dict: bool
-    plain_greedy: bool
+    argmax_verdicts: bool
+    bans: TokenBans | None = None
     cost: CostModel | None = None
 
 
@@ -270,6 +301,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
     sampling = bool(gen.do_sample)
     keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
     keep_raw = bool(gen.return_dict_in_generate and gen.output_logits)
+    rules = compat.token_bans(logits_processor)
+    greedy_argmax = not sampling and not (keep_scores or keep_raw)
     setup = CallSetup(
         model=model, gen=gen, max_length=max_length, eos=eos, eos_ids=np.array(sorted(eos), dtype=np.int64),
         other_stops=other_stops, pads=any(hasattr(c, "eos_token_id") for c in stopping_criteria or ()),
@@ -280,7 +313,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         argmax_by_max=on_cpu and getattr(model.config, "vocab_size", 0) >= 1024, dtype=model.dtype,
         processors=processors, sampling=sampling, keep_scores=keep_scores, keep_raw=keep_raw,
         return_dict=bool(gen.return_dict_in_generate),
-        plain_greedy=all(p is None for p in processors) and not sampling and not (keep_scores or keep_raw))
+        argmax_verdicts=greedy_argmax and (all(p is None for p in processors) or rules is not None),
+        bans=TokenBans.of(rules) if greedy_argmax and rules else None)
     if decoder.config.adaptive:
         t = decoder.clock()
         setup.cost = decoder.cost_curve(model, kv_window)
@@ -313,6 +347,12 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> t
     kwargs = setup.forward_kwargs if cache is None else {**setup.forward_kwargs, setup.cache_kwarg: cache}
     stats.target_calls += 1
     return compat.last_logits(setup.model, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+
+
+def top_width(setup: CallSetup, k: int) -> int:
+    """The top-k a step reads from every verified row: the model-prediction source's ``k``, and with token bans
+    enough for one allowed token."""
+    return max(k, setup.bans.width) if setup.bans is not None else k
 
 
 def read_rows(setup: CallSetup, logits: torch.Tensor, argmax_rows: np.ndarray | None, top_rows: np.ndarray, k: int):

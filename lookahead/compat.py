@@ -20,12 +20,18 @@ to the installed version) says which. Checked on transformers 5.17 and 5.24.
   decoder check those two on the host instead of running tensor code per token.
 - :func:`processors_as_function`: what ``LogitsProcessorList.__call__`` does when ``generate``'s
   sampling loop calls it (no extra keyword arguments), without its per-call signature inspection.
+- :func:`token_bans`: the attributes of the processors that only forbid some tokens at some sequence lengths
+  (``MinLengthLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``, ``SuppressTokensLogitsProcessor``,
+  ``SuppressTokensAtBeginLogitsProcessor``), so that a greedy verdict can take the first allowed token of
+  each row's top-k on the host instead of running them on every verified row.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+
+import numpy as np
 
 TESTED_TRANSFORMERS = ("5.17", "5.24")  # str.startswith takes the tuple
 
@@ -163,3 +169,37 @@ def processors_as_function(processors):
         return scores
 
     return apply
+
+
+def token_bans(processors) -> tuple[tuple[np.ndarray, int, int], ...] | None:
+    """The processors as *token bans*, when every one of them only sets some tokens' scores to -inf while the
+    sequence length is in some range: ``((ids int64[m], lo, hi), ...)``, the ids banned while ``lo <= length <
+    hi`` (``length``: tokens in the sequence the scores continue, as ``input_ids.shape[-1]``); () for no
+    processors; None when some processor is another kind (its scores must then be computed).
+
+    For greedy decoding the processed argmax of a row is then its first token, largest logit first (equal
+    logits: lower id first, as ``argmax``), that is not banned at the row's length.
+    Example: ``MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=5, min_new_tokens=3, eos_token_id=2)``
+    -> ``((array([2]), 0, 8),)``: EOS is banned until the sequence holds 8 tokens.
+    """
+    from transformers.generation import logits_process as lp
+
+    def ids(value) -> np.ndarray:
+        import torch
+
+        return np.unique(torch.as_tensor(value).reshape(-1).cpu().numpy().astype(np.int64))
+
+    rules = []
+    for proc in processors or ():
+        kind = type(proc)
+        if kind is lp.MinLengthLogitsProcessor:
+            rules.append((ids(proc.eos_token_id), 0, int(proc.min_length)))
+        elif kind is lp.MinNewTokensLengthLogitsProcessor:
+            rules.append((ids(proc.eos_token_id), 0, int(proc.prompt_length_to_skip) + int(proc.min_new_tokens)))
+        elif kind is lp.SuppressTokensLogitsProcessor:
+            rules.append((ids(proc.suppress_tokens), 0, 1 << 62))
+        elif kind is lp.SuppressTokensAtBeginLogitsProcessor:
+            rules.append((ids(proc.begin_suppress_tokens), int(proc.begin_index), int(proc.begin_index) + 1))
+        else:
+            return None
+    return tuple(rules)

@@ -239,9 +239,9 @@ class SingleCall:
                 check_rollbackable(self.cache)
                 checked = True
             t2 = clock()
-            argmax, tops = call.read_rows(setup, logits[None], np.array([rows + 1]) if setup.plain_greedy else None,
-                                          np.array([n + 1]), k)
-            verdict, window_argmax = self.verify(logits, draft, argmax)
+            argmax, tops = call.read_rows(setup, logits[None], np.array([rows + 1]) if setup.argmax_verdicts else None,
+                                          np.array([n + 1]), call.top_width(setup, k))
+            verdict, window_argmax = self.verify(logits, draft, argmax, tops)
             t3 = clock()
             n_emit, done = self.emit(verdict)
             n_acc = min(len(verdict.nodes), n_emit)
@@ -249,7 +249,7 @@ class SingleCall:
             hidden = None
             if self.hidden is not None:  # the row whose logits gave the last emitted token (rows: root, nodes, ...)
                 hidden = self.hidden[0, self.hidden.shape[1] - (rows + 1) + (1 + verdict.nodes[n_acc - 1] if n_acc else 0)]
-            successors = None if tops is None else (tops[0][0, : n + 1], tops[1][0, : n + 1])
+            successors = None if not k else (tops[0][0, : n + 1, :k], tops[1][0, : n + 1, :k])
             policy.learn(draft, verdict.nodes, verdict.tokens[:n_emit], window_argmax,
                          1 + rows if p == 1 else 0, t3 - t1, successors, hidden)  # a step's time: forward + verify
             stats.record_step(draft, verdict.nodes[:n_acc], n_emit, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
@@ -264,16 +264,19 @@ class SingleCall:
         return pack_step(self.pending, self.pending_pos, draft.tokens, draft.parents, col_visible, self.past_len,
                          self.setup.dtype, draft.window, self.device, draft.depth)
 
-    def verify(self, logits: torch.Tensor, draft: Draft, argmax: np.ndarray | None) -> tuple[Verdict, list | None]:
-        """(the verdict, the window rows' argmax or None). ``argmax`` int64[1, q]: every row's, when greedy and
-        plain (then the verdict needs nothing else: :func:`call.read_rows` made the one host round trip)."""
+    def verify(self, logits: torch.Tensor, draft: Draft, argmax: np.ndarray | None, tops) -> tuple[Verdict, list | None]:
+        """(the verdict, the window rows' argmax or None). ``argmax`` int64[1, q]: every row's, when the verdict
+        needs nothing else (``CallSetup.argmax_verdicts``: :func:`call.read_rows` made the one host round trip);
+        with token bans, turned into the processed argmax from the rows' top-k (``tops``) first."""
         n = len(draft)
-        if self.setup.plain_greedy:
+        setup = self.setup
+        if setup.argmax_verdicts:
             window_argmax = argmax[0, n + 1 :].tolist() if draft.window is not None else None
-            return call.greedy_verdicts(argmax, [draft])[0], window_argmax
+            if setup.bans is None or setup.bans.apply(argmax, tops, np.array([n + 1]),
+                                                     self.length + np.concatenate([[0], draft.depth])[None]):
+                return call.greedy_verdicts(argmax, [draft])[0], window_argmax
         uniforms = self.uniforms.take(self.stats.new_tokens, n + 1) if self.uniforms is not None else None
-        verdict = call.processed_verdict(self.setup, logits, draft, self.seq[:, : self.length], self.processors,
-                                         uniforms)
+        verdict = call.processed_verdict(setup, logits, draft, self.seq[:, : self.length], self.processors, uniforms)
         window_argmax = logits[n + 1 :].argmax(-1).tolist() if draft.window is not None else None
         return verdict, window_argmax
 

@@ -392,3 +392,46 @@ def first_stops(tokens, offsets, starts, limits, eos):
                 index[i] = j - offsets[i]
                 break
     return index, by_limit
+
+
+@njit(cache=True, nogil=True)
+def apply_bans(argmax, ids, vals, counts, lengths, ban_ids, ban_offsets, ban_lo, ban_hi):
+    """Turn every verified row's argmax into the argmax of its *processed* scores under token bans, in place.
+
+    Row ``j`` of batch row ``i`` (``j < counts[i]``) continues a sequence of ``lengths[i, j]`` tokens; rule ``r``
+    bans ``ban_ids[ban_offsets[r]:ban_offsets[r + 1]]`` while ``ban_lo[r] <= length < ban_hi[r]``. Its processed
+    argmax is the first of its top-k ``ids[i, j]`` / ``vals[i, j]`` (largest first; equal values: lower id first)
+    not banned. Returns False when some row cannot be decided from its top-k (every candidate banned or at
+    -inf, or the row's argmax is not its top-1: a NaN), so the caller processes the scores instead.
+
+    Example: ids ``[[[2, 7, 5]]]`` (top-3 of one row), argmax ``[[2]]``, lengths ``[[6]]``, one rule banning
+    ``[2]`` while length < 8 -> argmax ``[[7]]``.
+    """
+    b = counts.shape[0]
+    k = ids.shape[2]
+    for i in range(b):
+        for j in range(counts[i]):
+            length = lengths[i, j]
+            if argmax[i, j] != ids[i, j, 0]:
+                return False
+            chosen = -1
+            for c in range(k):
+                t = ids[i, j, c]
+                banned = False
+                for r in range(ban_lo.shape[0]):
+                    if ban_lo[r] <= length < ban_hi[r]:
+                        for e in range(ban_offsets[r], ban_offsets[r + 1]):
+                            if ban_ids[e] == t:
+                                banned = True
+                                break
+                    if banned:
+                        break
+                if not banned:
+                    if vals[i, j, c] == -np.inf:
+                        return False
+                    chosen = t
+                    break
+            if chosen < 0:
+                return False
+            argmax[i, j] = chosen
+    return True
