@@ -28,7 +28,7 @@ from .draft import Draft
 from .kv_cache import check_rollbackable, keep_entries, new_cache
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
-from .tree import pack_step
+from .tree import StepMask, pack_step, step_inputs
 from .tuning import BudgetTuning
 from .verify import PositionUniforms, Verdict
 
@@ -199,6 +199,7 @@ class SingleCall:
         self.pending, self.pending_pos = prompt[self.past_len :], prompt_pos[self.past_len :]
         self._last_token, self._last_pos = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self.limit = np.array([self.max_length], np.int64)
+        self.step_mask: StepMask | None = None  # the masks of the steps after the prompt's, made on first use
         self.policy.start(prompt, Limits(self.max_length, setup.kv_window), setup.cost, model)
         self.hidden = None  # [1, rows, H]: the output embedding's input of the last forward, when a source wants it
 
@@ -260,6 +261,14 @@ class SingleCall:
         if not draft.rows and self.col_visible is None:  # plain causal step: the model's own mask and fast path
             return (torch.from_numpy(self.pending[None]).to(self.device),
                     torch.from_numpy(self.pending_pos[None]).to(self.device), None)
+        if len(self.pending) == 1:  # a step after the prompt's: the mask buffer writes only this step's block
+            if self.step_mask is None:
+                rows = self.policy.max_rows() + 1
+                self.step_mask = StepMask(rows, self.setup.gen.max_length + rows + 1, self.setup.dtype, self.device,
+                                          self.col_visible)
+            window = draft.window
+            mask = self.step_mask(self.past_len, 1, draft.parents, None if window is None else window.visible)
+            return (*step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, window, self.device), mask)
         col_visible = None if self.col_visible is None else self.col_visible[: self.length]
         return pack_step(self.pending, self.pending_pos, draft.tokens, draft.parents, col_visible, self.past_len,
                          self.setup.dtype, draft.window, self.device, draft.depth)

@@ -435,3 +435,44 @@ def apply_bans(argmax, ids, vals, counts, lengths, ban_ids, ban_offsets, ban_lo,
                 return False
             argmax[i, j] = chosen
     return True
+
+
+@njit(cache=True)
+def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
+    """One step's additive mask written in place into a preallocated buffer ``mask`` [rows, columns] (any
+    integer or float view: it only ever holds 0 and ``neg``): the block ``mask[:q, past:past + q]`` as
+    :func:`fill_step_mask` would write it (q = p + n + m rows: pending tokens, tree nodes, window rows), after
+    restoring the buffer's invariant that every column before ``past`` is visible (0) in every row, but the
+    padding columns ``col_visible`` marks False (an empty ``col_visible``: none): columns ``clean_from .. past
+    - 1`` (the last step's block, now cached) of the first ``rows_used`` rows (the most rows any step wrote).
+
+    Example: past 3, p 1, parents ``[-1, 0]``, clean_from 2, rows_used 4: column 2 of rows 0-3 becomes 0, and
+    rows 0-2 of columns 3-5 become the block ``[[0, n, n], [0, 0, n], [0, 0, 0]]`` (n: ``neg``).
+    """
+    for r in range(rows_used):
+        for c in range(clean_from, past):
+            mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
+    n = len(parents)
+    m = window_visible.shape[0]
+    q = p + n + m
+    for r in range(q):
+        for c in range(past, past + q):
+            mask[r, c] = neg
+    for i in range(p):
+        for j in range(i + 1):
+            mask[i, past + j] = 0
+    for i in range(n):
+        row = p + i
+        for j in range(p):
+            mask[row, past + j] = 0
+        a = i
+        while a >= 0:  # itself and its ancestors
+            mask[row, past + p + a] = 0
+            a = parents[a]
+    for i in range(m):
+        row = p + n + i
+        for j in range(p):
+            mask[row, past + j] = 0
+        for j in range(m):
+            if window_visible[i, j]:
+                mask[row, past + p + n + j] = 0

@@ -102,12 +102,20 @@ def pack_step(
                      _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool),
                      float(torch.finfo(dtype).min))
     depth = tree_depths(tree_parents) if tree_depth is None else tree_depth
+    ids, pos = step_inputs(pending, pending_pos, tree_tokens, depth, window, device)
+    return ids, pos, torch.from_numpy(mask[None, None]).to(device, dtype)
+
+
+def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndarray, tree_depth: np.ndarray,
+                window=None, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids long[1, q], position ids long[1, q]) of one step: the pending tokens, the tree nodes one past
+    the last pending position plus their depth - 1, the window rows at their offsets (see :func:`pack_step`)."""
+    m = 0 if window is None else len(window[0])
     ids = np.concatenate([pending, np.asarray(tree_tokens, dtype=np.int64)]
                          + ([np.asarray(window[0], dtype=np.int64)] if m else []))
-    pos = np.concatenate([pending_pos, pending_pos[-1] + np.asarray(depth, dtype=np.int64)]
+    pos = np.concatenate([pending_pos, pending_pos[-1] + np.asarray(tree_depth, dtype=np.int64)]
                          + ([pending_pos[-1] + np.asarray(window[1], dtype=np.int64)] if m else []))
-    return (torch.from_numpy(ids[None]).to(device), torch.from_numpy(pos[None]).to(device),
-            torch.from_numpy(mask[None, None]).to(device, dtype))
+    return torch.from_numpy(ids[None]).to(device), torch.from_numpy(pos[None]).to(device)
 
 
 _NO_WINDOW = np.zeros((0, 0), dtype=bool)
@@ -152,3 +160,74 @@ def merge_trees(
         np.asarray([new_index[parents[i]] if parents[i] >= 0 else -1 for i in order], dtype=np.int64),
         np.asarray([origin[i] for i in order], dtype=np.int8),
     )
+
+
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class StepMask:
+    """One row's step masks in a preallocated buffer ``[1, 1, rows, columns]`` of the model's dtype, written in
+    place: each step writes only its own ``q x q`` block (``kernels.fill_step_block``) and returns a view
+    ``[1, 1, q, past + q]`` (the attention kernels take it as given; the row stride is the buffer's). What
+    :func:`pack_step` builds anew each step (a ``q x (past + q)`` array, then a copy to the device) this does
+    in O(q^2) host work; the prompt's step, with its many pending rows, stays :func:`pack_step`'s.
+
+    The buffer only ever holds 0 and the dtype's minimum, so the host writes them as integer bit patterns of the
+    same width (bf16 has no NumPy type). On a GPU the block is built on the host and copied into place.
+    Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]))`` ->
+    a [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``.
+    """
+
+    def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
+        self.dtype, self.device = dtype, torch.device(device)
+        self.col_visible = _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool)
+        bits = _BITS[torch.finfo(dtype).bits // 8]
+        self.neg = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(bits).item())
+        self.bits = bits
+        self.buffer = torch.zeros((1, 1, rows, columns), dtype=dtype, device=self.device)
+        pad = np.flatnonzero(~self.col_visible[:columns])
+        if len(pad):
+            self.buffer[..., torch.from_numpy(pad).to(self.device)] = torch.finfo(dtype).min
+        self.clean = 0  # columns before this are in the invariant state (visible, but padding)
+        self.rows_used = 0
+
+    def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None
+                 ) -> torch.Tensor:
+        """The additive mask [1, 1, q, past + q] of a step with ``pending`` tokens, the tree ``parents`` and the
+        window rows' visibility after ``past`` cached tokens (a view of the buffer, valid until the next call)."""
+        window = _NO_WINDOW if window_visible is None else np.asarray(window_visible, dtype=bool)
+        q = pending + len(parents) + window.shape[0]
+        if q > self.buffer.shape[2] or past + q > self.buffer.shape[3]:
+            self._grow(q, past + q)
+        clean = min(self.clean, past)
+        if self.device.type == "cpu":
+            view = self.buffer[0, 0].view(self.bits).numpy()
+            K.fill_step_block(view, past, pending, parents, window, self.col_visible, self.neg, clean, self.rows_used)
+        else:
+            self._fill_on_device(past, pending, parents, window, clean, q)
+        self.clean, self.rows_used = past, max(self.rows_used, q)
+        return self.buffer[:, :, :q, : past + q]
+
+    def _fill_on_device(self, past, pending, parents, window, clean, q) -> None:
+        block = np.empty((q, q), dtype=np.dtype(f"int{torch.finfo(self.dtype).bits}"))
+        K.fill_step_block(block, 0, pending, parents, window, _NO_COLUMNS, self.neg, 0, 0)
+        buf = self.buffer[0, 0].view(self.bits)
+        if past > clean and self.rows_used:
+            buf[: self.rows_used, clean:past] = 0
+            pad = np.flatnonzero(~self.col_visible[clean:past]) + clean if len(self.col_visible) else ()
+            if len(pad):
+                buf[:, torch.from_numpy(np.asarray(pad)).to(self.device)] = self.neg
+        buf[:q, past : past + q].copy_(torch.from_numpy(block), non_blocking=True)
+
+    def _grow(self, rows: int, columns: int) -> None:
+        old = self.buffer
+        new_rows, new_cols = max(rows, old.shape[2]), max(columns, 2 * old.shape[3])
+        self.buffer = torch.zeros((1, 1, new_rows, new_cols), dtype=self.dtype, device=self.device)
+        self.buffer[:, :, : old.shape[2], : old.shape[3]] = old
+        pad = np.flatnonzero(~self.col_visible[old.shape[3] : new_cols]) + old.shape[3]
+        if len(pad):
+            self.buffer[..., torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
+        if new_rows > old.shape[2] and old.shape[3]:  # new rows: visible cached columns, padding hidden
+            pad = np.flatnonzero(~self.col_visible[: old.shape[3]])
+            if len(pad):
+                self.buffer[:, :, old.shape[2] :, torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
