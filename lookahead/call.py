@@ -425,6 +425,14 @@ def first_stops(setup: CallSetup, tokens: list[list[int]], starts: np.ndarray, l
     """Where each row's emitted ``tokens`` stop on the host-checkable criteria (``max_length`` as the row's
     ``limits``, EOS ids), in one Numba pass: (index int64[b], -1 for none; by_limit bool[b]); see
     ``kernels.first_stops``. The other criteria are :func:`other_stop`'s."""
+    if len(tokens) == 1:  # one row of a few tokens: a Python loop beats the kernel's call
+        start, limit, eos = int(starts[0]), int(limits[0]), setup.eos
+        for i, t in enumerate(tokens[0]):
+            if start + i + 1 >= limit:
+                return np.array([i]), np.array([True])
+            if t in eos:
+                return np.array([i]), np.array([False])
+        return np.array([-1]), np.array([False])
     sizes = [len(t) for t in tokens]
     offsets = np.zeros(len(tokens) + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])

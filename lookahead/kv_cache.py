@@ -64,7 +64,17 @@ def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
     and two holes; the region is cropped to 3 columns.
     """
     most = max(len(k) for k in keeps)
-    if any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
+    if len(keeps) == 1:  # one row: copy the kept columns into place (the source is read before it is written)
+        keep = keeps[0]
+        if keep != list(range(most)):
+            src = None
+            for layer in kv_layers(cache):
+                first = layer.keys.shape[-2] - n_new
+                if src is None or src.device != layer.keys.device:
+                    src = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+                for t in (layer.keys, layer.values):
+                    t[:, :, first : first + most] = t[:, :, first:][:, :, src]
+    elif any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
         idx = np.empty((len(keeps), most), dtype=np.int64)
         for i, keep in enumerate(keeps):
             idx[i, : len(keep)] = keep

@@ -188,21 +188,28 @@ class StepMask:
         pad = np.flatnonzero(~self.col_visible[:columns])
         if len(pad):
             self.buffer[..., torch.from_numpy(pad).to(self.device)] = torch.finfo(dtype).min
+        self._host = self._host_view()
         self.clean = 0  # columns before this are in the invariant state (visible, but padding)
         self.rows_used = 0
+
+    def _host_view(self) -> np.ndarray | None:
+        """The buffer's bits as a NumPy array sharing its memory (on a CPU), else None."""
+        return self.buffer[0, 0].view(self.bits).numpy() if self.device.type == "cpu" else None
 
     def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None
                  ) -> torch.Tensor:
         """The additive mask [1, 1, q, past + q] of a step with ``pending`` tokens, the tree ``parents`` and the
         window rows' visibility after ``past`` cached tokens (a view of the buffer, valid until the next call)."""
-        window = _NO_WINDOW if window_visible is None else np.asarray(window_visible, dtype=bool)
+        window = _NO_WINDOW if window_visible is None else window_visible
         q = pending + len(parents) + window.shape[0]
-        if q > self.buffer.shape[2] or past + q > self.buffer.shape[3]:
-            self._grow(q, past + q)
+        host = self._host
+        if host is None or q > host.shape[0] or past + q > host.shape[1]:
+            if q > self.buffer.shape[2] or past + q > self.buffer.shape[3]:
+                self._grow(q, past + q)
         clean = min(self.clean, past)
-        if self.device.type == "cpu":
-            view = self.buffer[0, 0].view(self.bits).numpy()
-            K.fill_step_block(view, past, pending, parents, window, self.col_visible, self.neg, clean, self.rows_used)
+        if host is not None:
+            K.fill_step_block(self._host, past, pending, parents, window, self.col_visible, self.neg, clean,
+                              self.rows_used)
         else:
             self._fill_on_device(past, pending, parents, window, clean, q)
         self.clean, self.rows_used = past, max(self.rows_used, q)
@@ -231,3 +238,4 @@ class StepMask:
             pad = np.flatnonzero(~self.col_visible[: old.shape[3]])
             if len(pad):
                 self.buffer[:, :, old.shape[2] :, torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
+        self._host = self._host_view()
