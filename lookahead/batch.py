@@ -363,11 +363,11 @@ class BatchCall:
 
         limits = Limits(self.max_length, setup.kv_window)
         self.rows: list[Row] = []
-        for i, policy in enumerate(decoder.policies_for(b)):
+        for i, (policy, uniforms) in enumerate(zip(decoder.policies_for(b), call.uniforms(setup, b))):
             prompt = ids[i][visible[i]]
             policy.start(prompt, limits, FLAT if self.cost is not None else None, model)
             self.rows.append(Row(policy, prompt, length, self.max_length, last_pos=int(self.pending_pos[i, -1]),
-                                 uniforms=PositionUniforms() if setup.sampling else None))
+                                 uniforms=uniforms))
         decoder.prefill_groups = None  # the prompt's row groups when it was prefilled in groups (prefill())
         self.active = list(range(b))  # the rows in the cache, in its batch order
         self.T = 0  # cache columns
@@ -428,6 +428,7 @@ class BatchCall:
             self.next_pending()
             self.stream()
             stats.time_bookkeeping += clock() - t3
+        call.finish(self.setup, stats)
         return self.output()
 
     # -- one step's parts ------------------------------------------------------------------------------------
@@ -656,7 +657,7 @@ class BatchCall:
         size = self._cache_bytes()
         self.compact(live)
         if size:
-            seconds = max(self.clock() - t, 0.0)
+            seconds = call.shared_seconds(self.setup, max(self.clock() - t, 0.0))
             self._copy_seconds_per_byte = 0.5 * self._copy_seconds_per_byte + 0.5 * seconds / size
         self._dead_cost = 0.0
 

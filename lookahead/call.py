@@ -27,9 +27,10 @@ import torch
 from . import compat
 from . import kernels as K
 from .cost import CostModel
+from .distributed import RankSync
 from .draft import Draft
 from .kv_cache import PLAIN_LAYERS, CacheNotRollbackable, cache_layers, grow_in_place, new_cache
-from .verify import Verdict, verify
+from .verify import PositionUniforms, Verdict, verify
 
 HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", *compat.CACHE_KWARGS}
 """The model kwargs that ``generate`` prepares and that the decode loops handle themselves."""
@@ -56,6 +57,11 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
             raise ValueError("LookaheadDecoder cannot be combined with prompt_lookup_num_tokens; pick one.")
     if synced_gpus:
         raise ValueError("LookaheadDecoder does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
+    if decoder is not None and (decoder.draft_model is not None or decoder.config.self_draft != "none") \
+            and RankSync.for_model(model).active:
+        raise ValueError("LookaheadDecoder's draft passes (draft_model=, self_draft=) do not run under tensor "
+                         "parallelism (their forwards would be sharded and timed per rank); use the default "
+                         "draft sources, which every rank computes alike.")
     impl = getattr(gen, "cache_implementation", None) if gen is not None else None
     if impl not in (None, "dynamic"):
         raise CacheNotRollbackable(
@@ -238,6 +244,9 @@ class CallSetup:
       no scores kept, and no processors or only token bans: a verdict needs only every row's (processed)
       argmax, which the host reads in one pass.
     - ``cost``: the cost curve the budget prices with, or None (``adaptive=False``).
+    - ``sync``: the ranks of a tensor-parallel model (``distributed.RankSync``; inactive on one process): every
+      rank prices with rank 0's curve and samples with rank 0's seeds, and every forward's inputs are checked
+      to be the same on every rank before the forward runs.
     """
 
     model: object
@@ -264,6 +273,7 @@ class CallSetup:
     argmax_verdicts: bool
     bans: TokenBans | None = None
     cost: CostModel | None = None
+    sync: RankSync | None = None
 
 
 def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
@@ -315,12 +325,22 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         return_dict=bool(gen.return_dict_in_generate),
         argmax_verdicts=greedy_argmax and (all(p is None for p in processors) or rules is not None),
         bans=TokenBans.of(rules) if greedy_argmax and rules else None)
+    setup.sync = RankSync.for_model(model)
     if decoder.config.adaptive:
         t = decoder.clock()
-        setup.cost = decoder.cost_curve(model, kv_window)
+        setup.cost = decoder.cost_curve(model, kv_window, setup.sync)
         decoder.stats.time_calibration = decoder.clock() - t
         decoder.stats.cost_curve = setup.cost.points
     return setup
+
+
+def uniforms(setup: CallSetup, rows: int) -> list[PositionUniforms | None]:
+    """Per row, the sampling uniforms of its emitted positions (None when greedy), seeded from torch's default
+    generator (``torch.manual_seed`` makes a run repeatable), rank 0's seeds on every rank of a
+    tensor-parallel model."""
+    if not setup.sampling:
+        return [None] * rows
+    return [PositionUniforms(seed) for seed in setup.sync.seeds(rows)]
 
 
 def prompt_positions(attention_mask, length: int, max_length: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -345,8 +365,27 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> t
     """One forward of the target model (into ``cache`` when given, else the call's); the float logits
     [b, keep, V] of its last ``keep`` query rows."""
     kwargs = setup.forward_kwargs if cache is None else {**setup.forward_kwargs, setup.cache_kwarg: cache}
+    if setup.sync.active:  # the same forward on every rank, or a clear error before its collectives break
+        setup.sync.check(stats.target_calls, ids=ids, positions=pos, keep=keep,
+                         mask=None if mask is None else tuple(mask.shape),
+                         cached=(cache if cache is not None else setup.cache).get_seq_length())
     stats.target_calls += 1
     return compat.last_logits(setup.model, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+
+
+def finish(setup: CallSetup, stats) -> None:
+    """The end of a decode loop: on a tensor-parallel model, a rank that stopped before the others (a stopping
+    criterion reading the clock, ``max_time``) is reported instead of left waiting in a collective."""
+    if setup.sync is not None and setup.sync.active:
+        setup.sync.finish(stats.target_calls)
+
+
+def shared_seconds(setup: CallSetup, seconds: float) -> float:
+    """A time measured on this rank, as rank 0 measured it (on one process: itself), for decisions every rank
+    makes alike."""
+    if setup.sync is None or not setup.sync.active:
+        return seconds
+    return setup.sync.broadcast(float(seconds))
 
 
 def top_width(setup: CallSetup, k: int) -> int:

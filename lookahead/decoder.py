@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -23,14 +24,14 @@ from . import call, compat
 from .batch import BatchCall, ReadOnlyStore
 from .cache import NgramTrie
 from .config import LookaheadConfig
-from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, measure_cost_curve
+from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibration_sizes, measure_cost_curve
 from .draft import Draft
 from .kv_cache import check_rollbackable, keep_entries, new_cache
 from .policy import DraftPolicy, Limits
 from .stats import DecodeStats
 from .tree import StepMask, pack_step, step_inputs
 from .tuning import BudgetTuning
-from .verify import PositionUniforms, Verdict
+from .verify import Verdict
 
 
 class LookaheadDecoder:
@@ -103,14 +104,16 @@ class LookaheadDecoder:
         self.stats = DecodeStats()
         self.row_stats: list[DecodeStats] = []
         self.prefill_groups: list[list[int]] | None = None
+        self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # under tensor parallelism
         self._busy = threading.Lock()  # held by the running call
 
-    def __getstate__(self):  # copy.deepcopy / pickle: a lock does not travel
-        return {k: v for k, v in self.__dict__.items() if k != "_busy"}
+    def __getstate__(self):  # copy.deepcopy / pickle: a lock and curves keyed by live models do not travel
+        return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._busy = threading.Lock()
+        self._tp_curves = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"LookaheadDecoder({self.config})"
@@ -147,9 +150,10 @@ class LookaheadDecoder:
         finally:
             self._busy.release()
 
-    def cost_curve(self, model, kv_window: int | None = None) -> CostModel:
+    def cost_curve(self, model, kv_window: int | None = None, sync=None) -> CostModel:
         """The cost curve this decoder prices drafts with on ``model``: the configured one, else the
-        one kept in ``calibrations`` (measured on first use)."""
+        one kept in ``calibrations`` (measured on first use). ``sync``: the ranks of a tensor-parallel model
+        (``distributed.RankSync``), which all price with rank 0's curve."""
         if self.config.cost_curve:
             return CostModel(self.config.cost_curve)
         cache_kwarg, keeps_logits = compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model)
@@ -158,7 +162,19 @@ class LookaheadDecoder:
             factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache
             return measure_cost_curve(model, factory, sizes, cache_kwarg, keeps_logits, clock=self.clock)
 
-        return self.calibrations.get(model, self.policy.max_rows(), measure)
+        rows = self.policy.max_rows()
+        if sync is None or not sync.active:
+            return self.calibrations.get(model, rows, measure)
+        # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and
+        # prices with rank 0's curve; kept per model in this decoder, whose calls every rank makes alike
+        known = self._tp_curves.get(model)
+        sync.check("calibration", known=known is not None and known.max_k >= rows)
+        if known is None or known.max_k < rows:
+            factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache
+            measured = measure_cost_curve(model, factory, calibration_sizes(rows), cache_kwarg, keeps_logits,
+                                          clock=sync.shared_clock(self.clock))
+            known = self._tp_curves[model] = sync.broadcast(measured)
+        return known
 
     def policies_for(self, rows: int) -> list[DraftPolicy]:
         """A batch's per-row draft policies (each with its own trie; a shared ``trie=`` store read-only, see
@@ -188,7 +204,7 @@ class SingleCall:
                                                              setup.gen.max_length)
         self.scores: list[torch.Tensor] = []
         self.raw: list[torch.Tensor] = []
-        self.uniforms = PositionUniforms() if setup.sampling else None  # seeded from torch's generator
+        self.uniforms = call.uniforms(setup, 1)[0]  # seeded from torch's generator (rank 0's under TP)
         self.past_len = setup.cache.get_seq_length()
         self.length = input_ids.shape[1]  # tokens in the sequence
         # seq: long[1, max_length + 1], the sequence so far in its first `length` columns (our own buffer)
@@ -200,6 +216,7 @@ class SingleCall:
         self._last_token, self._last_pos = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self.limit = np.array([self.max_length], np.int64)
         self.step_mask: StepMask | None = None  # the masks of the steps after the prompt's, made on first use
+        self.refine = decoder.config.refine_cost and setup.cost is not None
         self.policy.start(prompt, Limits(self.max_length, setup.kv_window), setup.cost, model)
         self.hidden = None  # [1, rows, H]: the output embedding's input of the last forward, when a source wants it
 
@@ -251,9 +268,11 @@ class SingleCall:
             if self.hidden is not None:  # the row whose logits gave the last emitted token (rows: root, nodes, ...)
                 hidden = self.hidden[0, self.hidden.shape[1] - (rows + 1) + (1 + verdict.nodes[n_acc - 1] if n_acc else 0)]
             successors = None if not k else (tops[0][0, : n + 1, :k], tops[1][0, : n + 1, :k])
+            seconds = call.shared_seconds(setup, t3 - t1) if self.refine else 0.0  # a step: forward + verify
             policy.learn(draft, verdict.nodes, verdict.tokens[:n_emit], window_argmax,
-                         1 + rows if p == 1 else 0, t3 - t1, successors, hidden)  # a step's time: forward + verify
+                         1 + rows if p == 1 else 0, seconds, successors, hidden)
             stats.record_step(draft, verdict.nodes[:n_acc], n_emit, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
+        call.finish(setup, stats)
         return self.output()
 
     def pack(self, draft: Draft):
