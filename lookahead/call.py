@@ -370,7 +370,10 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> t
                          mask=None if mask is None else tuple(mask.shape),
                          cached=(cache if cache is not None else setup.cache).get_seq_length())
     stats.target_calls += 1
-    return compat.last_logits(setup.model, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+    logits = compat.last_logits(setup.model, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+    # layers spread over devices (device_map): the logits come out on the last one; read them where the ids
+    # are, as plain generate does
+    return logits if logits.device == setup.device else logits.to(setup.device)
 
 
 def finish(setup: CallSetup, stats) -> None:

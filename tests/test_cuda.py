@@ -27,3 +27,25 @@ def test_sampled_distribution_on_cuda():
     (row,) = gpu_check.check_sampling("cuda")
     assert 0 < row["accepted"] < row["drafted"]
     assert row["identical"], f"samples do not follow the target distribution on CUDA (p={row['pvalue']:.2e})"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="device_map over two devices needs two GPUs")
+def test_device_map_over_two_gpus_is_plain(tmp_path):
+    """Layers spread over two GPUs (ids in on the first, logits out on the second): greedy and processed
+    (repetition penalty) outputs identical to plain generate's, in fewer forwards than tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from lookahead import LookaheadDecoder
+    from tiny import tiny_model
+
+    tiny_model("llama", layers=4).save_pretrained(tmp_path)
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": 0,
+                  "model.layers.2": 1, "model.layers.3": 1, "model.norm": 1, "lm_head": 1}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, device_map=device_map, dtype=torch.float64).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]], device="cuda:0")
+    for kw in ({}, {"repetition_penalty": 1.3}):
+        plain = model.generate(ids, max_new_tokens=30, do_sample=False, **kw)
+        dec = LookaheadDecoder(cost_curve=((1, 0.01), (2, 0.01), (256, 0.0102)))
+        ours = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=dec, **kw)
+        assert ours.tolist() == plain.tolist(), kw
+        assert dec.stats.target_calls < 30
