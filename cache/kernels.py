@@ -36,6 +36,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .primitives import heap_pop, heap_push, pair_slot
+
 # columns of ``nodes``
 TOKEN, PARENT, FIRST_CHILD, LAST_CHILD, NEXT_SIBLING, PREV_SIBLING, GROUP, GROUP_HEAD = range(8)
 NODE_COLUMNS = 8
@@ -50,8 +52,6 @@ S_OPEN = 8  # state[S_OPEN + k]: node of the open path of length k + 1
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
 INT32_MAX = 2**31 - 1
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 
 
 def table_size(capacity: int) -> int:
@@ -64,22 +64,10 @@ def table_size(capacity: int) -> int:
 
 
 @njit(cache=True, inline="always")
-def _slot(parent, token, mask):
-    """splitmix64 finaliser of the key ``(parent << 32) | token``."""
-    x = (np.uint64(parent) << np.uint64(32)) | np.uint64(token)
-    x ^= x >> np.uint64(30)
-    x *= _M1
-    x ^= x >> np.uint64(27)
-    x *= _M2
-    x ^= x >> np.uint64(31)
-    return np.int64(x & np.uint64(mask))
-
-
-@njit(cache=True, inline="always")
 def find_child(nodes, table, parent, token):
     """Slot of the child of ``parent`` with ``token``, or 0 when there is none."""
     mask = table.shape[0] - 1
-    i = _slot(parent, token, mask)
+    i = pair_slot(parent, token, mask)
     while True:
         v = table[i]
         if v == 0:
@@ -297,7 +285,7 @@ def evict(nodes, stats, table, state):
     mask = table.shape[0] - 1
     for v in range(1, cap + 1):
         if nodes[v, TOKEN] >= 0:
-            i = _slot(nodes[v, PARENT], nodes[v, TOKEN], mask)
+            i = pair_slot(nodes[v, PARENT], nodes[v, TOKEN], mask)
             while table[i] != 0:
                 i = (i + 1) & mask
             table[i] = v
@@ -334,7 +322,7 @@ def insert(nodes, stats, table, state, tokens):
         # k > 0: extend the open path of length k by t; k = 0: the path (t,) below the root
         for k in range(min(n_open, max_n - 1), -1, -1):
             parent = state[S_OPEN + k - 1] if k > 0 else 0
-            i = _slot(parent, t, mask)
+            i = pair_slot(parent, t, mask)
             while True:
                 x = table[i]
                 if x == 0 or (nodes[x, TOKEN] == t and nodes[x, PARENT] == parent):
@@ -436,16 +424,6 @@ def insert(nodes, stats, table, state, tokens):
 # -- proposals ------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
-def _better(es, ei, a, b):
-    """Entry ``a`` pops before entry ``b``: key (-score, depth, -last_used)."""
-    if es[a, 0] != es[b, 0]:
-        return es[a, 0] > es[b, 0]
-    if ei[a, 1] != ei[b, 1]:
-        return ei[a, 1] < ei[b, 1]
-    return ei[a, 2] > ei[b, 2]
-
-
 @njit(cache=True)
 def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, out_parents, out_match):
     """Draft tree for ``ctx`` written to ``out_tokens[:k]``, ``out_parents[:k]``; returns ``k``
@@ -495,6 +473,7 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
     # selected, in pop order: node, parent's pop index, first and last selected child, next sibling
     sel = ints[size:]
     heap = np.empty(size, np.int64)
+    key_score, key_depth, key_tie = es[:, 0], ei[:, 1], ei[:, 2]  # the heap's order: (-score, depth, -last_used)
     first_root = -1
     last_root = -1
     c = nodes[match, FIRST_CHILD]
@@ -509,22 +488,7 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
     n_ent = 1
     n_sel = 0
     while n_heap > 0 and n_sel < max_nodes:
-        top = heap[0]
-        n_heap -= 1
-        last = heap[n_heap]
-        i = 0
-        while True:  # sift down
-            j = 2 * i + 1
-            if j >= n_heap:
-                break
-            if j + 1 < n_heap and _better(es, ei, heap[j + 1], heap[j]):
-                j += 1
-            if _better(es, ei, heap[j], last):
-                heap[i] = heap[j]
-                i = j
-            else:
-                break
-        heap[i] = last
+        top, n_heap = heap_pop(heap, n_heap, key_score, key_depth, key_tie)
         x = ei[top, 0]
         depth = ei[top, 1]
         ppop = ei[top, 3]
@@ -575,16 +539,7 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
             ei[e, 1] = d
             ei[e, 2] = stats[y, LAST_USED]
             ei[e, 3] = pp
-            i = n_heap
-            n_heap += 1
-            while i > 0:  # sift up
-                p = (i - 1) >> 1
-                if _better(es, ei, e, heap[p]):
-                    heap[i] = heap[p]
-                    i = p
-                else:
-                    break
-            heap[i] = e
+            n_heap = heap_push(heap, n_heap, e, key_score, key_depth, key_tie)
     # 3. breadth-first output: queue over the selected tree (reuse ``heap`` as the queue)
     order = heap
     pos = 0
@@ -701,7 +656,7 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
         if d > max_n:
             return BAD_DEPTH, i
         depth[v] = d
-        h = _slot(p, t, mask)
+        h = pair_slot(p, t, mask)
         while table[h] != 0:
             x = table[h]
             if nodes[x, TOKEN] == t and nodes[x, PARENT] == p:

@@ -71,6 +71,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .primitives import pair_slot
+
 # columns of ``states`` and ``edges``
 LEN, LINK, FIRST, HEAD, TAIL = range(5)
 TOKEN, TARGET, NEXT, OWNER = range(4)
@@ -80,21 +82,6 @@ INFO_SLOTS = 8
 INT32_MAX = 2**31 - 1
 OK, ERR_TOKEN = 0, -1
 _I64 = np.dtype(np.int64)
-
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-@njit(cache=True, inline="always")
-def _slot(state, token, mask):
-    x = (np.uint64(state) << np.uint64(32)) | np.uint64(token)
-    x ^= x >> np.uint64(30)
-    x *= _M1
-    x ^= x >> np.uint64(27)
-    x *= _M2
-    x ^= x >> np.uint64(31)
-    return np.int64(x & np.uint64(mask))
-
 
 @njit(cache=True)
 def reset(states, table, info):
@@ -115,7 +102,7 @@ def reset(states, table, info):
 def _lookup(edges, table, state, token):
     """Transition index of ``state`` on ``token``, or -1."""
     mask = table.shape[0] - 1
-    i = _slot(state, token, mask)
+    i = pair_slot(state, token, mask)
     while True:
         v = table[i]
         if v == 0:
@@ -140,7 +127,7 @@ def _add_edge(states, edges, table, state, token, target, info):
         edges[states[state, TAIL], NEXT] = e
     states[state, TAIL] = e
     mask = table.shape[0] - 1
-    i = _slot(state, token, mask)
+    i = pair_slot(state, token, mask)
     while table[i] != 0:
         i = (i + 1) & mask
     table[i] = e + 1

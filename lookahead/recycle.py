@@ -30,17 +30,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .cache.primitives import MIX1, MIX2, heap_pop, heap_push
+
 CALIBRATION = 0.62
 """P(a drafted successor follows) / its share; measured on SmolLM2's recorded greedy outputs
 (``benchmarks/results/drafts.md``): shares 0.9-1.0 followed 61% of the time, 0.4-0.5 26%, 0-0.1 3%."""
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 
 
 @njit(cache=True, inline="always")
 def _mix(a, b):
-    x = (np.uint64(a) ^ (np.uint64(b) * _M2)) * _M1
+    x = (np.uint64(a) ^ (np.uint64(b) * MIX2)) * MIX1
     return x ^ (x >> np.uint64(29))
 
 
@@ -113,15 +113,6 @@ def _learn_step(keys, ids, share, rows, prev, last, tokens, parents, path, top_i
         _update(keys, ids, share, rows, prevs[path], inputs[path], top_ids[path], top_logits[path])
 
 
-@njit(cache=True, inline="always")
-def _better(score, depth, a, b):
-    if score[a] != score[b]:
-        return score[a] > score[b]
-    if depth[a] != depth[b]:
-        return depth[a] < depth[b]
-    return a < b
-
-
 @njit(cache=True)
 def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
     """Best-first tree into ``out[0, :m]`` tokens, ``out[1, :m]`` parents, ``out[2, :m]`` shares (x 1000,
@@ -137,6 +128,7 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
     e_depth = np.empty(size, np.int64)
     e_base = np.empty(size, np.float64)  # the parent's score
     e_score = np.empty(size, np.float64)
+    e_tie = np.empty(size, np.int64)  # minus the entry's index: the heap pops earlier entries first among equals
     heap = np.empty(size, np.int64)
     n_ent = 0
     n_heap = 0
@@ -146,25 +138,11 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
         return 0
     e_row[0], e_rank[0], e_par[0], e_in[0], e_depth[0], e_base[0] = root, 0, -1, last, 1, 1.0
     e_score[0] = calibration * share[root, 0]
+    e_tie[0] = 0
     heap[0] = 0
     n_ent, n_heap = 1, 1
     while n_heap > 0 and m < max_nodes:
-        top = heap[0]
-        n_heap -= 1
-        last_e = heap[n_heap]
-        i = 0
-        while True:  # sift down
-            j = 2 * i + 1
-            if j >= n_heap:
-                break
-            if j + 1 < n_heap and _better(e_score, e_depth, heap[j + 1], heap[j]):
-                j += 1
-            if _better(e_score, e_depth, heap[j], last_e):
-                heap[i] = heap[j]
-                i = j
-            else:
-                break
-        heap[i] = last_e
+        top, n_heap = heap_pop(heap, n_heap, e_score, e_depth, e_tie)
         row, rank = e_row[top], e_rank[top]
         tok = ids[row, rank]
         out[0, m] = tok
@@ -188,16 +166,8 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
             n_ent += 1
             e_row[x], e_rank[x], e_par[x], e_in[x], e_depth[x], e_base[x] = nr, nk, npar, nin, nd, nb
             e_score[x] = nb * calibration * share[nr, nk]
-            i = n_heap  # sift up
-            n_heap += 1
-            while i > 0:
-                p = (i - 1) // 2
-                if _better(e_score, e_depth, x, heap[p]):
-                    heap[i] = heap[p]
-                    i = p
-                else:
-                    break
-            heap[i] = x
+            e_tie[x] = -x  # equal scores and depths: the earlier entry first
+            n_heap = heap_push(heap, n_heap, x, e_score, e_depth, e_tie)
     return m
 
 

@@ -31,8 +31,8 @@ same tokens only up to floating point; reusing them would need a forward entry p
 which transformers does not offer publicly). Stated, not done.
 
 Sampling: drafts are greedy (deterministic given the context), so the decoder's multi-candidate rule is exact
-for them; the general rule for drafts *sampled* from q is ``verify.speculative_verify_chain`` (tested on its
-own, not wired into the loop).
+for them (and, as ``tests/test_selfspec.py`` checks against speculative sampling's rule, for any draft chosen
+independently of the verification's uniforms).
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ from lookahead.cost import CostModel
 from lookahead.draft import COPY, MODEL, ORIGINS, TRIE
 from lookahead.policy import DraftPolicy, Limits
 from lookahead.proposer import CopySource, ModelSource, merge_proposals
-from lookahead.source import Proposal
 from lookahead.recycle import SuccessorTable
-from lookahead.tree import merge_trees, tree_depth_rank, tree_depths
+from lookahead.source import Proposal
+from lookahead.tree import tree_depth_rank, tree_depths
 
+from draft_reference import merge_trees
 from tiny import TINY_ARCHS
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
