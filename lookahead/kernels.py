@@ -159,32 +159,41 @@ def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
     """
     q = mask.shape[0]
     past = mask.shape[1] - q
-    n = len(parents)
-    m = window_visible.shape[0]
-    mask[:, :] = neg
     mask[:, :past] = 0.0
-    for i in range(p):
-        for j in range(i + 1):
-            mask[i, past + j] = 0.0
-    for i in range(n):
-        row = p + i
-        for j in range(p):
-            mask[row, past + j] = 0.0
-        a = i
-        while a >= 0:  # itself and its ancestors
-            mask[row, past + p + a] = 0.0
-            a = parents[a]
-    for i in range(m):
-        row = p + n + i
-        for j in range(p):
-            mask[row, past + j] = 0.0
-        for j in range(m):
-            if window_visible[i, j]:
-                mask[row, past + p + n + j] = 0.0
+    _step_block(mask, past, p, parents, window_visible, neg)
     if len(col_visible):
         for j in range(past + p):
             if not col_visible[j]:
                 mask[:, j] = neg
+
+
+@njit(cache=True, inline="always")
+def _step_block(mask, past, p, parents, window_visible, neg):
+    """The step's own block ``mask[:q, past:past + q]`` (see :func:`fill_step_mask`)."""
+    n = len(parents)
+    m = window_visible.shape[0]
+    q = p + n + m
+    for r in range(q):
+        for c in range(past, past + q):
+            mask[r, c] = neg
+    for i in range(p):
+        for j in range(i + 1):
+            mask[i, past + j] = 0
+    for i in range(n):
+        row = p + i
+        for j in range(p):
+            mask[row, past + j] = 0
+        a = i
+        while a >= 0:  # itself and its ancestors
+            mask[row, past + p + a] = 0
+            a = parents[a]
+    for i in range(m):
+        row = p + n + i
+        for j in range(p):
+            mask[row, past + j] = 0
+        for j in range(m):
+            if window_visible[i, j]:
+                mask[row, past + p + n + j] = 0
 
 
 _BLOCK = 64  # logits scanned per block by row_top: a block whose maximum cannot enter the top k is skipped
@@ -452,27 +461,4 @@ def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, cl
     for r in range(rows_used):
         for c in range(clean_from, past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
-    n = len(parents)
-    m = window_visible.shape[0]
-    q = p + n + m
-    for r in range(q):
-        for c in range(past, past + q):
-            mask[r, c] = neg
-    for i in range(p):
-        for j in range(i + 1):
-            mask[i, past + j] = 0
-    for i in range(n):
-        row = p + i
-        for j in range(p):
-            mask[row, past + j] = 0
-        a = i
-        while a >= 0:  # itself and its ancestors
-            mask[row, past + p + a] = 0
-            a = parents[a]
-    for i in range(m):
-        row = p + n + i
-        for j in range(p):
-            mask[row, past + j] = 0
-        for j in range(m):
-            if window_visible[i, j]:
-                mask[row, past + p + n + j] = 0
+    _step_block(mask, past, p, parents, window_visible, neg)

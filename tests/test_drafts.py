@@ -44,6 +44,14 @@ def _random_tree(rng, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     return tokens, bfs
 
 
+def test_merge_trees_docstring_example():
+    tokens, parents, origin = merge_trees((np.array([5, 6]), np.array([-1, 0])),
+                                          (np.array([5, 7, 8]), np.array([-1, 0, -1])))
+    assert tokens.tolist() == [5, 8, 6, 7]
+    assert parents.tolist() == [-1, -1, 0, 0]
+    assert origin.tolist() == [0, 1, 0, 1]
+
+
 def test_merge_equals_merge_trees_and_keeps_the_first_sources_match():
     rng = np.random.default_rng(0)
     for _ in range(500):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder
-from lookahead.tree import merge_trees, pack_step
+from lookahead.tree import pack_step
 from lookahead.window import LookaheadWindow, harvest_ngrams, window_layout
 
 from tiny import TINY_ARCHS
@@ -66,14 +66,6 @@ def test_pack_step_with_tree_and_window_never_see_each_other():
     assert not seen[1:3, 4:].any() and not seen[3:, 2:4].any()  # tree and window are separate
     assert seen[1:3, 2:4].tolist() == [[1, 0], [1, 1]]
     assert seen[3:, 4:].tolist() == visible.astype(int).tolist()
-
-
-def test_merge_trees_docstring_example():
-    tokens, parents, origin = merge_trees((np.array([5, 6]), np.array([-1, 0])),
-                                          (np.array([5, 7, 8]), np.array([-1, 0, -1])))
-    assert tokens.tolist() == [5, 8, 6, 7]
-    assert parents.tolist() == [-1, -1, 0, 0]
-    assert origin.tolist() == [0, 1, 0, 1]
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
