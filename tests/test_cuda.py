@@ -36,6 +36,7 @@ def test_device_map_over_two_gpus_is_plain(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from lookahead import LookaheadDecoder
+
     from tiny import tiny_model
 
     tiny_model("llama", layers=4).save_pretrained(tmp_path)
