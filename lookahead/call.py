@@ -63,11 +63,15 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
                          "parallelism (their forwards would be sharded and timed per rank); use the default "
                          "draft sources, which every rank computes alike.")
     impl = getattr(gen, "cache_implementation", None) if gen is not None else None
-    if impl not in (None, "dynamic"):
+    if impl not in (None, "dynamic", "static"):
         raise CacheNotRollbackable(
-            f"LookaheadDecoder needs a dynamic KV cache it can roll back; cache_implementation={impl!r} is not one. "
-            "Remove cache_implementation or use plain generate()."
+            f"LookaheadDecoder needs a dynamic or static KV cache it can roll back; cache_implementation={impl!r} "
+            "is neither. Remove cache_implementation (or use 'static') or use plain generate()."
         )
+    if batch > 1 and impl == "static":
+        raise ValueError("LookaheadDecoder with a static cache (cache_implementation='static') decodes batch size 1; "
+                         "for a batch drop cache_implementation (the default dynamic cache), or call generate once "
+                         "per prompt.")
     if batch > 1:
         if gen is not None and gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
             raise ValueError(
@@ -244,6 +248,7 @@ class CallSetup:
       no scores kept, and no processors or only token bans: a verdict needs only every row's (processed)
       argmax, which the host reads in one pass.
     - ``cost``: the cost curve the budget prices with, or None (``adaptive=False``).
+    - ``runner``: what runs a step's forward (the model, or its compiled call on a static cache), None: the model.
     - ``sync``: the ranks of a tensor-parallel model (``distributed.RankSync``; inactive on one process): every
       rank prices with rank 0's curve and samples with rank 0's seeds, and every forward's inputs are checked
       to be the same on every rank before the forward runs.
@@ -274,15 +279,17 @@ class CallSetup:
     bans: TokenBans | None = None
     cost: CostModel | None = None
     sync: RankSync | None = None
+    runner: object = None
 
 
 def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
-            model_kwargs: dict, row_processors=None) -> CallSetup:
+            model_kwargs: dict, row_processors=None, static: bool = False) -> CallSetup:
     """Check the call and set it up (the cost curve last: it may time forwards on first use).
 
     ``row_processors(processors, r, b)``: row ``r``'s processors of ``b`` (batches slice per-row state);
     None: the call's own list for its one row. A batch (``b`` > 1) starts from an empty cache; one row may
-    continue a cache that holds a prefix of ``input_ids``."""
+    continue a cache that holds a prefix of ``input_ids``. ``static``: the cache is a static one
+    (``static.py`` checks its layers and prices its steps itself: no cost curve here)."""
     gen = generation_config if generation_config is not None else model.generation_config
     b = input_ids.shape[0]
     check_model_kwargs(model_kwargs, gen)
@@ -293,8 +300,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
     max_length = stop_length if stop_length is not None else gen.max_length
     cache = compat.cache_of(model_kwargs)
     cache = new_cache(model) if cache is None else grow_in_place(cache)
-    kv_window = check_cache_layers(cache, gen.max_length)
-    past = cache.get_seq_length()
+    kv_window = None if static else check_cache_layers(cache, gen.max_length)
+    past = int(cache.get_seq_length())
     if b > 1 and past:
         raise ValueError(f"LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds {past} "
                          "tokens. Pass no cache, or use plain generate().")
@@ -326,7 +333,7 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         argmax_verdicts=greedy_argmax and (all(p is None for p in processors) or rules is not None),
         bans=TokenBans.of(rules) if greedy_argmax and rules else None)
     setup.sync = RankSync.for_model(model)
-    if decoder.config.adaptive:
+    if decoder.config.adaptive and not static:
         t = decoder.clock()
         setup.cost = decoder.cost_curve(model, kv_window, setup.sync)
         decoder.stats.time_calibration = decoder.clock() - t
@@ -370,7 +377,8 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> t
                          mask=None if mask is None else tuple(mask.shape),
                          cached=(cache if cache is not None else setup.cache).get_seq_length())
     stats.target_calls += 1
-    logits = compat.last_logits(setup.model, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+    runner = setup.model if setup.runner is None or cache is not None else setup.runner
+    logits = compat.last_logits(runner, ids, pos, mask, kwargs, setup.keeps_logits, keep)
     # layers spread over devices (device_map): the logits come out on the last one; read them where the ids
     # are, as plain generate does
     return logits if logits.device == setup.device else logits.to(setup.device)

@@ -462,3 +462,35 @@ def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, cl
         for c in range(clean_from, past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
     _step_block(mask, past, p, parents, window_visible, neg)
+
+@njit(cache=True)
+def fill_static_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, dirty_to, rows_used,
+                      q):
+    """One step's additive mask in a preallocated buffer over a static cache's every column (``mask`` [rows,
+    max_cache_len], holding only 0 and ``neg``, all ``neg`` when new): the step's ``q`` rows (pending tokens,
+    tree nodes, window rows, then dummy rows up to the bucket's size) see the cached columns (but padding:
+    ``col_visible`` False; empty: none), and in the block ``mask[:q, past:past + q]`` what :func:`fill_step_mask`
+    gives them; a dummy row sees the pending tokens and itself; every later column is hidden.
+
+    The buffer keeps, for its first ``rows_used`` rows, every column before ``clean_from`` right and every
+    column from ``dirty_to`` on hidden; this restores columns ``clean_from .. dirty_to - 1`` (cached now, or an
+    earlier step's block), and fills the cached columns of rows never used before.
+
+    Example: past 2, p 1, parents ``[-1]``, q 3 (one dummy): rows ``p a d`` see columns ``0 1 p``, ``0 1 p a``,
+    ``0 1 p d``; every column from 5 on is hidden.
+    """
+    for r in range(rows_used, q):  # rows never used: their cached columns
+        for c in range(past):
+            mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
+    for r in range(rows_used):
+        for c in range(clean_from, min(dirty_to, mask.shape[1])):
+            if c < past:
+                mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
+            else:
+                mask[r, c] = neg
+    _step_block(mask, past, p, parents, window_visible, neg)
+    real = p + len(parents) + window_visible.shape[0]
+    for r in range(real, q):  # dummy rows: the pending tokens and themselves
+        for j in range(p):
+            mask[r, past + j] = 0
+        mask[r, past + r] = 0

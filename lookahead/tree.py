@@ -122,7 +122,8 @@ _NO_WINDOW = np.zeros((0, 0), dtype=bool)
 _NO_COLUMNS = np.zeros(0, dtype=bool)
 
 
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+MASK_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""The integer type of each float width: a mask buffer holds only 0 and the dtype's minimum, written as bits."""
 
 
 class StepMask:
@@ -141,7 +142,7 @@ class StepMask:
     def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
         self.dtype, self.device = dtype, torch.device(device)
         self.col_visible = _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool)
-        bits = _BITS[torch.finfo(dtype).bits // 8]
+        bits = MASK_BITS[torch.finfo(dtype).bits // 8]
         self.neg = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(bits).item())
         self.bits = bits
         self.buffer = torch.zeros((1, 1, rows, columns), dtype=dtype, device=self.device)
