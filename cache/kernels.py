@@ -45,8 +45,9 @@ NODE_COLUMNS = 8
 COUNT, LAST_USED, CHILD_SUM = 0, 1, 2
 STAT_COLUMNS = 3
 # slots of ``state``
-S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE = range(8)
-S_OPEN = 8  # state[S_OPEN + k]: node of the open path of length k + 1
+S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE, S_HIGH = range(9)
+S_OPEN = 9  # state[S_OPEN + k]: node of the open path of length k + 1
+# S_HIGH: the highest node slot or group id used since the last reset (the rows above it are as reset left them)
 
 # kernel status codes
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
@@ -94,16 +95,41 @@ def _init_node(nodes, stats, x, token, parent, count, last_used):
 
 @njit(cache=True)
 def reset(nodes, stats, table, state):
-    """Empty trie: every node slot but the root free (free list 1, 2, ..., capacity), step 0."""
+    """Empty trie: every node slot but the root free (free list 1, 2, ..., capacity), step 0.
+
+    O(slots used since the last reset), not O(capacity): only rows up to ``state[S_HIGH]`` were ever written
+    (allocation takes the lowest free slot of a fresh list), so only they, and the hash-table entries of the live
+    nodes among them, are restored; a trie used past a quarter of its capacity is reset whole."""
     cap = state[S_CAPACITY]
-    nodes[:, :] = 0
-    nodes[:, TOKEN] = -1
+    high = state[S_HIGH]
+    if 4 * high >= cap:  # (new arrays come with ``S_HIGH`` = capacity: everything is written)
+        high = cap
+        table[:] = 0
+    else:  # the live nodes' entries: find them all first (probing needs the table intact), then zero them
+        mask = table.shape[0] - 1
+        found = np.empty(high + 1, np.int64)
+        n_found = 0
+        for v in range(1, high + 1):
+            if nodes[v, TOKEN] >= 0:
+                i = pair_slot(nodes[v, PARENT], nodes[v, TOKEN], mask)
+                while table[i] != v:
+                    i = (i + 1) & mask
+                found[n_found] = i
+                n_found += 1
+        for j in range(n_found):
+            table[found[j]] = 0
+    rows = min(high, cap) + 1
+    nodes[:rows, :] = 0
+    nodes[:rows, TOKEN] = -1
     nodes[0, PARENT] = -1
-    for v in range(1, cap):
+    for v in range(1, min(rows, cap)):
         nodes[v, NEXT_SIBLING] = v + 1
         nodes[v, GROUP_HEAD] = v + 1
-    stats[:, :] = 0
-    table[:] = 0
+    if rows > cap:  # the last slot ends both free lists
+        nodes[cap, NEXT_SIBLING] = 0
+        nodes[cap, GROUP_HEAD] = 0
+    stats[:rows, :] = 0
+    state[S_HIGH] = 0
     state[S_N_LIVE] = 0
     state[S_FREE_HEAD] = 1
     state[S_GROUP_FREE] = 1
@@ -375,6 +401,8 @@ def insert(nodes, stats, table, state, tokens):
                     elif others:  # a new group of its own, just before g
                         g2 = state[S_GROUP_FREE]
                         state[S_GROUP_FREE] = nodes[g2, GROUP_HEAD]
+                        if g2 > state[S_HIGH]:
+                            state[S_HIGH] = g2
                         nodes[g2, GROUP_HEAD] = x
                         nodes[x, GROUP] = g2
                     # else: x, alone in g, stays in place and g now holds count c + 1
@@ -387,6 +415,8 @@ def insert(nodes, stats, table, state, tokens):
                 x = state[S_FREE_HEAD]
                 state[S_FREE_HEAD] = nodes[x, NEXT_SIBLING]
                 state[S_N_LIVE] += 1
+                if x > state[S_HIGH]:
+                    state[S_HIGH] = x
                 table[i] = x
                 _init_node(nodes, stats, x, t, parent, 1, s)
                 stats[parent, CHILD_SUM] += 1
@@ -414,6 +444,8 @@ def insert(nodes, stats, table, state, tokens):
                     nodes[parent, LAST_CHILD] = x
                     g = state[S_GROUP_FREE]
                     state[S_GROUP_FREE] = nodes[g, GROUP_HEAD]
+                    if g > state[S_HIGH]:
+                        state[S_HIGH] = g
                     nodes[g, GROUP_HEAD] = x
                     nodes[x, GROUP] = g
             state[S_OPEN + k] = x
@@ -688,6 +720,7 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
     state[S_N_LIVE] = n
     state[S_FREE_HEAD] = n + 1 if n < cap else 0
     state[S_GROUP_FREE] = g_next if g_next <= cap else 0
+    state[S_HIGH] = max(n, g_next - 1)
     state[S_STEP] = step
     state[S_N_OPEN] = 0
     state[S_N_EVICTIONS] = n_evictions

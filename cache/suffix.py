@@ -84,14 +84,28 @@ OK, ERR_TOKEN = 0, -1
 _I64 = np.dtype(np.int64)
 
 @njit(cache=True)
-def reset(states, table, info):
-    """Empty context: the root state only."""
+def reset(states, edges, table, info):
+    """Empty context: the root state only. The hash table's entries are exactly the edges made so far (they
+    are never removed), so only theirs are cleared, unless they fill more than an eighth of it (found first,
+    while probing still works, then zeroed)."""
+    n_edges = info[I_EDGES]
+    if 8 * n_edges >= table.shape[0]:
+        table[:] = 0
+    else:
+        mask = table.shape[0] - 1
+        found = np.empty(n_edges, np.int64)
+        for e in range(n_edges):
+            i = pair_slot(edges[e, OWNER], edges[e, TOKEN], mask)
+            while table[i] != e + 1:
+                i = (i + 1) & mask
+            found[e] = i
+        for e in range(n_edges):
+            table[found[e]] = 0
     states[0, LEN] = 0
     states[0, LINK] = -1
     states[0, FIRST] = -1
     states[0, HEAD] = -1
     states[0, TAIL] = -1
-    table[:] = 0
     info[I_N] = 0
     info[I_STATES] = 1
     info[I_EDGES] = 0
@@ -197,7 +211,7 @@ def extend(states, edges, table, info, tokens, new):
             drop = cap - keep
             for i in range(keep):
                 tokens[i] = tokens[drop + i]
-            reset(states, table, info)
+            reset(states, edges, table, info)
             for i in range(keep):
                 _append(states, edges, table, info, tokens, tokens[i])
             info[I_REBUILDS] += 1
@@ -303,7 +317,7 @@ class SuffixIndex:
         self._table = np.zeros(1 << (2 * (3 * cap + 4) - 1).bit_length(), np.int32)
         self._info = np.zeros(INFO_SLOTS, np.int64)
         self._info[I_CAPACITY] = cap
-        reset(self._states, self._table, self._info)
+        reset(self._states, self._edges, self._table, self._info)
 
     # pickling / copy.deepcopy: the kept context travels; the automaton is rebuilt from it (the same
     # arrays: a rebuild extends an empty index by the kept tokens, as the rebuilt one was)
@@ -357,7 +371,7 @@ class SuffixIndex:
 
     def clear(self) -> None:
         """Forget the context (the arrays are kept)."""
-        reset(self._states, self._table, self._info)
+        reset(self._states, self._edges, self._table, self._info)
         self._info[I_REBUILDS] = 0
         self._info[I_DROPPED] = 0
 

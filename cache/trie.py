@@ -402,6 +402,7 @@ def _empty_arrays(max_n: int, capacity: int):
     state = np.zeros(K.S_OPEN + max_n, np.int64)
     state[K.S_MAX_N] = max_n
     state[K.S_CAPACITY] = capacity
+    state[K.S_HIGH] = capacity  # uninitialised memory: reset all of it
     K.reset(nodes, stats, table, state)
     return nodes, stats, table, state
 

@@ -272,3 +272,19 @@ def test_long_sequences_match_the_brute_force(seed, vocab):
         i += step
         _same(index, ref, [(48, 32, 4, 8, 2, 16), (16, 40, 1, 8, 1, 16), (24, 12, 6, 4, 1, 3)])
     _check_invariants(index)
+
+
+def test_clear_leaves_the_table_empty_whatever_was_indexed():
+    """``clear`` zeroes only the entries of the edges made (or the whole table past an eighth of it): either way
+    the table is empty after it, and the index then proposes as a new one."""
+    rng = np.random.default_rng(3)
+    for tokens in (50, 20000):
+        index = SuffixIndex(1 << 12)
+        index.extend(rng.integers(0, 30, tokens))
+        index.clear()
+        assert not index._table.any()
+        fresh = SuffixIndex(1 << 12)
+        seq = rng.integers(0, 30, 300)
+        index.extend(seq)
+        fresh.extend(seq)
+        assert [a.tolist() for a in index.propose(16, 8, 2)] == [b.tolist() for b in fresh.propose(16, 8, 2)]

@@ -401,3 +401,27 @@ def test_matches_reference_at_minimum_capacity(max_n, seed):
     trie, _ = _run(max_n, 4 * max_n * max_n, ops, check_every_op=True)
     assert trie.n_evictions > 0
 
+
+
+@pytest.mark.parametrize("capacity, tokens", [(1 << 12, 300), (1 << 12, 3000), (256, 2000)])
+def test_clear_restores_a_fresh_tries_arrays_bit_for_bit(capacity, tokens):
+    """``clear`` restores only the rows used since the last reset (a quarter of the capacity or less), or all:
+    either way the arrays are a new trie's, and it then behaves as one."""
+    from lookahead.cache.trie import _empty_arrays
+
+    rng = np.random.default_rng(capacity + tokens)
+    trie = NgramTrie(max_n=6, capacity=capacity)
+    for _ in range(2):
+        trie.insert(rng.integers(0, 50, tokens))
+        trie.clear()
+        fresh = _empty_arrays(6, capacity)
+        for got, want in zip((trie._nodes, trie._stats, trie._table), fresh[:3]):
+            assert np.array_equal(got, want)
+        assert np.array_equal(trie._state[:K.S_HIGH], fresh[3][:K.S_HIGH]) and trie._state[K.S_HIGH] == 0
+    seq = rng.integers(0, 50, 200)
+    again, new = NgramTrie(max_n=6, capacity=capacity), NgramTrie(max_n=6, capacity=capacity)
+    again.insert(rng.integers(0, 50, tokens))
+    again.clear()
+    again.insert(seq)
+    new.insert(seq)
+    assert [a.tolist() for a in again.propose(seq[-3:], 16, 6)] == [b.tolist() for b in new.propose(seq[-3:], 16, 6)]
