@@ -69,12 +69,17 @@ def prompt_ids(batch: int = 1) -> torch.Tensor:
     return torch.stack([torch.randint(3, 256, (40,), generator=gen).repeat(4) for _ in range(batch)])
 
 
-def make_decoder(method: str) -> LookaheadDecoder | None:
+def make_decoder(method: str, rows: int = 1) -> LookaheadDecoder | None:
+    """A new decoder for ``method``, its state for ``rows`` rows made (as a server's, kept across calls)."""
     if method == "never":
-        return LookaheadDecoder(cost_curve=NEVER_CURVE)
-    if method == "always":
-        return LookaheadDecoder(adaptive=False)
-    return None
+        decoder = LookaheadDecoder(cost_curve=NEVER_CURVE)
+    elif method == "always":
+        decoder = LookaheadDecoder(adaptive=False)
+    else:
+        return None
+    if rows > 1:
+        decoder.policies_for(rows)
+    return decoder
 
 
 class ForwardClock:
@@ -104,7 +109,7 @@ def generate(model, ids, decoder: LookaheadDecoder | None, max_new_tokens: int) 
 
 
 def run_once(model, ids, method: str, max_new_tokens: int) -> dict:
-    decoder = make_decoder(method)  # built outside the timed call, as a server would keep one
+    decoder = make_decoder(method, ids.shape[0])  # built outside the timed call, as a server would keep one
     gc.collect()
     clock = ForwardClock(model)
     try:
@@ -173,7 +178,7 @@ def profile(model, ids, method: str, repeats: int, max_new_tokens: int, top: int
     steps = 0
     try:
         for _ in range(repeats):
-            decoder, calls = make_decoder(method), clock.calls
+            decoder, calls = make_decoder(method, ids.shape[0]), clock.calls
             prof.enable()
             generate(model, ids, decoder, max_new_tokens)
             prof.disable()

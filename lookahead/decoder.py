@@ -29,6 +29,11 @@ from .stats import DecodeStats
 from .tuning import BudgetTuning
 
 
+ROW_TRIE_CAPACITY = 1 << 16
+"""Nodes of a batch row's own trie at most (3.7 MB each): one request's n-grams, about 12 per token; a row's
+policy lives as long as the decoder, so a batch of 64 rows holds 64 of them."""
+
+
 class LookaheadDecoder:
     """Exact speculative decoding without a draft model, for ``model.generate``.
 
@@ -177,13 +182,17 @@ class LookaheadDecoder:
         return known
 
     def policies_for(self, rows: int) -> list[DraftPolicy]:
-        """A batch's per-row draft policies (each with its own trie; a shared ``trie=`` store read-only, see
-        ``batch.ReadOnlyStore``), created on first use and kept across calls."""
+        """A batch's per-row draft policies, created on first use and kept across calls: each with its own trie
+        (of at most :data:`ROW_TRIE_CAPACITY` nodes: one request's n-grams; past it the least recently used
+        make room) and copy index, the decoder's one model-prediction table, a shared ``trie=`` store read-only
+        (``batch.ReadOnlyStore``)."""
         config = replace(self.config, window_width=0, refine_cost=False, self_draft="none")
         memory = ReadOnlyStore(self.memory) if self.memory is not None else None
+        model = self.policy.model
         while len(self.row_policies) < rows:
-            trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)
-            self.row_policies.append(DraftPolicy(config, trie, memory, self.tuning))
+            trie = NgramTrie(max_n=config.ngram_size, capacity=min(config.trie_capacity, ROW_TRIE_CAPACITY))
+            self.row_policies.append(DraftPolicy(config, trie, memory, self.tuning,
+                                                 successors=None if model is None else model.table))
         return self.row_policies[:rows]
 
 

@@ -58,10 +58,10 @@ class DraftPolicy:
     """
 
     def __init__(self, config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None = None,
-                 tuning: BudgetTuning | None = None, draft_model=None, heads=None):
+                 tuning: BudgetTuning | None = None, draft_model=None, heads=None, successors=None):
         self.config = config
         self.tuning = tuning or BudgetTuning()
-        self.sources = make_sources(config, trie, memory, draft_model, heads)
+        self.sources = make_sources(config, trie, memory, draft_model, heads, successors)
         self.wants_hidden = any(s.wants_hidden for s in self.sources)
         self._lazy = [s for s in self.sources if s.learns_lazily]
         self._eager = [s for s in self.sources if not s.learns_lazily]
@@ -188,10 +188,11 @@ class DraftPolicy:
 
 
 def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None, draft_model=None,
-                 heads=None) -> list[DraftSource]:
+                 heads=None, successors=None) -> list[DraftSource]:
     """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model`` and trained
     ``heads``: an object whose ``make_source(config)`` returns their :class:`DraftSource`) ask for, in merge
-    order; the draft passes (``selfspec.py``) and the heads after the others, the window last."""
+    order; the draft passes (``selfspec.py``) and the heads after the others, the window last. ``successors``:
+    the model-prediction source's table, when it is shared (a batch's rows)."""
     sources: list[DraftSource] = [TrieSource(trie, TRIE, config.max_match, per_request=True,
                                              max_nodes=config.tree_nodes, max_depth=config.tree_depth)]
     if config.copy_nodes:  # after the trie: a node both draft keeps the trie's estimates (replayed: better)
@@ -200,7 +201,8 @@ def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | N
         sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False, max_nodes=config.tree_nodes,
                                   max_depth=config.tree_depth))
     if config.recycle_k:
-        sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep))
+        sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep,
+                                   successors))
     sources.extend(make_draft_sources(config, draft_model))
     if heads is not None:
         sources.append(heads.make_source(config))

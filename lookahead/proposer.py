@@ -155,16 +155,18 @@ class ModelSource(DraftSource):
     scale: :attr:`buckets` ``(a, b)`` give 1 below ``a``, 2 below ``b``, else 3.
 
     The table starts empty at each call unless ``keep``: then what earlier calls' rows taught stays
-    while the calls decode the same model (a later row of a key replaces its earlier one).
+    while the calls decode the same model (a later row of a key replaces its earlier one). The rows of a batch
+    share the decoder's one table (``table=``): what the model predicts after a token is the model's, whatever
+    row it came from.
     """
 
     origin = MODEL
     wants_rows = True
     buckets = (0.95, 2.0)
 
-    def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False):
+    def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False, table: SuccessorTable | None = None):
         self.k, self.max_nodes, self.max_depth, self.keep = k, max_nodes, max_depth, keep
-        self.table = SuccessorTable(k)
+        self.table = SuccessorTable(k) if table is None else table  # a batch's rows share one
         self.prev = self.last = -1
         self._model = None  # a weak reference to the model the table was learned from
 
