@@ -79,8 +79,6 @@ COPY_SECONDS_PER_BYTE = 1 / 4e9
 FLAT = CostModel(((1, 1.0), (2, 1.0)))
 """The curve a row's own budget prices with: every node with any chance is kept; the batch chooses the width."""
 
-_NO_WINDOW = np.zeros((0, 0), dtype=bool)
-
 
 # -- pure functions ------------------------------------------------------------------------------------
 
@@ -227,21 +225,22 @@ def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.nda
     past = col_visible.shape[1] - p
     host_dtype = np.float64 if dtype == torch.float64 else np.float32
     neg = float(torch.finfo(dtype).min)
-    mask = np.empty((b, 1, q, past + q), dtype=host_dtype)
+    mask = np.empty((b, q, past + q), dtype=host_dtype)
     ids = np.full((b, q), fill_token, dtype=np.int64)
     pos = np.empty((b, q), dtype=np.int64)
+    parents = np.full((b, width), -1, dtype=np.int64)  # a dummy node: a child of the root nothing else sees
     ids[:, :p] = pending
     pos[:, :p] = pending_pos
+    pos[:, p:] = pending_pos[:, -1:] + 1
     for i, d in enumerate(drafts):
         n = len(d)
-        parents = np.full(width, -1, dtype=np.int64)
-        parents[:n] = d.parents
-        ids[i, p : p + n] = d.tokens
-        pos[i, p:] = pending_pos[i, -1] + 1
-        pos[i, p : p + n] = pending_pos[i, -1] + d.depth
-        K.fill_step_mask(mask[i, 0], p, parents, _NO_WINDOW, col_visible[i], neg)
+        if n:
+            parents[i, :n] = d.parents
+            ids[i, p : p + n] = d.tokens
+            pos[i, p : p + n] = pending_pos[i, -1] + d.depth
+    K.fill_batch_masks(mask, p, parents, col_visible, neg)
     return (torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device),
-            torch.from_numpy(mask).to(device, dtype))
+            torch.from_numpy(mask[:, None]).to(device, dtype))
 
 
 def row_processors(processors, r: int, b: int) -> list:
@@ -406,20 +405,22 @@ class BatchCall:
             verdicts, tops = self.verify(rows, logits, drafts, k)
             t3 = clock()
             emitted = self.emit(rows, verdicts)
+            prefix = list(range(p))
             keeps = []
+            last_pos = self.pending_pos[:, -1].tolist()
             for i, (row, d, verdict, n_emit) in enumerate(zip(rows, drafts, verdicts, emitted)):
                 if verdict is None:  # finished: nothing to verify or keep
-                    keeps.append(list(range(p)))
+                    keeps.append(prefix)
                     continue
-                n_acc = min(len(verdict.nodes), n_emit)
-                keeps.append(list(range(p)) + [p + j for j in verdict.nodes[:n_acc]])
-                row.last_pos = int(self.pending_pos[i, -1]) + n_acc + 1
+                nodes = verdict.nodes
+                n_acc = min(len(nodes), n_emit)
+                keeps.append(prefix + [p + j for j in nodes[:n_acc]] if n_acc else prefix)
+                row.last_pos = last_pos[i] + n_acc + 1
                 row.pending = verdict.tokens[n_emit - 1]
                 successors = None if tops is None else (tops[0][i, : len(d) + 1], tops[1][i, : len(d) + 1])
-                row.policy.learn(d, verdict.nodes, verdict.tokens[:n_emit], None, 0, 0.0, successors)
+                row.policy.learn(d, nodes, verdict.tokens[:n_emit], None, 0, 0.0, successors)
                 row.stats.target_calls += 1
-                row.stats.record_step(d, verdict.nodes[:n_acc], n_emit, 0.0, 0.0, 0.0, 0.0)
-                stats.record_step(d, verdict.nodes[:n_acc], n_emit, 0.0, 0.0, 0.0, 0.0)
+                row.stats.record_step(d, nodes[:n_acc], n_emit, 0.0, 0.0, 0.0, 0.0)
             stats.time_propose += t1 - t0
             stats.time_forward += t2 - t1
             stats.time_verify += t3 - t2
@@ -743,6 +744,13 @@ class BatchCall:
                 memory.insert(self.seq[r, self.prompt_length : min(end, final)].cpu().numpy())
                 memory.reset_stream()
         self.decoder.row_stats = [row.stats for row in self.rows]
+        stats = self.stats  # the call's: its rows' steps (each row's, one after the other) and tokens
+        for row in self.rows:
+            stats.budgets += row.stats.budgets
+            stats.accepted_per_step += row.stats.accepted_per_step
+            stats.new_tokens += row.stats.new_tokens
+            stats.drafted_by_origin.update(row.stats.drafted_by_origin)
+            stats.accepted_by_origin.update(row.stats.accepted_by_origin)
         sequences = self.seq[:, :final].clone()
         if not self.setup.return_dict:
             return sequences

@@ -494,3 +494,12 @@ def fill_static_block(mask, past, p, parents, window_visible, col_visible, neg, 
         for j in range(p):
             mask[r, past + j] = 0
         mask[r, past + r] = 0
+
+
+@njit(cache=True)
+def fill_batch_masks(mask, p, parents, col_visible, neg):
+    """:func:`fill_step_mask` for every row of a batch: ``mask`` float[b, q, T + q], ``parents`` int64[b, w] (a
+    dummy node: -1, a child of the root that nothing else sees), ``col_visible`` bool[b, T + p]."""
+    empty = np.zeros((0, 0), np.bool_)
+    for i in range(mask.shape[0]):
+        fill_step_mask(mask[i], p, parents[i], empty, col_visible[i], neg)
