@@ -18,7 +18,8 @@ workloads in turn) or ``prompt`` (a fresh decoder per prompt: every table starts
 
 Methods (``LookaheadConfig`` fields over the default): ``default``; ``no-model`` (``recycle_k=0``);
 ``no-keep`` (``recycle_keep=False``); ``trie-only`` (``copy_nodes=0, recycle_k=0``); ``model-only``
-(``tree_nodes=0, copy_nodes=0``); ``prompt-lookup``: transformers' prompt lookup decoding
+(``tree_nodes=0, copy_nodes=0``); ``window`` / ``window-w8`` (the lookahead window on, W=4 / W=8 and G=8);
+``prompt-lookup``: transformers' prompt lookup decoding
 (``prompt_lookup_num_tokens=10``), its target calls counted by a forward pre-hook, in the same run.
 
 ``--sample``: temperature 0.7, top-p 0.9 (the bench's sampling), ``torch.manual_seed(i)`` before the
@@ -39,6 +40,8 @@ METHODS = {
     "no-keep": {"recycle_keep": False},
     "trie-only": {"copy_nodes": 0, "recycle_k": 0},
     "model-only": {"tree_nodes": 0, "copy_nodes": 0},
+    "window": {"window_width": 4, "window_candidates": 4},  # the Jacobi lookahead window (W=4, N=4, G=4)
+    "window-w8": {"window_width": 8, "window_candidates": 8},
 }
 
 

@@ -15,6 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+WINDOW_AUTO_WIDTH = 8
+"""The window's columns under ``window_width="auto"``: on the flat (GPU-like) curve, 4 held-out prompts per
+workload, W=8/G=8 beside the other sources gave chat 2.23 tokens per call (no window 1.92, W=4 2.13) and left
+code within 2% (``benchmarks/results/window.md``)."""
+
+WINDOW_AUTO_COST = 1.5
+"""``window_width="auto"`` runs the window only when a step of all the rows it and the tree can add costs at most
+this many one-token steps on the call's cost curve: its rows then cost little beside what they find. A CPU's
+curve (a 64-row step several one-token steps) keeps it off."""
+
 SELF_DRAFTS = ("none", "layer-skip", "early-exit", "low-rank")
 """``LookaheadConfig.self_draft`` values (the draft passes of ``selfspec.py``)."""
 
@@ -40,7 +50,10 @@ class LookaheadConfig:
     Jacobi lookahead window (Fu et al. 2024; see ``window.py``), which grows n-grams that have not
     occurred yet, in the same forward pass:
 
-    - ``window_width`` (the paper's W): columns of the window; 0 turns the window off.
+    - ``window_width`` (the paper's W): columns of the window; 0 turns the window off; ``"auto"`` (default):
+      :data:`WINDOW_AUTO_WIDTH` columns on a call whose cost curve makes its rows cheap (a step of every row
+      the window and the tree can add costs at most :data:`WINDOW_AUTO_COST` one-token steps: a GPU, not a CPU),
+      off elsewhere. Where it is on, the budget still decides per step whether its rows run.
     - ``window_ngram`` (N): n-gram size; the window keeps N - 1 levels of W guesses.
     - ``window_candidates`` (G): window n-grams verified per step (at most G * (N - 1) draft tokens).
 
@@ -107,9 +120,9 @@ class LookaheadConfig:
     tree_nodes: int = 16
     tree_depth: int = 10
     trie_capacity: int = 1 << 18
-    window_width: int = 0
+    window_width: int | str = "auto"
     window_ngram: int = 4
-    window_candidates: int = 4
+    window_candidates: int = 8
     adaptive: bool = True
     cost_curve: tuple | None = None
     refine_cost: bool = False
@@ -129,6 +142,11 @@ class LookaheadConfig:
     draft_cost: float = 0.0
     batch_prefill: str = "auto"
 
+    @property
+    def window_columns(self) -> int:
+        """The window's columns W when it runs (``"auto"``: :data:`WINDOW_AUTO_WIDTH`), 0 when off."""
+        return WINDOW_AUTO_WIDTH if self.window_width == "auto" else self.window_width
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -136,6 +154,8 @@ class LookaheadConfig:
                 raise _bad(f.name, value, "must be a bool")
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
                 raise _bad(f.name, value, "must be an int")
+        if self.window_width != "auto" and (not isinstance(self.window_width, int) or isinstance(self.window_width, bool)):
+            raise _bad("window_width", self.window_width, "must be an int or 'auto'")
         # Upper bounds refuse absurd values here rather than as a MemoryError or a misleading
         # message later (e.g. window_width=10**6 asked numpy for 931 GiB on the first step).
         max_ngram = 64  # each token updates ngram_size trie nodes and capacity needs 4 * ngram_size**2
@@ -154,14 +174,14 @@ class LookaheadConfig:
         if not 0 <= self.tree_depth <= max_ngram:  # no draft is deeper than an n-gram
             raise _bad("tree_depth", self.tree_depth,
                        f"must be in [0, {max_ngram}] (0 turns the draft tree off)")
-        if not 0 <= self.window_width <= max_window_rows:
+        if not 0 <= self.window_columns <= max_window_rows:
             raise _bad("window_width", self.window_width,
-                       f"must be in [0, {max_window_rows}] (0 turns the window off)")
+                       f"must be in [0, {max_window_rows}] (0 turns the window off) or 'auto'")
         if not 2 <= self.window_ngram <= max_ngram:
             raise _bad("window_ngram", self.window_ngram, f"must be in [2, {max_ngram}]")
         if not 0 <= self.window_candidates <= max_window_rows:
             raise _bad("window_candidates", self.window_candidates, f"must be in [0, {max_window_rows}]")
-        w, g, levels = self.window_width, self.window_candidates, self.window_ngram - 1
+        w, g, levels = self.window_columns, self.window_candidates, self.window_ngram - 1
         if w and (w + g) * levels > max_window_rows:
             # Worked example: W=100, N=4, G=4 packs 100*3 + 4*3 = 312 rows (allowed); W=200 packs 612.
             name = "window_width" if w >= g else "window_candidates"

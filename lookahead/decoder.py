@@ -167,7 +167,7 @@ class LookaheadDecoder:
             factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache
             return measure_cost_curve(model, factory, sizes, cache_kwarg, keeps_logits, clock=self.clock)
 
-        rows = self.policy.max_rows()
+        rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
         if sync is None or not sync.active:
             return self.calibrations.get(model, rows, measure)
         # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and

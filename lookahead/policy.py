@@ -24,7 +24,7 @@ import numpy as np
 
 from .budget import Budget
 from .cache import NgramTrie
-from .config import LookaheadConfig
+from .config import WINDOW_AUTO_COST, LookaheadConfig
 from .cost import CostModel
 from .draft import MEMORY, TRIE, Draft
 from .proposer import CopySource, ModelSource, TrieSource, WindowSource, merge_proposals
@@ -67,6 +67,8 @@ class DraftPolicy:
         self._eager = [s for s in self.sources if not s.learns_lazily]
         self._unlearned: list[np.ndarray] = []  # emitted tokens the lazy sources have not learned yet
         self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
+        # whether the window runs in this call: config.window_width="auto" decides at start, on the cost curve
+        self.window_on = self.window is not None and config.window_width != "auto"
         self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
         self.budget: Budget | None = None
         self.limits = Limits(max_length=1 << 62)
@@ -87,11 +89,14 @@ class DraftPolicy:
         can pay on this call's cost curve: then nothing is proposed, so the table's upkeep would be wasted)."""
         return self.model.k if self.model is not None and self._propose else 0
 
-    def max_rows(self) -> int:
-        """The most new tokens one step can feed: the last token, the sources' trees (at most
-        ``step_nodes``), the window's own rows."""
-        drafted = min(sum(s.max_nodes for s in self.sources), self.config.step_nodes)
-        return 1 + drafted + (self.window.max_rows - self.window.max_nodes if self.window is not None else 0)
+    def max_rows(self, window: bool | None = None) -> int:
+        """The most new tokens one step can feed: the last token, the sources' trees (at most ``step_nodes``),
+        the window's own rows when it runs (``window``: whether to count them; None: this call's choice, which
+        for an ``"auto"`` window is known once :meth:`start` has seen the cost curve: before, the rows the
+        calibration must measure)."""
+        window = self.window_on if window is None else window and self.window is not None
+        drafted = min(sum(s.max_nodes for s in self.sources if s is not self.window or window), self.config.step_nodes)
+        return 1 + drafted + (self.window.max_rows - self.window.max_nodes if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
         """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget).
@@ -103,13 +108,17 @@ class DraftPolicy:
             source.start(arr, model)
         self._context = arr.tolist()
         self.limits = limits
-        self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
+        self.budget = None  # priced below, once the window's choice (and so the most rows of a step) is made
         # the prompt's own rows teach the model-prediction source before the first step, when the decoder keeps
         # their logits: worth it where a forward's extra rows are nearly free; on a CPU the output layer over a
         # long prompt costs several one-token forwards (SmolLM2's is a 576 x 49152 matrix per row)
         self.prompt_rows = self.model is not None and (cost is None or float(cost(64) / cost(1)) <= PROMPT_ROWS_COST)
+        self.window_on = self.window is not None and (
+            self.config.window_width != "auto"
+            or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= WINDOW_AUTO_COST))
+        self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
         # no tree can pay on this curve (and no window needs drafting): skip proposing (refinement may change it)
-        self._propose = (self.budget is None or self.window is not None or self.config.refine_cost
+        self._propose = (self.budget is None or self.window_on or self.config.refine_cost
                          or self.budget.drafting_can_pay)
 
     def draft(self, length: int, cached: int, last_pos: int) -> Draft:
@@ -122,6 +131,8 @@ class DraftPolicy:
             self.catch_up()
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self.sources:
+                if source is self.window and not self.window_on:
+                    continue
                 depth = min(source.max_depth, room)
                 if source.priced:  # a draft pass costs its forwards: as deep as pays, or 0
                     depth = source.priced_depth(depth, None if self.budget is None else self.budget.cost,
@@ -131,7 +142,7 @@ class DraftPolicy:
                 p = source.propose(context, source.max_nodes, depth)
                 if p is not None:
                     proposals.append((source.origin, p))
-        draft = merge_proposals(proposals, self.window.rows() if self.window is not None else None)
+        draft = merge_proposals(proposals, self.window.rows() if self.window_on else None)
         if len(draft) > cfg.step_nodes:
             if self.budget is not None:  # the most probable nodes (a parent before its children)
                 probs = self.budget.node_probabilities(draft, scaled=False)
@@ -183,7 +194,7 @@ class DraftPolicy:
         if self._lazy:
             self._unlearned.append(arr)
         self._context.extend(emitted)
-        if window_argmax is not None and self.window is not None:
+        if window_argmax is not None and self.window_on:
             self.window.advance(window_argmax, len(arr))
 
 
@@ -206,7 +217,7 @@ def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | N
     sources.extend(make_draft_sources(config, draft_model))
     if heads is not None:
         sources.append(heads.make_source(config))
-    if config.window_width:
-        sources.append(WindowSource(config.window_width, config.window_ngram, config.window_candidates,
+    if config.window_columns:
+        sources.append(WindowSource(config.window_columns, config.window_ngram, config.window_candidates,
                                     config.max_match))
     return sources

@@ -112,15 +112,17 @@ def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
 def test_new_origins_and_the_sources_merge_trie_first():
     assert (ORIGINS[COPY], ORIGINS[MODEL]) == ("copy", "model")
     policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
-    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource"]
-    only = DraftPolicy(LookaheadConfig(copy_nodes=0, recycle_k=0), NgramTrie(12, 4096))
+    # the window last (window_width="auto": it runs only where the call's cost curve makes its rows cheap)
+    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource", "WindowSource"]
+    only = DraftPolicy(LookaheadConfig(copy_nodes=0, recycle_k=0, window_width=0), NgramTrie(12, 4096))
     assert [type(s).__name__ for s in only.sources] == ["TrieSource"]
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_step_nodes_caps_the_merged_draft(adaptive):
     prompt = list(range(50, 90)) + [7] + list(range(50, 70))
-    config = LookaheadConfig(step_nodes=10, copy_nodes=40, copy_depth=40, adaptive=adaptive, cost_curve=FLAT)
+    config = LookaheadConfig(step_nodes=10, copy_nodes=40, copy_depth=40, adaptive=adaptive, cost_curve=FLAT,
+                             window_width=0)
     policy = DraftPolicy(config, NgramTrie(12, 4096))
     policy.start(prompt, Limits(1000), CostModel(FLAT) if adaptive else None)
     draft = policy.draft(len(prompt), len(prompt), len(prompt) - 1)

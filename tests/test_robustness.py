@@ -173,8 +173,9 @@ def test_outputs_the_decoder_cannot_return_are_refused(tiny_models):
 # -- caches and models the decoder cannot roll back ---------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["static", "sliding_window"])
+@pytest.mark.parametrize("impl", ["sliding_window"])
 def test_static_cache_implementations_are_refused_before_any_forward(tiny_models, impl):
+    """(``"static"`` itself decodes: ``tests/test_static.py``.)"""
     model = tiny_models("llama")
     assert _outcome(lambda: model.generate(IDS, do_sample=False, max_new_tokens=5, cache_implementation=impl,
                                            eos_token_id=None))[0] == "ok"
@@ -193,10 +194,12 @@ def test_cache_implementation_that_generate_maps_to_dynamic_decodes(tiny_models)
     assert plain[0] == "ok" and ours == plain  # transformers 5 turns "hybrid" into a DynamicCache
 
 
-def test_a_static_cache_object_is_refused_before_any_forward(tiny_models):
-    model = tiny_models("llama")
+def test_a_sliding_window_static_cache_object_is_refused_before_any_forward(tiny_models):
+    """A static cache of sliding-window layers (mistral's) holds a window's columns, not the sequence's: refused.
+    (A static cache of plain ``StaticLayer``s decodes: ``tests/test_static.py``.)"""
+    model = tiny_models("mistral")
     with _CountForwards(model) as fw:
-        with pytest.raises(CacheNotRollbackable, match="StaticLayer"):
+        with pytest.raises(CacheNotRollbackable, match="StaticSlidingWindowLayer"):
             model.generate(IDS, custom_generate=LookaheadDecoder(), max_new_tokens=5,  # `cache` or (5.17) `past_key_values`
                            **{cache_kwarg_name(model): StaticCache(config=model.config, max_cache_len=64)})
     assert fw.n == 0
@@ -269,16 +272,19 @@ def test_sliding_window_shorter_than_max_length_is_refused(windowed):
 
 def test_enabled_default_falls_back_to_plain_with_one_warning(tiny_models):
     model = tiny_models("qwen2")
-    plain = model.generate(IDS, do_sample=False, max_new_tokens=5, cache_implementation="static", eos_token_id=None)
+    kw = dict(max_new_tokens=5, cache_implementation="sliding_window", eos_token_id=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = model.generate(IDS, do_sample=False, **kw)
     lookahead.enable(model, default=LookaheadDecoder())
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out = model.generate(IDS, max_new_tokens=5, cache_implementation="static", eos_token_id=None)
+            out = model.generate(IDS, **kw)
     finally:
         lookahead.disable(model)
     ours = [w for w in caught if "lookahead" in str(w.message)]
-    assert len(ours) == 1 and "cache_implementation='static'" in str(ours[0].message)
+    assert len(ours) == 1 and "cache_implementation='sliding_window'" in str(ours[0].message)
     assert out.tolist() == plain.tolist()
 
 
