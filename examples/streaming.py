@@ -4,7 +4,8 @@ Plain ``generate`` hands a streamer one token per model call. The decoder hands 
 call produced, so where drafts are accepted the text arrives in blocks of several tokens. The
 prompt asks the model to edit a class it is shown, so the answer copies the prompt and many blocks
 are long. Below, ``|`` marks where one chunk of streamed text ends. ``TextStreamer`` (print as it
-arrives) works the same, and so do the ``assistant=`` and ``lookahead=True`` spellings. Run it::
+arrives) works the same, and so do the ``assistant=`` and ``lookahead=True`` spellings. Run it (a few
+seconds to load the model once its converted weights are kept)::
 
     python examples/streaming.py          # optional argument: max new tokens (default 160)
 """
@@ -15,16 +16,19 @@ from threading import Thread
 from transformers import TextIteratorStreamer
 
 from lookahead import LookaheadDecoder
+from lookahead.console import log_to_stderr, set_threads
 from lookahead.demo import DEMO_PROMPT, chat_inputs
 from lookahead.models import load_smollm2
 
 MAX_NEW_TOKENS = int(sys.argv[1]) if len(sys.argv) > 1 else 160
+log_to_stderr()  # what the library is doing (loading, calibrating), on stderr as it happens
+set_threads("auto")  # torch threads only on the cores other work leaves free (prints why)
 
 model, tok = load_smollm2()
 inputs = chat_inputs(tok, DEMO_PROMPT)
 
 # iterate over the text in another thread, e.g. to serve it
-streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True, timeout=120)
+streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True, timeout=600)
 decoder = LookaheadDecoder()
 worker = Thread(target=model.generate, kwargs=dict(**inputs, max_new_tokens=MAX_NEW_TOKENS,
                                                    custom_generate=decoder, streamer=streamer))

@@ -1,12 +1,16 @@
-"""Command line: python -m lookahead {demo,generate,bench}
+"""Command line: python -m lookahead {demo,generate,bench,warmup}
 
   demo      plain generate vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up and identity
   generate  decode one prompt with LookaheadDecoder, streaming the text, then its statistics
   bench     side-by-side benchmark of decoding methods on code and chat workloads; writes a JSON
             file with every figure, a Markdown table and a PNG plot
+  warmup    compile the Numba kernels, keep the bundled model's converted weights and (--calibrate)
+            its cost curve, so that no later run pays for them; the set-up script runs it
 
 python -m lookahead COMMAND --help lists a command's options. Argument errors exit with status 2
-and a message naming the valid choices; they are checked before any model is loaded.
+and a message naming the valid choices; they are checked before any model is loaded. What each
+command is doing goes to stderr as it happens: one line when a long phase starts, its time when it
+ends.
 """
 # (plain text above, no reST markup: the docstring is the description that --help prints)
 
@@ -29,6 +33,14 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def thread_count(text: str) -> int | str:
+    """``--threads``: ``auto`` or a positive integer."""
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
+
+
+thread_count.__name__ = "thread count"
 
 
 def _name_list(kind: str, registry_of):
@@ -72,6 +84,21 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the model's weights and activations (default: %(default)s)")
 
 
+THREADS_HELP = ("torch CPU threads, a number or auto; auto keeps torch's default unless other work keeps "
+                "cores busy, then uses the cores left (on a 2-core machine with one core busy, 1 thread runs "
+                "5-20x faster than 2)")
+
+
+def _add_threads_arg(p: argparse.ArgumentParser, default) -> None:
+    if default is None:
+        p.add_argument("--threads", type=thread_count, default=None,
+                       help=f"{THREADS_HELP} (default: torch's own choice, the conditions a benchmark "
+                            "reports; a hint is printed when the machine looks busy)")
+    else:
+        p.add_argument("--threads", type=thread_count, default=default,
+                       help=f"{THREADS_HELP} (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lookahead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="new tokens per run (default: %(default)s)")
     demo.add_argument("--prompt", type=str, default=None,
                       help="a user message (default: the built-in code-editing prompt)")
-    demo.add_argument("--model", type=str, default=None,
-                      help="a local model folder or hub name (default: the bundled SmolLM2-135M-Instruct)")
+    _add_model_args(demo)
+    _add_threads_arg(demo, "auto")
 
     gen = sub.add_parser("generate", help="decode one prompt with LookaheadDecoder, streaming the text",
                          description="Decode one prompt with LookaheadDecoder; the text streams to stdout, "
@@ -107,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="save a plot of the budget chosen at every step (and the cost curve) to this file "
                           "(default: no plot)")
     _add_model_args(gen)
+    _add_threads_arg(gen, "auto")
 
     bench = sub.add_parser(
         "bench", help="benchmark decoding methods side by side; JSON, Markdown table, PNG plot",
@@ -136,14 +164,28 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--reuse-decoders", action="store_true",
                        help="one decoder per method for the whole run, carrying what it learns from prompt to "
                             "prompt (default: off, a fresh decoder per prompt)")
-    bench.add_argument("--threads", type=positive_int, default=None,
-                       help="torch CPU threads (default: torch's own choice)")
+    _add_threads_arg(bench, None)
     bench.add_argument("--repeats", type=positive_int, default=1,
                        help="rounds of all methods per prompt; each method's time on a prompt is the median of "
                             "its rounds (default: %(default)s; 3 makes per-prompt ratios robust on a shared "
                             "machine)")
     bench.add_argument("--no-progress", action="store_true",
                        help="no progress bar (default: off, a progress bar is shown)")
+
+    warm = sub.add_parser(
+        "warmup", help="compile the kernels and keep the bundled model's converted weights (and cost curve)",
+        description="Everything a first run would otherwise pay for, done once: compiles every Numba kernel "
+                    "of the package (kept in Numba's on-disk cache), converts the bundled model's GGUF weights "
+                    "and keeps them in the user's cache, and with --calibrate measures and keeps its cost "
+                    "curve. Each phase prints a line when it starts and its time when it ends.")
+    warm.add_argument("--no-weights", action="store_true",
+                      help="skip converting the bundled model's weights (default: off, they are converted "
+                           "and kept)")
+    warm.add_argument("--calibrate", type=_name_list("dtype", lambda: ["float32", "bfloat16", "float16"]),
+                      nargs="?", const=["float32"], default=None, metavar="DTYPES",
+                      help="also measure and keep the bundled model's cost curve, for these comma-separated "
+                           "dtypes (float32 when none is named; default: not calibrated)")
+    _add_threads_arg(warm, "auto")
     return parser
 
 
@@ -164,11 +206,14 @@ def run_bench_command(args, argv: list[str]) -> int:
     workload_names = args.workloads or list(WORKLOADS)
     method_names = args.methods or list(DEFAULT_METHODS)
     workloads = build_workloads(workload_names, n_prompts)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ...", file=sys.stderr, flush=True)
+    from .console import contention_hint, set_threads
+
+    threads = set_threads(args.threads)
+    hint = contention_hint(threads) if args.threads is None else None
+    if hint:
+        print(hint, file=sys.stderr, flush=True)
     device = None if args.device == "auto" else args.device
-    model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
+    model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), device=device, progress=True)
     if args.device == "auto" and torch.cuda.is_available():
         model = model.to("cuda")
     model_name = args.model or "SmolLM2-135M-Instruct (bundled, GGUF Q4_1 weights dequantised)"
@@ -190,10 +235,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    from .console import logging_to_stderr
+
+    with logging_to_stderr():  # the library's lines (loading, converting, calibrating) on stderr
+        return _run(parser, args, argv)
+
+
+def _run(parser: argparse.ArgumentParser, args, argv: list[str]) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        result = run_demo(args.max_new_tokens, args.prompt, args.model)
+        result = run_demo(args.max_new_tokens, args.prompt, args.model, dtype=args.dtype, device=args.device,
+                          threads=args.threads)
         return 0 if result["identical"] else 1
     if args.command == "generate":
         from .cli_generate import run_generate
@@ -201,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_generate(args)
     if args.command == "bench":
         return run_bench_command(args, argv)
+    if args.command == "warmup":
+        from .console import set_threads
+        from .warmup import run
+
+        set_threads(args.threads)
+        return run(weights=not args.no_weights, calibrate_dtypes=tuple(args.calibrate or ()))
     parser.error(f"unknown command {args.command!r}")
     return 2
 

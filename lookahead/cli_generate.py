@@ -5,16 +5,19 @@ The streamer goes through ``generate``'s own ``streamer=`` argument (the decoder
 The decoder's statistics follow on stderr, so stdout holds only the generated text.
 
 Every second of the run is accounted for on stderr, each cost on its own line: the model's load, the
-decoder's set-up (the n-gram trie's Numba kernels: compiled on first use, after that loaded from
-Numba's on-disk cache), the cost-curve calibration (a few timed forwards, once per model, device and
-dtype in a process), the decoder's phases (propose, forward, verify, bookkeeping) and what remains
-of ``generate``'s time outside them. Example (SmolLM2 on a 2-core CPU, numbers illustrative)::
+decoder's set-up (loading the n-gram trie's Numba kernels from Numba's on-disk cache; should a kernel not
+be compiled yet, every kernel is compiled first, announced, as ``python -m lookahead warmup`` does), the
+cost-curve calibration (timed forwards, once per model, device, dtype and thread count on a machine: kept
+in the user's cache, so later runs read it back in milliseconds), the decoder's phases (propose, forward,
+verify, bookkeeping) and what remains of ``generate``'s time outside them. The library's own log lines
+(loading, calibrating) come first, as they happen. Example (SmolLM2 on a 2-core CPU, numbers illustrative)::
 
-    [model loaded in 21.30 s]
-    [decoder set-up in 0.35 s (Numba kernels compiled, or loaded from their on-disk cache)]
+    loaded SmolLM2-135M-Instruct from its converted weights in 1.2 s (~/.cache/lookahead/models/...)
+    [model loaded in 1.25 s]
+    [decoder set-up in 0.35 s (Numba kernels loaded from their on-disk cache)]
     ...
-    [cost-curve calibration 3.10 s (timed forwards, once per model, device and dtype; part of generate)]
-    [30 new tokens in 15.20 s: ...]
+    [cost-curve calibration 0.00 s (timed forwards once per model, device, dtype and thread count, ...)]
+    [30 new tokens in 2.20 s: ...]
     [generate outside the decoder's phases and calibration: 0.40 s]
 """
 
@@ -89,13 +92,18 @@ def run_generate(args, out=None, err=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=err)
         return 2
+    from .console import set_threads
+    from .warmup import ensure_kernels
+
     dtype = getattr(torch, args.dtype)
-    print("loading the model ...", file=err, flush=True)
+    set_threads(getattr(args, "threads", "auto"))
     t0 = time.perf_counter()
-    model, tok = load_model(args.model, dtype=dtype, device=None if args.device == "auto" else args.device)
+    model, tok = load_model(args.model, dtype=dtype, device=None if args.device == "auto" else args.device,
+                            progress=True)
     if args.device == "auto" and torch.cuda.is_available():
         model = model.to("cuda")
     print(f"[model loaded in {time.perf_counter() - t0:.2f} s]", file=err, flush=True)
+    ensure_kernels()  # announced when it compiles: never silently inside generate
     if args.raw or not getattr(tok, "chat_template", None):
         enc = tok(args.prompt, return_tensors="pt")
         inputs = {k: v.to(model.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
@@ -104,8 +112,8 @@ def run_generate(args, out=None, err=None) -> int:
     n_prompt = inputs["input_ids"].shape[1]
     t0 = time.perf_counter()
     decoder = LookaheadDecoder(LookaheadConfig(**overrides))  # builds a trie: the Numba kernels' first use
-    print(f"[decoder set-up in {time.perf_counter() - t0:.2f} s (Numba kernels compiled, or loaded from "
-          "their on-disk cache)]", file=err, flush=True)
+    print(f"[decoder set-up in {time.perf_counter() - t0:.2f} s (Numba kernels loaded from their on-disk "
+          "cache)]", file=err, flush=True)
     kw = {"max_new_tokens": args.max_new_tokens, "do_sample": bool(args.sample)}
     if args.sample:
         kw.update(temperature=args.temperature, top_p=args.top_p)
@@ -130,8 +138,8 @@ def run_generate(args, out=None, err=None) -> int:
     print(f"\n[{s}]", file=err)
     calibration = getattr(s, "time_calibration", None)
     if calibration is not None:
-        print(f"[cost-curve calibration {calibration:.2f} s (timed forwards, once per model, device and "
-              "dtype; part of generate)]", file=err)
+        print(f"[cost-curve calibration {calibration:.2f} s (timed forwards once per model, device, dtype "
+              "and thread count, then kept; part of generate)]", file=err)
     print(f"[{s.new_tokens} new tokens in {seconds:.2f} s: {s.new_tokens / seconds:.1f} tokens/s, "
           f"{s.target_calls / max(s.new_tokens, 1):.2f} target calls per token; {decoder.config}]", file=err)
     phases = sum(getattr(s, f"time_{p}", 0.0) for p in ("propose", "forward", "verify", "bookkeeping"))

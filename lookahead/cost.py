@@ -5,9 +5,12 @@ extra tokens is nearly free on a datacenter GPU and costs real time on a CPU, so
 (``budget.py``) prices every draft with this curve.
 
 - :class:`CostModel`: an immutable piecewise-linear curve through measured points.
-- :func:`calibrate`: measures a curve (a few forwards over a short context).
+- :func:`calibrate_curve`: measures a curve from any timing function, in interleaved rounds with robust
+  statistics; a curve measured on a busy machine comes back ``provisional``.
+- :func:`measure_cost_curve`: :func:`calibrate_curve` over a model's forwards after a short context.
 - :class:`Calibrations`: the curves measured or pinned so far, per model, in an object the decoder
-  is given (:data:`DEFAULT_CALIBRATIONS` unless told otherwise); nothing else keeps a curve.
+  is given (:data:`DEFAULT_CALIBRATIONS` unless told otherwise); it keeps each measured curve on disk
+  (:class:`CurveStore`), so the next process on the same machine measures nothing.
 - :class:`CostRefiner`: opt-in (``LookaheadConfig.refine_cost``): folds measured step times into
   the curve of one call without ever changing the curve's *shape* from what was calibrated for
   a point it has not seen recently (see its docstring: why a naive refinement ratchets).
@@ -15,12 +18,37 @@ extra tokens is nearly free on a datacenter GPU and costs real time on a CPU, so
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from . import user_cache
+
+log = logging.getLogger("lookahead")
+
+# calibrate_curve's defaults. A round times every size once; a size's time is the fastest of its rounds
+# (load only ever adds time). The minimum is trusted when the two fastest timings of every size agree
+# within AGREEMENT, measured in rounds whose bracketing one-token forwards agree within DRIFT.
+DEFAULT_ROUNDS = 3
+AGREEMENT = 1.2
+DRIFT = 1.5
+ATTEMPTS = 3
+MAX_SECONDS = 10.0
+
+CURVE_FORMAT = 1  # the version of a persisted curve's file and of what its timing measures
+_CURVE_KIND = "lookahead cost curve"
 
 
 def calibration_sizes(max_rows: int) -> tuple[int, ...]:
@@ -45,12 +73,17 @@ class CostModel:
 
     ``kernel_rows``: the row counts whose forwards this curve assumes run through the CPU kernels
     (``cpu_linear.fast_linears``), when its calibration chose them; empty: torch's path throughout.
+    ``provisional``: measured while the machine was busy (see :func:`calibrate_curve`): the best
+    estimate at hand, never persisted, measured again later. Two curves are equal when their points,
+    kernel rows and provisional flag are.
     """
 
-    def __init__(self, points: Sequence[tuple[int, float]], kernel_rows: frozenset[int] = frozenset()):
+    def __init__(self, points: Sequence[tuple[int, float]], kernel_rows: frozenset[int] = frozenset(),
+                 provisional: bool = False):
         self.kernel_rows = frozenset(kernel_rows)
+        self.provisional = bool(provisional)
         pts = sorted((int(k), float(t)) for k, t in points)
-        if not pts or pts[0][0] < 1 or any(t <= 0 for _, t in pts):
+        if not pts or pts[0][0] < 1 or any(not t > 0 or not math.isfinite(t) for _, t in pts):
             raise ValueError(f"cost curve needs points (k >= 1, seconds > 0); got {points!r}")
         self._ks = np.array([k for k, _ in pts], dtype=np.float64)
         self._ts = np.maximum.accumulate(np.array([t for _, t in pts], dtype=np.float64))  # monotone in k
@@ -69,14 +102,25 @@ class CostModel:
         return np.where(k > self._ks[-1], self._ts[-1] + self._slope * (k - self._ks[-1]), t)
 
     def scaled(self, factors: np.ndarray) -> CostModel:
-        """A new curve with each point's seconds multiplied by ``factors`` (float[points])."""
-        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())), self.kernel_rows)
+        """A new curve with each point's seconds multiplied by ``factors`` (float[points]); kernel rows and
+        the provisional flag are kept."""
+        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())),
+                         self.kernel_rows, self.provisional)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, CostModel) and self.points == other.points and self.kernel_rows == other.kernel_rows
+        return (isinstance(other, CostModel) and self.points == other.points
+                and self.kernel_rows == other.kernel_rows and self.provisional == other.provisional)
 
     def __repr__(self) -> str:
-        return "CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points) + ")"
+        return ("CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points)
+                + (", provisional" if self.provisional else "") + ")")
+
+
+def describe(curve: CostModel) -> str:
+    """One line for a log: ``t(1) = 31.0 ms; 16 tokens 2.4x, 64 tokens 5.1x`` (the largest sizes measured)."""
+    t1 = float(curve(1))
+    big = [k for k in (16, 64) if k <= curve.max_k] or [curve.max_k]
+    return f"t(1) = {t1 * 1e3:.1f} ms; " + ", ".join(f"{k} tokens {float(curve(k)) / t1:.1f}x" for k in big)
 
 
 class CostRefiner:
@@ -125,63 +169,431 @@ class CostRefiner:
         return self.curve
 
 
+# --- calibration: timings that survive a busy machine -------------------------------------------------------
+
+
+def round_order(sizes: Sequence[int], r: int) -> tuple[int, ...]:
+    """The order round ``r`` times ``sizes`` in: rotated by ``r``, reversed on odd rounds, so that no size is
+    always timed first, last, or right after the same other size.
+
+    Example: ``round_order((1, 2, 4), 0)`` -> ``(1, 2, 4)``; ``1`` -> ``(1, 4, 2)``; ``2`` -> ``(4, 1, 2)``.
+    """
+    s = tuple(sizes)
+    r %= 2 * len(s)
+    rotated = s[r % len(s):] + s[: r % len(s)]
+    return rotated[::-1] if r % 2 else rotated
+
+
+def fastest(samples: dict[int, list[float]]) -> dict[int, float]:
+    """Per size, its fastest timing: load only ever adds time, so the minimum is the best estimate."""
+    return {k: min(v) for k, v in samples.items() if v}
+
+
+def disagreement(samples: dict[int, list[float]], agreement: float = AGREEMENT) -> str | None:
+    """Why the fastest timings are not yet trusted, or None when, for every size, the two fastest of its
+    timings agree within ``agreement`` (so the minimum is not one lucky or one slowed reading).
+
+    Example: ``{1: [.010, .011], 16: [.030, .050, .070]}`` -> ``"the two fastest timings of 16 tokens
+    differ by 1.67x"``.
+    """
+    for k, v in sorted(samples.items()):
+        if len(v) < 2:
+            return f"{len(v)} usable timing(s) of {_tokens(k)}"
+        a, b = sorted(v)[:2]
+        if b > agreement * a:
+            return f"the two fastest timings of {_tokens(k)} differ by {b / a:.2f}x"
+    return None
+
+
+def _tokens(k: int) -> str:
+    return f"{k} token" + ("s" if k != 1 else "")
+
+
+def capped_curve(times: dict[int, float]) -> dict[int, float]:
+    """``times`` with every ``t(k)`` at most ``k * t(1)``: ``k`` one-token forwards compute the same as one of
+    ``k`` tokens, so a larger figure can only come from load. Needs ``times[1]``.
+
+    Example: ``{1: .010, 4: .060, 16: .100}`` -> ``{1: .010, 4: .040, 16: .100}``.
+    """
+    t1 = times[1]
+    return {k: min(t, k * t1) for k, t in times.items()}
+
+
+def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callable[[], bool]
+           ) -> dict[int, float] | None:
+    """One round's timings, ``{k: seconds}`` in ``order``; None when ``over()`` says time is up before the
+    round ends."""
+    times = {}
+    for k in order:
+        if over():
+            return None
+        times[k] = time_one(k)
+    return times
+
+
+def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
+                    clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT_ROUNDS,
+                    attempts: int = ATTEMPTS, max_seconds: float = MAX_SECONDS, agreement: float = AGREEMENT,
+                    drift: float = DRIFT, kernel_rows: frozenset[int] = frozenset()) -> CostModel:
+    """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k``
+    new tokens, or a whole decoding step with ``k`` rows), robust to a machine that other work slows.
+
+    - Each round times every size once, in :func:`round_order` (interleaved: a slow moment hits some sizes
+      of one round, not one size in every round), between two one-token *probes*. A round whose probes
+      differ by more than ``drift`` (the machine's speed changed while it ran) is not used.
+    - A size's time is its fastest timing over the usable rounds (:func:`fastest`).
+    - The curve is trusted when :func:`disagreement` finds nothing: every size's two fastest timings agree
+      within ``agreement``. Otherwise the machine is contended: ``rounds`` more rounds are timed and pooled,
+      up to ``attempts`` times in all. After ``max_seconds`` (read from ``clock``) no forward starts: the
+      first round always ends, a later one still running is dropped.
+    - A curve still not trusted is returned ``provisional``: every size's fastest timing over every round,
+      capped at ``k`` one-token forwards (:func:`capped_curve`). It is the best estimate at hand, not a
+      measurement to keep: :class:`Calibrations` neither persists it nor keeps it for long.
+
+    Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
+    2: 12.0 ms, 4: 14.0 ms)`` after 1 + 3 * 4 calls of ``time_one``.
+    """
+    sizes = tuple(sorted({int(k) for k in sizes} | {1}))
+    if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0:
+        raise ValueError(f"calibrate_curve needs rounds, attempts >= 1 and agreement, drift >= 1; got "
+                         f"{rounds}, {attempts}, {agreement}, {drift}")
+    start = clock()
+
+    def over() -> bool:
+        return clock() - start > max_seconds
+
+    usable: dict[int, list[float]] = {k: [] for k in sizes}
+    every: dict[int, list[float]] = {k: [] for k in sizes}
+    probe = time_one(1)
+    done = 0
+    why = None
+    for attempt in range(attempts):
+        for _ in range(rounds):
+            times = _round(time_one, round_order(sizes, done), over if done else (lambda: False))
+            if times is None:  # out of time: the unfinished round is dropped
+                break
+            after = time_one(1)
+            done += 1
+            for k, t in times.items():
+                every[k].append(t)
+            if max(probe, after) <= drift * min(probe, after):
+                for k, t in times.items():
+                    usable[k].append(t)
+            probe = after
+        why = disagreement(usable, agreement)
+        if why is None:
+            return CostModel(sorted(fastest(usable).items()), kernel_rows)
+        if over():
+            why += f"; stopped after {max_seconds:.0f} s"
+            break
+        if attempt + 1 < attempts:
+            log.info("the machine looks busy (%s): timing %d more rounds", why, rounds)
+    curve = CostModel(sorted(capped_curve(fastest(every)).items()), kernel_rows, provisional=True)
+    log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
+                "measured again later in this process, and not saved", why)
+    return curve
+
+
+def measure_cost_curve(model, cache_factory, sizes: Sequence[int], cache_kwarg: str | None = None,
+                       keeps_logits: bool = True, context: int = 128, repeats: int = DEFAULT_ROUNDS,
+                       clock: Callable[[], float] = time.perf_counter, attempts: int = ATTEMPTS,
+                       max_seconds: float | None = None) -> CostModel:
+    """:func:`calibrate_curve` over one forward per ``k`` in ``sizes`` after a ``context``-token prefill
+    (``repeats``: its rounds), each timed forward cropped off the cache again. About 2.5 s for SmolLM2-135M
+    in fp32 on a quiet 2-core CPU. ``cache_kwarg``: the forward's name for the cache, by default the model's
+    own (:func:`lookahead.compat.cache_kwarg_name`). ``max_seconds``: by default four times what a quiet
+    machine would take (:func:`estimate_calibration_seconds`), at least :data:`MAX_SECONDS`: a machine so
+    busy that it runs slower than that gets a provisional curve instead of minutes of timing."""
+    if max_seconds is None:
+        max_seconds = max(MAX_SECONDS, 4.0 * estimate_calibration_seconds(model, sizes, repeats))
+    if cache_kwarg is None:
+        from .compat import cache_kwarg_name
+
+        cache_kwarg = cache_kwarg_name(model)
+    device = model.device
+    limit = getattr(model.config, "max_position_embeddings", None) or 4096
+    context = max(1, min(context, limit - max(sizes) - 1))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, context + max(sizes)), generator=gen).to(device)
+    cache = cache_factory()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def time_one(k: int) -> float:
+        pos = torch.arange(context, context + k, device=device)[None]
+        sync()
+        t = clock()
+        model(input_ids=ids[:, context : context + k], position_ids=pos, use_cache=True,
+              **{cache_kwarg: cache}, **({"logits_to_keep": k} if keeps_logits else {}))
+        sync()
+        elapsed = clock() - t
+        cache.crop(-k)
+        return elapsed
+
+    with torch.no_grad():
+        model(input_ids=ids[:, :context], use_cache=True, **{cache_kwarg: cache})
+        return calibrate_curve(time_one, sizes, clock=clock, rounds=repeats, attempts=attempts,
+                               max_seconds=max_seconds)
+
+
+def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT_ROUNDS) -> float:
+    """A rough forecast of :func:`measure_cost_curve`'s time on a quiet machine, for the line that says a
+    calibration is starting: each forward reads every weight once (about 10 GB/s on a CPU, 1 TB/s on a GPU)
+    or computes ``2 * parameters * k`` operations (about 100 GFLOP/s on a CPU, 100 TFLOP/s on a GPU),
+    whichever takes longer. Example: SmolLM2-135M in fp32 on a 2-core CPU: about 2 s."""
+    params = sum(p.numel() for p in model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    gpu = model.device.type != "cpu"
+    bandwidth, flops, overhead = (1e12, 1e14, 0.01) if gpu else (1e10, 1e11, 0.0)
+
+    def forward(k: int) -> float:
+        return overhead + max(nbytes / bandwidth, 2.0 * params * k / flops)
+
+    per_round = sum(forward(k) for k in sizes) + forward(1)
+    return forward(128) + forward(1) + rounds * per_round
+
+
+# --- keeping curves: in memory per model object, on disk per model fingerprint ------------------------------
+
+
 def model_key(model) -> tuple:
     """What a measured curve depends on besides the model object: its device and dtype."""
     return (str(model.device), str(model.dtype))
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s ``model name``), else what ``platform`` knows of it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    """``"cpu"``, or the device and the accelerator's name, e.g. ``"cuda:0 NVIDIA H200"``."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return f"{device} {torch.cuda.get_device_name(device)}"
+    return str(device)
+
+
+_VOLATILE = ("transformers_version", "dtype", "torch_dtype")
+
+
+def config_digest(config) -> str:
+    """A hash of the model's architecture: its config without the path it came from, the transformers
+    version that wrote it, the dtype (kept apart) or a GGUF file's quantisation entry, plus the attention
+    implementation it runs."""
+    d = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in _VOLATILE}
+    if (d.get("quantization_config") or {}).get("quant_method") == "gguf":
+        del d["quantization_config"]  # transformers de-quantises GGUF weights: they run as plain ones
+    d["attention"] = getattr(config, "_attn_implementation", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def curve_fingerprint(model, variant: str = "") -> dict:
+    """Everything a measured curve depends on: the architecture (:func:`config_digest`), the weights' dtype,
+    the device, torch's thread count, the CPU model, the torch and transformers versions (their kernels
+    differ), what was timed (``variant``) and :data:`CURVE_FORMAT`. Two processes with equal fingerprints
+    share a persisted curve."""
+    import transformers
+
+    return {"format": CURVE_FORMAT, "model": f"{type(model).__name__} {config_digest(model.config)}",
+            "dtype": str(model.dtype), "device": device_name(model.device),
+            "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "variant": variant}
+
+
+@dataclass(frozen=True)
+class StoredCurve:
+    """A curve read back from disk, with where and when it was measured."""
+
+    curve: CostModel
+    path: str
+    measured: str
+    seconds: float
+
+
+class CurveStore:
+    """Measured cost curves on disk: ``<folder>/curves/<hash of the fingerprint>.json``, one per fingerprint.
+
+    A file holds ``{"kind", "format", "fingerprint", "points": [[k, seconds], ...], "kernel_rows",
+    "measured": ISO time, "seconds": the calibration's time}``. :meth:`load` returns a curve only when
+    the file parses, its format is :data:`CURVE_FORMAT`, its fingerprint is the asked one exactly, every
+    point is ``(k >= 1, 0 < seconds < inf)`` with ``k`` increasing, and it covers ``max_rows``; anything else
+    is treated as absent (and measured again, which overwrites it). Provisional curves are never written.
+    """
+
+    def __init__(self, folder: str | None = None):
+        self.folder = os.path.join(folder or user_cache.cache_dir(), "curves")
+
+    def path(self, fingerprint: dict) -> str:
+        digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+        return os.path.join(self.folder, f"{digest}.json")
+
+    def load(self, fingerprint: dict, max_rows: int) -> StoredCurve | None:
+        path = self.path(fingerprint)
+        data = user_cache.read_json(path)
+        curve = None if data is None else _parse_curve(data, fingerprint)
+        if curve is None or curve.max_k < max_rows:
+            return None
+        return StoredCurve(curve, path, str(data.get("measured", "")), float(data.get("seconds", 0.0) or 0.0))
+
+    def save(self, fingerprint: dict, curve: CostModel, seconds: float) -> str | None:
+        """Write ``curve`` for ``fingerprint``; the file's path, or None (a provisional curve, or a failed
+        write, which is logged)."""
+        if curve.provisional:
+            return None
+        path = self.path(fingerprint)
+        data = {"kind": _CURVE_KIND, "format": CURVE_FORMAT, "fingerprint": fingerprint,
+                "points": [[k, t] for k, t in curve.points], "kernel_rows": sorted(curve.kernel_rows),
+                "measured": datetime.datetime.now().isoformat(timespec="seconds"),
+                "seconds": round(seconds, 3)}
+        return path if user_cache.write_json_atomic(path, data) else None
+
+
+def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
+    """The curve in a persisted record, or None when any check of :class:`CurveStore` fails."""
+    if (data.get("kind") != _CURVE_KIND or data.get("format") != CURVE_FORMAT
+            or data.get("fingerprint") != fingerprint or data.get("provisional")):
+        return None
+    points, rows = data.get("points"), data.get("kernel_rows", [])
+    if not isinstance(points, list) or not points or not isinstance(rows, list):
+        return None
+    try:
+        pts = [(int(k), float(t)) for k, t in points]
+        kernel_rows = frozenset(int(r) for r in rows)
+    except (TypeError, ValueError):
+        return None
+    ks = [k for k, _ in pts]
+    if (any(not isinstance(k, int) or isinstance(k, bool) for k, _ in points) or ks[0] < 1
+            or any(b <= a for a, b in zip(ks, ks[1:])) or any(not 0 < t < math.inf for _, t in pts)
+            or any(r < 1 for r in kernel_rows)):
+        return None
+    return CostModel(pts, kernel_rows)
+
+
+@dataclass
+class _Entry:
+    curve: CostModel
+    pinned: bool
+    measured_at: float = 0.0
+    retries: int = 0
+
+
 class Calibrations:
     """The cost curves known so far, per model object (held weakly: a curve dies with its model).
 
-    ``get`` returns a curve covering ``max_rows``, measuring it with ``measure`` on first use (and
-    again when a caller needs more rows than a measured curve covers). ``pin`` keeps a given curve
-    as if measured; a pinned curve is never re-measured. ``forget`` drops one model's or all.
+    ``get`` returns a curve covering ``max_rows``: one kept in memory, else one persisted by an earlier
+    process with the same :func:`curve_fingerprint` (``persist``), else one it measures with ``measure``
+    (and persists). It measures again when a caller needs more rows than the curve covers, and when a
+    provisional curve is due for another try (``retry_after`` seconds of ``clock`` after it was measured,
+    doubling each time it comes back provisional again). A refresh measures every size again and replaces
+    the whole curve: it never mixes points of two measurements, whose different conditions would give the
+    curve a shape neither had (the ratchet :class:`CostRefiner` describes). ``pin`` keeps a given curve as
+    if measured; a pinned curve is never re-measured nor persisted. ``forget`` drops one model's or all
+    (in memory; files stay).
 
-    A decoder uses :data:`DEFAULT_CALIBRATIONS` unless given its own object, so a process measures
-    each model once; tests pass their own or pin a curve, so nothing carries from one test to the next.
+    ``persist``: keep curves on disk too; on for :data:`DEFAULT_CALIBRATIONS`, off for a registry made
+    with ``Calibrations()`` (which then holds only what it measured itself). ``LOOKAHEAD_PERSIST=0`` in the
+    environment turns it off everywhere. ``folder``: the cache folder (default
+    :func:`lookahead.user_cache.cache_dir`). Each measurement logs an INFO line on the ``"lookahead"``
+    logger when it starts and when it ends, and so does a persisted curve when it is used.
+
+    A decoder uses :data:`DEFAULT_CALIBRATIONS` unless given its own object, so a machine measures each
+    model once; tests pass their own or pin a curve, so nothing carries from one test to the next.
     """
 
-    def __init__(self):
+    def __init__(self, persist: bool = False, folder: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, retry_after: float = 60.0):
+        self.persist, self.folder, self.clock, self.retry_after = persist, folder, clock, retry_after
         self._curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.RLock()  # one measurement at a time: two at once would slow each other
 
-    def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = ""
-            ) -> CostModel:
+    def store(self, persist: bool | None = None) -> CurveStore | None:
+        """Where curves persist, or None when persisting is off (here, for this call, or by the
+        environment)."""
+        on = self.persist if persist is None else persist
+        return CurveStore(self.folder) if on and user_cache.persist_enabled() else None
+
+    def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = "",
+            persist: bool | None = None) -> CostModel:
         """``variant``: what else the measurement depends on (``"cpu-kernels"``: both paths timed); a
-        pinned curve applies to every variant."""
-        curves = self._curves.get(model, {})
-        pinned = curves.get(model_key(model))
-        if pinned is not None and pinned[1]:
-            return pinned[0]
-        key = model_key(model) + ((variant,) if variant else ())
-        entry = curves.get(key)
-        if entry is not None and (entry[1] or entry[0].max_k >= max_rows):
-            return entry[0]
-        curve = measure(calibration_sizes(max_rows))
-        self._curves.setdefault(model, {})[key] = (curve, False)
-        return curve
+        pinned curve applies to every variant. ``persist``: this call's choice over the registry's (False
+        for a measurement that is not the machine's, e.g. one timed with an injected clock)."""
+        with self._lock:
+            curves = self._curves.get(model, {})
+            pinned = curves.get(model_key(model))
+            if pinned is not None and pinned.pinned:
+                return pinned.curve
+            key = model_key(model) + ((variant,) if variant else ())
+            entry = curves.get(key)
+            fits = entry is not None and (entry.pinned or entry.curve.max_k >= max_rows)
+            if fits and not self._retry_due(entry):
+                return entry.curve
+            store = self.store(persist)
+            fingerprint = curve_fingerprint(model, variant) if store is not None else None
+            stored = store.load(fingerprint, max_rows) if store is not None else None
+            if stored is not None:
+                log.info("using the cost curve measured for this model on %s (%s; %s)", stored.measured,
+                         describe(stored.curve), stored.path)
+                self._keep(model, key, _Entry(stored.curve, False, self.clock()))
+                return stored.curve
+            sizes = calibration_sizes(max_rows)
+            about = max(1.0, estimate_calibration_seconds(model, sizes))
+            if entry is None:
+                log.info("calibrating the cost curve once for this model%s (about %.0f s) ...",
+                         "" if store is not None else " in this process", about)
+            else:
+                log.info("measuring the cost curve again, %s (about %.0f s) ...",
+                         "the last one was provisional" if entry.curve.provisional
+                         else f"for {max_rows} rows (it covered {entry.curve.max_k})", about)
+            t = time.perf_counter()
+            curve = measure(sizes)
+            seconds = time.perf_counter() - t
+            again = entry is not None and entry.curve.provisional and curve.provisional
+            retries = entry.retries + 1 if again else 0
+            self._keep(model, key, _Entry(curve, False, self.clock(), retries))
+            path = store.save(fingerprint, curve, seconds) if store is not None else None
+            log.info("calibrated in %.1f s: %s%s", seconds, describe(curve),
+                     f"; saved to {path}" if path else "; provisional" if curve.provisional else "")
+            return curve
+
+    def _retry_due(self, entry: _Entry) -> bool:
+        return (entry.curve.provisional and not entry.pinned
+                and self.clock() - entry.measured_at >= self.retry_after * 2 ** entry.retries)
+
+    def _keep(self, model, key: tuple, entry: _Entry) -> None:
+        self._curves.setdefault(model, {})[key] = entry
 
     def pin(self, model, points: Sequence[tuple[int, float]]) -> CostModel:
         curve = points if isinstance(points, CostModel) else CostModel(points)
-        self._curves.setdefault(model, {})[model_key(model)] = (curve, True)
+        with self._lock:
+            self._keep(model, model_key(model), _Entry(curve, True))
         return curve
 
     def known(self, model) -> CostModel | None:
         entry = self._curves.get(model, {}).get(model_key(model))
-        return None if entry is None else entry[0]
+        return None if entry is None else entry.curve
 
     def __reduce__(self):
-        """Pickle / deepcopy: the default registry stays the default one; another becomes an empty one
-        (its keys are live model objects, which do not travel)."""
-        return (_default_calibrations, ()) if self is DEFAULT_CALIBRATIONS else (Calibrations, ())
+        """Pickle / deepcopy: the default registry stays the default one; another becomes an empty one with
+        the same persistence (its keys are live model objects, which do not travel)."""
+        if self is DEFAULT_CALIBRATIONS:
+            return (_default_calibrations, ())
+        return (Calibrations, (self.persist, self.folder))
 
     def forget(self, model=None) -> None:
-        if model is None:
-            self._curves = weakref.WeakKeyDictionary()
-        else:
-            self._curves.pop(model, None)
+        with self._lock:
+            if model is None:
+                self._curves = weakref.WeakKeyDictionary()
+            else:
+                self._curves.pop(model, None)
 
 
-DEFAULT_CALIBRATIONS = Calibrations()
+DEFAULT_CALIBRATIONS = Calibrations(persist=True)
 
 
 def _default_calibrations() -> Calibrations:
@@ -196,38 +608,3 @@ def set_cost_curve(model, points: Sequence[tuple[int, float]], calibrations: Cal
     GPU). Example: ``set_cost_curve(model, [(1, 0.010), (64, 0.011)])``.
     """
     return (calibrations or DEFAULT_CALIBRATIONS).pin(model, points)
-
-
-def measure_cost_curve(model, cache_factory, sizes: Sequence[int], cache_kwarg: str | None = None,
-                       keeps_logits: bool = True, context: int = 128, repeats: int = 2,
-                       clock: Callable[[], float] = time.perf_counter) -> CostModel:
-    """Time one forward for each ``k`` in ``sizes`` after a ``context``-token prefill; each ``k`` keeps
-    the fastest of ``repeats`` runs. About 3 s for SmolLM2-135M on one core of a 2-core CPU.
-    ``cache_kwarg``: the forward's name for the cache, by default the model's own
-    (:func:`lookahead.compat.cache_kwarg_name`)."""
-    if cache_kwarg is None:
-        from .compat import cache_kwarg_name
-
-        cache_kwarg = cache_kwarg_name(model)
-    device = model.device
-    limit = getattr(model.config, "max_position_embeddings", None) or 4096
-    context = max(1, min(context, limit - max(sizes) - 1))
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (1, context + max(sizes)), generator=gen).to(device)
-    cache = cache_factory()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    best: dict[int, float] = {}
-    with torch.no_grad():
-        model(input_ids=ids[:, :context], use_cache=True, **{cache_kwarg: cache})
-        for _ in range(repeats):
-            for k in sizes:
-                pos = torch.arange(context, context + k, device=device)[None]
-                sync()
-                t = clock()
-                model(input_ids=ids[:, context : context + k], position_ids=pos, use_cache=True,
-                      **{cache_kwarg: cache}, **({"logits_to_keep": k} if keeps_logits else {}))
-                sync()
-                elapsed = clock() - t
-                cache.crop(-k)
-                best[k] = min(best.get(k, float("inf")), elapsed)
-    return CostModel(sorted(best.items()))

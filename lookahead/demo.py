@@ -47,24 +47,37 @@ def run_header(model_name: str | None, prompt: str | None, dtype, device, new_to
     return f"model: {name} ({dtype}, {device}), greedy, {new_tokens} new tokens, {which}"
 
 
-def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None) -> dict:
+def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None,
+             dtype: str = "float32", device: str = "auto", threads: int | str | None = "auto") -> dict:
+    """Plain greedy ``generate`` against the decoder on one prompt, both timed after an untimed warm-up of
+    each (which calibrates the cost curve once, if no kept one fits); prints the output, the speed of each
+    and what the decoder did and why. Each phase is logged (``"lookahead"``, INFO) when it starts and ends."""
+    from .console import phase, set_threads
     from .decoder import LookaheadDecoder
     from .models import load_model
+    from .warmup import ensure_kernels
 
-    print("loading the model ...", flush=True)
-    model, tok = load_model(model_name)
+    set_threads(threads)
+    model, tok = load_model(model_name, dtype=getattr(torch, dtype),
+                            device=None if device == "auto" else device, progress=True)
+    if device == "auto" and torch.cuda.is_available():
+        model = model.to("cuda")
+    ensure_kernels()
     inputs = chat_inputs(tok, DEMO_PROMPT if prompt is None else prompt, model.device)
     kw = dict(max_new_tokens=max_new_tokens, do_sample=False)
-    model.generate(**inputs, max_new_tokens=8, do_sample=False)  # warm-up, excluded from timing
     decoder = LookaheadDecoder()
-    model.generate(**inputs, max_new_tokens=8, custom_generate=decoder)
+    with phase("warming up: 8 tokens plain and 8 with the decoder, not timed"):
+        model.generate(**inputs, max_new_tokens=8, do_sample=False)
+        model.generate(**inputs, max_new_tokens=8, custom_generate=decoder)
 
-    t = time.perf_counter()
-    plain = model.generate(**inputs, **kw)
-    t_plain = time.perf_counter() - t
-    t = time.perf_counter()
-    ours = model.generate(**inputs, custom_generate=decoder, max_new_tokens=max_new_tokens)
-    t_ours = time.perf_counter() - t
+    with phase(f"plain generate, up to {max_new_tokens} new tokens"):
+        t = time.perf_counter()
+        plain = model.generate(**inputs, **kw)
+        t_plain = time.perf_counter() - t
+    with phase(f"LookaheadDecoder, up to {max_new_tokens} new tokens"):
+        t = time.perf_counter()
+        ours = model.generate(**inputs, custom_generate=decoder, max_new_tokens=max_new_tokens)
+        t_ours = time.perf_counter() - t
 
     n_prompt = inputs["input_ids"].shape[1]
     n_plain, n_ours = plain.shape[1] - n_prompt, ours.shape[1] - n_prompt
@@ -79,4 +92,5 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
           f"{s.target_calls / max(n_ours, 1):.2f} calls/token, {s.tokens_per_call:.2f} tokens/call)")
     print(f"speed-up           : {t_plain / t_ours:.2f}x")
     print(f"identical output   : {'yes' if identical else 'NO'}")
+    print(s.explain())
     return {"t_plain": t_plain, "t_ours": t_ours, "identical": identical, "stats": s.as_dict()}

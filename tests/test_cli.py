@@ -52,6 +52,11 @@ def tiny_folder(tmp_path_factory):
         (["generate"], "the following arguments are required: --prompt"),
         (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "must be a positive integer, got 0"),
         (["demo", "--max-new-tokens", "-1"], "must be a positive integer, got -1"),
+        (["demo", "--threads", "0"], "--threads: must be a positive integer, got 0"),
+        (["demo", "--dtype", "int3"], "invalid choice: 'int3'"),
+        (["generate", "--prompt", "hi", "--threads", "many"],
+         "--threads: must be a positive integer, got 'many'"),
+        (["warmup", "--calibrate", "int8"], "unknown dtype 'int8'; valid: float32, bfloat16, float16"),
         (["fly"], "invalid choice: 'fly'"),
         ([], "the following arguments are required: command"),
     ],
@@ -140,9 +145,10 @@ def test_help_is_plain_text():
     for p in (parser, *commands.values()):
         assert "``" not in p.format_help(), p.prog
     assert "demo      plain generate vs LookaheadDecoder" in parser.format_help()
+    assert "warmup    compile the Numba kernels" in parser.format_help()
 
 
-@pytest.mark.parametrize("command", ["demo", "generate", "bench"])
+@pytest.mark.parametrize("command", ["demo", "generate", "bench", "warmup"])
 def test_every_option_has_a_help_text_with_its_default(command):
     parser = _subparsers()[1][command]
     options = [a for a in parser._actions if a.option_strings and a.dest != "help" and not a.required]
@@ -198,7 +204,7 @@ def test_demo_names_the_model_and_the_prompt_it_ran(tiny_folder, monkeypatch, ca
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     asked = []
     monkeypatch.setattr(models, "load_model", lambda name=None, **kw: asked.append(name) or (model, tok))
-    argv = ["demo", "--max-new-tokens", "6"]
+    argv = ["demo", "--max-new-tokens", "6", "--threads", str(torch.get_num_threads())]
     argv += ["--model", model_arg] if model_arg else []
     argv += ["--prompt", prompt] if prompt else []
     assert main(argv) == 0
@@ -206,3 +212,41 @@ def test_demo_names_the_model_and_the_prompt_it_ran(tiny_folder, monkeypatch, ca
     assert asked == [model_arg]
     header = rf"model: {re.escape(name)} \(torch.float32, cpu\), greedy, \d+ new tokens, {which}"
     assert len(re.findall(rf"(?m)^{header}$", out)) == 1 and out.count("model: ") == 1, out
+
+
+def test_demo_takes_the_device_dtype_and_threads_it_is_given(tiny_folder, monkeypatch, capsys):
+    import copy
+
+    from lookahead import models
+
+    _, model, tok = tiny_folder
+    tok = copy.deepcopy(tok)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    seen = []
+    monkeypatch.setattr(models, "load_model", lambda name=None, **kw: seen.append(kw) or (model, tok))
+    before = torch.get_num_threads()
+    try:
+        assert main(["demo", "--max-new-tokens", "4", "--prompt", "abcabc", "--dtype", "bfloat16", "--device",
+                     "cpu", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert seen[0]["dtype"] is torch.bfloat16 and seen[0]["device"] == "cpu"
+    out = capsys.readouterr()
+    assert "tokens in" in out.out.splitlines()[-1]  # ends with what the decoder did and why
+    for line in ("warming up: 8 tokens plain and 8 with the decoder, not timed ...",
+                 "plain generate, up to 4 new tokens ...", "LookaheadDecoder, up to 4 new tokens ..."):
+        assert line in out.err  # each phase announced on stderr, then timed
+    assert "plain generate, up to 4 new tokens: " in out.err
+
+
+def test_the_library_says_what_it_is_doing_on_stderr(tiny_folder, capsys):
+    """generate's stderr carries the library's own lines: the load, and the calibration (measured, or read
+    back from the session's cache folder when an earlier test measured this model already)."""
+    folder, _, _ = tiny_folder
+    assert main(["generate", "--model", folder, "--prompt", "abcabc", "--raw", "--max-new-tokens", "4",
+                 "--threads", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"loading {folder} ..." in err and f"loaded {folder} in " in err
+    assert ("calibrating the cost curve once for this model (about " in err
+            or "using the cost curve measured for this model on " in err), err

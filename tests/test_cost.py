@@ -1,5 +1,6 @@
 """Cost curves: the curve itself, calibration kept per model in a registry object, opt-in refinement
-that cannot ratchet, and an injected clock. Every figure here is exact: no test reads the real clock."""
+that cannot ratchet, and an injected clock. Every figure here is exact: no test reads the real clock.
+Calibration under load and persisted curves: ``tests/test_calibration.py``."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_refiner_learns_a_shape_it_observes_and_forgets_it_when_unobserved():
 
 def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
     model = tiny_models("llama")
-    registry = Calibrations()
+    registry = Calibrations(persist=False)
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
@@ -70,9 +71,11 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
         assert curve is not None and dec.stats.cost_curve == curve.points
         # a fake clock: every forward "took" one tick, so the measured curve is flat at exactly 1 ms
         assert [t for _, t in curve.points] == pytest.approx([0.001] * len(curve.points))
-        # 7 sizes (1 + step_nodes = 64 rows) x 2 repeats, two readings each, between the call's own two
-        # readings: 29 ticks
-        assert first - dec.stats.target_calls == 1 + 14 and dec.stats.time_calibration == pytest.approx(0.029)
+        # a prefill, then a one-token probe and 3 rounds of 7 sizes (1 + step_nodes = 64 rows) and a probe:
+        # 1 + 1 + 3 * 8 forwards. Ticks between the call's own two readings: calibrate_curve's start, two
+        # readings per timed forward, a deadline check before each forward of rounds 2 and 3: 1 + 2 * 25 + 14,
+        # and the second reading
+        assert first - dec.stats.target_calls == 1 + 25 and dec.stats.time_calibration == pytest.approx(0.066)
         calls.clear()
         again = LookaheadDecoder(calibrations=registry, clock=FakeClock())
         model.generate(IDS, custom_generate=again, max_new_tokens=10, eos_token_id=None)
@@ -90,7 +93,7 @@ def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
     assert calibration_sizes(17) == (1, 2, 4, 8, 16, 32)
     assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
     model = tiny_models("gpt2")
-    registry = Calibrations()
+    registry = Calibrations(persist=False)
     dec = LookaheadDecoder(copy_nodes=0, recycle_k=0, calibrations=registry, clock=FakeClock())  # 1 + 16 tree rows
     model.generate(IDS, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
     assert [k for k, _ in dec.stats.cost_curve] == [1, 2, 4, 8, 16, 32]

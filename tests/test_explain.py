@@ -27,25 +27,59 @@ def test_nothing_generated():
 def test_busy_cpu_kept_most_steps_plain():
     s = stats(48, [(5, 2), (5, 1)])
     assert s.explain() == (
-        HEAD.format(53, 50, "1.06") + " Drafting did not pay on this machine: verifying 2 tokens costs 1.7x a "
-        "1-token forward and 16 tokens 2.4x, so the budget kept 48 of 50 steps plain; the other 2 accepted "
+        HEAD.format(53, 50, "1.06") + " Drafting did not pay on this machine: verifying even 2 tokens costs 1.7x "
+        "a 1-token forward and 16 tokens 2.4x, so the budget kept 48 of 50 steps plain; the other 2 accepted "
         "3 of their 10 drafted tokens.")
 
 
 def test_busy_cpu_every_step_plain():
     s = stats(4, [])
     assert s.explain() == (
-        HEAD.format(4, 4, "1.00") + " Drafting did not pay on this machine: verifying 2 tokens costs 1.7x a "
-        "1-token forward and 16 tokens 2.4x, so the budget kept 4 of 4 steps plain.")
+        HEAD.format(4, 4, "1.00") + " Drafting did not pay on this machine: verifying even 2 tokens costs 1.7x "
+        "a 1-token forward and 16 tokens 2.4x, so the budget kept 4 of 4 steps plain.")
 
 
 def test_cost_ratios_interpolate_and_extrapolate_like_the_cost_model():
-    # 2 lies between the measured 1 and 4: 10 + 6 / 3 = 12 ms; 16 lies beyond the last point, 8:
-    # 20 ms + 8 tokens * the last segment's 1 ms per token = 28 ms
-    s = stats(3, [], cost_curve=((1, 0.010), (4, 0.016), (8, 0.020)))
+    # 2 lies between the measured 1 and 4: 10 + 9 / 3 = 13 ms; 16 lies beyond the last point, 8:
+    # 23 ms + 8 tokens * the last segment's 1 ms per token = 31 ms
+    s = stats(3, [], cost_curve=((1, 0.010), (4, 0.019), (8, 0.023)))
     assert s.explain() == (
-        HEAD.format(3, 3, "1.00") + " Drafting did not pay on this machine: verifying 2 tokens costs 1.2x a "
-        "1-token forward and 16 tokens 2.8x, so the budget kept 3 of 3 steps plain.")
+        HEAD.format(3, 3, "1.00") + " Drafting did not pay on this machine: verifying even 2 tokens costs 1.3x "
+        "a 1-token forward and 16 tokens 3.1x, so the budget kept 3 of 3 steps plain.")
+
+
+LONG_DEAR = ((1, 0.010), (2, 0.010), (16, 0.024))  # a short draft is free, 16 tokens cost 2.4x
+
+
+def test_a_cheap_short_draft_is_never_named_as_the_reason_drafting_did_not_pay():
+    """The contradiction newcomers read: "Drafting did not pay on this machine: verifying 2 tokens costs 1.0x
+    a 1-token forward". Where a short draft costs nothing, the reason steps were plain is the text."""
+    s = stats(9, [(4, 0)], cost_curve=LONG_DEAR)
+    text = s.explain()
+    assert text == (
+        HEAD.format(10, 10, "1.00") + " Verifying a short draft is cheap on this machine (verifying 2 tokens "
+        "costs 1.0x a 1-token forward, though 16 tokens cost 2.4x), yet the prompt and output offered little "
+        "to copy: 9 of 10 steps were plain; the other 1 accepted 0 of their 4 drafted tokens.")
+    assert "did not pay" not in text
+
+
+def test_drafting_paid_with_a_cheap_short_draft_blames_the_text_for_the_plain_steps():
+    s = stats(6, [(8, 6), (8, 5), (8, 4), (8, 3)], cost_curve=LONG_DEAR)
+    assert s.explain().endswith("; the other 6 steps were plain: the text offered nothing likely to be "
+                                "accepted there.")
+
+
+def test_a_provisional_curve_is_said():
+    s = stats(4, [])
+    assert not s.explain().endswith("measured again.")
+    s.cost_provisional = True
+    assert s.explain().endswith(
+        " The cost curve was measured while other work slowed the machine (provisional): the budget's choices "
+        "may be off until it is measured again.")
+    assert s.as_dict()["cost_provisional"] is True
+    fixed = stats(4, [], cost_curve=None)
+    fixed.cost_provisional = True  # a fixed budget priced nothing: nothing to say about a curve
+    assert "provisional" not in fixed.explain()
 
 
 def test_drafting_paid_the_rest_too_costly():
@@ -53,7 +87,7 @@ def test_drafting_paid_the_rest_too_costly():
     assert s.explain() == (
         HEAD.format(28, 10, "2.80") + " 4 of 10 steps verified a draft and 18 of 32 drafted tokens were accepted "
         "(56%); the other 6 steps were plain: there a draft was too unlikely to be worth its cost (on this "
-        "machine verifying 2 tokens costs 1.7x a 1-token forward and 16 tokens 2.4x).")
+        "machine verifying even 2 tokens costs 1.7x a 1-token forward and 16 tokens 2.4x).")
 
 
 def test_drafting_paid_on_a_flat_curve():
@@ -73,8 +107,8 @@ def test_drafting_paid_every_step():
 def test_flat_curve_little_to_copy():
     s = stats(9, [(4, 0)], cost_curve=FLAT)
     assert s.explain() == (
-        HEAD.format(10, 10, "1.00") + " Verifying extra tokens is cheap here (verifying 2 tokens costs 1.0x a "
-        "1-token forward and 16 tokens 1.0x), yet the prompt and output offered little to copy: 9 of 10 "
+        HEAD.format(10, 10, "1.00") + " Verifying extra tokens is cheap on this machine (verifying 2 tokens costs "
+        "1.0x a 1-token forward and 16 tokens 1.0x), yet the prompt and output offered little to copy: 9 of 10 "
         "steps were plain; the other 1 accepted 0 of their 4 drafted tokens.")
 
 

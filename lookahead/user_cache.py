@@ -1,0 +1,75 @@
+"""The user's cache directory: what lookahead keeps between processes, and how it is written.
+
+Two things live there, each validated on every read and rebuilt when it does not fit:
+
+- ``curves/``: measured cost curves, one JSON file per model fingerprint (:mod:`lookahead.cost`);
+- ``models/``: the bundled model's weights converted from GGUF, as safetensors (:mod:`lookahead.models`).
+
+The folder is ``$LOOKAHEAD_CACHE``, else ``$XDG_CACHE_HOME/lookahead``, else ``~/.cache/lookahead``.
+``LOOKAHEAD_PERSIST=0`` (or ``false``, ``no``, ``off``) turns both off: nothing is read from it or
+written to it. Files are written to a temporary name in the same folder and then renamed, so a reader
+sees either the old file or the whole new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+
+log = logging.getLogger("lookahead")
+
+PERSIST_ENV = "LOOKAHEAD_PERSIST"
+CACHE_ENV = "LOOKAHEAD_CACHE"
+
+
+def cache_dir() -> str:
+    """The folder lookahead keeps its files in (not created here).
+
+    Example: with ``LOOKAHEAD_CACHE`` unset and ``XDG_CACHE_HOME=/tmp/c``: ``/tmp/c/lookahead``.
+    """
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "lookahead")
+
+
+def persist_enabled() -> bool:
+    """False when ``LOOKAHEAD_PERSIST`` says 0 / false / no / off: nothing is then read from or written to
+    the cache."""
+    return os.environ.get(PERSIST_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def write_json_atomic(path: str, data: dict) -> bool:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename; False (logged) on failure.
+
+    A failure (read-only or full disk) never raises: what was to be cached is simply measured again later.
+    """
+    folder = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return True
+    except OSError as err:
+        log.warning("could not write %s (%s); it will be measured again next time", path, err)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return False
+
+
+def read_json(path: str) -> dict | None:
+    """The JSON object in ``path``, or None when it is missing, unreadable or not a JSON object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,324 @@
+"""Calibration that survives a busy machine (``cost.calibrate_curve``) and curves kept across processes
+(``cost.Calibrations`` with a ``CurveStore``). Every timing is scripted: no test reads the real clock."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from lookahead import user_cache
+from lookahead.cost import (
+    CURVE_FORMAT,
+    Calibrations,
+    CostModel,
+    CurveStore,
+    calibrate_curve,
+    capped_curve,
+    curve_fingerprint,
+    disagreement,
+    round_order,
+)
+
+from tiny import tiny_model
+
+SIZES = (1, 2, 4, 8, 16)
+TRUE = {1: 0.010, 2: 0.011, 4: 0.013, 8: 0.016, 16: 0.022}
+
+
+class Ticks:
+    """A clock that moves only when a test moves it (``now``): deadlines never fire unless a test wants."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Timer:
+    """``time_one``: the true time of ``k`` times the slow-down ``factor(call index, k)`` scripts."""
+
+    def __init__(self, factor=lambda i, k: 1.0, clock: Ticks | None = None, tick: float = 0.0):
+        self.factor, self.calls, self.clock, self.tick = factor, [], clock, tick
+
+    def __call__(self, k: int) -> float:
+        i = len(self.calls)
+        self.calls.append(k)
+        if self.clock is not None:
+            self.clock.now += self.tick
+        return TRUE[k] * self.factor(i, k)
+
+
+def calls_per_attempt(rounds: int = 3) -> int:
+    return rounds * (len(SIZES) + 1)
+
+
+def test_round_order_rotates_and_reverses():
+    assert [round_order((1, 2, 4), r) for r in range(4)] == [(1, 2, 4), (1, 4, 2), (4, 1, 2), (4, 2, 1)]
+    firsts = {round_order(SIZES, r)[0] for r in range(2 * len(SIZES))}
+    assert firsts == set(SIZES)  # no size is always timed first
+
+
+def test_a_quiet_machine_gives_the_true_curve_in_interleaved_rounds():
+    timer = Timer()
+    curve = calibrate_curve(timer, SIZES, clock=Ticks())
+    assert curve.points == tuple(TRUE.items()) and not curve.provisional
+    assert len(timer.calls) == 1 + calls_per_attempt()  # a probe, then 3 rounds of the sizes and a probe
+    rounds = [timer.calls[1 + r * 6: 1 + r * 6 + 5] for r in range(3)]
+    assert all(sorted(r) == list(SIZES) for r in rounds) and len({tuple(r) for r in rounds}) == 3
+    assert timer.calls[6] == timer.calls[12] == timer.calls[18] == 1  # each round ends with a probe
+
+
+def test_one_slowed_round_changes_nothing():
+    """Another process ran during round 2 only: every size's fastest timings come from the other rounds."""
+    timer = Timer(lambda i, k: 4.0 if 7 <= i < 12 else 1.0)
+    curve = calibrate_curve(timer, SIZES, clock=Ticks())
+    assert curve.points == tuple(TRUE.items()) and not curve.provisional
+    assert len(timer.calls) == 1 + calls_per_attempt()  # trusted at once: nothing measured again
+
+
+def test_a_round_whose_probes_disagree_is_not_used():
+    """A one-token probe 3x slower than the one before it: the machine's speed changed, so the rounds on
+    either side of it are dropped (the first one's timings are all too fast here), and more rounds are
+    timed."""
+    timer = Timer(lambda i, k: (0.5 if 1 <= i < 6 else 3.0 if i == 6 else 1.0))
+    curve = calibrate_curve(timer, SIZES, clock=Ticks())
+    assert curve.points == tuple(TRUE.items()) and not curve.provisional
+    assert len(timer.calls) == 1 + 2 * calls_per_attempt()  # 2 usable rounds only after a second attempt
+
+
+def test_busy_then_quiet_measures_again_and_trusts_the_quiet_rounds(caplog):
+    slow = {0: 1.0, 1: 1.9, 2: 3.1}  # the first attempt's rounds: each size slowed differently in each
+
+    def factor(i, k):
+        if i >= 1 + calls_per_attempt():
+            return 1.0
+        return 1.0 if k == 1 else slow[((i - 1) // 6 + k) % 3] * (1.3 if (i - 1) // 6 == 0 else 1.0)
+
+    timer = Timer(factor)
+    with caplog.at_level(logging.INFO, logger="lookahead"):
+        curve = calibrate_curve(timer, SIZES, clock=Ticks())
+    assert curve.points == tuple(TRUE.items()) and not curve.provisional
+    assert len(timer.calls) == 1 + 2 * calls_per_attempt()
+    assert "the machine looks busy (the two fastest timings of 2 tokens differ by" in caplog.text
+
+
+def test_a_machine_busy_throughout_gives_a_provisional_capped_curve_after_bounded_attempts(caplog):
+    """Every timing of a size > 1 is slowed by a different factor, up to 40x: no two agree, ever."""
+    timer = Timer(lambda i, k: 1.0 if k == 1 else 1.5 + (i % 13) * 3.0)
+    with caplog.at_level(logging.INFO, logger="lookahead"):
+        curve = calibrate_curve(timer, SIZES, clock=Ticks(), attempts=3)
+    assert len(timer.calls) == 1 + 3 * calls_per_attempt()  # no more than 3 attempts
+    assert curve.provisional
+    times = dict(curve.points)
+    assert times[1] == TRUE[1] and all(times[k] <= k * TRUE[1] + 1e-12 for k in SIZES)
+    assert all(times[k] >= TRUE[k] for k in SIZES)  # load only adds time
+    assert "stays provisional" in caplog.text
+
+
+def test_the_deadline_bounds_a_calibration_on_a_crawling_machine():
+    clock = Ticks()
+    timer = Timer(lambda i, k: 1.0 if k == 1 else 2.0 + (i % 7), clock=clock, tick=1.0)  # each forward: 1 s
+    curve = calibrate_curve(timer, SIZES, clock=clock, max_seconds=10.0)
+    assert curve.provisional
+    # a probe and the first round (ends at 7 s, always finished), then the second round's forwards while
+    # the clock reads at most 10 s: 4 of them; the unfinished round is dropped
+    assert len(timer.calls) == 1 + (len(SIZES) + 1) + 4
+    assert dict(curve.points)[16] <= 16 * dict(curve.points)[1]
+
+
+def test_capped_curve_and_disagreement():
+    assert capped_curve({1: 0.010, 4: 0.060, 16: 0.100}) == {1: 0.010, 4: 0.040, 16: 0.100}
+    assert disagreement({1: [0.010, 0.011], 16: [0.030, 0.050, 0.070]}) == (
+        "the two fastest timings of 16 tokens differ by 1.67x")
+    assert disagreement({1: [0.010, 0.011, 0.5], 16: [0.030, 0.031]}) is None
+    assert disagreement({1: [0.010]}) == "1 usable timing(s) of 1 token"
+    with pytest.raises(ValueError, match="rounds"):
+        calibrate_curve(Timer(), SIZES, rounds=0)
+
+
+def test_provisional_is_kept_through_scaling_and_equality():
+    curve = CostModel([(1, 0.01), (16, 0.02)], provisional=True)
+    assert curve.scaled(2.0).provisional and curve.scaled(2.0).points == ((1, 0.02), (16, 0.04))
+    assert curve != CostModel([(1, 0.01), (16, 0.02)]) and curve == CostModel(curve.points, provisional=True)
+    assert repr(curve).endswith(", provisional)") and not CostModel([(1, 0.01)]).provisional
+
+
+# --- Calibrations: what is kept, where, and when it is measured again ----------------------------------
+
+
+class Measure:
+    """A ``measure(sizes)`` that returns scripted curves and counts its calls."""
+
+    def __init__(self, *curves: CostModel):
+        self.curves, self.calls = list(curves), []
+
+    def __call__(self, sizes):
+        self.calls.append(sizes)
+        curve = self.curves[min(len(self.calls), len(self.curves)) - 1]
+        return CostModel([(k, float(curve(k))) for k in sizes], provisional=curve.provisional)
+
+
+QUIET = CostModel([(1, 0.010), (64, 0.030)])
+BUSY = CostModel([(1, 0.010), (64, 0.200)], provisional=True)
+
+
+@pytest.fixture
+def llama():
+    return tiny_model("llama")
+
+
+def test_a_measured_curve_is_persisted_and_a_new_process_uses_it(tmp_path, llama, caplog):
+    first = Measure(QUIET)
+    with caplog.at_level(logging.INFO, logger="lookahead"):
+        curve = Calibrations(persist=True, folder=str(tmp_path)).get(llama, 17, first)
+    assert len(first.calls) == 1 and "calibrating the cost curve once for this model (about" in caplog.text
+    assert "calibrated in" in caplog.text and "saved to" in caplog.text
+    files = os.listdir(tmp_path / "curves")
+    assert len(files) == 1 and files[0].endswith(".json")
+    again, other_object = Measure(QUIET), tiny_model("llama")  # another process: a new registry, a new model
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lookahead"):
+        loaded = Calibrations(persist=True, folder=str(tmp_path)).get(other_object, 17, again)
+    assert again.calls == [] and loaded == curve
+    assert "using the cost curve measured for this model on" in caplog.text
+
+
+def test_nothing_is_persisted_when_asked_not_to(tmp_path, llama, monkeypatch):
+    Calibrations(folder=str(tmp_path)).get(llama, 17, Measure(QUIET))  # one's own registry: memory only
+    Calibrations(persist=False, folder=str(tmp_path)).get(llama, 17, Measure(QUIET))
+    Calibrations(persist=True, folder=str(tmp_path)).get(llama, 17, Measure(QUIET), persist=False)
+    monkeypatch.setenv("LOOKAHEAD_PERSIST", "0")
+    Calibrations(persist=True, folder=str(tmp_path)).get(llama, 17, Measure(QUIET))
+    assert not (tmp_path / "curves").exists()
+
+
+def test_a_persisted_curve_that_does_not_fit_is_measured_again(tmp_path, llama, monkeypatch):
+    registry = Calibrations(persist=True, folder=str(tmp_path))
+    registry.get(llama, 17, Measure(QUIET))  # sizes 1..32
+    store = CurveStore(str(tmp_path))
+    path = store.path(curve_fingerprint(llama))
+    fresh = Measure(QUIET)
+    Calibrations(persist=True, folder=str(tmp_path)).get(llama, 40, fresh)  # 64 rows: more than the file has
+    assert len(fresh.calls) == 1 and store.load(curve_fingerprint(llama), 40) is not None  # overwritten
+
+    def damaged(edit) -> int:
+        data = json.loads(open(path).read())
+        edit(data)
+        with open(path, "w") as f:
+            json.dump(data, f)
+        m = Measure(QUIET)
+        Calibrations(persist=True, folder=str(tmp_path)).get(llama, 17, m)
+        return len(m.calls)
+
+    assert damaged(lambda d: d.update(format=CURVE_FORMAT + 1)) == 1  # another version
+    assert damaged(lambda d: d.update(points=[[1, -0.01], [2, 0.02]])) == 1  # not a curve
+    assert damaged(lambda d: d.update(points=[[2, 0.01], [1, 0.02]])) == 1
+    assert damaged(lambda d: d["fingerprint"].update(cpu="another")) == 1  # another machine's
+    assert damaged(lambda d: d.update(provisional=True)) == 1  # never trusted across processes
+    assert damaged(lambda d: None) == 0  # intact again after the last measurement
+    with open(path, "w") as f:
+        f.write('{"points": [[1, 0.0')  # half a file
+    m = Measure(QUIET)
+    Calibrations(persist=True, folder=str(tmp_path)).get(llama, 17, m)
+    assert len(m.calls) == 1
+    torch.set_num_threads(torch.get_num_threads() + 1)  # another thread count: another fingerprint
+    try:
+        m = Measure(QUIET)
+        Calibrations(persist=True, folder=str(tmp_path)).get(llama, 17, m)
+        assert len(m.calls) == 1 and len(os.listdir(tmp_path / "curves")) == 2
+    finally:
+        torch.set_num_threads(torch.get_num_threads() - 1)
+
+
+def test_a_provisional_curve_is_never_persisted_and_is_retried_later_in_the_process(tmp_path, llama):
+    clock = Ticks()
+    registry = Calibrations(persist=True, folder=str(tmp_path), clock=clock, retry_after=30.0)
+    measure = Measure(BUSY, BUSY, QUIET)
+    assert registry.get(llama, 17, measure).provisional
+    assert not (tmp_path / "curves").exists()
+    clock.now = 29.0
+    assert registry.get(llama, 17, measure).provisional and len(measure.calls) == 1  # not yet due
+    clock.now = 30.0
+    assert registry.get(llama, 17, measure).provisional and len(measure.calls) == 2  # due: measured again
+    clock.now = 30.0 + 59.0
+    registry.get(llama, 17, measure)
+    assert len(measure.calls) == 2  # provisional twice in a row: the next try waits twice as long
+    clock.now = 30.0 + 60.0
+    curve = registry.get(llama, 17, measure)
+    assert len(measure.calls) == 3 and not curve.provisional
+    # the refresh replaced the whole curve: no point of the busy measurement survives in it
+    assert curve.points == Measure(QUIET)(curve_sizes(curve)).points
+    assert len(os.listdir(tmp_path / "curves")) == 1  # the trusted one is saved
+    clock.now = 10**6
+    registry.get(llama, 17, measure)
+    assert len(measure.calls) == 3  # a trusted curve is kept
+
+
+def curve_sizes(curve: CostModel) -> tuple[int, ...]:
+    return tuple(k for k, _ in curve.points)
+
+
+def test_a_pinned_curve_is_never_persisted(tmp_path, llama):
+    registry = Calibrations(persist=True, folder=str(tmp_path))
+    registry.pin(llama, [(1, 0.01), (2, 0.02)])
+    assert registry.get(llama, 64, Measure(QUIET)).points == ((1, 0.01), (2, 0.02))
+    assert not (tmp_path / "curves").exists()
+
+
+def test_the_fingerprint_names_what_the_curve_depends_on(llama):
+    same = curve_fingerprint(tiny_model("llama"))
+    assert curve_fingerprint(llama) == same  # another object of the same architecture
+    assert curve_fingerprint(llama.to(torch.float32)) != same  # the weights' dtype
+    assert curve_fingerprint(tiny_model("llama", layers=3)) != same  # the architecture
+    assert curve_fingerprint(tiny_model("llama"), "cpu-kernels") != same  # what was timed
+    assert set(same) == {"format", "model", "dtype", "device", "threads", "cpu", "torch", "transformers",
+                         "variant"}
+
+
+def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "mine"))
+    assert user_cache.cache_dir() == str(tmp_path / "mine")
+    monkeypatch.delenv("LOOKAHEAD_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_cache.cache_dir() == str(tmp_path / "xdg" / "lookahead")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_cache.cache_dir() == str(tmp_path / "home" / ".cache" / "lookahead")
+    for off in ("0", "false", "No", "off"):
+        monkeypatch.setenv("LOOKAHEAD_PERSIST", off)
+        assert not user_cache.persist_enabled()
+    monkeypatch.setenv("LOOKAHEAD_PERSIST", "1")
+    assert user_cache.persist_enabled()
+
+
+def test_the_tests_never_touch_the_users_cache():
+    """conftest points LOOKAHEAD_CACHE at a folder of the test session."""
+    home = os.path.join(os.path.expanduser("~"), ".cache", "lookahead")
+    assert not user_cache.cache_dir().startswith(home) and "lookahead-cache" in user_cache.cache_dir()
+
+
+def test_a_failed_write_is_logged_and_not_raised(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        assert not user_cache.write_json_atomic(str(blocker / "x.json"), {"a": 1})
+    assert "could not write" in caplog.text
+    assert user_cache.write_json_atomic(str(tmp_path / "ok.json"), {"a": 1})
+    assert user_cache.read_json(str(tmp_path / "ok.json")) == {"a": 1}
+    assert set(os.listdir(tmp_path)) == {"file", "ok.json"}  # no temporary file left behind
+
+
+def test_the_process_default_persists_and_survives_pickling():
+    import pickle
+
+    from lookahead.cost import DEFAULT_CALIBRATIONS
+
+    assert DEFAULT_CALIBRATIONS.persist and not Calibrations().persist
+    assert pickle.loads(pickle.dumps(DEFAULT_CALIBRATIONS)) is DEFAULT_CALIBRATIONS
+    copy = pickle.loads(pickle.dumps(Calibrations(persist=True, folder="/x")))
+    assert (copy.persist, copy.folder) == (True, "/x")
