@@ -47,7 +47,7 @@ DRIFT = 1.5
 ATTEMPTS = 3
 MAX_SECONDS = 10.0
 
-CURVE_FORMAT = 1  # the version of a persisted curve's file and of what its timing measures
+CURVE_FORMAT = 2  # the version of a persisted curve's file and of what its timing measures (2: whole steps)
 _CURVE_KIND = "lookahead cost curve"
 
 
@@ -574,8 +574,15 @@ class Calibrations:
             self._keep(model, model_key(model), _Entry(curve, True))
         return curve
 
-    def known(self, model) -> CostModel | None:
-        entry = self._curves.get(model, {}).get(model_key(model))
+    def known(self, model, variant: str | None = None) -> CostModel | None:
+        """The curve kept for ``model`` (``variant``: what was timed; None: a pinned curve, else the one a
+        ``LookaheadDecoder`` measures, its whole steps), or None."""
+        curves = self._curves.get(model, {})
+        entry = curves.get(model_key(model))
+        if variant is None and entry is None:
+            variant = "step"
+        if variant:
+            entry = curves.get(model_key(model) + (variant,))
         return None if entry is None else entry.curve
 
     def __reduce__(self):

@@ -7,6 +7,7 @@ steps (``static.StaticCall``). Terms are defined in ``config.py``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -20,7 +21,7 @@ from . import call, compat
 from .batch import BatchCall, ReadOnlyStore
 from .cache import NgramTrie
 from .config import LookaheadConfig
-from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibration_sizes, measure_cost_curve
+from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibrate_curve, calibration_sizes
 from .kv_cache import new_cache
 from .policy import DraftPolicy
 from .single import SingleCall
@@ -28,6 +29,8 @@ from .static import StaticCall, static_layers
 from .stats import DecodeStats
 from .tuning import BudgetTuning
 
+STEP_VARIANT = "step"
+"""What the decoder's calibration times (``Calibrations`` keeps curves per variant): whole decoding steps."""
 
 ROW_TRIE_CAPACITY = 1 << 16
 """Nodes of a batch row's own trie at most (3.7 MB each): one request's n-grams, about 12 per token; a row's
@@ -133,6 +136,7 @@ class LookaheadDecoder:
         **model_kwargs,
     ):
         call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
+        _say_if_kernels_compile()
         if streamer is None:
             streamer = compat.streamer_of_calling_generate(self)
         if stop_strings:
@@ -163,21 +167,24 @@ class LookaheadDecoder:
             return CostModel(self.config.cost_curve)
         cache_kwarg, keeps_logits = compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model)
 
-        def measure(sizes):  # timing only: a plain cache, which a small sliding window cannot break
-            factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache
-            return measure_cost_curve(model, factory, sizes, cache_kwarg, keeps_logits, clock=self.clock)
+        factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache  # a small window cannot break
+
+        def measure(sizes, clock=self.clock):  # whole steps: mask, forward, row reads, KV keep (call.step_timer)
+            time_one = call.step_timer(model, factory, cache_kwarg, keeps_logits, self.config.recycle_k, clock,
+                                       max_rows=max(sizes))
+            return calibrate_curve(time_one, sizes, clock=clock)
 
         rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
         if sync is None or not sync.active:
-            return self.calibrations.get(model, rows, measure)
+            # a curve timed on an injected clock is not this machine's: not persisted, not read from disk
+            persist = None if self.clock is time.perf_counter else False
+            return self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist)
         # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and
         # prices with rank 0's curve; kept per model in this decoder, whose calls every rank makes alike
         known = self._tp_curves.get(model)
         sync.check("calibration", known=known is not None and known.max_k >= rows)
         if known is None or known.max_k < rows:
-            factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache
-            measured = measure_cost_curve(model, factory, calibration_sizes(rows), cache_kwarg, keeps_logits,
-                                          clock=sync.shared_clock(self.clock))
+            measured = measure(calibration_sizes(rows), clock=sync.shared_clock(self.clock))
             known = self._tp_curves[model] = sync.broadcast(measured)
         return known
 
@@ -201,3 +208,20 @@ def _static(generation_config, model_kwargs: dict) -> bool:
     if getattr(generation_config, "cache_implementation", None) == "static":
         return True
     return static_layers(compat.cache_of(model_kwargs)) if compat.cache_of(model_kwargs) is not None else False
+
+
+_KERNELS_CHECKED = []
+
+
+def _say_if_kernels_compile() -> None:
+    """Once per process: when Numba's on-disk cache lacks some kernel (the set-up script's ``python -m lookahead
+    warmup`` was not run), say that this first call compiles them, instead of a silent wait."""
+    if _KERNELS_CHECKED:
+        return
+    _KERNELS_CHECKED.append(True)
+    from .warmup import kernels_compiled
+
+    if kernels_compiled() is False:
+        logging.getLogger("lookahead").warning(
+            "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
+            "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead")

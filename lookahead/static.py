@@ -30,6 +30,7 @@ Batch size 1; batches with a static cache are refused (``call.check_supported``)
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import numpy as np
@@ -223,6 +224,7 @@ class StaticCall(SingleCall):
             decoder.stats.time_calibration = decoder.clock() - t - decoder.stats.time_compile
             setup.cost = bucketed_curve(curve, self.buckets)
             decoder.stats.cost_curve = curve.points
+            decoder.stats.cost_provisional = curve.provisional
         return setup
 
     def limits(self) -> Limits:
@@ -239,8 +241,9 @@ class StaticCall(SingleCall):
         room = self.columns - past
         sizes = tuple(b for b in self.buckets if b <= room) or (1,)
         variant = f"static/{'compiled' if self.compiled else 'eager'}/{self.columns}"
+        persist = None if self.decoder.clock is time.perf_counter else False  # an injected clock: not this machine's
         return self.decoder.calibrations.get(setup.model, max(sizes), lambda _: self._time_buckets(setup, sizes),
-                                             variant)
+                                             variant, persist=persist)
 
     def _time_buckets(self, setup: call.CallSetup, sizes: tuple[int, ...]) -> CostModel:
         clock, device = self.decoder.clock, setup.device
