@@ -62,8 +62,8 @@ class LookaheadConfig:
     - ``adaptive``: choose per step how many draft nodes to verify and whether to run the window,
       from the measured cost of a forward pass and online acceptance rates (``tree_nodes`` and the
       window settings are then upper bounds). ``False`` always verifies the full proposal.
-    - ``cost_curve``: ``((k, seconds), ...)``, the forward time for ``k`` new tokens; given, it
-      replaces the calibration (a few forwards on first use per model, device and dtype).
+    - ``cost_curve``: ``((k, seconds), ...)``, the time of a decoding step with ``k`` new tokens; given, it
+      replaces the calibration (a few timed steps the first time a model runs on a machine: ``cost.py``).
     - ``refine_cost``: fold each step's measured forward time into the call's cost curve (off by
       default: decisions then depend only on the curve, not on the machine's momentary load; see
       ``cost.CostRefiner`` for how refinement avoids drifting).
@@ -95,7 +95,7 @@ class LookaheadConfig:
         LookaheadConfig(tree_nodes=8, tree_depth=6)   # a smaller tree for a slow CPU
 
     Draft passes (``selfspec.py``): a cheaper forward drafts a greedy chain from its own KV cache; off by
-    default (measured on this project's CPU they do not pay, see ``benchmarks/results/selfspec.md``):
+    default (on the 2-core CPUs measured they did not pay, see ``benchmarks/results/selfspec.md``):
 
     - ``self_draft``: ``"none"``, ``"layer-skip"`` (the target with some decoder layers skipped),
       ``"early-exit"`` (its first layers, then its final norm and head) or ``"low-rank"`` (truncated-SVD

@@ -51,8 +51,8 @@ class LookaheadDecoder:
 
     - ``config`` / ``**overrides``: a :class:`LookaheadConfig`, or its fields as keywords.
     - ``trie``: an ``NgramTrie`` shared across calls (the outputs of earlier requests).
-    - ``calibrations``: where measured cost curves are kept (default: the process's
-      ``cost.DEFAULT_CALIBRATIONS``, so each model is measured once per process).
+    - ``calibrations``: where measured cost curves are kept (default: ``cost.DEFAULT_CALIBRATIONS``, which also
+      keeps them on disk per model, device, dtype, thread count and CPU: a model is measured once per machine).
     - ``clock``: the time source of the statistics, the calibration and (with ``refine_cost``) the
       budget; tests pass a fake one.
     - ``tuning``: the budget's constants (``tuning.BudgetTuning``).
