@@ -35,7 +35,18 @@ def _bad(field: str, value, why: str) -> ValueError:
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """Settings of :class:`~lookahead.LookaheadDecoder`.
+    """Settings of :class:`~lookahead.LookaheadDecoder`. The defaults suit every device: most users set nothing.
+
+    The fields by how often they are worth touching:
+
+    - **everyday**: ``step_nodes`` (most draft tokens a step verifies: the budget's ceiling), ``adaptive`` and
+      ``cost_curve`` (how the budget prices a step), ``window_width`` (the Jacobi window: ``"auto"``, 0 or W);
+    - **per source**: ``tree_*`` / ``ngram_size`` / ``max_match`` (the n-gram trie), ``copy_*`` (the
+      longest-match copy), ``recycle_*`` (the model's own predictions), ``window_ngram`` / ``window_candidates``;
+    - **expert**: capacities (``trie_capacity``, ``copy_capacity``), ``refine_cost``, ``batch_prefill``, and the
+      draft passes (``self_draft``, ``self_draft_size``, ``draft_depth``, ``draft_branches``, ``draft_cost``).
+
+    The budget's own constants are :class:`~lookahead.tuning.BudgetTuning`'s (``LookaheadDecoder(tuning=...)``).
 
     Draft tree (from the n-gram trie of the prompt and output):
 
