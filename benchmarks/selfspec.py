@@ -66,7 +66,7 @@ def run(prompts: int, max_new_tokens: int, workloads: list[str], methods, settin
                     t = time.perf_counter()
                     out = model.generate(**inputs, **gen, custom_generate=decoder)
                     seconds = time.perf_counter() - t
-                    src = decoder.policy.sources[-1].report()
+                    src = next(s for s in decoder.policy.sources if s.priced).report()
                     st = decoder.stats
                     rec = {"workload": wl, "prompt": prompt.id, "prompt_tokens": inputs["input_ids"].shape[1],
                            "method": method, "setting": setting, "identical": bool(torch.equal(out, ref)),

@@ -32,6 +32,11 @@ SELF_ARCHS = ["llama", "qwen2", "mistral", "phi3"]
 KINDS = ["layer-skip", "early-exit", "low-rank"]
 
 
+def _draft_pass(decoder):
+    """The decoder's draft-pass source (the priced one)."""
+    return next(s for s in decoder.policy.sources if s.priced)
+
+
 # ------------------------------------------------------------------ the rule for drafts sampled from q
 
 V = 4
@@ -209,7 +214,7 @@ def test_self_draft_greedy_identical(deep_models, arch, kind):
     for decoder in (alone, merged):
         out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=decoder)
         assert torch.equal(out, ref), (arch, kind)
-    report = alone.policy.sources[-1].report()
+    report = _draft_pass(alone).report()
     assert report["forwards"] > 0 and report["tried"] > 0
     assert alone.stats.drafted_by_origin[kind] > 0
 
@@ -284,7 +289,7 @@ def test_stays_off_where_it_does_not_pay():
     decoder = LookaheadDecoder(self_draft="layer-skip", draft_cost=0.5, **ALONE)
     out = model.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=decoder)
     assert torch.equal(out, ref)
-    report = decoder.policy.sources[-1].report()
+    report = _draft_pass(decoder).report()
     assert report["drafting_steps"] <= 1 and report["forwards"] <= 2  # at most one depth-2 probe in 24 steps
 
 
