@@ -13,6 +13,9 @@ The test suite runs on a CPU (CI has no GPU); this script runs the same headline
 - ``curves``: the forward's cost curve t(k) (k new tokens after a 1024-token context) of random-weight
   Llama models of SmolLM2-135M's and an 8B model's shapes in bfloat16, and one lookahead call's host work
   per step on the 8B one.
+- ``static``: SmolLM2 on a static cache, compiled as plain static ``generate`` compiles on CUDA (CUDA graphs),
+  against plain static ``generate`` and eager plain, in fp32 and bf16, on code editing, code completion and
+  chat (``benchmarks/static_bench.py``: speed, tokens per call, host time per step, warm-up, identity).
 
 Prints one JSON line per check and writes them all to ``--out``. Exit status 1 when an exactness check fails.
 """
@@ -173,6 +176,27 @@ def check_curves(device: str, shapes: tuple[str, ...] = ("smollm2-135m", "llama-
     return results
 
 
+def check_static(device: str, prompts: int = 2, max_new_tokens: int = 128) -> list[dict]:
+    """``benchmarks/static_bench.py`` on ``device``: one row per prompt and dtype (greedy identity is checked
+    against plain eager ``generate``; bf16 may differ at near ties, fp32 must not)."""
+    import torch
+
+    from benchmarks.static_bench import run, summary
+    from lookahead.bench.workloads import build_workloads
+    from lookahead.models import load_smollm2
+
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        model, tok = load_smollm2(dtype=getattr(torch, dtype), device=device)
+        for wl, items in build_workloads(["code-editing", "code-completion", "chat"], prompts).items():
+            rows = run(model, tok, items, device, max_new_tokens)
+            print(f"{dtype} {wl}\n{summary(rows)}", file=sys.stderr, flush=True)
+            for r in rows:
+                ok = dtype != "float32" or all(m["identical_to_plain"] for m in r["methods"].values())
+                out.append({"check": "static", "dtype": dtype, "workload": wl, "identical": ok, **r})
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", default="tiny,sampling,curves")
@@ -188,7 +212,8 @@ def main(argv=None) -> int:
             "gpu": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None}
     print(json.dumps(meta), flush=True)
     shapes = tuple(args.shapes.split(","))
-    parts = {"tiny": check_tiny, "sampling": check_sampling, "curves": lambda d: check_curves(d, shapes)}
+    parts = {"tiny": check_tiny, "sampling": check_sampling, "curves": lambda d: check_curves(d, shapes),
+             "static": check_static}
     results, failed = [], False
     for part in args.parts.split(","):
         t = time.perf_counter()

@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 
-
 CACHE_LENGTH = 1024
 """Columns of the static cache every static call of the run shares."""
 
@@ -83,7 +82,7 @@ def run(model, tok, prompts, device: str, max_new_tokens: int) -> list[dict]:
             if kw.get("compile_config") is not None:
                 gen.compile_config = kw["compile_config"]
 
-            def cache_kw():
+            def cache_kw(on_static=on_static):
                 if not on_static:
                     return {}
                 shared.reset()

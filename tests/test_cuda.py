@@ -50,3 +50,31 @@ def test_device_map_over_two_gpus_is_plain(tmp_path):
         ours = model.generate(ids, max_new_tokens=30, do_sample=False, custom_generate=dec, **kw)
         assert ours.tolist() == plain.tolist(), kw
         assert dec.stats.target_calls < 30
+
+
+def test_static_cache_compiled_with_cuda_graphs_is_plain_and_does_not_recompile():
+    """On CUDA a static cache's steps compile as plain generate's do (mode="reduce-overhead", CUDA graphs): the
+    same tokens as plain static generate, and a second call replays every bucket's graph."""
+    from transformers import StaticCache
+
+    from lookahead import LookaheadDecoder
+    from lookahead.compat import cache_kwarg_name
+
+    from tiny import tiny_model
+
+    model = tiny_model("llama").to("cuda")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]], device="cuda")
+    cache = StaticCache(config=model.config, max_cache_len=128)
+    name = cache_kwarg_name(model)
+
+    def run(decoder=None):
+        cache.reset()
+        extra = {"custom_generate": decoder} if decoder is not None else {}
+        return model.generate(ids, max_new_tokens=48, do_sample=False, pad_token_id=0, **{name: cache}, **extra)
+
+    plain = run()
+    assert run(LookaheadDecoder(adaptive=False)).tolist() == plain.tolist()
+    again = LookaheadDecoder(adaptive=False)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        assert run(again).tolist() == plain.tolist()
+    assert again.stats.target_calls < 48
