@@ -61,7 +61,8 @@ FLAT_METHODS = {
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, config: LookaheadConfig,
-           cost: CostModel, topk: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+           cost: CostModel, topk: tuple[np.ndarray, np.ndarray] | None = None, tuning=None,
+           policy: DraftPolicy | None = None) -> dict:
     """Replay one prompt: the decoder's steps on a recorded greedy ``output`` (see the module docstring).
 
     The very :class:`~lookahead.policy.DraftPolicy` the decoder uses drafts each step (without the
@@ -85,7 +86,8 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
     output = [int(t) for t in output]
     prompt = [int(t) for t in prompt]
     config = replace(config, window_width=0, recycle_k=config.recycle_k if topk is not None else 0)
-    policy = DraftPolicy(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
+    if policy is None:  # else one kept across calls, as one decoder's (its carried estimates, its tables)
+        policy = DraftPolicy(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity), None, tuning)
     policy.start(prompt, Limits(len(prompt) + max_new_tokens), cost if config.adaptive else None)
     if policy.recycle_k and policy.prompt_rows:  # the decoder keeps the prompt's rows in the first forward
         policy.learn_prompt(prompt[:-1], topk[0][: len(prompt) - 1], topk[1][: len(prompt) - 1])
@@ -112,6 +114,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
         calls += 1
         accepted += min(len(verdict.nodes), len(emitted))
         i += len(emitted)
+    policy.finish()
     plain = (len(output) - 1) * float(cost(1))
     return {"target_calls": calls, "new_tokens": len(output), "tokens_per_call": len(output) / calls,
             "accepted": accepted, "budgets": budgets, "seconds": seconds,
@@ -159,12 +162,26 @@ def replay_prompt_lookup(prompt: Sequence[int], output: Sequence[int], max_new_t
             "accepted": accepted, "seconds": seconds, "speedup": plain / seconds if seconds else 1.0}
 
 
-def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, topk: dict | None = None) -> dict:
+def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, topk: dict | None = None,
+               tuning=None, per_workload: bool = False) -> dict:
     """Every recorded prompt; per workload the median, min and tokens/call of the modelled speed-up.
     ``config=None`` replays transformers' prompt lookup (10 tokens) instead of the decoder; ``topk``:
-    per prompt id, what :func:`replay` takes (from :func:`load_topk`)."""
+    per prompt id, what :func:`replay` takes (from :func:`load_topk`); ``tuning``: the budget's constants;
+    ``per_workload``: one policy per workload, kept across its prompts in recording order (one decoder serving
+    one kind of request), else a fresh one per prompt."""
+    kept: dict[str, DraftPolicy] = {}
+
+    def policy_for(record):
+        if not per_workload or config is None:
+            return None
+        if record["workload"] not in kept:
+            cfg = replace(config, window_width=0, recycle_k=config.recycle_k if topk is not None else 0)
+            kept[record["workload"]] = DraftPolicy(cfg, NgramTrie(max_n=cfg.ngram_size, capacity=cfg.trie_capacity),
+                                                   None, tuning)
+        return kept[record["workload"]]
+
     per_prompt = {pid: (replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost,
-                               topk.get(pid) if topk else None) if config
+                               topk.get(pid) if topk else None, tuning, policy_for(r)) if config
                         else replay_prompt_lookup(r["prompt"], r["output"], r["max_new_tokens"], cost))
                   for pid, r in records["prompts"].items()}
     summary = {}

@@ -53,6 +53,24 @@ class AcceptanceStats:
         self._tried_pool = np.zeros((origins, MATCH_BUCKETS, t.rank_cells))  # tried summed over depths
         self._accepted_pool = np.zeros((origins, MATCH_BUCKETS, t.rank_cells))
 
+    def carried(self, trials: float) -> tuple[np.ndarray, ...]:
+        """What a later call starts from: the counts (tried, accepted, and their pools), scaled so that no cell
+        weighs more than ``trials`` trials (its rates kept), so that a text whose acceptance differs overrides
+        them within a few steps. Example: a cell tried 30 times with 24 accepted, ``trials`` 4 -> 4 tried, 3.2
+        accepted; a cell tried twice keeps its counts."""
+        def cap(tried, accepted):
+            scale = np.minimum(1.0, trials / np.maximum(tried, 1e-12))
+            return tried * scale, accepted * scale
+
+        tried, accepted = cap(self.tried, self.accepted)
+        tried_pool, accepted_pool = cap(self._tried_pool, self._accepted_pool)
+        return tried, accepted, tried_pool, accepted_pool
+
+    def start_from(self, counts: tuple[np.ndarray, ...]) -> None:
+        """Begin with :meth:`carried` counts of an earlier call instead of none (the priors stay beneath them)."""
+        self.tried, self.accepted, self._tried_pool, self._accepted_pool = (np.array(c, dtype=np.float64)
+                                                                            for c in counts)
+
     def node_probabilities(self, draft) -> np.ndarray:
         """float[n]: P(node accepted) for each node of a :class:`~lookahead.draft.Draft`, in its cells."""
         return K.node_probabilities(draft.parents, draft.origin, draft.match, draft.depth, draft.rank, self.prior_a,

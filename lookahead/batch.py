@@ -743,6 +743,8 @@ class BatchCall:
                 memory.reset_stream()
                 memory.insert(self.seq[r, self.prompt_length : min(end, final)].cpu().numpy())
                 memory.reset_stream()
+        for row in self.rows:
+            row.policy.finish()
         self.decoder.row_stats = [row.stats for row in self.rows]
         stats = self.stats  # the call's: its rows' steps (each row's, one after the other) and tokens
         for row in self.rows:

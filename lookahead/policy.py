@@ -66,6 +66,7 @@ class DraftPolicy:
         self._lazy = [s for s in self.sources if s.learns_lazily]
         self._eager = [s for s in self.sources if not s.learns_lazily]
         self._unlearned: list[np.ndarray] = []  # emitted tokens the lazy sources have not learned yet
+        self._carried = None  # the acceptance estimates the last call ended with (tuning.carry_trials)
         self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
         # whether the window runs in this call: config.window_width="auto" decides at start, on the cost curve
         self.window_on = self.window is not None and config.window_width != "auto"
@@ -117,6 +118,8 @@ class DraftPolicy:
             self.config.window_width != "auto"
             or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= WINDOW_AUTO_COST))
         self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
+        if self.budget is not None and self._carried is not None:
+            self.budget.acceptance.start_from(self._carried)
         # no tree can pay on this curve (and no window needs drafting): skip proposing (refinement may change it)
         self._propose = (self.budget is None or self.window_on or self.config.refine_cost
                          or self.budget.drafting_can_pay)
@@ -160,6 +163,13 @@ class DraftPolicy:
                 if len(draft) > spare:
                     draft = draft.keep(np.arange(max(spare, 0)))
         return draft
+
+    def finish(self) -> None:
+        """The call ended: the lazy sources learn the rest of the output (:meth:`catch_up`), and the acceptance
+        estimates are kept for the next call (``tuning.carry_trials``)."""
+        self.catch_up()
+        if self.budget is not None and self.tuning.carry_trials > 0:
+            self._carried = self.budget.acceptance.carried(self.tuning.carry_trials)
 
     def catch_up(self) -> None:
         """Hand the sources that learn lazily (``DraftSource.learns_lazily``) the tokens emitted since they last

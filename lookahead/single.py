@@ -76,7 +76,7 @@ class SingleCall:
         try:
             return self.loop()
         finally:
-            self.policy.catch_up()  # the sources that learn lazily (a shared store) have learned the whole output
+            self.policy.finish()  # the lazy sources (a shared store) learn the whole output; estimates are kept
             if handle is not None:
                 handle.remove()
 

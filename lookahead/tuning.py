@@ -25,6 +25,9 @@ class BudgetTuning:
     - ``pool_weight``: trials a (depth) cell's pooled-over-depths mean weighs as, so rare deep cells
       borrow from shallow ones.
     - ``decay``: per-step decay of every count, so estimates follow a text as it changes.
+    - ``carry_trials``: a call of a decoder starts from the estimates its previous call ended with, each cell
+      weighing at most this many trials (0: every call starts from the priors alone). Only the budget's
+      choices depend on them, never a verdict: output stays exactly plain ``generate``'s.
 
     Copy belief (:class:`~lookahead.acceptance.CopyBelief`), one per call, coupling all cells:
 
@@ -57,6 +60,7 @@ class BudgetTuning:
     rank_cells: int = 4
     pool_weight: float = 2.0
     decay: float = 0.97
+    carry_trials: float = 0.0
     belief_prior: float = 0.9
     belief_off_scale: float = 0.3
     belief_relax: float = 0.9
@@ -88,7 +92,7 @@ class BudgetTuning:
                 raise bad(name, "must be in (0, 1)")
         if not 0.0 < self.refine_weight <= 1.0:
             raise bad("refine_weight", "must be in (0, 1]")
-        for name in ("pool_weight", "belief_limit", "margin", "window_gain_start"):
+        for name in ("pool_weight", "belief_limit", "margin", "window_gain_start", "carry_trials"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
 
