@@ -125,10 +125,11 @@ class SingleCall:
         return draft
 
     def pack(self, draft: Draft):
-        """(input ids [1, q], position ids [1, q], 4D mask or None) of this step."""
-        if not draft.rows and self.col_visible is None:  # plain causal step: the model's own mask and fast path
-            return (torch.from_numpy(self.pending[None]).to(self.device),
-                    torch.from_numpy(self.pending_pos[None]).to(self.device), None)
+        """(input ids [1, q], position ids [1, q], 4D mask or None) of this step. A step whose draft is one chain
+        after the pending tokens (no branch, no window) is causal: the model's own mask and attention fast path,
+        the very forward prompt lookup verifies its chains with."""
+        if self.col_visible is None and draft.window is None and _is_chain(draft.parents):
+            return step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, None, self.device) + (None,)
         if len(self.pending) == 1:  # a step after the prompt's: the mask buffer writes only this step's block
             if self.step_mask is None:
                 rows = self.policy.max_rows() + 1
@@ -202,3 +203,10 @@ class SingleCall:
             return sequences
         return compat.decoder_only_output(sequences, tuple(self.scores) if self.setup.keep_scores else None,
                                           tuple(self.raw) if self.setup.keep_raw else None, self.cache)
+
+
+def _is_chain(parents: np.ndarray) -> bool:
+    """Whether a breadth-first tree is one chain (node ``i``'s parent is ``i - 1``): then its mask is causal.
+    Example: ``[-1, 0, 1]`` -> True, ``[-1, -1]`` -> False, ``[]`` -> True."""
+    n = len(parents)
+    return n < 2 or bool(parents[-1] == n - 2 and (parents[1:] == np.arange(n - 1)).all())
