@@ -71,16 +71,12 @@ class CostModel:
 
     Example: ``CostModel([(1, .010), (2, .015), (4, .016)])(3)`` -> 0.0155; ``(8)`` -> 0.018.
 
-    ``kernel_rows``: the row counts whose forwards this curve assumes run through the CPU kernels
-    (``cpu_linear.fast_linears``), when its calibration chose them; empty: torch's path throughout.
     ``provisional``: measured while the machine was busy (see :func:`calibrate_curve`): the best
-    estimate at hand, never persisted, measured again later. Two curves are equal when their points,
-    kernel rows and provisional flag are.
+    estimate at hand, never persisted, measured again later. Two curves are equal when their points and
+    provisional flag are.
     """
 
-    def __init__(self, points: Sequence[tuple[int, float]], kernel_rows: frozenset[int] = frozenset(),
-                 provisional: bool = False):
-        self.kernel_rows = frozenset(kernel_rows)
+    def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False):
         self.provisional = bool(provisional)
         pts = sorted((int(k), float(t)) for k, t in points)
         if not pts or pts[0][0] < 1 or any(not t > 0 or not math.isfinite(t) for _, t in pts):
@@ -102,14 +98,12 @@ class CostModel:
         return np.where(k > self._ks[-1], self._ts[-1] + self._slope * (k - self._ks[-1]), t)
 
     def scaled(self, factors: np.ndarray) -> CostModel:
-        """A new curve with each point's seconds multiplied by ``factors`` (float[points]); kernel rows and
-        the provisional flag are kept."""
-        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())),
-                         self.kernel_rows, self.provisional)
+        """A new curve with each point's seconds multiplied by ``factors`` (float[points]); the provisional
+        flag is kept."""
+        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())), self.provisional)
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, CostModel) and self.points == other.points
-                and self.kernel_rows == other.kernel_rows and self.provisional == other.provisional)
+        return isinstance(other, CostModel) and self.points == other.points and self.provisional == other.provisional
 
     def __repr__(self) -> str:
         return ("CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points)
@@ -234,7 +228,7 @@ def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callabl
 def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
                     clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT_ROUNDS,
                     attempts: int = ATTEMPTS, max_seconds: float = MAX_SECONDS, agreement: float = AGREEMENT,
-                    drift: float = DRIFT, kernel_rows: frozenset[int] = frozenset()) -> CostModel:
+                    drift: float = DRIFT) -> CostModel:
     """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k``
     new tokens, or a whole decoding step with ``k`` rows), robust to a machine that other work slows.
 
@@ -282,13 +276,13 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
             probe = after
         why = disagreement(usable, agreement)
         if why is None:
-            return CostModel(sorted(fastest(usable).items()), kernel_rows)
+            return CostModel(sorted(fastest(usable).items()))
         if over():
             why += f"; stopped after {max_seconds:.0f} s"
             break
         if attempt + 1 < attempts:
             log.info("the machine looks busy (%s): timing %d more rounds", why, rounds)
-    curve = CostModel(sorted(capped_curve(fastest(every)).items()), kernel_rows, provisional=True)
+    curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True)
     log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
                 "measured again later in this process, and not saved", why)
     return curve
@@ -419,7 +413,7 @@ class StoredCurve:
 class CurveStore:
     """Measured cost curves on disk: ``<folder>/curves/<hash of the fingerprint>.json``, one per fingerprint.
 
-    A file holds ``{"kind", "format", "fingerprint", "points": [[k, seconds], ...], "kernel_rows",
+    A file holds ``{"kind", "format", "fingerprint", "points": [[k, seconds], ...],
     "measured": ISO time, "seconds": the calibration's time}``. :meth:`load` returns a curve only when
     the file parses, its format is :data:`CURVE_FORMAT`, its fingerprint is the asked one exactly, every
     point is ``(k >= 1, 0 < seconds < inf)`` with ``k`` increasing, and it covers ``max_rows``; anything else
@@ -448,7 +442,7 @@ class CurveStore:
             return None
         path = self.path(fingerprint)
         data = {"kind": _CURVE_KIND, "format": CURVE_FORMAT, "fingerprint": fingerprint,
-                "points": [[k, t] for k, t in curve.points], "kernel_rows": sorted(curve.kernel_rows),
+                "points": [[k, t] for k, t in curve.points],
                 "measured": datetime.datetime.now().isoformat(timespec="seconds"),
                 "seconds": round(seconds, 3)}
         return path if user_cache.write_json_atomic(path, data) else None
@@ -459,20 +453,18 @@ def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
     if (data.get("kind") != _CURVE_KIND or data.get("format") != CURVE_FORMAT
             or data.get("fingerprint") != fingerprint or data.get("provisional")):
         return None
-    points, rows = data.get("points"), data.get("kernel_rows", [])
-    if not isinstance(points, list) or not points or not isinstance(rows, list):
+    points = data.get("points")
+    if not isinstance(points, list) or not points:
         return None
     try:
         pts = [(int(k), float(t)) for k, t in points]
-        kernel_rows = frozenset(int(r) for r in rows)
     except (TypeError, ValueError):
         return None
     ks = [k for k, _ in pts]
     if (any(not isinstance(k, int) or isinstance(k, bool) for k, _ in points) or ks[0] < 1
-            or any(b <= a for a, b in zip(ks, ks[1:])) or any(not 0 < t < math.inf for _, t in pts)
-            or any(r < 1 for r in kernel_rows)):
+            or any(b <= a for a, b in zip(ks, ks[1:])) or any(not 0 < t < math.inf for _, t in pts)):
         return None
-    return CostModel(pts, kernel_rows)
+    return CostModel(pts)
 
 
 @dataclass
@@ -520,8 +512,8 @@ class Calibrations:
 
     def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = "",
             persist: bool | None = None) -> CostModel:
-        """``variant``: what else the measurement depends on (``"cpu-kernels"``: both paths timed); a
-        pinned curve applies to every variant. ``persist``: this call's choice over the registry's (False
+        """``variant``: what else the measurement depends on (``"step"``: whole decoding steps timed, a static
+        cache's buckets); a pinned curve applies to every variant. ``persist``: this call's choice over the registry's (False
         for a measurement that is not the machine's, e.g. one timed with an injected clock)."""
         with self._lock:
             curves = self._curves.get(model, {})
