@@ -15,9 +15,10 @@ attends over in full. :class:`StaticCall` is the one-row decode loop (``decoder.
 - **Compiled like transformers compiles.** With a ``compile_config`` in the generation config (on any device
   where it asks for all devices, ``CompileConfig(..., )`` with ``_compile_all_devices``), or on CUDA/XPU with
   a static cache and no ``disable_compile``, as plain ``generate`` does (:func:`compile_settings`), each
-  bucket's forward runs through ``model.get_compiled_call(compile_config)``: one graph per bucket, compiled on
-  its first use (CUDA graphs with ``mode="reduce-overhead"``, transformers' default on CUDA). The prompt's
-  forward, of its own length, runs eagerly, as in plain ``generate``.
+  bucket's forward runs compiled with the same options: one graph per bucket, compiled on
+  its first use (CUDA graphs with ``mode="reduce-overhead"``, transformers' default on CUDA), in a compiled
+  function of its own (:func:`compiled_step`). The prompt's forward, of its own length, runs eagerly, as in
+  plain ``generate``.
 - **Priced on its own path.** The budget prices a step with the forward time of its bucket, measured on the
   call's cache and runner (compiled or not) at the bucket sizes (:func:`bucketed_curve`: a step function, so
   a step with 9 rows costs what 16 do), kept per model, device, dtype, cache length and runner in the
@@ -123,6 +124,26 @@ def compile_settings(model, gen):
     return CompileConfig() if accelerated else None
 
 
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per model, its compiled step per compile options (:func:`compiled_step`)."""
+
+
+def compiled_step(model, compile_config):
+    """``model``'s forward compiled with ``compile_config``'s options (``torch.compile(...,
+    **compile_config.to_dict())``, as ``model.get_compiled_call`` compiles plain ``generate``'s step), made once per
+    model and options. It is a function of its own, not the model's own compiled call: its graphs (one per
+    bucket) count against their own recompilation limit, not against the one plain ``generate``'s graphs share."""
+    options = compile_config.to_dict()
+    per_model = _COMPILED.setdefault(model, {})
+    key = repr(sorted(options.items(), key=lambda kv: kv[0]))
+    if key not in per_model:
+        def step(**kwargs):
+            return model(**kwargs)
+
+        per_model[key] = torch.compile(step, **options)
+    return per_model[key]
+
+
 def keep_static(cache, past: int, keep: list[int], q: int) -> None:
     """After a step of ``q`` rows written at columns ``past .. past + q - 1`` of a static cache: move the kept
     step columns ``keep`` (increasing) to the front of them, one index per layer, and move the cache's length back
@@ -139,6 +160,12 @@ def keep_static(cache, past: int, keep: list[int], q: int) -> None:
     if q > m:
         for layer in cache_layers(cache):
             layer.crop(-(q - m))
+
+
+def _canonical(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the strides a new tensor of its shape has (a compiled graph guards on strides, even those of a
+    dimension of size 1, which ``contiguous()`` leaves as they are)."""
+    return t if t.stride() == torch.empty(t.shape, device="meta").stride() else t.clone(memory_format=torch.contiguous_format)
 
 
 class StaticMask:
@@ -213,7 +240,7 @@ class StaticCall(SingleCall):
                              f"{needed}, or let generate() make it (cache_implementation='static').")
         self.buckets = buckets_for(decoder.policy.max_rows())
         compile_config = compile_settings(model, setup.gen)
-        setup.runner = None if compile_config is None else model.get_compiled_call(compile_config)
+        setup.runner = None if compile_config is None else compiled_step(model, compile_config)
         self.compiled = compile_config is not None
         self.runner_key = repr(compile_config.to_dict()) if compile_config is not None else "eager"
         self.compiled_buckets: set = _RUN.setdefault(model, set())
@@ -252,12 +279,12 @@ class StaticCall(SingleCall):
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, vocab, (1, max(sizes)), generator=gen).to(device)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        mask = StaticMask(max(sizes), self.columns, setup.dtype, device)
+        mask = StaticMask(self.buckets[-1], self.columns, setup.dtype, device)  # the decoding mask's strides
 
         def run(k: int) -> None:  # a chain of k - 1 nodes after one pending token
             m = mask(past, 1, np.arange(-1, k - 2), None, k)
             pos = torch.arange(past, past + k, device=device)[None]
-            self._forward(setup, ids[:, :k], pos, m, k)
+            self._forward(setup, _canonical(ids[:, :k]), _canonical(pos), m, k)
             for layer in cache_layers(setup.cache):
                 layer.crop(-k)
 
@@ -329,6 +356,7 @@ class StaticCall(SingleCall):
             extra = q - ids.shape[1]
             ids = torch.cat([ids, torch.zeros((1, extra), dtype=ids.dtype, device=ids.device)], 1)
             pos = torch.cat([pos, pos[:, :1].expand(1, extra) + 1], 1)
+        ids, pos = _canonical(ids), _canonical(pos)  # the strides a bucket's graph was compiled for
         mask = self.static_mask(self.past_len, 1, draft.parents, None if window is None else window.visible, q)
         self.bucket = q
         return ids, pos, mask
