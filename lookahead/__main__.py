@@ -1,4 +1,4 @@
-"""Command line: python -m lookahead {demo,generate,bench,warmup}
+"""Command line: python -m lookahead {demo,generate,bench,warmup,train-heads}
 
   demo      plain generate vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up and identity
   generate  decode one prompt with LookaheadDecoder, streaming the text, then its statistics
@@ -6,6 +6,9 @@
             file with every figure, a Markdown table and a PNG plot
   warmup    compile the Numba kernels, keep the bundled model's converted weights and (--calibrate)
             its cost curve, so that no later run pays for them; the set-up script runs it
+  train-heads
+            train draft heads for a model (default: the bundled SmolLM2) on its own answers;
+            LookaheadDecoder(heads=DraftHeads.load(DIR)) drafts with them
 
 python -m lookahead COMMAND --help lists a command's options. Argument errors exit with status 2
 and a message naming the valid choices; they are checked before any model is loaded. What each
@@ -109,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="new tokens per run (default: %(default)s)")
     demo.add_argument("--prompt", type=str, default=None,
                       help="a user message (default: the built-in code-editing prompt)")
+    demo.add_argument("--heads", metavar="DIR", nargs="?", const="bundled", default=None,
+                      help="also run lookahead+heads: the decoder with draft heads saved in DIR (bare --heads: "
+                           "the heads shipped for the bundled model; default: not run)")
     _add_model_args(demo)
     _add_threads_arg(demo, "auto")
 
@@ -186,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also measure and keep the bundled model's cost curve, for these comma-separated "
                            "dtypes (float32 when none is named; default: not calibrated)")
     _add_threads_arg(warm, "auto")
+
+    from .heads_train import __doc__ as train_doc
+    from .heads_train import add_arguments
+
+    add_arguments(sub.add_parser(
+        "train-heads", help="train draft heads for a model on its own answers (self-distillation)",
+        description=train_doc.replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
@@ -246,8 +259,8 @@ def _run(parser: argparse.ArgumentParser, args, argv: list[str]) -> int:
         from .demo import run_demo
 
         result = run_demo(args.max_new_tokens, args.prompt, args.model, dtype=args.dtype, device=args.device,
-                          threads=args.threads)
-        return 0 if result["identical"] else 1
+                          threads=args.threads, heads=args.heads)
+        return 0 if result["identical"] and result.get("heads_identical", True) else 1
     if args.command == "generate":
         from .cli_generate import run_generate
 
@@ -260,6 +273,10 @@ def _run(parser: argparse.ArgumentParser, args, argv: list[str]) -> int:
 
         set_threads(args.threads)
         return run(weights=not args.no_weights, calibrate_dtypes=tuple(args.calibrate or ()))
+    if args.command == "train-heads":
+        from .heads_train import run_args
+
+        return run_args(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

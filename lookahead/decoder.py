@@ -219,7 +219,7 @@ def _say_if_kernels_compile() -> None:
     if _KERNELS_CHECKED:
         return
     _KERNELS_CHECKED.append(True)
-    from .warmup import kernels_compiled
+    from .numba_kernels import kernels_compiled
 
     if kernels_compiled() is False:
         logging.getLogger("lookahead").warning(

@@ -498,6 +498,7 @@ class DraftPassSource(DraftSource):
     prior = (3.0, 2.0)  # Beta prior (accepted, rejected) of the acceptance a: 0.6, tried before it is known
     decay = 0.98
     probe_every = (16, 256)  # a depth-2 probe after this many undrafted steps, doubling up to the second
+    transient = ("drafter", "cache")  # the drafter and its cache are made at start
     hopeless_below = 1.05  # calibrated modelled speed under which the source never drafts (the budget's margin)
 
     def __init__(self, origin: int, factory: DraftFactory, depth: int, branches: int = 1, cost: float = 0.0):
@@ -510,14 +511,6 @@ class DraftPassSource(DraftSource):
         self._acc, self._tried = 0.0, 0.0
         self._idle, self._probe = 0, self.probe_every[0]
         self.hopeless = False
-
-    def __getstate__(self) -> dict:  # copy / pickle: the drafter and its cache stay behind
-        state = dict(self.__dict__)
-        state.update(drafter=None, cache=None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
 
     @property
     def alpha(self) -> float:

@@ -57,6 +57,17 @@ class DraftSource:
     wants_rows: bool = False
     wants_hidden: bool = False
     learns_lazily: bool = False
+    transient: tuple[str, ...] = ()
+    """Attributes that bind the source to one model (device tensors, modules, a drafter): a copy or a pickle
+    of the source leaves them behind, as None, and the next :meth:`start` binds them again."""
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(dict.fromkeys(self.transient))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def start(self, prompt: np.ndarray, model=None) -> None:
         """A call begins: ``prompt`` int64[L], the target ``model`` (None in a replay without a model)."""

@@ -19,82 +19,16 @@ compiled inside a user's ``generate``; a phase already done costs about a second
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-import pkgutil
 import sys
 import tempfile
 import time
 
+from .numba_kernels import kernel_modules, kernels, kernels_compiled, missed_kernels  # noqa: F401 (re-exported)
+
 FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))  # every draft looks worth verifying: every kernel runs
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 PROMPT = [3, 10, 11, 12, 13, 14] * 5 + [3, 10, 11]  # repeats: the n-gram sources draft at once
-
-
-def kernel_modules() -> list:
-    """The package's modules that define Numba kernels (their source says ``njit``), imported. The n-gram
-    store's folder installs as ``lookahead.cache`` from outside ``lookahead/``, so it is walked too."""
-    names = set()
-    for package in ("lookahead", "lookahead.cache"):
-        names.update(info.name for info in pkgutil.walk_packages(importlib.import_module(package).__path__,
-                                                                 package + "."))
-    found = []
-    for name in sorted(names):
-        spec = importlib.util.find_spec(name)
-        path = getattr(spec, "origin", None)
-        if not path or not path.endswith(".py"):
-            continue
-        with open(path, encoding="utf-8") as f:
-            if name == __name__ or "njit" not in f.read():
-                continue
-        found.append(importlib.import_module(name))
-    return found
-
-
-def kernels(modules=None) -> list[tuple[str, object]]:
-    """``(module.name, dispatcher)`` for every Numba kernel defined in ``modules`` (default: all of the
-    package's)."""
-    from numba.core.registry import CPUDispatcher
-
-    out = []
-    for mod in kernel_modules() if modules is None else modules:
-        for name, value in vars(mod).items():
-            if isinstance(value, CPUDispatcher) and value.py_func.__module__ == mod.__name__:
-                out.append((f"{mod.__name__}.{name}", value))
-    return out
-
-
-def missed_kernels(modules=None) -> list[str]:
-    """Kernels this process has neither compiled nor loaded, leaving out those only other kernels call
-    (``inline="always"``, or named in another kernel's code: compiled into their callers)."""
-    found = kernels(modules)
-    called = set()
-    for _, d in found:
-        called.update(d.py_func.__code__.co_names)
-    return [name for name, d in found if not d.signatures and d.targetoptions.get("inline") != "always"
-            and d.py_func.__name__ not in called]
-
-
-def kernels_compiled(modules=None) -> bool | None:
-    """Whether Numba's on-disk cache holds machine code for this CPU and the current source of every kernel
-    (then no decode compiles anything); None when Numba's cache cannot be read this way. Reads only the
-    cache's index files: nothing is compiled or loaded."""
-    try:
-        found = kernels(modules)
-        called = set()
-        for _, d in found:
-            called.update(d.py_func.__code__.co_names)
-        for _, d in found:
-            if d.targetoptions.get("inline") == "always" or d.py_func.__name__ in called:
-                continue
-            magic = d.targetctx.codegen().magic_tuple()
-            index = d._cache._cache_file._load_index()  # {} when missing or made from another source
-            if not any(key[1] == magic for key in index):
-                return False
-        return True
-    except Exception:  # another Numba's internals: say "unknown", never fail a run over it
-        return None
 
 
 def ensure_kernels(progress: bool = True) -> None:

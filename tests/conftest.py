@@ -19,7 +19,7 @@ torch.set_num_threads(_TEST_THREADS)
 
 @pytest.fixture(scope="session", autouse=True)
 def _user_cache(tmp_path_factory):
-    """Calibrations and converted weights go to a folder of this session, never the user's cache."""
+    """Calibrations and converted weights go to a folder of the test run, never the user's cache."""
     os.environ["LOOKAHEAD_CACHE"] = str(tmp_path_factory.mktemp("lookahead-cache"))
 
 

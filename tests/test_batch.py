@@ -46,7 +46,7 @@ REP = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
 PROMPTS = [REP, [3, 4, 3, 4, 3, 4, 3, 4, 12, 13], [20, 21, 22, 23, 24, 25, 26, 20, 21, 22, 23], [40, 41]]
 ARCHS = ["llama", "gpt2", "qwen2", "gemma"]
 CPU_CURVE = ((1, 0.055), (2, 0.09), (4, 0.08), (8, 0.095), (16, 0.135), (32, 0.22), (64, 0.35))
-"""SmolLM2's forward time on this project's 2-core CPU (DESIGN.md's torch eager ratios), pinned for the test."""
+"""SmolLM2's forward time on a 2-core CPU with AVX-512 (torch eager, fp32), pinned for the test."""
 
 
 def _batch(prompts, pad: int = 0) -> dict:

@@ -148,7 +148,7 @@ def test_help_is_plain_text():
     assert "warmup    compile the Numba kernels" in parser.format_help()
 
 
-@pytest.mark.parametrize("command", ["demo", "generate", "bench", "warmup"])
+@pytest.mark.parametrize("command", ["demo", "generate", "bench", "warmup", "train-heads"])
 def test_every_option_has_a_help_text_with_its_default(command):
     parser = _subparsers()[1][command]
     options = [a for a in parser._actions if a.option_strings and a.dest != "help" and not a.required]
@@ -250,3 +250,64 @@ def test_the_library_says_what_it_is_doing_on_stderr(tiny_folder, capsys):
     assert f"loading {folder} ..." in err and f"loaded {folder} in " in err
     assert ("calibrating the cost curve once for this model (about " in err
             or "using the cost curve measured for this model on " in err), err
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tiny_folder, tmp_path_factory):
+    """The tiny model's folder with a chat template, as a chat model's folder has."""
+    import copy
+    import shutil
+
+    folder, model, tok = tiny_folder
+    chat = tmp_path_factory.mktemp("tiny-chat-model")
+    shutil.copytree(folder, chat, dirs_exist_ok=True)
+    tok = copy.deepcopy(tok)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tok.save_pretrained(chat)
+    return str(chat), model, tok
+
+
+def test_train_heads_command_trains_saves_and_the_demo_drafts_with_them(chat_folder, tmp_path, monkeypatch,
+                                                                        capsys):
+    """``python -m lookahead train-heads`` end to end on a prompts file (answers, vocabulary, training, the
+    held-out report), then ``demo --heads DIR`` decodes with the heads it wrote, identically to plain."""
+    import json
+
+    from lookahead import models
+    from lookahead.heads import DraftHeads
+
+    folder, model, tok = chat_folder
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(f"abc{i} abc{i} def{i % 3} abc" for i in range(30)) + "\n")
+    out = tmp_path / "heads"
+    argv = ["train-heads", "--out", str(out), "--model", folder, "--prompts", str(prompts), "--kind", "both",
+            "--heads", "2", "--vocab", "64", "--max-new-tokens", "24", "--raw-tokens", "0", "--batch-size", "8",
+            "--steps", "20", "--batch-rows", "32", "--dtype", "float32", "--device", "cpu", "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "medusa: held-out top-1" in printed and "feature: held-out top-1" in printed
+    default = (out / "default.txt").read_text().strip()
+    assert default in ("medusa", "feature")
+    header = json.loads((out / default / "heads.json").read_text())
+    assert header["target"]["vocab_size"] == 96 and header["num_heads"] == 2
+    heads = DraftHeads.load(str(out), model=model)
+    assert heads.kind == default
+
+    monkeypatch.setattr(models, "load_model", lambda name=None, **kw: (model, tok))
+    assert main(["demo", "--max-new-tokens", "12", "--prompt", "abc1 abc1 def1 abc", "--heads", str(out),
+                 "--threads", str(torch.get_num_threads())]) == 0
+    shown = capsys.readouterr().out
+    assert "lookahead+heads" in shown and "identical (heads)  : yes" in shown
+
+
+def test_demo_refuses_heads_trained_for_another_model(tiny_folder, monkeypatch):
+    import copy
+
+    from lookahead import models
+
+    _, model, tok = tiny_folder
+    tok = copy.deepcopy(tok)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    monkeypatch.setattr(models, "load_model", lambda name=None, **kw: (model, tok))
+    with pytest.raises(ValueError, match="trained for another model"):
+        main(["demo", "--max-new-tokens", "4", "--prompt", "abcabc", "--heads"])  # the bundled SmolLM2 heads

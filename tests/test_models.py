@@ -218,7 +218,7 @@ def test_the_real_converted_copy_is_bit_identical(hf_settings):
     with models.quiet_loading():
         direct_tok, direct = models._gguf_tokenizer(folder, name), models._gguf_model(folder, name)
     models._special_tokens_from_model(direct_tok, direct)
-    models.load_smollm2()  # converts once in this session's cache (or finds the copy already there)
+    models.load_smollm2()  # converts once in the test run's cache folder (or finds the copy already there)
     cached, cached_tok = models.load_smollm2()
     assert cached.config.name_or_path == models.converted_folder(f"{folder}/{name}")  # really the copy
     _same_weights(cached, direct)

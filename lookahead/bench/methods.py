@@ -135,6 +135,22 @@ def _draft_model() -> Method:
                   decoder=LookaheadDecoder(config, draft_model=_truncated))
 
 
+_BUNDLED_HEADS: list = []  # the bundled SmolLM2 heads, loaded once for the whole bench
+
+
+def _lookahead_heads() -> Method:
+    from lookahead import LookaheadConfig, LookaheadDecoder
+    from lookahead.heads import DraftHeads
+
+    if not _BUNDLED_HEADS:
+        _BUNDLED_HEADS.append(DraftHeads.bundled())
+    heads = _BUNDLED_HEADS[0]
+    config = LookaheadConfig()
+    settings = {**dataclasses.asdict(config), "heads": repr(heads)}
+    return Method("lookahead+heads", f"LookaheadDecoder(heads=DraftHeads.bundled()), default config; {heads!r}",
+                  settings=settings, decoder=LookaheadDecoder(config, heads=heads))
+
+
 METHODS: dict[str, Callable[[], Method]] = {
     BASELINE: plain,
     "plain-again": plain_again,  # the same as plain: how much a ratio moves by chance on this machine
@@ -148,6 +164,7 @@ METHODS: dict[str, Callable[[], Method]] = {
     "self-early-exit": _self_draft("early-exit"),  # the first layers then the head,
     "self-low-rank": _self_draft("low-rank"),  # truncated-SVD weights,
     "draft-model": _draft_model,  # a separate (truncated) draft model
+    "lookahead+heads": _lookahead_heads,  # the default decoder plus the bundled SmolLM2 draft heads (heads.py)
 }
 
 # what ``python -m lookahead bench`` runs unless told otherwise

@@ -1,0 +1,723 @@
+"""Trained draft heads: small modules over the target's final hidden state that draft a tree each step.
+
+The decoder already runs one verification forward per step; the input of the model's output embedding (the
+hidden state after the final norm) at the row whose logits gave the step's last emitted token, ``h(t)``, says
+much about the next few tokens. Heads trained on the model's own greedy continuations turn it into a draft
+tree at a small fraction of a forward, with no extra target forward and no second model. The exact
+acceptance core verifies every node, so heads change speed only, never the output.
+
+Two kinds (:data:`KINDS`), both ending in the model's own LM head restricted to a vocabulary ``vocab_ids``
+(int64[Vk], the most frequent tokens of the model's own outputs in the training data; on a CPU SmolLM2's
+full head, 49152 x 576, costs 13 ms per row on one core, the 4096 most frequent rows 0.2 ms):
+
+- ``"medusa"`` (Cai et al. 2024): head ``k`` (1..K) maps ``h(t)`` through a residual SiLU block
+  ``r = h + silu(W_k h + b_k)`` (``W_k`` zero-initialised: an untrained head predicts what the LM head
+  does) and predicts token ``t + 1 + k``. The tree is the best-first product of the heads' top-k lists
+  (:func:`best_first_tree`).
+- ``"feature"`` (EAGLE-style, Li et al. 2024, without attention): one block maps (the current feature,
+  the embedding of the token it emitted) to the next feature, ``f' = z + mlp(z)``, ``z = fc([n(f), n(e)])``
+  (``n``: RMS normalisation); the LM head of ``f'`` gives the next token. Starting from ``h(t)`` and the
+  last emitted token it drafts level by level, expanding the ``width`` best paths at each level, and keeps
+  the ``max_nodes`` best nodes overall (:func:`select_best`).
+
+Files: :meth:`DraftHeads.save` writes ``heads.safetensors`` (the weights, fp16) and ``heads.json`` (format
+version, the target's :func:`fingerprint`, K, the kind, the training data's description, held-out accuracy).
+Heads for another model are refused with a ValueError at :meth:`DraftHeads.load` (given the model) and in
+:meth:`HeadsSource.start`, before the first forward. ``DraftHeads.bundled()`` loads the heads shipped for the
+bundled SmolLM2-135M-Instruct. Train heads for any causal LM with ``python -m lookahead train-heads``.
+
+Pricing: :class:`HeadsSource` is a priced source. Each step it picks the depth ``d`` maximising modelled
+tokens per second ``(1 + a_1 + a_1 a_2 + ...) / (t(1 + d) + s(d))`` (``a_j``: the measured chance that its
+tree holds the emitted token at depth ``j`` given it held depth ``j - 1``; ``t``: the call's cost curve;
+``s(d) = base + d * per_level``: the heads' own seconds, measured once per model or given) and drafts
+only when that beats a plain step ``1 / t(1)`` by the budget's margin (with a depth-2 probe now and then).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import heapq
+import json
+import os
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from .draft import HEADS
+from .source import DraftSource, Proposal
+
+FORMAT = "lookahead-draft-heads"
+VERSION = 1
+KINDS = ("medusa", "feature")
+WEIGHTS_FILE, HEADER_FILE, DEFAULT_FILE = "heads.safetensors", "heads.json", "default.txt"
+BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heads-smollm2")
+"""The folder of the heads shipped for the bundled SmolLM2-135M-Instruct."""
+
+FEATURE_DEPTH = 6
+"""A feature head's default draft depth (trained 4 levels deep, its levels 5 and 6 still add accepted tokens)."""
+
+PROBE_ENTRIES = 64
+"""LM-head weights the fingerprint keeps as numbers: the same weights in another precision match them."""
+
+
+# ------------------------------------------------------------------------------------------- fingerprint
+
+
+def _probe_positions(vocab: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed (row, column) positions of the LM-head weights a fingerprint keeps (the same for every model)."""
+    rng = np.random.default_rng(0)
+    return rng.integers(0, vocab, PROBE_ENTRIES), rng.integers(0, hidden, PROBE_ENTRIES)
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weight key, fingerprint)
+
+
+def fingerprint(model) -> dict:
+    """What identifies a target model for its heads: ``architecture`` (class name), ``model_type``,
+    ``hidden_size`` and ``vocab_size`` (of its LM head), ``lm_head_sha256`` (of the LM-head weights rounded to
+    bfloat16, so a float32 and a bfloat16 copy of one model agree) and ``lm_head_probe`` (64 of those
+    weights as numbers, which match within rounding when the hash differs only by precision). Computed once
+    per model object (again if its LM-head weight is replaced or changed in place)."""
+    weight = model.get_output_embeddings().weight
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor (made under torch.inference_mode) has no version counter
+        version = -1
+    key = (weight.data_ptr(), version, tuple(weight.shape), str(weight.dtype))
+    kept = _FINGERPRINTS.get(model)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    w = weight.detach()
+    vocab, hidden = w.shape
+    bf16 = w.to("cpu", torch.bfloat16).contiguous()
+    digest = hashlib.sha256(bf16.view(torch.int16).numpy().tobytes()).hexdigest()
+    rows, cols = _probe_positions(vocab, hidden)
+    probe = w[torch.from_numpy(rows).to(w.device), torch.from_numpy(cols).to(w.device)].float().cpu()
+    found = {"architecture": type(model).__name__, "model_type": getattr(model.config, "model_type", None),
+             "hidden_size": int(hidden), "vocab_size": int(vocab), "lm_head_sha256": digest,
+             "lm_head_probe": [round(float(x), 7) for x in probe]}
+    _FINGERPRINTS[model] = (key, found)
+    return found
+
+
+def fingerprint_mismatch(saved: dict, model) -> str | None:
+    """Why heads trained for the model ``saved`` describes do not fit ``model`` (None: they fit)."""
+    now = fingerprint(model)
+    for name in ("model_type", "hidden_size", "vocab_size"):
+        if saved.get(name) != now[name]:
+            return f"{name} is {now[name]!r}, the heads were trained for {saved.get(name)!r}"
+    if saved.get("lm_head_sha256") == now["lm_head_sha256"]:
+        return None
+    old, new = np.asarray(saved.get("lm_head_probe", []), float), np.asarray(now["lm_head_probe"], float)
+    if old.shape == new.shape and np.allclose(old, new, rtol=1e-2, atol=1e-3):
+        return None  # the same weights in another precision (float16, bfloat16)
+    return "its LM-head weights differ from those of the model the heads were trained for"
+
+
+def check_model(saved: dict, model) -> None:
+    """Raise ValueError unless heads trained for ``saved`` (a :func:`fingerprint`) fit ``model``."""
+    why = fingerprint_mismatch(saved, model)
+    if why is not None:
+        raise ValueError(
+            f"these draft heads were trained for another model ({saved.get('architecture')}, "
+            f"{saved.get('model_type')}, hidden {saved.get('hidden_size')}, vocabulary {saved.get('vocab_size')}): "
+            f"for this {type(model).__name__}, {why}. Train heads for this model with "
+            "`python -m lookahead train-heads --model PATH --out DIR` and load those."
+        )
+
+
+# ------------------------------------------------------------------------------------------- draft trees
+
+
+def best_first_tree(probs: np.ndarray, max_nodes: int, max_depth: int) -> tuple[np.ndarray, np.ndarray,
+                                                                                   np.ndarray]:
+    """The ``max_nodes`` most probable paths through independent per-depth candidate lists, as a tree.
+
+    ``probs`` float[K, k]: row ``d`` holds depth ``d + 1``'s candidate probabilities, sorted descending. A
+    node is a path ``(i_1, ..., i_d)`` scored by ``probs[0, i_1] * ... * probs[d - 1, i_d]``; nodes come out
+    best first (a parent before its children, never below a child's score). Returns (depth int64[n],
+    1-based; index int64[n] into its depth's list; parents int64[n], -1 for the root's children), in the
+    order found, which is parent-first but not breadth-first (see :func:`breadth_first`).
+
+    Example: ``probs = [[0.6, 0.3], [0.6, 0.4]]``, 3 nodes: ``(0)`` 0.6, ``(0, 0)`` 0.36, ``(1)`` 0.3 ->
+    depth ``[1, 2, 1]``, index ``[0, 0, 1]``, parents ``[-1, 0, -1]``.
+    """
+    depth_cap = min(max_depth, probs.shape[0])
+    depth, index, parents = [], [], []
+    if max_nodes <= 0 or depth_cap <= 0 or probs.shape[1] == 0:
+        return (np.zeros(0, np.int64),) * 3
+    # heap entries: (-score, order, depth, index, parent node, parent score)
+    heap = [(-float(probs[0, 0]), 0, 1, 0, -1, 1.0)]
+    order = 1
+    while heap and len(depth) < max_nodes:
+        neg, _, d, i, parent, parent_score = heapq.heappop(heap)
+        node = len(depth)
+        depth.append(d)
+        index.append(i)
+        parents.append(parent)
+        score = -neg
+        if i + 1 < probs.shape[1]:  # the next sibling
+            heapq.heappush(heap, (-(parent_score * float(probs[d - 1, i + 1])), order, d, i + 1, parent,
+                                  parent_score))
+            order += 1
+        if d < depth_cap:  # the first child
+            heapq.heappush(heap, (-(score * float(probs[d, 0])), order, d + 1, 0, node, score))
+            order += 1
+    return np.array(depth, np.int64), np.array(index, np.int64), np.array(parents, np.int64)
+
+
+def breadth_first(depth: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order int64[n], parents int64[n] re-indexed) of a parent-first tree sorted by depth (stable).
+
+    Example: depth ``[1, 2, 1]``, parents ``[-1, 0, -1]`` -> order ``[0, 2, 1]``, parents ``[-1, -1, 0]``.
+    """
+    order = np.argsort(depth, kind="stable")
+    new_index = np.empty(len(order), np.int64)
+    new_index[order] = np.arange(len(order))
+    old = parents[order]
+    return order, np.where(old < 0, -1, new_index[np.maximum(old, 0)])
+
+
+def select_best(scores: np.ndarray, parents: np.ndarray, max_nodes: int) -> np.ndarray:
+    """Indices (sorted) of the ``max_nodes`` best-scored nodes of a parent-first tree whose scores never rise
+    from a parent to its child (log-probabilities of paths); ties keep the earlier node, so the set is closed
+    under parents.
+
+    Example: scores ``[-0.1, -0.5, -0.2, -0.9]``, parents ``[-1, -1, 0, 2]``, 2 nodes -> ``[0, 2]``.
+    """
+    if len(scores) <= max_nodes:
+        return np.arange(len(scores))
+    keep = np.sort(np.argsort(-scores, kind="stable")[:max_nodes])
+    inside = np.zeros(len(scores), bool)
+    inside[keep] = True
+    ok = (parents[keep] < 0) | inside[np.maximum(parents[keep], 0)]
+    return keep[ok]  # (a float tie between a parent and its child can only drop the child)
+
+
+def confidence_bucket(p: np.ndarray, edges: tuple[float, float] = (0.25, 0.6)) -> np.ndarray:
+    """int64[n] match buckets (1, 2, 3) of nodes' calibrated conditional probabilities ``p`` float[n]:
+    below ``edges[0]``: 1, below ``edges[1]``: 2, else 3 (what the acceptance estimates condition on)."""
+    p = np.asarray(p)
+    return 1 + (p >= edges[0]).astype(np.int64) + (p >= edges[1])
+
+
+# ----------------------------------------------------------------------------------------------- modules
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+@dataclass(frozen=True)
+class HeadsSettings:
+    """How a :class:`HeadsSource` drafts: at most ``max_nodes`` nodes (also capped by the decoder's
+    ``step_nodes``) ``max_depth`` deep (0: the Medusa heads' K; for a feature head, which runs on past the
+    depth it was trained to, ``FEATURE_DEPTH`` or K if deeper), ``topk`` candidates per head or per expanded node,
+    ``width`` paths expanded per level (feature heads), and ``cost``: the heads' own seconds per step as
+    ``(base, per_level)`` (None: measured once per model; tests pin it)."""
+
+    max_nodes: int = 63
+    max_depth: int = 0
+    topk: int = 10
+    width: int = 8
+    cost: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name, why):
+            return ValueError(f"HeadsSettings.{name}={getattr(self, name)!r} is invalid: {why}")
+
+        for name, low, high in (("max_nodes", 1, 256), ("max_depth", 0, 64), ("topk", 1, 64), ("width", 1, 64)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise bad(name, f"must be an int in [{low}, {high}]")
+        if self.cost is not None:
+            try:
+                base, per = (float(c) for c in self.cost)
+            except (TypeError, ValueError):
+                raise bad("cost", "must be (base seconds, seconds per level) or None") from None
+            if base < 0 or per < 0:
+                raise bad("cost", "seconds must be >= 0")
+            object.__setattr__(self, "cost", (base, per))
+
+
+class DraftHeads(nn.Module):
+    """K trained draft heads of one kind over a frozen target (see the module docstring).
+
+    Usage::
+
+        heads = DraftHeads.bundled()                   # or DraftHeads.load("my-heads", model=model)
+        decoder = LookaheadDecoder(heads=heads)
+        out = model.generate(**inputs, custom_generate=decoder)
+        decoder.stats.accepted_by_origin["heads"]      # draft tokens the heads got accepted
+
+    - ``kind``: ``"medusa"`` or ``"feature"``; ``num_heads``: K (Medusa heads, or the feature head's trained
+      depth); ``hidden_size``: the target's H; ``vocab_ids`` int64[Vk]: the LM-head rows the heads predict.
+    - ``target``: the target's :func:`fingerprint` (None for heads not yet bound to a model); ``trained_on``:
+      a JSON-safe description of the training data and results (the header's ``"training"``); ``ffn``: the
+      feature block's width / H; ``dropout``: applied to the blocks' inputs in training only.
+    - ``settings``: :class:`HeadsSettings`.
+
+    The parameters stay float32 on the CPU; each device gets its own copy on first use.
+    """
+
+    def __init__(self, kind: str, num_heads: int, hidden_size: int, vocab_ids, target: dict | None = None,
+                 trained_on: dict | None = None, ffn: int = 2, settings: HeadsSettings | None = None,
+                 dropout: float = 0.0):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"DraftHeads kind={kind!r} is invalid: must be one of {KINDS}")
+        if not 1 <= num_heads <= 16:
+            raise ValueError(f"DraftHeads num_heads={num_heads!r} is invalid: must be in [1, 16]")
+        self.kind, self.num_heads, self.hidden_size, self.ffn = kind, int(num_heads), int(hidden_size), int(ffn)
+        self.target, self.trained_on = target, dict(trained_on or {})  # (nn.Module owns `training`: the mode)
+        self.settings = settings or HeadsSettings()
+        h = self.hidden_size
+        ids = torch.as_tensor(np.asarray(vocab_ids), dtype=torch.long)
+        if ids.ndim != 1 or not len(ids):
+            raise ValueError("DraftHeads vocab_ids must be a non-empty 1-D list of token ids")
+        self.register_buffer("vocab_ids", ids.clone())  # long[Vk]
+        self.register_buffer("temperature", torch.ones(self.num_heads))  # per head / level, fitted on held-out
+        if kind == "medusa":
+            self.block_weight = nn.Parameter(torch.zeros(self.num_heads, h, h))  # [K, H, H], zero: identity
+            self.block_bias = nn.Parameter(torch.zeros(self.num_heads, h))  # [K, H]
+        else:
+            self.fc = nn.Linear(2 * h, h)
+            self.up = nn.Linear(h, self.ffn * h)
+            self.down = nn.Linear(self.ffn * h, h)
+            nn.init.zeros_(self.down.weight)
+            nn.init.zeros_(self.down.bias)
+        self.drop = nn.Dropout(dropout)  # active in training only
+        self._devices: dict = {}
+
+    # ----------------------------------------------------------------------------------------- compute
+
+    def medusa_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float[N, K, H]: each Medusa head's residual block of ``hidden`` float[N, H]."""
+        z = torch.einsum("nj,kij->nki", self.drop(hidden), self.block_weight) + self.block_bias  # [N, K, H]
+        return hidden[:, None, :] + nn.functional.silu(z)
+
+    def feature_step(self, feature: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """float[N, H]: the next feature from the current one and its emitted token's embedding (both [N, H])."""
+        z = self.fc(self.drop(torch.cat([_rms(feature), _rms(embedding)], -1)))  # [N, H]
+        return z + self.down(self.drop(nn.functional.silu(self.up(z))))
+
+    # -------------------------------------------------------------------------------------- binding
+
+    def check_model(self, model) -> None:
+        """Raise ValueError unless these heads were trained for ``model``."""
+        if self.target is None:
+            raise ValueError("these draft heads carry no target fingerprint (DraftHeads(target=None)); build "
+                             "them with DraftHeads.for_model(model, ...) or load saved ones")
+        check_model(self.target, model)
+
+    @classmethod
+    def for_model(cls, model, kind: str, num_heads: int, vocab_ids, **kwargs) -> DraftHeads:
+        """Untrained heads for ``model`` (its fingerprint and hidden size), predicting ``vocab_ids``."""
+        return cls(kind, num_heads, fingerprint(model)["hidden_size"], vocab_ids, target=fingerprint(model),
+                   **kwargs)
+
+    def on_device(self, device) -> DraftHeads:
+        """These heads on ``device`` (themselves on the CPU; a copy elsewhere, made once per device)."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self
+        if device not in self._devices:  # a deep copy without the other devices' copies
+            clone = copy.deepcopy(self, memo={id(self._devices): {}})
+            self._devices[device] = clone.to(device).requires_grad_(False)
+        return self._devices[device]
+
+    def make_source(self, config=None) -> HeadsSource:
+        """The draft source of these heads for a decoder with this ``LookaheadConfig`` (its ``step_nodes``
+        caps the tree)."""
+        settings = self.settings
+        max_nodes = settings.max_nodes if config is None else max(1, min(settings.max_nodes, config.step_nodes))
+        depth = settings.max_depth or (self.num_heads if self.kind == "medusa" else max(FEATURE_DEPTH, self.num_heads))
+        return HeadsSource(self, max_nodes=max_nodes, max_depth=depth,
+                           topk=settings.topk, width=settings.width, cost=settings.cost)
+
+    def with_settings(self, **changes) -> DraftHeads:
+        """These heads (the same parameters) drafting with other :class:`HeadsSettings` fields."""
+        from dataclasses import replace
+
+        other = copy.copy(self)
+        other.__dict__ = dict(self.__dict__)
+        other.settings = replace(self.settings, **changes)
+        other._devices = {}
+        return other
+
+    # ----------------------------------------------------------------------------------------- files
+
+    def header(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "kind": self.kind, "num_heads": self.num_heads,
+                "hidden_size": self.hidden_size, "ffn": self.ffn, "vocab": int(len(self.vocab_ids)),
+                "temperature": [round(float(t), 6) for t in self.temperature], "target": self.target,
+                "training": self.trained_on}
+
+    def save(self, folder: str) -> None:
+        """Write ``heads.safetensors`` (weights in float16, the vocabulary as int64) and ``heads.json``."""
+        from safetensors.torch import save_file
+
+        os.makedirs(folder, exist_ok=True)
+        tensors = {name: p.detach().to("cpu", torch.float16).contiguous() for name, p in self.named_parameters()}
+        tensors["vocab_ids"] = self.vocab_ids.cpu().contiguous()
+        save_file(tensors, os.path.join(folder, WEIGHTS_FILE), metadata={"format": FORMAT, "version": str(VERSION)})
+        with open(os.path.join(folder, HEADER_FILE), "w", encoding="utf-8") as f:
+            json.dump(self.header(), f, indent=1)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, folder: str, model=None, **settings) -> DraftHeads:
+        """Heads saved with :meth:`save` (or, for a training run's output folder, those its ``default.txt``
+        names); with ``model``, refused (ValueError) unless trained for it. ``settings``: :class:`HeadsSettings`
+        fields."""
+        from safetensors.torch import load_file
+
+        path = os.path.join(folder, HEADER_FILE)
+        default = os.path.join(folder, DEFAULT_FILE)
+        if not os.path.exists(path) and os.path.exists(default):  # a training run's folder: its default kind
+            with open(default, encoding="utf-8") as f:
+                return cls.load(os.path.join(folder, f.read().strip()), model, **settings)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no {HEADER_FILE} in {folder!r}: not a folder written by DraftHeads.save")
+        with open(path, encoding="utf-8") as f:
+            head = json.load(f)
+        if head.get("format") != FORMAT or not isinstance(head.get("version"), int):
+            raise ValueError(f"{path} is not a lookahead draft-heads header (format {head.get('format')!r})")
+        if head["version"] > VERSION:
+            raise ValueError(f"{path} has format version {head['version']}; this lookahead reads up to {VERSION}")
+        tensors = load_file(os.path.join(folder, WEIGHTS_FILE))
+        heads = cls(head["kind"], head["num_heads"], head["hidden_size"], tensors.pop("vocab_ids"),
+                    target=head.get("target"), trained_on=head.get("training"), ffn=head.get("ffn", 2),
+                    settings=HeadsSettings(**settings))
+        state = {k: v.float() for k, v in tensors.items()}
+        state["vocab_ids"] = heads.vocab_ids
+        state["temperature"] = torch.tensor(head.get("temperature", [1.0] * heads.num_heads), dtype=torch.float32)
+        heads.load_state_dict(state, strict=True)
+        heads.eval()
+        if model is not None:
+            heads.check_model(model)
+        return heads
+
+    @classmethod
+    def bundled(cls, kind: str | None = None, **settings) -> DraftHeads:
+        """The heads shipped for the bundled SmolLM2-135M-Instruct (``lookahead.models.load_smollm2``);
+        ``kind``: ``"medusa"`` or ``"feature"`` (None: the one shipped as the default)."""
+        return cls.load(BUNDLED if kind is None else os.path.join(BUNDLED, kind), **settings)
+
+    def __repr__(self) -> str:
+        return (f"DraftHeads(kind={self.kind!r}, num_heads={self.num_heads}, hidden_size={self.hidden_size}, "
+                f"vocab={len(self.vocab_ids)}, target={(self.target or {}).get('architecture')})")
+
+
+class Bound:
+    """Heads bound to one target model on one device: their copy there, the model's LM-head rows of the
+    heads' vocabulary (float32 [Vk, H], and bias [Vk] or None; new tensors), its input embedding module."""
+
+    def __init__(self, heads: DraftHeads, model):
+        out = model.get_output_embeddings()
+        device = out.weight.device
+        self.device = device
+        self.net = heads.on_device(device)
+        ids = heads.vocab_ids.to(device)
+        self.weight = out.weight.detach()[ids].float().contiguous()  # [Vk, H]
+        bias = getattr(out, "bias", None)
+        self.bias = None if bias is None else bias.detach()[ids].float()
+        self.embed = model.get_input_embeddings()
+        self.vocab = heads.vocab_ids.numpy()  # host int64[Vk]
+        self.temperatures = heads.temperature.tolist()  # per head / level, on the host
+        self.lookup = {int(t): i for i, t in enumerate(self.vocab.tolist())}  # token -> vocabulary position
+
+    def temperature(self, level: int) -> float:
+        """The calibration temperature of head / level ``level`` (1-based; deeper levels use the last)."""
+        return self.temperatures[min(level, len(self.temperatures)) - 1]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float[..., Vk] of features ``x`` float[..., H]."""
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    def embedding(self, vocab_index: torch.Tensor) -> torch.Tensor:
+        """float[N, H]: the model's input embeddings of the heads' vocabulary entries ``vocab_index`` long[N]."""
+        return self.embed(self.net.vocab_ids[vocab_index]).float()
+
+
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {id(heads): (heads, Bound)}
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: (base, per level) seconds}
+
+
+def bind(heads: DraftHeads, model) -> Bound:
+    """``heads`` bound to ``model`` (made once per model and heads object; checked against its fingerprint)."""
+    heads.check_model(model)
+    kept = _BOUND.setdefault(model, {})
+    entry = kept.get(id(heads))
+    if entry is None or entry[0] is not heads:
+        entry = kept[id(heads)] = (heads, Bound(heads, model))
+    return entry[1]
+
+
+# ------------------------------------------------------------------------------------------------ source
+
+
+@dataclass
+class HeadsStats:
+    """What the heads did in one call: ``proposals`` made and their ``nodes``; ``seconds`` spent drafting;
+    ``reached``: per proposal, how deep its tree held the emitted tokens (the verdict, whether or not the
+    budget verified those nodes); ``steps`` seen and ``drafting_steps``."""
+
+    proposals: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    reached: list = field(default_factory=list)
+    steps: int = 0
+    drafting_steps: int = 0
+
+
+class HeadsSource(DraftSource):
+    """The draft source of :class:`DraftHeads` (origin ``heads``; see the module docstring).
+
+    ``observe_hidden`` keeps the step's last verified row's hidden state; ``propose`` drafts from it and the
+    last emitted token; ``learn`` checks how deep the last tree held the emitted tokens, which measures
+    the per-depth acceptance ``a_j`` the pricing uses. A node's match bucket is its calibrated conditional
+    probability (:func:`confidence_bucket`).
+    """
+
+    origin = HEADS
+    wants_hidden = True
+    priced = True
+    prior = (2.0, 2.0)  # Beta prior (reached, missed) of each depth's conditional acceptance: 0.5
+    decay = 0.98
+    probe_every = (16, 256)
+    transient = ("bound", "hidden")  # the binding to one model (device tensors, its modules) is made at start
+
+    def __init__(self, heads: DraftHeads, max_nodes: int, max_depth: int, topk: int = 8, width: int = 4,
+                 cost: tuple[float, float] | None = None):
+        self.heads, self.max_nodes, self.max_depth = heads, max_nodes, max_depth
+        self.topk, self.width, self.given_cost = topk, width, cost
+        self.cost = cost or (0.0, 0.0)
+        self.bound: Bound | None = None
+        self.hidden: torch.Tensor | None = None
+        self.last = -1
+        self._tree: tuple[np.ndarray, np.ndarray] | None = None  # (tokens, parents) of the last proposal
+        self._reach = np.zeros(max_depth)  # decayed counts per depth: reached given the parent was
+        self._tried = np.zeros(max_depth)
+        self._idle, self._probe = 0, self.probe_every[0]
+        self.stats = HeadsStats()
+
+    @property
+    def alphas(self) -> np.ndarray:
+        """float[max_depth]: measured P(the tree holds the emitted token at depth j | it held depth j - 1)."""
+        a, b = self.prior
+        return (self._reach + a) / (self._tried + a + b)
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        if model is None:
+            raise ValueError("trained draft heads need the target model at start")
+        self.bound = bind(self.heads, model)  # raises ValueError for another model, before any forward
+        if self.given_cost is None:
+            costs = _COSTS.setdefault(model, {})
+            h = self.heads  # the cost depends on the heads' shapes and the tree's size, not on their weights
+            key = (h.kind, h.num_heads, h.hidden_size, h.ffn, len(h.vocab_ids), str(self.bound.device),
+                   self.max_nodes, self.max_depth, self.topk, self.width)
+            if key not in costs:
+                costs[key] = measure_cost(self)
+            self.cost = costs[key]
+        self.hidden = None
+        self.last = int(prompt[-1]) if len(prompt) else -1
+        self._tree = None
+        self._idle, self._probe = 0, self.probe_every[0]
+        self.stats = HeadsStats()
+
+    def observe_hidden(self, hidden) -> None:
+        self.hidden = hidden.detach().clone()  # float[H] on the model's device (the caller's tensor untouched)
+
+    def seconds(self, depth) -> np.ndarray:
+        """The heads' own seconds for a tree ``depth`` deep (an array of depths)."""
+        base, per = self.cost
+        return base + per * np.asarray(depth, dtype=np.float64)
+
+    def priced_depth(self, depth: int, cost, margin: float = 1.05) -> int:
+        """How deep to draft this step on the cost curve ``cost`` (a ``CostModel``; None: ``depth``), see the
+        module docstring; a probe of at most 2 every so many steps while drafting does not pay."""
+        self.stats.steps += 1
+        depth = min(depth, self.max_depth)
+        if cost is None or depth <= 0:
+            return depth
+        d = np.arange(1, depth + 1)
+        t1 = float(cost(1))
+        gain = 1 + np.cumsum(np.cumprod(self.alphas[:depth]))
+        rate = gain / (cost(1 + d) + self.seconds(d))
+        if rate.max() * t1 >= margin:
+            self._idle, self._probe = 0, self.probe_every[0]
+            return int(d[int(np.argmax(rate))])
+        self._idle += 1
+        if self._idle >= self._probe:
+            self._idle, self._probe = 0, min(2 * self._probe, self.probe_every[1])
+            return min(depth, 2)
+        return 0
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        """A tree from the last observed hidden state (None before the first one)."""
+        if self.hidden is None or self.bound is None:
+            return None
+        depth, nodes = min(max_depth, self.max_depth), min(max_nodes, self.max_nodes)
+        if depth <= 0 or nodes <= 0:
+            return None
+        last = int(context[-1]) if len(context) else self.last
+        t = time.perf_counter()
+        with torch.no_grad():
+            if self.heads.kind == "medusa":
+                tokens, parents, cond = medusa_propose(self.bound, self.hidden, nodes, depth, self.topk)
+            else:
+                tokens, parents, cond = feature_propose(self.bound, self.hidden, last, nodes, depth, self.topk,
+                                                        self.width)
+        self.stats.seconds += time.perf_counter() - t
+        if not len(tokens):
+            return None
+        self._tree = (tokens, parents)
+        self.stats.proposals += 1
+        self.stats.nodes += len(tokens)
+        self.stats.drafting_steps += 1
+        return Proposal(tokens, parents, confidence_bucket(cond))
+
+    def learn(self, emitted: np.ndarray) -> None:
+        if len(emitted):
+            self.last = int(emitted[-1])
+        if self._tree is None:
+            return
+        tokens, parents = self._tree
+        self._tree = None
+        reached = tree_reach(tokens, parents, np.asarray(emitted, dtype=np.int64))
+        self.stats.reached.append(reached)
+        depth = int(np.max(tree_depths(parents))) if len(parents) else 0
+        tried = min(depth, reached + 1, len(emitted))  # depths whose parent the tree held
+        self._reach *= self.decay
+        self._tried *= self.decay
+        self._tried[:tried] += 1
+        self._reach[:reached] += 1
+
+    def report(self) -> dict:
+        """This call's figures (JSON-safe)."""
+        s = self.stats
+        return {"kind": self.heads.kind, "cost_seconds": list(self.cost), "alphas": self.alphas.round(3).tolist(),
+                "proposals": s.proposals, "nodes": s.nodes, "seconds": s.seconds, "steps": s.steps,
+                "drafting_steps": s.drafting_steps,
+                "mean_reached": float(np.mean(s.reached)) if s.reached else 0.0}
+
+
+def tree_depths(parents: np.ndarray) -> np.ndarray:
+    """int64[n] depth of each node of a parent-first tree (the root's children: 1)."""
+    depth = np.zeros(len(parents), np.int64)
+    for i, p in enumerate(parents.tolist()):
+        depth[i] = 1 if p < 0 else depth[p] + 1
+    return depth
+
+
+def tree_reach(tokens: np.ndarray, parents: np.ndarray, emitted: np.ndarray) -> int:
+    """How many of ``emitted`` (from the first) a path of the tree (tokens, parents) spells.
+
+    Example: tokens ``[5, 6, 7]``, parents ``[-1, -1, 1]``, emitted ``[6, 7, 9]`` -> 2."""
+    node, reached = -1, 0
+    for tok in emitted.tolist():
+        kids = np.nonzero((parents == node) & (tokens == tok))[0]
+        if not len(kids):
+            break
+        node, reached = int(kids[0]), reached + 1
+    return reached
+
+
+def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth: int, topk: int):
+    """(tokens int64[n], parents int64[n] breadth-first, conditional probabilities float[n]) of the Medusa
+    heads' best-first tree after ``hidden`` float[H] (see :func:`best_first_tree`)."""
+    net = bound.net
+    depth = min(max_depth, net.num_heads)
+    h = hidden.to(bound.weight.dtype)[None]  # [1, H]
+    rows = net.medusa_hidden(h)[0, :depth]  # [d, H]
+    logits = bound.logits(rows) / net.temperature[:depth, None]  # [d, Vk]
+    top = torch.softmax(logits, -1).topk(min(topk, logits.shape[-1]), -1)
+    probs, ids = top.values.cpu().numpy(), top.indices.cpu().numpy()  # [d, k] each
+    node_depth, index, parents = best_first_tree(probs, max_nodes, depth)
+    order, parents = breadth_first(node_depth, parents)
+    node_depth, index = node_depth[order], index[order]
+    tokens = bound.vocab[ids[node_depth - 1, index]]
+    return tokens.astype(np.int64), parents, probs[node_depth - 1, index]
+
+
+def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: int, max_depth: int, topk: int,
+                    width: int):
+    """(tokens int64[n], parents int64[n] breadth-first, conditional probabilities float[n]) of the feature
+    head's tree after ``hidden`` float[H] and the last emitted token ``last``: level by level, the ``width``
+    best paths so far are expanded into their ``topk`` next tokens; the ``max_nodes`` best paths overall
+    are kept. Everything stays on the hidden state's device until one copy to the host at the end."""
+    net = bound.net
+    device = bound.weight.device
+    vocab_pos = bound.lookup.get(int(last), -1)
+    feature = hidden.to(bound.weight.dtype)[None]  # [1, H]
+    if vocab_pos >= 0:
+        emb = bound.embedding(torch.tensor([vocab_pos], device=device))
+    else:  # a token outside the heads' vocabulary: its embedding straight from the model
+        emb = bound.embed(torch.tensor([last], device=device)).float()
+    parent_scores = torch.zeros(1, device=device)  # [m] log-probability of each expanded path
+    parent_index = torch.full((1,), -1, dtype=torch.long, device=device)  # [m] global node index
+    levels_tok, levels_par, levels_logp, levels_score = [], [], [], []
+    count = 0
+    k = min(topk, len(bound.vocab))
+    for level in range(1, max_depth + 1):
+        feature = net.feature_step(feature, emb)  # [m, H]
+        logp = torch.log_softmax(bound.logits(feature) / bound.temperature(level), -1)  # [m, Vk]
+        top = logp.topk(k, -1)
+        scores = (parent_scores[:, None] + top.values).reshape(-1)  # [m * k]
+        levels_tok.append(top.indices.reshape(-1))
+        levels_par.append(parent_index.repeat_interleave(k))
+        levels_logp.append(top.values.reshape(-1))
+        levels_score.append(scores)
+        if level == max_depth:
+            break
+        m = min(width, scores.shape[0])
+        best = scores.topk(m).indices  # [m]
+        feature = feature[best // k]
+        emb = bound.embedding(levels_tok[-1][best])
+        parent_scores = scores[best]
+        parent_index = count + best
+        count += scores.shape[0]
+    tok = torch.cat(levels_tok).cpu().numpy()
+    par = torch.cat(levels_par).cpu().numpy()
+    cond = torch.cat(levels_logp).exp().cpu().numpy()
+    score = torch.cat(levels_score).cpu().numpy()
+    keep = select_best(score, par, max_nodes)
+    new_index = np.full(len(tok), -1, np.int64)
+    new_index[keep] = np.arange(len(keep))
+    parents = np.where(par[keep] < 0, -1, new_index[np.maximum(par[keep], 0)])
+    depth = tree_depths(parents)
+    order, parents = breadth_first(depth, parents)
+    chosen = keep[order]
+    return bound.vocab[tok[chosen]].astype(np.int64), parents, cond[chosen]
+
+
+def measure_cost(source: HeadsSource, repeats: int = 5) -> tuple[float, float]:
+    """(base, per level) seconds of ``source``'s proposals, from the fastest of ``repeats`` timings of a
+    depth-1 and a full-depth tree on a random hidden state (once per model: :meth:`HeadsSource.start`)."""
+    bound = source.bound
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(bound.weight.shape[1], generator=gen).to(bound.device)
+    saved = source.hidden
+    source.hidden = hidden
+    sync = torch.cuda.synchronize if bound.device.type == "cuda" else (lambda: None)
+    full = source.max_depth
+    best = {}
+    stats = source.stats
+    try:
+        for depth in (1, full):
+            for _ in range(repeats):
+                sync()
+                t = time.perf_counter()
+                source.propose(np.array([0], np.int64), source.max_nodes, depth)
+                sync()
+                best[depth] = min(best.get(depth, float("inf")), time.perf_counter() - t)
+    finally:
+        source.hidden, source._tree, source.stats = saved, None, stats
+    per = max(best[full] - best[1], 0.0) / max(full - 1, 1)
+    return max(best[1] - per, 0.0), per

@@ -1,0 +1,367 @@
+"""Trained draft heads (``lookahead.heads``, ``lookahead.heads_train``): tree helpers, training on a tiny model,
+files and the model check, exact greedy and sampled decoding with heads as a draft source.
+
+Every model is a tiny random one built from a config (``tiny.py``) except the ``smollm`` test; cost curves and
+the heads' own cost are pinned, so no outcome depends on the clock or the machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from lookahead import LookaheadDecoder
+from lookahead.cost import CostModel, set_cost_curve
+from lookahead.heads import (
+    DraftHeads,
+    HeadsSettings,
+    best_first_tree,
+    breadth_first,
+    confidence_bucket,
+    fingerprint,
+    select_best,
+    tree_reach,
+)
+from lookahead.heads_train import (
+    Rows,
+    TrainSettings,
+    calibrate,
+    code_prefix,
+    evaluate,
+    generate_rows,
+    sequence_ends,
+    train_heads,
+    vocab_by_frequency,
+)
+
+from tiny import TINY_ARCHS, TINY_COST_CURVE, peaky_llama, tiny_model
+
+HEADS_ONLY = dict(tree_nodes=0, copy_nodes=0, recycle_k=0)  # every other draft source off
+FREE = (0.0, 0.0)  # the heads' own cost, pinned
+
+
+def _rows(model, n: int = 64, prompt_len: int = 8, new: int = 40, seed: int = 0, vocab: int = 96) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (n, prompt_len), generator=gen)
+    return generate_rows(model, ids, torch.ones_like(ids), new, [], 0)
+
+
+def _trained(model, kind: str, steps: int = 150, seed: int = 0, vocab: int = 96, num_heads: int = 3):
+    """(heads, losses, held-out rows) trained on the model's own greedy continuations of random prompts."""
+    seqs = _rows(model, seed=seed, vocab=vocab)
+    train, held = Rows.of(seqs[:56]), Rows.of(seqs[56:])
+    torch.manual_seed(seed)
+    heads = DraftHeads.for_model(model, kind, num_heads, vocab_by_frequency(train.tokens, vocab),
+                                 settings=HeadsSettings(cost=FREE))
+    losses = train_heads(heads, train, model, steps=steps, batch_rows=64, lr=3e-3, seed=seed)
+    return heads, losses, held
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = tiny_model("llama")
+    set_cost_curve(model, TINY_COST_CURVE)
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained(llama):
+    return {kind: _trained(llama, kind) for kind in ("medusa", "feature")}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def test_tree_helpers_examples():
+    depth, index, parents = best_first_tree(np.array([[0.6, 0.3], [0.6, 0.4]]), 3, 2)
+    assert depth.tolist() == [1, 2, 1] and index.tolist() == [0, 0, 1] and parents.tolist() == [-1, 0, -1]
+    order, bf = breadth_first(depth, parents)
+    assert order.tolist() == [0, 2, 1] and bf.tolist() == [-1, -1, 0]
+    assert select_best(np.array([-0.1, -0.5, -0.2, -0.9]), np.array([-1, -1, 0, 2]), 2).tolist() == [0, 2]
+    assert tree_reach(np.array([5, 6, 7]), np.array([-1, -1, 1]), np.array([6, 7, 9])) == 2
+    assert confidence_bucket(np.array([0.1, 0.3, 0.9])).tolist() == [1, 2, 3]
+    assert sequence_ends([2, 3]).tolist() == [2, 2, 5, 5, 5]
+
+
+def test_best_first_tree_is_the_most_probable_paths():
+    rng = np.random.default_rng(3)
+    probs = -np.sort(-rng.dirichlet(np.ones(5), size=3), axis=1)  # [3 depths, 5 candidates], sorted
+    depth, index, parents = best_first_tree(probs, 20, 3)
+    scores = []
+    for i in range(len(depth)):  # the path's product, walking up
+        s, j = 1.0, i
+        while j >= 0:
+            s *= probs[depth[j] - 1, index[j]]
+            j = parents[j]
+        scores.append(s)
+    every = sorted((np.prod([probs[d, i] for d, i in enumerate(path)])
+                    for n in (1, 2, 3) for path in np.ndindex(*([5] * n))), reverse=True)
+    assert np.allclose(sorted(scores, reverse=True), every[:20])
+    assert all(parents[i] < i for i in range(len(parents)))
+
+
+def test_settings_refuse_bad_values():
+    with pytest.raises(ValueError, match="max_nodes"):
+        HeadsSettings(max_nodes=0)
+    with pytest.raises(ValueError, match="cost"):
+        HeadsSettings(cost=(-1.0, 0.0))
+    with pytest.raises(ValueError, match="kinds"):
+        TrainSettings(kinds=("other",))
+    with pytest.raises(ValueError, match="kind"):
+        DraftHeads("other", 2, 8, [1, 2])
+
+
+def test_code_prefix_cuts_after_the_docstring():
+    answer = "Here:\n```python\ndef double(x):\n    \"\"\"Double x.\"\"\"\n    return 2 * x\n```\n"
+    assert code_prefix(answer) == "def double(x):\n    \"\"\"Double x.\"\"\"\n"
+    assert code_prefix("no code here") is None
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("kind", ["medusa", "feature"])
+def test_training_lowers_the_loss_and_beats_chance(trained, llama, kind):
+    heads, losses, held = trained[kind]
+    assert np.mean(losses[-20:]) < 0.9 * np.mean(losses[:20])
+    acc = evaluate(heads, held, llama)
+    assert min(acc["top1"]) > 10 / 96  # chance is 1 / 96
+    temps = calibrate(heads, held, llama)
+    assert len(temps) == heads.num_heads and all(t > 0 for t in temps)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "feature"])
+def test_heads_alone_need_fewer_calls_and_stay_identical(trained, llama, kind):
+    heads = trained[kind][0]
+    prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(11))
+    plain = llama.generate(prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    decoder = LookaheadDecoder(heads=heads, **HEADS_ONLY)
+    ours = llama.generate(prompt, max_new_tokens=40, custom_generate=decoder, pad_token_id=0)
+    assert torch.equal(plain, ours)
+    stats = decoder.stats
+    assert stats.target_calls < stats.new_tokens
+    assert stats.accepted_by_origin["heads"] / stats.drafted_by_origin["heads"] > 5 / 96  # far above chance
+
+
+def test_a_resumed_training_run_equals_an_uninterrupted_one(llama, tmp_path):
+    rows = Rows.of(_rows(llama, n=16))
+    vocab = vocab_by_frequency(rows.tokens, 96)
+
+    def fresh():
+        torch.manual_seed(0)
+        return DraftHeads.for_model(llama, "feature", 2, vocab)
+
+    straight = fresh()
+    whole = train_heads(straight, rows, llama, steps=12, batch_rows=16, seed=3)
+    resumed = fresh()
+    path = str(tmp_path / "ckpt.pt")
+    train_heads(resumed, rows, llama, steps=12, batch_rows=16, seed=3, checkpoint=path, checkpoint_every=5, until=7)
+    again = fresh()  # a new process: only the checkpoint carries over
+    losses = train_heads(again, rows, llama, steps=12, batch_rows=16, seed=3, checkpoint=path, checkpoint_every=5)
+    assert np.allclose(losses, whole)
+    for a, b in zip(straight.state_dict().values(), again.state_dict().values()):
+        assert torch.allclose(a, b)
+
+
+# ------------------------------------------------------------------------------------------- files, checks
+
+
+def test_save_load_round_trip(trained, llama, tmp_path):
+    for kind in ("medusa", "feature"):
+        heads = trained[kind][0]
+        heads.save(str(tmp_path / kind))
+        again = DraftHeads.load(str(tmp_path / kind), model=llama, cost=FREE)
+        header = json.loads((tmp_path / kind / "heads.json").read_text())
+        assert header["version"] == 1 and header["kind"] == kind and header["num_heads"] == heads.num_heads
+        assert header["target"] == fingerprint(llama)
+        for (name, a), (_, b) in zip(heads.state_dict().items(), again.state_dict().items(), strict=True):
+            tol = 1e-3 * float(a.abs().max()) if a.is_floating_point() else 0
+            assert torch.allclose(a.float(), b.float(), atol=tol), name  # weights are stored in float16
+        prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(5))
+        plain = llama.generate(prompt, max_new_tokens=24, do_sample=False, pad_token_id=0)
+        ours = llama.generate(prompt, max_new_tokens=24, custom_generate=LookaheadDecoder(heads=again), pad_token_id=0)
+        assert torch.equal(plain, ours)
+    (tmp_path / "default.txt").write_text("feature\n")
+    assert DraftHeads.load(str(tmp_path)).kind == "feature"  # a training run's folder: its default kind
+
+
+def test_heads_for_another_model_are_refused_before_any_forward(trained, llama, tmp_path):
+    heads = trained["medusa"][0]
+    heads.save(str(tmp_path))
+    other = tiny_model("llama", seed=99)  # same shapes, other weights
+    with pytest.raises(ValueError, match="trained for another model"):
+        DraftHeads.load(str(tmp_path), model=other)
+    with pytest.raises(ValueError, match="hidden_size"):
+        DraftHeads.load(str(tmp_path), model=tiny_model("llama", hidden=48))
+    set_cost_curve(other, TINY_COST_CURVE)  # no calibration forwards: only decoding would run the model
+    calls = []
+    hook = other.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="trained for another model"):
+            other.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=4, pad_token_id=0,
+                           custom_generate=LookaheadDecoder(heads=heads))
+    finally:
+        hook.remove()
+    assert not calls
+
+
+def test_the_same_weights_in_another_precision_are_accepted(trained, llama):
+    heads = trained["medusa"][0]
+    heads.check_model(copy.deepcopy(llama).to(torch.float32))
+    heads.check_model(copy.deepcopy(llama).to(torch.bfloat16))
+    changed = copy.deepcopy(llama)
+    with torch.no_grad():
+        changed.lm_head.weight[3] += 0.5
+    with pytest.raises(ValueError):
+        heads.check_model(changed)
+
+
+def test_batches_are_refused_with_a_message(trained, llama):
+    with pytest.raises(ValueError, match="batch size 1"):
+        llama.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=4, pad_token_id=0,
+                       custom_generate=LookaheadDecoder(heads=trained["medusa"][0]))
+
+
+def test_pricing_drafts_on_a_flat_curve_and_not_where_heads_cost_too_much(trained):
+    source = trained["medusa"][0].make_source()
+    flat = CostModel([(1, 0.010), (2, 0.010), (256, 0.0102)])
+    assert source.priced_depth(3, flat, 1.05) >= 1
+    expensive = trained["medusa"][0].with_settings(cost=(0.05, 0.01)).make_source()  # 5x a forward
+    steep = CostModel([(1, 0.010), (2, 0.012), (4, 0.022)])
+    depths = [expensive.priced_depth(3, steep, 1.05) for _ in range(40)]
+    assert depths[:15] == [0] * 15 and max(depths) <= 2  # nothing, then a short probe now and then
+    assert source.priced_depth(3, None, 1.05) == 3  # no budget: as deep as asked
+
+
+# -------------------------------------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_greedy_identical_with_heads_on_every_tiny_architecture(tiny_models, arch):
+    model = tiny_models(arch)
+    for kind in ("medusa", "feature"):
+        heads = _trained(model, kind, steps=80, seed=1)[0]
+        for seed in (0, 1):
+            prompt = torch.randint(3, 96, (1, 10), generator=torch.Generator().manual_seed(100 + seed))
+            plain = model.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=0)
+            for overrides in ({}, HEADS_ONLY):
+                decoder = LookaheadDecoder(heads=heads, **overrides)
+                ours = model.generate(prompt, max_new_tokens=32, custom_generate=decoder, pad_token_id=0)
+                assert torch.equal(plain, ours), (arch, kind, seed, overrides)
+                assert decoder.stats.new_tokens == 32
+
+
+VOCAB = 16
+PROMPT = [1, 2, 2, 7, 2, 2, 12, 2, 2, 3, 2, 2]
+
+
+def _second_and_third_token_distribution(model, temperature: float) -> np.ndarray:
+    """P(b, c) of the 2nd and 3rd new tokens, float[V, V], by enumeration (summed over the 1st, a)."""
+    ids = torch.tensor([PROMPT])
+    V = VOCAB
+    with torch.no_grad():
+        pa = torch.softmax(model(ids).logits[0, -1].float() / temperature, -1)  # [V]
+        one = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], 1)  # [V, L + 1]: a
+        pb = torch.softmax(model(one).logits[:, -1].float() / temperature, -1)  # [V(a), V(b)]
+        two = torch.cat([one.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], 1)  # [V * V, L + 2]
+        pc = torch.softmax(model(two).logits[:, -1].float() / temperature, -1).reshape(V, V, V)  # [a, b, c]
+    joint = pa[:, None, None] * pb[:, :, None] * pc
+    return joint.sum(0).double().numpy()
+
+
+def test_sampling_with_heads_is_exact():
+    """The heads draft from the second step on (the first has no hidden state yet): the 2nd and 3rd tokens'
+    joint distribution is the target's, by a chi-square test at a strict level (seeded: deterministic)."""
+    model = peaky_llama(VOCAB)
+    heads = _trained(model, "medusa", steps=100, vocab=VOCAB, num_heads=2)[0]
+    decoder = LookaheadDecoder(heads=heads, adaptive=False, **HEADS_ONLY)  # the heads' whole tree every step
+    counts = np.zeros((VOCAB, VOCAB))
+    drafted = accepted = 0
+    torch.manual_seed(2024)
+    ids = torch.tensor([PROMPT])
+    for _ in range(1000):
+        out = model.generate(ids, custom_generate=decoder, do_sample=True, temperature=0.7, max_new_tokens=3,
+                             eos_token_id=None, pad_token_id=0)
+        _, b, c = out[0, len(PROMPT):].tolist()
+        counts[b, c] += 1
+        drafted += decoder.stats.drafted_by_origin["heads"]
+        accepted += decoder.stats.accepted_by_origin["heads"]
+    assert 0 < accepted < drafted, "both acceptance and rejection of head drafts must happen"
+    expected = _second_and_third_token_distribution(model, 0.7).ravel() * counts.sum()
+    big = expected >= 5
+    obs = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 1e-9
+    p = chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+    assert p > 1e-4, f"samples with heads do not follow the target distribution (p={p:.2e})"
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_heads_on_a_static_cache_eager_and_compiled(trained, llama, compiled):
+    """The heads read the LM head's input through a forward pre-hook: on a static cache, and in a compiled
+    step (``aot_eager``, ``fullgraph=True``), they still draft and the tokens are plain static generate's."""
+    from transformers import CompileConfig, GenerationConfig
+
+    heads = trained["feature"][0]
+    prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(11))
+    kw = dict(max_new_tokens=40, do_sample=False, cache_implementation="static", pad_token_id=0)
+    plain = llama.generate(prompt, **kw)
+    if compiled:
+        config = CompileConfig(backend="aot_eager", fullgraph=True)
+        config._compile_all_devices = True  # a CPU: compile as a CUDA user's generate would
+        kw = dict(generation_config=GenerationConfig(compile_config=config, **kw))
+    decoder = LookaheadDecoder(heads=heads, **HEADS_ONLY)
+    assert torch.equal(plain, llama.generate(prompt, custom_generate=decoder, **kw))
+    assert decoder.stats.accepted_by_origin["heads"] > 0
+    assert decoder.stats.target_calls < decoder.stats.new_tokens
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_heads_on_cuda(trained):
+    model = tiny_model("llama").to("cuda")
+    set_cost_curve(model, TINY_COST_CURVE)
+    heads = trained["feature"][0]
+    prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(11)).to("cuda")
+    plain = model.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=0)
+    decoder = LookaheadDecoder(heads=heads, **HEADS_ONLY)
+    assert torch.equal(plain, model.generate(prompt, max_new_tokens=32, custom_generate=decoder, pad_token_id=0))
+    assert decoder.stats.accepted_by_origin["heads"] > 0
+
+
+# -------------------------------------------------------------------------------------------- real model
+
+
+@pytest.mark.smollm
+def test_bundled_heads_on_smollm2_are_exact(smollm):
+    from lookahead.demo import chat_inputs
+
+    model, tok = smollm
+    heads = DraftHeads.bundled(cost=FREE)
+    heads.check_model(model)
+    flat = ((1, 0.010), (2, 0.010), (256, 0.0102))  # the GPU regime: the heads draft every step
+    for text in ("Give me three tips for writing clear emails.",
+                 "Write a Python function that returns the squares of a list of numbers."):
+        inputs = chat_inputs(tok, text)
+        plain = model.generate(**inputs, max_new_tokens=48, do_sample=False)
+        decoder = LookaheadDecoder(heads=heads, cost_curve=flat)
+        ours = model.generate(**inputs, max_new_tokens=48, custom_generate=decoder)
+        if not torch.equal(plain, ours):  # allowed only at a floating-point near-tie of the top two logits
+            first = int((plain[0, : ours.shape[1]] != ours[0, : plain.shape[1]]).nonzero()[0])
+            top2 = model(plain[:, :first]).logits[0, -1].topk(2).values
+            assert float(top2[0] - top2[1]) < 1e-3, f"{text!r}: outputs differ at token {first} without a near-tie"
+        assert decoder.stats.drafted_by_origin["heads"] > 0
+
+
+def test_bundled_heads_ship_with_the_package():
+    folder = os.path.join(os.path.dirname(os.path.abspath(__import__("lookahead").__file__)), "data",
+                          "heads-smollm2")
+    heads = DraftHeads.bundled()
+    assert os.path.exists(os.path.join(folder, "default.txt"))
+    assert heads.target["architecture"] == "LlamaForCausalLM" and heads.target["vocab_size"] == 49152
+    assert heads.trained_on["held_out_accuracy"]["top1"]
