@@ -49,7 +49,7 @@ from lookahead.policy import DraftPolicy, Limits
 from lookahead.verify import greedy_verify_argmax
 
 FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))
-"""A GPU-like cost curve: 64 verified tokens cost about what one does (``DESIGN.md``, reporting a result)."""
+"""A GPU-like cost curve: 64 verified tokens cost about what one does."""
 
 FLAT_METHODS = {
     "trie": {"copy_nodes": 0, "recycle_k": 0},

@@ -1,4 +1,4 @@
-"""Draft passes on SmolLM2 (issue 17): layer skip, early exit, low rank, a (truncated) draft model.
+"""Draft passes on SmolLM2: layer skip, early exit, low rank, a (truncated) draft model.
 
 Each method runs alone (no n-gram, copy or model-prediction drafts) on the same prompts as plain ``generate``,
 greedy, in three settings:

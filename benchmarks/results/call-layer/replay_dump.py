@@ -1,7 +1,12 @@
-import json, sys
+"""Every replayed prompt's target calls and budgets, recorded and flat curves, default and fixed policies."""
+
+import json
+import sys
+
+from benchmarks.replay import FLAT_CURVE, replay_all
 from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
-from benchmarks.replay import replay_all, FLAT_CURVE
+
 out = {}
 for name in ["replay-smollm2.json", "replay-smollm2-16.json"]:
     rec = json.load(open(f"benchmarks/results/{name}"))

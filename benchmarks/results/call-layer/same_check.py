@@ -1,16 +1,24 @@
-import json, sys, torch
-torch.set_num_threads(1)
+"""The same-check: tokens, target calls and budgets of SmolLM2 on 2 prompts per workload, flat and steep curves
+(run at two commits, compared with a diff)."""
+
+import json
+import sys
+
+import torch
+
 import lookahead
 from lookahead import LookaheadDecoder
-from lookahead.models import load_smollm2
-from lookahead.bench.workloads import build_workloads
 from lookahead.bench.runner import encode
+from lookahead.bench.workloads import build_workloads
+from lookahead.models import load_smollm2
+
+torch.set_num_threads(1)
 model, tok = load_smollm2()
 wl = build_workloads(["code-editing", "code-completion", "chat"], 2)
 FLAT = ((1, .010), (2, .010), (256, .0102))
 STEEP = ((1, .030), (2, .036), (4, .045), (8, .055), (16, .07), (32, .1), (64, .16))
 out = {}
-for name, prompts in wl.items():
+for _name, prompts in wl.items():
     for p in prompts:
         inputs = encode(p, tok, model.device)
         for label, curve in (("flat", FLAT), ("steep", STEEP)):
