@@ -7,7 +7,6 @@ steps (``static.StaticCall``). Terms are defined in ``config.py``.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import weakref
@@ -23,6 +22,7 @@ from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibrate_curve, calibration_sizes
 from .kv_cache import new_cache
+from .numba_kernels import warn_if_uncompiled
 from .policy import DraftPolicy
 from .single import SingleCall
 from .static import StaticCall, static_layers
@@ -136,7 +136,7 @@ class LookaheadDecoder:
         **model_kwargs,
     ):
         call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
-        _say_if_kernels_compile()
+        warn_if_uncompiled()
         if streamer is None:
             streamer = compat.streamer_of_calling_generate(self)
         if stop_strings:
@@ -210,18 +210,3 @@ def _static(generation_config, model_kwargs: dict) -> bool:
     return static_layers(compat.cache_of(model_kwargs)) if compat.cache_of(model_kwargs) is not None else False
 
 
-_KERNELS_CHECKED = []
-
-
-def _say_if_kernels_compile() -> None:
-    """Once per process: when Numba's on-disk cache lacks some kernel (the set-up script's ``python -m lookahead
-    warmup`` was not run), say that this first call compiles them, instead of a silent wait."""
-    if _KERNELS_CHECKED:
-        return
-    _KERNELS_CHECKED.append(True)
-    from .numba_kernels import kernels_compiled
-
-    if kernels_compiled() is False:
-        logging.getLogger("lookahead").warning(
-            "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
-            "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import pkgutil
 
 
@@ -73,3 +74,24 @@ def kernels_compiled(modules=None) -> bool | None:
         return True
     except Exception:  # another Numba's internals: say "unknown", never fail a run over it
         return None
+
+
+_CHECKED: list = []  # one entry once this process has checked (or need not check) for uncompiled kernels
+
+
+def mark_checked() -> None:
+    """No first-call notice in this process: what runs next compiles the kernels and says so itself
+    (``python -m lookahead warmup``)."""
+    _CHECKED.append(True)
+
+
+def warn_if_uncompiled() -> None:
+    """Once per process: when Numba's on-disk cache lacks some kernel (the set-up script's ``python -m lookahead
+    warmup`` was not run), say that this first call compiles them, instead of a silent wait."""
+    if _CHECKED:
+        return
+    _CHECKED.append(True)
+    if kernels_compiled() is False:
+        logging.getLogger("lookahead").warning(
+            "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
+            "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead")

@@ -109,3 +109,26 @@ def test_the_bundled_model_after_the_warm_up_compiles_nothing_and_keeps_its_curv
     if "provisional" in warm.stderr:
         return  # the warm-up ran on a busy machine: a provisional curve is not kept, by design
     assert "using the cost curve measured for this model" in proc.stderr and "calibrating" not in proc.stderr
+
+
+def test_the_first_call_says_once_when_kernels_will_compile(monkeypatch, caplog):
+    """Without a warm-up the first decoder call of a process says it compiles (once); after mark_checked()
+    (what the warm-up calls before compiling) nothing is said."""
+    import logging
+
+    from lookahead import numba_kernels
+
+    monkeypatch.setattr(numba_kernels, "_CHECKED", [])
+    monkeypatch.setattr(numba_kernels, "kernels_compiled", lambda modules=None: False)
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        numba_kernels.warn_if_uncompiled()
+        numba_kernels.warn_if_uncompiled()
+    assert [r.getMessage() for r in caplog.records].count(
+        "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
+        "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead") == 1
+    caplog.clear()
+    monkeypatch.setattr(numba_kernels, "_CHECKED", [])
+    numba_kernels.mark_checked()
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        numba_kernels.warn_if_uncompiled()
+    assert not caplog.records
