@@ -162,6 +162,7 @@ class ModelSource(DraftSource):
 
     origin = MODEL
     wants_rows = True
+    transient = ("_model",)  # a weak reference does not pickle: an unpickled table starts anew
     buckets = (0.95, 2.0)
 
     def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False, table: SuccessorTable | None = None):
@@ -177,11 +178,6 @@ class ModelSource(DraftSource):
         if model is not None:
             self._model = weakref.ref(model)
         self.prev, self.last = (int(t) for t in np.concatenate([[-1, -1], prompt[-2:]])[-2:])
-
-    def __getstate__(self) -> dict:  # a weak reference does not pickle: an unpickled table starts anew
-        state = dict(self.__dict__)
-        state["_model"] = None
-        return state
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         if self.last < 0:
