@@ -27,6 +27,7 @@ import weakref
 import numpy as np
 from numba import njit
 
+from . import kernels as K
 from .cache import NgramTrie, SuffixIndex
 from .draft import COPY, MODEL, WINDOW, Draft, WindowRows
 from .recycle import SuccessorTable
@@ -118,9 +119,14 @@ class CopySource(DraftSource):
     Each step it drafts the continuation of the context's longest suffix that occurred before (at
     that suffix's first occurrence), ``max_depth`` deep, and beside it up to ``branches - 1`` other
     continuations (other tokens that followed that suffix or a shorter one, longest first), each a
-    chain of up to :attr:`branch_depth` tokens. A node's match is its chain's suffix length put on
-    the acceptance estimates' scale: :attr:`buckets` ``(a, b)`` give 1 below ``a`` tokens, 2 below
-    ``b``, else 3 (a copy of a long passage is likelier to go on than one after a common phrase).
+    chain of up to :attr:`branch_depth` tokens. A node's match is the context it would follow once its
+    ancestors are accepted, which is what its estimate is conditioned on: its chain's suffix length
+    plus its depth minus one. It is put on the acceptance estimates' scale: :attr:`buckets` ``(a, b)``
+    give 1 below ``a`` tokens, 2 below ``b``, else 3 (a copy of a long passage is likelier to go on
+    than one after a common phrase).
+
+    Example: a suffix of 2 tokens matched, a chain 5 deep: matches 2, 3, 4, 5, 6 -> buckets
+    1, 1, 2, 2, 2.
     """
 
     origin = COPY
@@ -141,8 +147,10 @@ class CopySource(DraftSource):
         tokens, parents, match = self.index.propose(max_nodes, max_depth, self.branches, self.branch_depth)
         if not len(tokens):
             return None
+        depth = K.depth_rank(parents)[0]  # int64[n], 1 for a child of the root
+        followed = match + depth - 1  # context matched once the node's ancestors are accepted
         a, b = self.buckets
-        return Proposal(tokens, parents, 1 + (match >= a).astype(np.int64) + (match >= b))
+        return Proposal(tokens, parents, 1 + (followed >= a).astype(np.int64) + (followed >= b))
 
     def learn(self, emitted: np.ndarray) -> None:
         self.index.extend(emitted)

@@ -99,12 +99,15 @@ def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
     chain = p.tokens[p.parents == np.arange(-1, len(p.tokens) - 1)]
     assert p.tokens[:1].tolist() == [120] and len(p.tokens) <= 40
     assert p.tokens[p.match == 3].tolist()[:3] == [120, 121, 122]  # 20 tokens matched: bucket 3
-    assert len(chain) >= 20
+    assert len(chain) >= 20 and set(p.match[np.isin(p.tokens, chain)].tolist()) == {3}
     src.learn(np.array([120, 121, 122]))
     assert src.index.match_length == 23
-    # a short match: bucket 1 (fewer than 4 tokens), then 2 (4 to 15)
-    src.start(np.array([5, 6, 9, 9, 5, 6]))
-    assert set(src.propose(np.zeros(0, np.int64), 8, 8).match.tolist()) == {1}
+    # a node's match is what it follows once its ancestors are accepted: the suffix plus its depth - 1;
+    # bucket 1 below 4 tokens, 2 from 4 to 15
+    src.start(np.array([5, 6, 9, 9, 5, 6]))  # "5 6" matched (2 tokens), its continuation 9 9 5 6
+    p = src.propose(np.zeros(0, np.int64), 8, 8)
+    assert p.tokens.tolist()[:4] == [9, 9, 5, 6] and p.parents.tolist()[:4] == [-1, 0, 1, 2]
+    assert p.match.tolist()[:4] == [1, 1, 2, 2]  # follows 2, 3, 4, 5 tokens
     src.start(np.array([5, 6, 7, 8, 1, 5, 6, 7, 8]))
     assert set(src.propose(np.zeros(0, np.int64), 8, 8).match.tolist()) == {2}
 
