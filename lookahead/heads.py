@@ -22,6 +22,9 @@ full head, 49152 x 576, costs 13 ms per row on one core, the 4096 most frequent 
 
 Files: :meth:`DraftHeads.save` writes ``heads.safetensors`` (the weights, fp16) and ``heads.json`` (format
 version, the target's :func:`fingerprint`, K, the kind, the training data's description, held-out accuracy).
+:meth:`DraftHeads.from_medusa` reads heads saved by the original Medusa repository (``config.json`` and
+``medusa_lm_head.pt`` or ``.safetensors``): each head one residual block and its own full-vocabulary output
+layer (``own_outputs``), or, in its earliest format, the model's LM head.
 Heads for another model are refused with a ValueError at :meth:`DraftHeads.load` (given the model) and in
 :meth:`HeadsSource.start`, before the first forward. ``DraftHeads.bundled()`` loads the heads shipped for the
 bundled SmolLM2-135M-Instruct. Train heads for any causal LM with ``python -m lookahead train-heads``.
@@ -52,9 +55,10 @@ from .draft import HEADS
 from .source import DraftSource, Proposal
 
 FORMAT = "lookahead-draft-heads"
-VERSION = 1
+VERSION = 2  # the newest format read; 2 adds each Medusa head's own output layer (``own_outputs``)
 KINDS = ("medusa", "feature")
 WEIGHTS_FILE, HEADER_FILE, DEFAULT_FILE = "heads.safetensors", "heads.json", "default.txt"
+MEDUSA_CONFIG, MEDUSA_WEIGHTS = "config.json", ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heads-smollm2")
 """The folder of the heads shipped for the bundled SmolLM2-135M-Instruct."""
 
@@ -260,6 +264,8 @@ class DraftHeads(nn.Module):
     - ``target``: the target's :func:`fingerprint` (None for heads not yet bound to a model); ``trained_on``:
       a JSON-safe description of the training data and results (the header's ``"training"``); ``ffn``: the
       feature block's width / H; ``dropout``: applied to the blocks' inputs in training only.
+    - ``own_outputs`` (Medusa heads only): each head ends in its own output layer ``head_out[k]``
+      float[Vk, H] instead of the model's LM-head rows (the original Medusa format, :meth:`from_medusa`).
     - ``settings``: :class:`HeadsSettings`.
 
     The parameters stay float32 on the CPU; each device gets its own copy on first use.
@@ -267,10 +273,12 @@ class DraftHeads(nn.Module):
 
     def __init__(self, kind: str, num_heads: int, hidden_size: int, vocab_ids, target: dict | None = None,
                  trained_on: dict | None = None, ffn: int = 2, settings: HeadsSettings | None = None,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, own_outputs: bool = False):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"DraftHeads kind={kind!r} is invalid: must be one of {KINDS}")
+        if own_outputs and kind != "medusa":
+            raise ValueError(f"DraftHeads own_outputs=True is invalid for kind={kind!r}: only Medusa heads have them")
         if not 1 <= num_heads <= 16:
             raise ValueError(f"DraftHeads num_heads={num_heads!r} is invalid: must be in [1, 16]")
         self.kind, self.num_heads, self.hidden_size, self.ffn = kind, int(num_heads), int(hidden_size), int(ffn)
@@ -285,12 +293,15 @@ class DraftHeads(nn.Module):
         if kind == "medusa":
             self.block_weight = nn.Parameter(torch.zeros(self.num_heads, h, h))  # [K, H, H], zero: identity
             self.block_bias = nn.Parameter(torch.zeros(self.num_heads, h))  # [K, H]
+            if own_outputs:
+                self.head_out = nn.Parameter(torch.zeros(self.num_heads, len(ids), h))  # [K, Vk, H]
         else:
             self.fc = nn.Linear(2 * h, h)
             self.up = nn.Linear(h, self.ffn * h)
             self.down = nn.Linear(self.ffn * h, h)
             nn.init.zeros_(self.down.weight)
             nn.init.zeros_(self.down.bias)
+        self.own_outputs = bool(own_outputs)
         self.drop = nn.Dropout(dropout)  # active in training only
         self._devices: dict = {}
 
@@ -300,6 +311,14 @@ class DraftHeads(nn.Module):
         """float[N, K, H]: each Medusa head's residual block of ``hidden`` float[N, H]."""
         z = torch.einsum("nj,kij->nki", self.drop(hidden), self.block_weight) + self.block_bias  # [N, K, H]
         return hidden[:, None, :] + nn.functional.silu(z)
+
+    def medusa_logits(self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """float[..., d, Vk]: head ``k``'s logits of ``rows[..., k, :]`` (float[..., d, H], the first ``d`` heads'
+        blocks), through its own output layer (``own_outputs``), else through the model's LM-head rows
+        ``weight`` float[Vk, H] and ``bias``."""
+        if self.own_outputs:
+            return torch.einsum("...kh,kvh->...kv", rows, self.head_out[: rows.shape[-2]])
+        return nn.functional.linear(rows, weight, bias)
 
     def feature_step(self, feature: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         """float[N, H]: the next feature from the current one and its emitted token's embedding (both [N, H])."""
@@ -353,10 +372,13 @@ class DraftHeads(nn.Module):
     # ----------------------------------------------------------------------------------------- files
 
     def header(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "kind": self.kind, "num_heads": self.num_heads,
-                "hidden_size": self.hidden_size, "ffn": self.ffn, "vocab": int(len(self.vocab_ids)),
-                "temperature": [round(float(t), 6) for t in self.temperature], "target": self.target,
-                "training": self.trained_on}
+        head = {"format": FORMAT, "version": 2 if self.own_outputs else 1, "kind": self.kind,
+                "num_heads": self.num_heads, "hidden_size": self.hidden_size, "ffn": self.ffn,
+                "vocab": int(len(self.vocab_ids)), "temperature": [round(float(t), 6) for t in self.temperature],
+                "target": self.target, "training": self.trained_on}
+        if self.own_outputs:  # version 2: a reader of version 1 refuses these rather than misreading them
+            head["own_outputs"] = True
+        return head
 
     def save(self, folder: str) -> None:
         """Write ``heads.safetensors`` (weights in float16, the vocabulary as int64) and ``heads.json``."""
@@ -393,7 +415,7 @@ class DraftHeads(nn.Module):
         tensors = load_file(os.path.join(folder, WEIGHTS_FILE))
         heads = cls(head["kind"], head["num_heads"], head["hidden_size"], tensors.pop("vocab_ids"),
                     target=head.get("target"), trained_on=head.get("training"), ffn=head.get("ffn", 2),
-                    settings=HeadsSettings(**settings))
+                    settings=HeadsSettings(**settings), own_outputs=bool(head.get("own_outputs", False)))
         state = {k: v.float() for k, v in tensors.items()}
         state["vocab_ids"] = heads.vocab_ids
         state["temperature"] = torch.tensor(head.get("temperature", [1.0] * heads.num_heads), dtype=torch.float32)
@@ -401,6 +423,70 @@ class DraftHeads(nn.Module):
         heads.eval()
         if model is not None:
             heads.check_model(model)
+        return heads
+
+    @classmethod
+    def from_medusa(cls, folder: str, model, **settings) -> DraftHeads:
+        """Medusa heads saved by the original Medusa repository (FasterDecoding/Medusa) for ``model``.
+
+        ``folder`` holds ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``,
+        ``base_model_name_or_path``) and ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` (the state
+        dict of its ``medusa_head``: per head ``i``, ``{i}.0.linear.weight`` [H, H] and ``.bias`` [H], the
+        residual block ``h + silu(W h + b)``, then ``{i}.1.weight`` [V, H], the head's own output layer; the
+        earliest format has no output layer and uses the model's LM head). Heads with more than one block
+        (``medusa_num_layers`` > 1) are refused, as are weights whose sizes do not fit ``model``. The
+        verification stays exact: Medusa's own "typical acceptance" is not used. ``settings``:
+        :class:`HeadsSettings` fields.
+
+        Example: ``DraftHeads.from_medusa("medusa-vicuna-7b-v1.3", model)`` with ``model`` the Vicuna it was
+        trained on gives 5 heads over the full 32000-token vocabulary.
+        """
+        config_path = os.path.join(folder, MEDUSA_CONFIG)
+        if not os.path.exists(config_path):
+            raise FileNotFoundError(f"no {MEDUSA_CONFIG} in {folder!r}: not a Medusa heads folder")
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        if "medusa_num_heads" not in config:
+            raise ValueError(f"{config_path} has no medusa_num_heads: not a Medusa heads config")
+        num_heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
+        if layers not in (0, 1):
+            raise ValueError(f"Medusa heads with medusa_num_layers={layers} cannot be read: each lookahead Medusa "
+                             "head holds one residual block (0 or 1)")
+        weights = next((os.path.join(folder, n) for n in MEDUSA_WEIGHTS if os.path.exists(os.path.join(folder, n))),
+                       None)
+        if weights is None:
+            raise FileNotFoundError(f"no {' or '.join(MEDUSA_WEIGHTS)} in {folder!r}")
+        if weights.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            state = load_file(weights)
+        else:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        target = fingerprint(model)
+        hidden, vocab = target["hidden_size"], target["vocab_size"]
+        own = f"0.{layers}.weight" in state
+
+        def tensor(name, shape):
+            if name not in state:
+                raise ValueError(f"{weights} has no {name!r}: not the Medusa heads of a {num_heads}-head config")
+            t = state[name]
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{weights}: {name} is {tuple(t.shape)}, {shape} fits this model "
+                                 f"(hidden size {hidden}, vocabulary {vocab}): heads for another model")
+            return t.float()
+
+        heads = cls("medusa", num_heads, hidden, np.arange(vocab), target=target, own_outputs=own,
+                    trained_on={"source": "Medusa checkpoint", "folder": os.path.abspath(folder),
+                                "base_model": config.get("base_model_name_or_path")},
+                    settings=HeadsSettings(**settings))
+        with torch.no_grad():
+            for i in range(num_heads):
+                if layers:
+                    heads.block_weight[i] = tensor(f"{i}.0.linear.weight", (hidden, hidden))
+                    heads.block_bias[i] = tensor(f"{i}.0.linear.bias", (hidden,))
+                if own:
+                    heads.head_out[i] = tensor(f"{i}.{layers}.weight", (vocab, hidden))
+        heads.eval()
         return heads
 
     @classmethod
@@ -424,9 +510,12 @@ class Bound:
         self.device = device
         self.net = heads.on_device(device)
         ids = heads.vocab_ids.to(device)
-        self.weight = out.weight.detach()[ids].float().contiguous()  # [Vk, H]
         bias = getattr(out, "bias", None)
-        self.bias = None if bias is None else bias.detach()[ids].float()
+        if heads.own_outputs:  # the heads' own output layers replace the LM-head rows: no copy of them
+            self.weight, self.bias = torch.empty(0, heads.hidden_size, device=device), None
+        else:
+            self.weight = out.weight.detach()[ids].float().contiguous()  # [Vk, H]
+            self.bias = None if bias is None else bias.detach()[ids].float()
         self.embed = model.get_input_embeddings()
         self.vocab = heads.vocab_ids.numpy()  # host int64[Vk]
         self.temperatures = heads.temperature.tolist()  # per head / level, on the host
@@ -520,7 +609,7 @@ class HeadsSource(DraftSource):
         if self.given_cost is None:
             costs = _COSTS.setdefault(model, {})
             h = self.heads  # the cost depends on the heads' shapes and the tree's size, not on their weights
-            key = (h.kind, h.num_heads, h.hidden_size, h.ffn, len(h.vocab_ids), str(self.bound.device),
+            key = (h.kind, h.num_heads, h.hidden_size, h.ffn, len(h.vocab_ids), h.own_outputs, str(self.bound.device),
                    self.max_nodes, self.max_depth, self.topk, self.width)
             if key not in costs:
                 costs[key] = measure_cost(self)
@@ -636,7 +725,7 @@ def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth
     depth = min(max_depth, net.num_heads)
     h = hidden.to(bound.weight.dtype)[None]  # [1, H]
     rows = net.medusa_hidden(h)[0, :depth]  # [d, H]
-    logits = bound.logits(rows) / net.temperature[:depth, None]  # [d, Vk]
+    logits = net.medusa_logits(rows, bound.weight, bound.bias) / net.temperature[:depth, None]  # [d, Vk]
     top = torch.softmax(logits, -1).topk(min(topk, logits.shape[-1]), -1)
     probs, ids = top.values.cpu().numpy(), top.indices.cpu().numpy()  # [d, k] each
     node_depth, index, parents = best_first_tree(probs, max_nodes, depth)
@@ -702,7 +791,7 @@ def measure_cost(source: HeadsSource, repeats: int = 5) -> tuple[float, float]:
     depth-1 and a full-depth tree on a random hidden state (once per model: :meth:`HeadsSource.start`)."""
     bound = source.bound
     gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(bound.weight.shape[1], generator=gen).to(bound.device)
+    hidden = torch.randn(source.heads.hidden_size, generator=gen).to(bound.device)
     saved = source.hidden
     source.hidden = hidden
     sync = torch.cuda.synchronize if bound.device.type == "cuda" else (lambda: None)

@@ -304,7 +304,7 @@ def batch_loss(heads: DraftHeads, rows: Rows, idx: np.ndarray, weight: torch.Ten
     lw = level_weights(K)
     ce = torch.zeros(K)
     if heads.kind == "medusa":
-        logits = nn.functional.linear(heads.medusa_hidden(h), weight, bias)  # [B, K, Vk]
+        logits = heads.medusa_logits(heads.medusa_hidden(h), weight, bias)  # [B, K, Vk]
         for k in range(K):
             ce[k] = _ce(logits[:, k], target[:, k])
         return (lw * ce).sum(), ce.detach()
@@ -410,7 +410,7 @@ def evaluate(heads: DraftHeads, rows: Rows, model, topk: int = 5, max_rows: int 
         t = Targets(rows, idx, heads.vocab_ids.numpy(), K)
         h = torch.from_numpy(np.asarray(rows.hidden[idx], dtype=np.float32))
         if heads.kind == "medusa":
-            logits = nn.functional.linear(heads.medusa_hidden(h), weight, bias)  # [B, K, Vk]
+            logits = heads.medusa_logits(heads.medusa_hidden(h), weight, bias)  # [B, K, Vk]
         else:
             feature, out = h, []
             for k in range(K):

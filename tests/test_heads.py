@@ -191,6 +191,97 @@ def test_save_load_round_trip(trained, llama, tmp_path):
     assert DraftHeads.load(str(tmp_path)).kind == "feature"  # a training run's folder: its default kind
 
 
+class _OriginalResBlock(torch.nn.Module):
+    """The original Medusa repository's residual block, rebuilt here only to write checkpoints in its format."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, hidden)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x):
+        return x + self.act(self.linear(x))
+
+
+def _original_medusa(model, folder, num_heads=3, own_outputs=True, layers=1, safetensors=False, seed=0):
+    """Write Medusa heads for ``model`` as the original repository saves them (its ``medusa_head`` ModuleList's
+    state dict and config.json), with random weights; returns the module."""
+    hidden, vocab = model.config.hidden_size, model.config.vocab_size
+    torch.manual_seed(seed)
+    lm = model.get_output_embeddings().weight.detach().float()
+    heads = torch.nn.ModuleList()
+    for _ in range(num_heads):
+        parts = [_OriginalResBlock(hidden)] * layers
+        if own_outputs:
+            out = torch.nn.Linear(hidden, vocab, bias=False)
+            with torch.no_grad():
+                out.weight.copy_(lm + 0.05 * torch.randn(vocab, hidden))  # Medusa starts it from the LM head
+            parts.append(out)
+        heads.append(torch.nn.Sequential(*parts))
+    with torch.no_grad():
+        for p in heads.parameters():
+            if p.ndim == 2 and p.shape[0] == hidden or p.ndim == 1:
+                p.copy_(0.1 * torch.randn(p.shape))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"medusa_num_heads": num_heads, "medusa_num_layers": layers,
+                   "base_model_name_or_path": "tiny-llama"}, f)
+    state = {k: v.contiguous() for k, v in heads.state_dict().items()}
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(state, os.path.join(folder, "medusa_lm_head.safetensors"))
+    else:
+        torch.save(state, os.path.join(folder, "medusa_lm_head.pt"))
+    return heads
+
+
+@pytest.mark.parametrize("own_outputs,safetensors", [(True, False), (False, False), (True, True)])
+def test_heads_in_the_original_medusa_format_predict_as_there_and_decode_exactly(llama, tmp_path, own_outputs,
+                                                                                  safetensors):
+    original = _original_medusa(llama, str(tmp_path), own_outputs=own_outputs, safetensors=safetensors)
+    heads = DraftHeads.from_medusa(str(tmp_path), llama, cost=FREE)
+    assert heads.kind == "medusa" and heads.num_heads == 3 and heads.own_outputs == own_outputs
+    assert len(heads.vocab_ids) == llama.config.vocab_size
+    lm = llama.get_output_embeddings().weight.detach().float()
+    h = torch.randn(5, llama.config.hidden_size, generator=torch.Generator().manual_seed(3))  # [N, H]
+    ours = heads.medusa_logits(heads.medusa_hidden(h), lm, None)  # [N, K, V]
+    with torch.no_grad():
+        theirs = torch.stack([head(h) if own_outputs else head(h) @ lm.T for head in original], 1)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(7))
+    plain = llama.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=0)
+    decoder = LookaheadDecoder(heads=heads, **HEADS_ONLY)
+    assert torch.equal(plain, llama.generate(prompt, max_new_tokens=32, custom_generate=decoder, pad_token_id=0))
+    assert decoder.stats.drafted_by_origin["heads"] > 0
+
+
+def test_original_medusa_heads_that_do_not_fit_are_refused(llama, tmp_path):
+    _original_medusa(llama, str(tmp_path / "two"), layers=2)
+    with pytest.raises(ValueError, match="medusa_num_layers=2"):
+        DraftHeads.from_medusa(str(tmp_path / "two"), llama)
+    _original_medusa(tiny_model("llama", hidden=48), str(tmp_path / "wide"))
+    with pytest.raises(ValueError, match="heads for another model"):
+        DraftHeads.from_medusa(str(tmp_path / "wide"), llama)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        DraftHeads.from_medusa(str(tmp_path), llama)
+    os.remove(tmp_path / "wide" / "medusa_lm_head.pt")
+    with pytest.raises(FileNotFoundError, match="medusa_lm_head"):
+        DraftHeads.from_medusa(str(tmp_path / "wide"), llama)
+
+
+def test_heads_with_their_own_outputs_save_as_format_2(llama, tmp_path):
+    _original_medusa(llama, str(tmp_path / "orig"))
+    heads = DraftHeads.from_medusa(str(tmp_path / "orig"), llama, cost=FREE)
+    heads.save(str(tmp_path / "saved"))
+    header = json.loads((tmp_path / "saved" / "heads.json").read_text())
+    assert header["version"] == 2 and header["own_outputs"] is True
+    again = DraftHeads.load(str(tmp_path / "saved"), model=llama)
+    assert again.own_outputs and torch.allclose(again.head_out, heads.head_out, atol=1e-2)  # stored in float16
+    with pytest.raises(ValueError, match="only Medusa heads"):
+        DraftHeads("feature", 2, 32, [3, 4], own_outputs=True)
+
+
 def test_heads_for_another_model_are_refused_before_any_forward(trained, llama, tmp_path):
     heads = trained["medusa"][0]
     heads.save(str(tmp_path))
