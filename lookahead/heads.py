@@ -433,13 +433,15 @@ class DraftHeads(nn.Module):
         ``base_model_name_or_path``) and ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` (the state
         dict of its ``medusa_head``: per head ``i``, ``{i}.0.linear.weight`` [H, H] and ``.bias`` [H], the
         residual block ``h + silu(W h + b)``, then ``{i}.1.weight`` [V, H], the head's own output layer; the
-        earliest format has no output layer and uses the model's LM head). Heads with more than one block
+        earliest format has no output layer and uses the model's LM head; keys may carry the ``medusa_head.``
+        prefix of a whole Medusa model's state dict). Heads with more than one block
         (``medusa_num_layers`` > 1) are refused, as are weights whose sizes do not fit ``model``. The
         verification stays exact: Medusa's own "typical acceptance" is not used. ``settings``:
         :class:`HeadsSettings` fields.
 
-        Example: ``DraftHeads.from_medusa("medusa-vicuna-7b-v1.3", model)`` with ``model`` the Vicuna it was
-        trained on gives 5 heads over the full 32000-token vocabulary.
+        Example: a folder whose config says ``"medusa_num_heads": 5, "medusa_num_layers": 1``, for a model with
+        H = 4096 and a 32000-token vocabulary, gives 5 heads with ``block_weight`` [5, 4096, 4096] and
+        ``head_out`` [5, 32000, 4096] (2.6 GB in float32).
         """
         config_path = os.path.join(folder, MEDUSA_CONFIG)
         if not os.path.exists(config_path):
@@ -462,6 +464,8 @@ class DraftHeads(nn.Module):
             state = load_file(weights)
         else:
             state = torch.load(weights, map_location="cpu", weights_only=True)
+        prefix = "medusa_head."  # a whole MedusaModel's state dict names the heads under its attribute
+        state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
         target = fingerprint(model)
         hidden, vocab = target["hidden_size"], target["vocab_size"]
         own = f"0.{layers}.weight" in state

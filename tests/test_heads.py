@@ -226,7 +226,7 @@ def _original_medusa(model, folder, num_heads=3, own_outputs=True, layers=1, saf
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump({"medusa_num_heads": num_heads, "medusa_num_layers": layers,
                    "base_model_name_or_path": "tiny-llama"}, f)
-    state = {k: v.contiguous() for k, v in heads.state_dict().items()}
+    state = {("medusa_head." if safetensors else "") + k: v.contiguous() for k, v in heads.state_dict().items()}
     if safetensors:
         from safetensors.torch import save_file
 
