@@ -31,12 +31,15 @@ class AcceptanceStats:
     ``context`` is the node's match bucket (:data:`MATCH_BUCKETS`). Each estimate is the cell's
     acceptance rate shrunk towards the same (origin, context, rank) pooled over all depths, itself
     shrunk towards a Beta prior per rank (``tuning.priors``) whose mean is scaled per context
-    (``tuning.match_scale``, clipped to [0.02, 0.98]) at the same strength ``a + b``. Counts decay by
-    ``tuning.decay`` per update so the estimates follow the text as it changes.
+    (``tuning.match_scale``, clipped to [0.02, 0.98]) at the same strength ``a + b``. At depth ``d`` the
+    pooled estimate ``p`` is lifted to ``1 - (1 - p) * tuning.depth_lift ** (d - 1)`` first: a chain whose
+    ancestors were accepted is likelier to go on. Counts decay by ``tuning.decay`` per update so the
+    estimates follow the text as it changes.
 
-    Example (no data yet, prior only): a chain of two only children after a 2-token match gets
-    ``c = 2/3 * 0.9 = 0.6`` per level, so node probabilities ``[0.6, 0.36]``; after a 1-token match
-    ``[1/3, 1/9]``.
+    Example (no data yet, prior only, ``depth_lift`` 0.95): a chain of two only children after a 2-token
+    match gets ``c = 2/3 * 0.9 = 0.6`` at depth 1 and ``1 - 0.4 * 0.95 = 0.62`` at depth 2, so node
+    probabilities ``[0.6, 0.372]``; after a 1-token match ``c`` is 1/3 and ``1 - 2/3 * 0.95 = 0.367``:
+    ``[0.333, 0.122]``.
     """
 
     def __init__(self, origins: int, tuning: BudgetTuning | None = None):
@@ -75,7 +78,7 @@ class AcceptanceStats:
         """float[n]: P(node accepted) for each node of a :class:`~lookahead.draft.Draft`, in its cells."""
         return K.node_probabilities(draft.parents, draft.origin, draft.match, draft.depth, draft.rank, self.prior_a,
                                     self.prior_b, self.tried, self.accepted, self._tried_pool, self._accepted_pool,
-                                    self.tuning.pool_weight)
+                                    self.tuning.pool_weight, self.tuning.depth_lift)
 
     def update(self, draft, accepted_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Record one verified draft: every node whose parent was accepted (or is the root) was tried.
@@ -87,7 +90,7 @@ class AcceptanceStats:
         return K.record(draft.parents, draft.origin, draft.match, draft.depth, draft.rank,
                         np.asarray(accepted_nodes, dtype=np.int64), self.prior_a, self.prior_b, self.tried,
                         self.accepted, self._tried_pool, self._accepted_pool, self.tuning.pool_weight,
-                        self.tuning.decay)
+                        self.tuning.decay, self.tuning.depth_lift)
 
 
 class CopyBelief:

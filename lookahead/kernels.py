@@ -43,10 +43,11 @@ def depth_rank(parents):
 
 
 @njit(cache=True)
-def _conditional(o, ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool, pool_weight):
+def _conditional(o, ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool, pool_weight, depth_lift):
     a = prior_a[ctx, r]
     b = prior_b[ctx, r]
     pooled = (accepted_pool[o, ctx, r] + a) / (tried_pool[o, ctx, r] + a + b)
+    pooled = 1.0 - (1.0 - pooled) * depth_lift ** d  # the depth cell's target: deeper, likelier to go on
     return (accepted[o, ctx, d, r] + pool_weight * pooled) / (tried[o, ctx, d, r] + pool_weight)
 
 
@@ -58,19 +59,21 @@ def _cell(match, depth, rank, n_ctx, max_depth, max_rank):
 
 @njit(cache=True)
 def node_probabilities(parents, origin, match, depth, rank, prior_a, prior_b, tried, accepted, tried_pool,
-                       accepted_pool, pool_weight):
+                       accepted_pool, pool_weight, depth_lift):
     """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path.
 
     ``tried``/``accepted``: float64[origins, contexts, depths, ranks] counts; ``*_pool``: the same
-    summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks].
-    Example (priors only): a chain of two only children whose ``c`` is 0.6 each -> ``[0.6, 0.36]``.
+    summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks]. A depth cell ``d`` (0-based)
+    shrinks towards ``1 - (1 - pooled) * depth_lift ** d``.
+    Example (priors only, ``depth_lift`` 1): a chain of two only children whose ``c`` is 0.6 each -> ``[0.6,
+    0.36]``; with ``depth_lift`` 0.5 the second level's ``c`` is ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``.
     """
     n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
     prob = np.empty(len(parents))
     for i in range(len(parents)):
         ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
         c = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool,
-                         pool_weight)
+                         pool_weight, depth_lift)
         prob[i] = c * prob[parents[i]] if parents[i] >= 0 else c
     return prob
 
@@ -105,7 +108,7 @@ def choose(probs, cost_table, extra_rows, extra_gain, margin):
 
 @njit(cache=True)
 def record(parents, origin, match, depth, rank, accepted_nodes, prior_a, prior_b, tried, accepted, tried_pool,
-           accepted_pool, pool_weight, decay):
+           accepted_pool, pool_weight, decay, depth_lift):
     """Learn one verified tree in place: every node whose parent was accepted (or is the root) was
     *tried*; counts decay by ``decay`` first. Returns (c float64[t], hit bool[t]) of the ``t`` tried
     nodes in index order, ``c`` as estimated before this update.
@@ -125,7 +128,7 @@ def record(parents, origin, match, depth, rank, accepted_nodes, prior_a, prior_b
         if parents[i] < 0 or ok[parents[i]]:
             ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
             c[t] = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool,
-                                accepted_pool, pool_weight)
+                                accepted_pool, pool_weight, depth_lift)
             hit[t] = ok[i]
             t += 1
     tried *= decay

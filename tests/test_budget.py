@@ -110,7 +110,7 @@ def test_kernel_examples():
 
 
 def test_match_length_sets_the_prior_and_separates_the_estimates():
-    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0))
+    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0, depth_lift=1.0))  # every depth borrows alike
     # before any data: the rank prior (only child: 2/3) scaled by the match bucket's factor
     assert acc.node_probabilities(_draft([-1, 0], 1)) == pytest.approx([1 / 3, 1 / 9])
     assert acc.node_probabilities(_draft([-1, 0], 0)) == pytest.approx([1 / 3, 1 / 9])  # no match: bucket 1
@@ -124,6 +124,21 @@ def test_match_length_sets_the_prior_and_separates_the_estimates():
     assert acc.node_probabilities(_draft([-1, 0], 1))[0] < 0.1
     unscaled = AcceptanceStats(len(ORIGINS), BudgetTuning(match_scale=(1.0, 1.0, 1.0)))
     assert unscaled.node_probabilities(_draft([-1, 0], 1))[0] == pytest.approx(2 / 3)
+
+
+def test_depth_lift_makes_a_deeper_node_likelier_to_go_on():
+    # the docstring's worked example: 2-token match c = 0.6 at depth 1, 1 - 0.4 * 0.95 = 0.62 at depth 2
+    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(depth_lift=0.95))
+    assert acc.node_probabilities(_draft([-1, 0], 2)) == pytest.approx([0.6, 0.6 * 0.62])
+    assert acc.node_probabilities(_draft([-1, 0], 1)) == pytest.approx([1 / 3, 1 / 3 * (1 - 2 / 3 * 0.95)])
+    # depth cells past the last share it: depth 20 is lifted as the last cell (depth_cells 8: 0.95 ** 7)
+    chain = _draft(list(range(-1, 19)), 2)  # 20 only children
+    c = acc.node_probabilities(chain)
+    assert c[19] / c[18] == pytest.approx(1 - 0.4 * 0.95 ** 7)
+    with pytest.raises(ValueError, match="depth_lift"):
+        BudgetTuning(depth_lift=0.0)
+    with pytest.raises(ValueError, match="depth_lift"):
+        BudgetTuning(depth_lift=1.5)
 
 
 def test_pooled_counts_equal_the_sum_over_depths():
@@ -148,8 +163,9 @@ def test_record_tries_only_children_of_accepted_nodes():
     c, hit = acc.update(d, [0])  # node 3's parent (node 2) was rejected: node 3 was never compared
     assert hit.tolist() == [True, False, False] and len(c) == 3
     assert acc.tried.sum() == 3 and acc.accepted.sum() == 1
-    # priors after a 1-token match (x0.5): first of two siblings 1/3 -> 1/6, second 1/10 -> 1/20, only child 2/3 -> 1/3
-    assert c.tolist() == pytest.approx([1 / 6, 1 / 20, 1 / 3])
+    # priors after a 1-token match (x0.5): first of two siblings 1/3 -> 1/6, second 1/10 -> 1/20, only child
+    # 2/3 -> 1/3, at depth 2 lifted by depth_lift 0.95: 1 - (1 - 1/3) * 0.95
+    assert c.tolist() == pytest.approx([1 / 6, 1 / 20, 1 - 2 / 3 * 0.95])
 
 
 def test_copy_belief_worked_example():
