@@ -538,7 +538,7 @@ class BatchCall:
         if width > spare:
             for i, d in enumerate(drafts):
                 if len(d) > spare:
-                    drafts[i] = d.keep(np.arange(spare))
+                    drafts[i] = d.shallowest(spare)
             width = spare
         return width
 

@@ -5,8 +5,10 @@ Terms used across the package (defined here once):
 - *context*: the prompt plus every token emitted so far.
 - *pending tokens*: emitted tokens whose keys/values are not in the KV cache yet (the whole
   prompt before the first step, then the last emitted token).
-- *draft tree*: candidate continuations of the context, as token ids plus parent indices in
-  breadth-first order (parent -1 means "child of the last context token").
+- *draft tree*: candidate continuations of the context, as token ids plus parent indices, every
+  parent before its children (``parents[i] < i``; parent -1 means "child of the last context
+  token"). A step's merged tree is in depth-first order (``draft.py``), so the path a step
+  accepts is most often its first rows, whose KV entries then stay where they are.
 - *step*: one forward pass of the target model over pending tokens + draft tree (+ window rows),
   followed by exact verification.
 """

@@ -7,7 +7,7 @@ arithmetic is written in the same order as the NumPy reference it replaced, so t
 bit-for-bit the same (``tests/test_budget.py`` checks hand-worked values;
 ``python -m benchmarks.replay`` reproduces its committed tables).
 
-Terms: a tree is breadth-first (``parents[i] < i``, -1 for a child of the root); a node's *cell* is
+Terms: a tree is parent-first (``parents[i] < i``, -1 for a child of the root); a node's *cell* is
 (origin, match bucket, depth, rank) as defined in ``acceptance.py``.
 """
 
@@ -18,9 +18,30 @@ from numba import njit
 
 
 @njit(cache=True)
+def subset_parents(parents, keep):
+    """(parents int64[m] of the sub-tree of the nodes ``keep`` int64[m] (increasing), re-indexed; ok): ``ok``
+    False when a kept node's parent is not kept.
+
+    Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> ``([-1, -1, 1], True)``.
+    """
+    n, m = parents.shape[0], keep.shape[0]
+    new_index = np.full(n, -1, np.int64)
+    out = np.empty(m, np.int64)
+    ok = True
+    for j in range(m):
+        i = keep[j]
+        new_index[i] = j
+        p = parents[i]
+        out[j] = -1 if p < 0 else new_index[p]
+        if p >= 0 and out[j] < 0:
+            ok = False
+    return out, ok
+
+
+@njit(cache=True)
 def depth_rank(parents):
     """(depth int64[n], rank int64[n], ok): depth 1 for a child of the root; rank 0 for an only child,
-    else 1 + its place among its siblings; ``ok`` False when ``parents`` is not breadth-first.
+    else 1 + its place among its siblings; ``ok`` False when ``parents`` is not parent-first.
 
     Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
     """
@@ -153,7 +174,7 @@ def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
 
     ``mask``: float[q, past_len + q] with q = p + n + m rows (pending tokens, tree nodes, window rows).
     Pending rows are causal among themselves; node ``i`` sees the pending tokens, itself and its
-    ancestors (``parents``, breadth-first); window rows see the pending tokens and what
+    ancestors (``parents``, parent-first); window rows see the pending tokens and what
     ``window_visible`` bool[m, m] allows; tree and window rows never see each other. Every row sees
     the cached columns, except those ``col_visible`` bool[past_len + p] marks as padding (an empty
     ``col_visible`` means no padding).
@@ -277,7 +298,7 @@ def row_top(logits, k, ids, vals):
 
 @njit(cache=True, nogil=True)
 def greedy_walk(argmax, tokens, parents):
-    """The greedy verdict of a breadth-first draft tree given every row's argmax (row 0: the last context
+    """The greedy verdict of a parent-first draft tree given every row's argmax (row 0: the last context
     token, row ``1 + i``: node ``i``): (accepted nodes int64[a], emitted tokens int64[a + 1]). From row 0,
     follow the child whose token is the row's argmax (the first such child) while there is one; the
     last row's argmax is the bonus token.
@@ -294,7 +315,7 @@ def greedy_walk(argmax, tokens, parents):
         x = argmax[row]
         out[a] = x
         child = -1
-        for i in range(row, n):  # a node's children come after it (breadth-first): scan from row - 1 + 1
+        for i in range(row, n):  # a node's children come after it (parent-first): scan from row - 1 + 1
             if parents[i] == row - 1 and tokens[i] == x:
                 child = i
                 break

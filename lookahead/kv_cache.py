@@ -64,16 +64,22 @@ def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
     and two holes; the region is cropped to 3 columns.
     """
     most = max(len(k) for k in keeps)
-    if len(keeps) == 1:  # one row: copy the kept columns into place (the source is read before it is written)
+    if len(keeps) == 1:  # one row: move the kept columns into place
         keep = keeps[0]
-        if keep != list(range(most)):
+        moves = column_moves(keep)
+        if len(moves) > MAX_MOVES:  # scattered: one gather per tensor (the source is read before it is written)
             src = None
             for layer in kv_layers(cache):
                 first = layer.keys.shape[-2] - n_new
                 if src is None or src.device != layer.keys.device:
-                    src = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+                    src = torch.from_numpy(np.asarray(keep, dtype=np.int64)).to(layer.keys.device)
                 for t in (layer.keys, layer.values):
                     t[:, :, first : first + most] = t[:, :, first:][:, :, src]
+        elif moves:
+            for layer in kv_layers(cache):
+                first = layer.keys.shape[-2] - n_new
+                for t in (layer.keys, layer.values):
+                    move_columns(t, first, moves)
     elif any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
         idx = np.empty((len(keeps), most), dtype=np.int64)
         for i, keep in enumerate(keeps):
@@ -90,6 +96,39 @@ def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
                 t[:, :, first : first + most] = t[:, :, first:].gather(2, region)
     crop_cache(cache, n_new - most)  # a negative count crops on every transformers version
     return most
+
+
+MAX_MOVES = 2
+"""Runs of kept columns a one-row step moves one slice copy each; more (a scattered path) take one gather."""
+
+
+def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
+    """The slice copies that put a step's kept columns ``keep`` (increasing) at the front of the step's region:
+    ``(to, from, count)`` per run of kept columns that are not where they must end up and follow each other.
+    A draft merged depth-first most often keeps its first rows (no move) or its first rows and then one later
+    run (one move).
+
+    Example: ``[0, 1, 2, 9, 10]`` -> ``[(3, 9, 2)]``; ``[0, 2, 5]`` -> ``[(1, 2, 1), (2, 5, 1)]``; ``[0, 1]`` -> ``[]``.
+    """
+    moves: list[tuple[int, int, int]] = []
+    for to, src in enumerate(keep):
+        if src == to:
+            continue
+        if moves and moves[-1][1] + moves[-1][2] == src and moves[-1][0] + moves[-1][2] == to:
+            moves[-1] = (moves[-1][0], moves[-1][1], moves[-1][2] + 1)
+        else:
+            moves.append((to, src, 1))
+    return moves
+
+
+def move_columns(t: torch.Tensor, first: int, moves: list[tuple[int, int, int]]) -> None:
+    """Apply :func:`column_moves`'s ``moves`` to ``t`` [b, heads, columns, dim] in place, columns counted from
+    ``first``; a run whose source overlaps its destination is read out first. Runs go left to right, and each reads
+    columns right of everything written before it, so no run reads a column another has overwritten."""
+    for to, src, count in moves:
+        a, b = first + to, first + src
+        piece = t[:, :, b : b + count]
+        t[:, :, a : a + count].copy_(piece.clone() if b - a < count else piece)
 
 
 def kv_layers(cache: Cache) -> list:

@@ -5,7 +5,7 @@ was accepted; :mod:`benchmarks.replay` drives the very same object on recorded o
 
 1. **propose**: every source (``proposer.py``) drafts after the context; the trees are merged, and at
    most ``step_nodes`` of their nodes kept (the most probable by the acceptance estimates; without a
-   budget, the first in breadth-first order).
+   budget, the shallowest).
 2. **budget** (``adaptive=True``): keep the nodes, and the window rows, worth their cost (``budget.py``).
 3. **limits**: no node beyond what may still be emitted (``max_length``); no window row past the
    last position plain ``generate`` would feed the model; every row below a sliding-window cache's
@@ -151,7 +151,7 @@ class DraftPolicy:
                 probs = self.budget.node_probabilities(draft, scaled=False)
                 draft = draft.keep(np.sort(np.argsort(-probs, kind="stable")[: cfg.step_nodes]))
             else:
-                draft = draft.keep(np.arange(cfg.step_nodes))
+                draft = draft.shallowest(cfg.step_nodes)
         if self.budget is not None:
             draft = self.budget.plan(draft)
         if draft.window is not None and last_pos + int(draft.window.offsets.max()) > limits.max_length - 2:
@@ -161,7 +161,7 @@ class DraftPolicy:
             if draft.rows > spare:
                 draft = draft.without_window()
                 if len(draft) > spare:
-                    draft = draft.keep(np.arange(max(spare, 0)))
+                    draft = draft.shallowest(spare)
         return draft
 
     def finish(self) -> None:

@@ -211,23 +211,26 @@ class ModelSource(DraftSource):
 def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None) -> Draft:
     """One draft from ``(origin, proposal)`` pairs; a path drafted by several sources appears once,
     with the origin, match and sibling rank (in that source's own tree) of the first source that
-    drafted it; breadth-first, nodes of equal depth in the order they were first drafted.
+    drafted it; in depth-first order (``draft.py``), siblings in the order they were first drafted.
 
     Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
-    parents ``[-1, 0, -1]`` -> tokens ``[5, 8, 6, 7]``, parents ``[-1, -1, 0, 0]``, origins
-    ``[first, second, first, second]``.
+    parents ``[-1, 0, -1]`` -> tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``, origins
+    ``[first, first, second, second]``.
     """
     if not proposals:
         return Draft.empty(window)
-    if len(proposals) == 1:
+    if len(proposals) == 1:  # one tree: reordered depth-first all the same
         origin, p = proposals[0]
-        return Draft.build(p.tokens, p.parents, np.full(len(p.tokens), origin, dtype=np.int8), _per_node(p), window)
-    tokens = np.concatenate([p.tokens for _, p in proposals]).astype(np.int64, copy=False)
-    parents = np.concatenate([p.parents for _, p in proposals]).astype(np.int64, copy=False)
-    sizes = [len(p.tokens) for _, p in proposals]
-    origin = np.repeat(np.array([o for o, _ in proposals], dtype=np.int8), sizes)
-    match = np.concatenate([_per_node(p) for _, p in proposals])
-    starts = np.cumsum([0, *sizes]).astype(np.int64)
+        tokens, parents = np.asarray(p.tokens, dtype=np.int64), np.asarray(p.parents, dtype=np.int64)
+        origin = np.full(len(tokens), origin, dtype=np.int8)
+        match, starts = _per_node(p), np.array([0, len(tokens)], np.int64)
+    else:
+        tokens = np.concatenate([p.tokens for _, p in proposals]).astype(np.int64, copy=False)
+        parents = np.concatenate([p.parents for _, p in proposals]).astype(np.int64, copy=False)
+        sizes = [len(p.tokens) for _, p in proposals]
+        origin = np.repeat(np.array([o for o, _ in proposals], dtype=np.int8), sizes)
+        match = np.concatenate([_per_node(p) for _, p in proposals])
+        starts = np.cumsum([0, *sizes]).astype(np.int64)
     order, new_parents, depth, rank = _merge(tokens, parents, starts)
     return Draft(tokens[order], new_parents, origin[order], match[order], depth, rank, window)
 
@@ -242,9 +245,10 @@ def _per_node(p: Proposal) -> np.ndarray:
 @njit(cache=True)
 def _merge(tokens, parents, starts):
     """(kept int64[m], parents int64[m], depth int64[m], rank int64[m]): which of the concatenated trees'
-    nodes form their union (the first node of each path), in breadth-first order, their parents in that
-    order, their depths, and each one's rank in its own tree (0: an only child, else 1 + its place among
-    its siblings there). ``parents`` are per tree (local indices); tree ``t`` holds nodes
+    nodes form their union (the first node of each path), in depth-first order (each node's children right
+    after it, before its next sibling; siblings in the order first drafted), their parents in that order,
+    their depths, and each one's rank in its own tree (0: an only child, else 1 + its place among its
+    siblings there). ``parents`` are per tree (local indices, parent-first); tree ``t`` holds nodes
     ``starts[t]:starts[t + 1]``."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
@@ -281,8 +285,27 @@ def _merge(tokens, parents, starts):
             p = parents[i]
             siblings = count[starts[t] + p] if p >= 0 else roots
             place[i] = 0 if siblings == 1 else 1 + place[i]
-    kept = np.flatnonzero(is_first)
-    order = kept[np.argsort(depth[kept], kind="mergesort")]  # stable: by depth, then first drafted
+    # depth-first preorder: a stack of first nodes; each list of children is latest-drafted first, so pushing
+    # a list in its order pops the earliest-drafted child first
+    order = np.empty(int(is_first.sum()), np.int64)
+    stack = np.empty(n, np.int64)
+    top = 0
+    c = first_child[0]
+    while c != -1:
+        stack[top] = c
+        top += 1
+        c = next_sibling[c]
+    m = 0
+    while top:
+        top -= 1
+        v = stack[top]
+        order[m] = v
+        m += 1
+        c = first_child[v + 1]
+        while c != -1:
+            stack[top] = c
+            top += 1
+            c = next_sibling[c]
     new_index = np.full(n, -1, np.int64)
     for j in range(order.shape[0]):
         new_index[order[j]] = j

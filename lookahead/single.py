@@ -206,7 +206,7 @@ class SingleCall:
 
 
 def _is_chain(parents: np.ndarray) -> bool:
-    """Whether a breadth-first tree is one chain (node ``i``'s parent is ``i - 1``): then its mask is causal.
+    """Whether a parent-first tree is one chain (node ``i``'s parent is ``i - 1``): then its mask is causal.
     Example: ``[-1, 0, 1]`` -> True, ``[-1, -1]`` -> False, ``[]`` -> True."""
     n = len(parents)
     return n < 2 or bool(parents[-1] == n - 2 and (parents[1:] == np.arange(n - 1)).all())

@@ -27,7 +27,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Proposal:
-    """One source's tree: ``tokens`` int64[n], ``parents`` int64[n] (breadth-first), and ``match``:
+    """One source's tree: ``tokens`` int64[n], ``parents`` int64[n] (parent-first: ``parents[i] < i``), and ``match``:
     how many context tokens the source matched to draft it, for every node (an int), or per node
     (int64[n]); the acceptance estimates bucket it (1, 2, 3+).
 

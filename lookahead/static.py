@@ -41,7 +41,7 @@ from . import call
 from . import kernels as K
 from .cost import CostModel, calibrate_curve
 from .draft import Draft
-from .kv_cache import CacheNotRollbackable, cache_layers
+from .kv_cache import MAX_MOVES, CacheNotRollbackable, cache_layers, column_moves, move_columns
 from .policy import Limits
 from .single import SingleCall
 from .tree import MASK_BITS, pack_step, step_inputs
@@ -146,11 +146,17 @@ def compiled_step(model, compile_config):
 
 def keep_static(cache, past: int, keep: list[int], q: int) -> None:
     """After a step of ``q`` rows written at columns ``past .. past + q - 1`` of a static cache: move the kept
-    step columns ``keep`` (increasing) to the front of them, one index per layer, and move the cache's length back
-    over the rest (the next step overwrites them). Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15 go to
-    11, 12 and the cache holds 13 columns."""
+    step columns ``keep`` (increasing) to the front of them (a slice copy per run of them, ``kv_cache.column_moves``,
+    or one index per layer when they are scattered), and move the cache's length back over the rest (the next
+    step overwrites them). Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15 go to 11, 12 and the cache
+    holds 13 columns."""
     m = len(keep)
-    if keep != list(range(m)):
+    moves = column_moves(keep)
+    if moves and len(moves) <= MAX_MOVES:
+        for layer in cache_layers(cache):
+            for t in (layer.keys, layer.values):
+                move_columns(t, past, moves)
+    elif moves:
         src = None
         for layer in cache_layers(cache):
             if src is None or src.device != layer.keys.device:
@@ -323,7 +329,7 @@ class StaticCall(SingleCall):
 
     def fit(self, draft: Draft) -> Draft:
         """A step after the prompt's runs the smallest bucket that holds its rows and fits the cache's room; where
-        no bucket that holds them fits, the draft is cut (window rows first, then its last nodes) to the largest
+        no bucket that holds them fits, the draft is cut (window rows first, then its deepest nodes) to the largest
         that does."""
         if len(self.pending) > 1:
             return draft
@@ -331,7 +337,7 @@ class StaticCall(SingleCall):
         if 1 + draft.rows > q:
             draft = draft.without_window()
             if 1 + len(draft) > q:
-                draft = draft.keep(np.arange(q - 1))
+                draft = draft.shallowest(q - 1)
         return draft
 
     def pack(self, draft: Draft):

@@ -3,7 +3,7 @@
 One step's query rows are, in order:
 
 1. the *pending* tokens (causal among themselves; they see the whole KV cache),
-2. the *draft tree* nodes in breadth-first order: node ``i`` sees the KV cache, all pending
+2. the *draft tree* nodes, parent-first (depth-first once merged): node ``i`` sees the KV cache, all pending
    tokens and exactly its own ancestors (and itself) in the tree,
 3. optionally the lookahead *window* rows (see ``window.py``): they see the KV cache, all pending
    tokens and the window rows their layout allows; tree and window rows never see each other.
@@ -31,14 +31,14 @@ from . import kernels as K
 def tree_depths(parents: np.ndarray) -> np.ndarray:
     """Depth of each node (children of the root have depth 1).
 
-    ``parents``: int[n], breadth-first (``parents[i] < i``), -1 for children of the root.
+    ``parents``: int[n], parent-first (``parents[i] < i``), -1 for children of the root.
     Returns int64[n]. Example: ``tree_depths([-1, -1, 0, 2]) -> [1, 1, 2, 3]``.
     """
     return tree_depth_rank(parents)[0]
 
 
 def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Depth (root's children: 1) and rank of each node of a breadth-first tree.
+    """Depth (root's children: 1) and rank of each node of a parent-first tree.
 
     rank = 0 for an only child, else 1 + its place among its siblings.
     Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
@@ -47,7 +47,7 @@ def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     depth, rank, ok = K.depth_rank(parents)
     if not ok:
         bad = int(np.flatnonzero(parents >= np.arange(len(parents)))[0])
-        raise ValueError(f"parents must be breadth-first (parents[i] < i); got parents[{bad}]={parents[bad]}")
+        raise ValueError(f"parents must be parent-first (parents[i] < i); got parents[{bad}]={parents[bad]}")
     return depth, rank
 
 
@@ -57,13 +57,17 @@ def subset_tree(tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, kee
     Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> parents ``[-1, -1, 1]``.
     """
     keep = np.asarray(keep, dtype=np.int64)
-    new_index = np.full(len(tokens), -1, dtype=np.int64)
-    new_index[keep] = np.arange(len(keep))
-    old_par = np.asarray(parents, dtype=np.int64)[keep]
-    new_par = np.where(old_par >= 0, new_index[np.maximum(old_par, 0)], -1)
-    if np.any((old_par >= 0) & (new_par < 0)):
+    return np.asarray(tokens)[keep], subset_parents(parents, keep), np.asarray(origin)[keep]
+
+
+def subset_parents(parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """int64[m]: the parents of the sub-tree of the nodes ``keep`` int64[m] (sorted; closed under parents),
+    re-indexed (``kernels.subset_parents``). Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` ->
+    ``[-1, -1, 1]``."""
+    new_par, ok = K.subset_parents(np.asarray(parents, dtype=np.int64), keep)
+    if not ok:
         raise ValueError("keep must contain every kept node's parent")
-    return np.asarray(tokens)[keep], new_par, np.asarray(origin)[keep]
+    return new_par
 
 
 def pack_step(

@@ -10,18 +10,17 @@ def merge_trees(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Union of draft trees with the same root; shared paths appear once.
 
-    Each tree is (tokens int[n], parents int[n]) in breadth-first order. Returns (tokens, parents,
-    origin) in breadth-first order; ``origin[i]`` is ``origins[t]`` (default ``t``) for the first
-    tree ``t`` that holds node ``i``.
+    Each tree is (tokens int[n], parents int[n]), parent-first (``parents[i] < i``). Returns (tokens,
+    parents, origin) in depth-first preorder, siblings in the order first drafted; ``origin[i]`` is
+    ``origins[t]`` (default ``t``) for the first tree ``t`` that holds node ``i``.
 
     Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
-    parents ``[-1, 0, -1]`` -> tokens ``[5, 8, 6, 7]``, parents ``[-1, -1, 0, 0]``,
-    origin ``[0, 1, 0, 1]``.
+    parents ``[-1, 0, -1]`` -> tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``,
+    origin ``[0, 0, 1, 1]``.
     """
     tokens: list[int] = []
     parents: list[int] = []
     origin: list[int] = []
-    depth: list[int] = []
     index: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
     origins = list(range(len(trees))) if origins is None else origins
     for o, (toks, pars) in zip(origins, trees):
@@ -34,9 +33,18 @@ def merge_trees(
                 tokens.append(tok)
                 parents.append(mp)
                 origin.append(o)
-                depth.append(1 if mp < 0 else depth[mp] + 1)
             local.append(index[key])
-    order = sorted(range(len(tokens)), key=lambda i: (depth[i], i))  # stable: breadth-first again
+    children: list[list[int]] = [[] for _ in range(len(tokens) + 1)]  # per node (+1; 0: the root), first drafted first
+    for i, par in enumerate(parents):
+        children[par + 1].append(i)
+    order: list[int] = []
+
+    def visit(node: int) -> None:  # preorder: a node, then each child's subtree in turn
+        for child in children[node + 1]:
+            order.append(child)
+            visit(child)
+
+    visit(-1)
     new_index = {old: new for new, old in enumerate(order)}
     return (
         np.asarray([tokens[i] for i in order], dtype=np.int64),

@@ -13,7 +13,7 @@ import torch
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.cache import NgramTrie
 from lookahead.cost import CostModel
-from lookahead.draft import COPY, MODEL, ORIGINS, TRIE
+from lookahead.draft import COPY, MODEL, ORIGINS, TRIE, Draft
 from lookahead.policy import DraftPolicy, Limits
 from lookahead.proposer import CopySource, ModelSource, merge_proposals
 from lookahead.recycle import SuccessorTable
@@ -34,7 +34,7 @@ COPY_HEAVY = {
 
 
 def _random_tree(rng, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """A breadth-first tree without two siblings of the same token (what every source proposes)."""
+    """A parent-first tree without two siblings of the same token (what every source proposes)."""
     parents = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)])
     order = np.argsort(tree_depths(parents), kind="stable")
     index = np.empty(n, np.int64)
@@ -47,9 +47,9 @@ def _random_tree(rng, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
 def test_merge_trees_docstring_example():
     tokens, parents, origin = merge_trees((np.array([5, 6]), np.array([-1, 0])),
                                           (np.array([5, 7, 8]), np.array([-1, 0, -1])))
-    assert tokens.tolist() == [5, 8, 6, 7]
-    assert parents.tolist() == [-1, -1, 0, 0]
-    assert origin.tolist() == [0, 1, 0, 1]
+    assert tokens.tolist() == [5, 6, 7, 8]
+    assert parents.tolist() == [-1, 0, 0, -1]
+    assert origin.tolist() == [0, 0, 1, 1]
 
 
 def test_merge_equals_merge_trees_and_keeps_the_first_sources_match():
@@ -87,8 +87,8 @@ def test_merge_equals_merge_trees_and_keeps_the_first_sources_match():
 def test_merge_docstring_example_and_an_int_match():
     draft = merge_proposals([(TRIE, Proposal(np.array([5, 6]), np.array([-1, 0]), 2)),
                              (COPY, Proposal(np.array([5, 7, 8]), np.array([-1, 0, -1]), np.array([3, 3, 1])))])
-    assert draft.tokens.tolist() == [5, 8, 6, 7] and draft.parents.tolist() == [-1, -1, 0, 0]
-    assert draft.origin.tolist() == [TRIE, COPY, TRIE, COPY] and draft.match.tolist() == [2, 1, 2, 3]
+    assert draft.tokens.tolist() == [5, 6, 7, 8] and draft.parents.tolist() == [-1, 0, 0, -1]
+    assert draft.origin.tolist() == [TRIE, TRIE, COPY, COPY] and draft.match.tolist() == [2, 2, 3, 1]
 
 
 def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
@@ -130,7 +130,7 @@ def test_step_nodes_caps_the_merged_draft(adaptive):
     policy.start(prompt, Limits(1000), CostModel(FLAT) if adaptive else None)
     draft = policy.draft(len(prompt), len(prompt), len(prompt) - 1)
     assert len(draft) == 10
-    assert np.all(draft.parents < np.arange(10))  # still a tree, breadth-first
+    assert np.all(draft.parents < np.arange(10))  # still a tree, parent-first
     full = DraftPolicy(LookaheadConfig(copy_nodes=40, copy_depth=40, adaptive=False), NgramTrie(12, 4096))
     full.start(prompt, Limits(1000))
     assert len(full.draft(len(prompt), len(prompt), len(prompt) - 1)) > 10
@@ -221,9 +221,11 @@ def test_successor_table_pairs_first_later_rows_replace_unknown_rows_skipped():
 def test_model_source_learns_rows_with_their_contexts_the_accepted_path_last():
     src = ModelSource(k=2, max_nodes=8, max_depth=4)
     src.start(np.array([1, 2, 3]))
-    # the draft after 3: 4 (node 0) -> 5 (node 1), and 6 (node 2), a sibling of 4; node 0 accepted
+    # the draft after 3: 4 (node 0) -> 5 (node 1), and 6 (node 2), a sibling of 4 (merged depth-first); node 0
+    # accepted
     draft = merge_proposals([(MODEL, Proposal(np.array([4, 6, 5]), np.array([-1, -1, 0]), 1))])
-    ids = np.array([[4, 6], [5, 7], [8, 9], [10, 11]])  # rows: the last token 3, then nodes 4, 6, 5
+    assert draft.tokens.tolist() == [4, 5, 6] and draft.parents.tolist() == [-1, 0, -1]
+    ids = np.array([[4, 6], [5, 7], [10, 11], [8, 9]])  # rows: the last token 3, then nodes 4, 5, 6
     src.learn_rows(draft, [0], ids, np.zeros((4, 2), np.float32))
     src.learn(np.array([4, 5]))
     table = src.table
@@ -358,3 +360,21 @@ def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypa
     # the prompt's rows once (flat curve), then the verified rows of each step (never the window's)
     assert calls[0] == (len(REPETITIVE) - 1, 8) and len(calls) == 1 + dec.stats.target_calls
     assert all(k == 8 for _, k in calls)
+
+
+def test_shallowest_cuts_to_the_breadth_of_the_tree_in_its_order():
+    draft = Draft.build(np.array([5, 6, 7, 8]), np.array([-1, 0, 1, -1]), np.zeros(4, np.int8), np.ones(4, np.int64))
+    cut = draft.shallowest(2)
+    assert cut.tokens.tolist() == [5, 8] and cut.parents.tolist() == [-1, -1] and cut.depth.tolist() == [1, 1]
+    assert draft.shallowest(3).tokens.tolist() == [5, 6, 8] and draft.shallowest(3).parents.tolist() == [-1, 0, -1]
+    assert draft.shallowest(4) is draft and len(draft.shallowest(0)) == 0 and len(draft.shallowest(-1)) == 0
+
+
+def test_merged_drafts_put_the_first_drafted_path_in_the_first_rows():
+    # the trie's chain 5 6 7 with a sibling 9 under 5, the copy's 5 6 8 and 4: depth-first, first drafted first
+    draft = merge_proposals([(TRIE, Proposal(np.array([5, 6, 9, 7]), np.array([-1, 0, 0, 1]), 2)),
+                             (COPY, Proposal(np.array([4, 5, 6, 8]), np.array([-1, -1, 1, 2]), 1))])
+    assert draft.tokens.tolist() == [5, 6, 7, 8, 9, 4]
+    assert draft.parents.tolist() == [-1, 0, 1, 1, 0, -1]
+    assert draft.depth.tolist() == [1, 2, 3, 3, 2, 1]
+    assert draft.origin.tolist() == [TRIE, TRIE, TRIE, COPY, TRIE, COPY]

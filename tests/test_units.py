@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 
 from lookahead.compat import cache_kwarg_name
-from lookahead.kv_cache import keep_entries
+from lookahead.kv_cache import MAX_MOVES, column_moves, keep_entries
 from lookahead.tree import pack_step, tree_depths
 from lookahead.verify import children_lists, greedy_verify, greedy_verify_argmax
 
@@ -28,8 +28,8 @@ def test_depths_and_visibility():
     ]
 
 
-def test_depths_reject_non_breadth_first():
-    with pytest.raises(ValueError, match="breadth-first"):
+def test_depths_reject_non_parent_first():
+    with pytest.raises(ValueError, match="parent-first"):
         tree_depths(np.array([1, -1]))
 
 
@@ -157,6 +157,31 @@ def test_keep_entries_prefix_only_crops():
     cache = _cache_with([[0.0], [1.0], [2.0], [3.0]])
     keep_entries(cache, n_new=3, keep=[0, 1])
     assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_column_moves_are_runs_of_displaced_columns():
+    assert column_moves([0, 1, 2, 9, 10]) == [(3, 9, 2)]
+    assert column_moves([0, 2, 5]) == [(1, 2, 1), (2, 5, 1)]
+    assert column_moves([0, 1]) == [] and column_moves([]) == []
+    assert column_moves([0, 2, 3, 4, 5]) == [(1, 2, 4)]  # overlaps its destination
+    assert column_moves([3, 4, 8]) == [(0, 3, 2), (2, 8, 1)]
+
+
+def test_keep_entries_equals_a_gather_for_any_kept_columns():
+    """Every kept set (one run, overlapping runs, scattered ones past MAX_MOVES): the gather's result."""
+    rng = np.random.default_rng(0)
+    kinds = set()
+    for _ in range(300):
+        old, new = int(rng.integers(0, 4)), int(rng.integers(1, 12))
+        keep = sorted(rng.choice(new, int(rng.integers(1, new + 1)), replace=False).tolist())
+        kinds.add(min(len(column_moves(keep)), MAX_MOVES + 1))
+        values = rng.normal(size=(old + new, 2)).tolist()
+        cache = _cache_with(values)
+        want = torch.tensor(values)[list(range(old)) + [old + k for k in keep]]
+        keep_entries(cache, n_new=new, keep=keep)
+        assert torch.equal(cache.layers[0].keys[0, 0], want)
+        assert torch.equal(cache.layers[0].values[0, 0], want + 100)
+    assert kinds == {0, 1, 2, 3}  # no move, one run, two, a gather
 
 
 def test_compacted_cache_matches_plain_decoding(tiny_models):
