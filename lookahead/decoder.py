@@ -7,6 +7,7 @@ steps (``static.StaticCall``). Terms are defined in ``config.py``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -21,6 +22,8 @@ from .batch import BatchCall, ReadOnlyStore
 from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibrate_curve, calibration_sizes
+from .distributed import RankSync
+from .head_layout import TransposedHead, head_for
 from .kv_cache import new_cache
 from .numba_kernels import warn_if_uncompiled
 from .policy import DraftPolicy
@@ -31,6 +34,8 @@ from .tuning import BudgetTuning
 
 STEP_VARIANT = "step"
 """What the decoder's calibration times (``Calibrations`` keeps curves per variant): whole decoding steps."""
+TRANSPOSED_HEAD = "+transposed-head"
+"""Added to the variant when the steps compute their LM head the other way round (``head_layout.py``)."""
 
 ROW_TRIE_CAPACITY = 1 << 16
 """Nodes of a batch row's own trie at most (3.7 MB each): one request's n-grams, about 12 per token; a row's
@@ -109,6 +114,7 @@ class LookaheadDecoder:
         self.prefill_groups: list[list[int]] | None = None
         self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # under tensor parallelism
         self._busy = threading.Lock()  # held by the running call
+        self._head_transposed = False  # whether the running call computes its LM head the other way round
 
     def __getstate__(self):  # copy.deepcopy / pickle: a lock and curves keyed by live models do not travel
         return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves")}
@@ -154,8 +160,14 @@ class LookaheadDecoder:
                 loop = StaticCall
             else:
                 loop = SingleCall
-            return loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                        model_kwargs).run()
+            # the head's layout for the whole call, its calibration included (not for a static cache's compiled
+            # forward)
+            head = None if loop is StaticCall else self._head(model)
+            self._head_transposed = head is not None
+            self.stats.head_layout = "transposed" if head is not None else "linear"
+            with head if head is not None else contextlib.nullcontext():
+                return loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                            model_kwargs).run()
         finally:
             self._busy.release()
 
@@ -178,7 +190,13 @@ class LookaheadDecoder:
         if sync is None or not sync.active:
             # a curve timed on an injected clock is not this machine's: not persisted, not read from disk
             persist = None if self.clock is time.perf_counter else False
-            return self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist)
+            # inside a call its head layout is on already; outside one (warm-up), time the steps a call would run
+            in_call = self._busy.locked()
+            head = None if in_call else self._head(model)
+            transposed = getattr(self, "_head_transposed", False) if in_call else head is not None
+            variant = STEP_VARIANT + (TRANSPOSED_HEAD if transposed else "")
+            with head if head is not None else contextlib.nullcontext():
+                return self.calibrations.get(model, rows, measure, variant, persist=persist)
         # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and
         # prices with rank 0's curve; kept per model in this decoder, whose calls every rank makes alike
         known = self._tp_curves.get(model)
@@ -187,6 +205,13 @@ class LookaheadDecoder:
             measured = measure(calibration_sizes(rows), clock=sync.shared_clock(self.clock))
             known = self._tp_curves[model] = sync.broadcast(measured)
         return known
+
+    def _head(self, model) -> TransposedHead | None:
+        """The hooks that compute ``model``'s LM head the other way round in this decoder's steps
+        (``LookaheadConfig.head_layout``), or None (also for a head sharded over tensor-parallel ranks)."""
+        if RankSync.for_model(model).active:
+            return None
+        return head_for(model, self.config.head_layout)
 
     def policies_for(self, rows: int) -> list[DraftPolicy]:
         """A batch's per-row draft policies, created on first use and kept across calls: each with its own trie

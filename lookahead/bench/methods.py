@@ -151,6 +151,12 @@ def _lookahead_heads() -> Method:
                   settings=settings, decoder=LookaheadDecoder(config, heads=heads))
 
 
+def _lookahead_linear_head() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("lookahead-linear-head", LookaheadConfig(head_layout="linear"))
+
+
 METHODS: dict[str, Callable[[], Method]] = {
     BASELINE: plain,
     "plain-again": plain_again,  # the same as plain: how much a ratio moves by chance on this machine
@@ -165,6 +171,8 @@ METHODS: dict[str, Callable[[], Method]] = {
     "self-low-rank": _self_draft("low-rank"),  # truncated-SVD weights,
     "draft-model": _draft_model,  # a separate (truncated) draft model
     "lookahead+heads": _lookahead_heads,  # the default decoder plus the bundled SmolLM2 draft heads (heads.py)
+    # the default decoder with the LM head always through nn.Linear (head_layout.py): what the layout adds
+    "lookahead-linear-head": _lookahead_linear_head,
 }
 
 # what ``python -m lookahead bench`` runs unless told otherwise
