@@ -45,7 +45,7 @@ class LookaheadConfig:
       ``cost_curve`` (how the budget prices a step), ``window_width`` (the Jacobi window: ``"auto"``, 0 or W);
     - **per source**: ``tree_*`` / ``ngram_size`` / ``max_match`` (the n-gram trie), ``copy_*`` (the
       longest-match copy), ``recycle_*`` (the model's own predictions), ``window_ngram`` / ``window_candidates``;
-    - **expert**: capacities (``trie_capacity``, ``copy_capacity``), ``refine_cost``, ``batch_prefill``, ``head_layout``, and the
+    - **expert**: capacities (``trie_capacity``, ``copy_capacity``), ``refine_cost``, ``batch_prefill``, ``linear_layout``, and the
       draft passes (``self_draft``, ``self_draft_size``, ``draft_depth``, ``draft_branches``, ``draft_cost``).
 
     The budget's own constants are :class:`~lookahead.tuning.BudgetTuning`'s (``LookaheadDecoder(tuning=...)``).
@@ -127,14 +127,14 @@ class LookaheadConfig:
       forward of the whole padded batch (on a CPU; never with a flat curve, as on a GPU); ``"padded"``:
       always one padded forward, as plain ``generate``.
 
-    The output layer (``head_layout.py``):
+    Linear layers on a CPU (``linear_layout.py``):
 
-    - ``head_layout``: how a step computes the LM head for 2 to 16 rows on a CPU. ``"auto"`` (default): the other
-      way round, ``(W @ x^T)^T``, where timing both once per process says it costs at most 0.85x of
-      ``nn.Linear``'s ``x @ W^T`` (some BLAS builds are several times slower for a few rows than for one;
-      a head of fewer than 4M weights is left as it is); ``"linear"``: always ``nn.Linear``;
-      ``"transposed"``: always the other way round (a plain ``nn.Linear`` head on a CPU). One-row steps
-      always go through ``nn.Linear``, as in plain ``generate``.
+    - ``linear_layout``: how a step of 2 to 16 rows computes the model's ``nn.Linear`` layers. ``"auto"``
+      (default): the calibration times the steps both ways, ``nn.Linear``'s ``x @ W^T`` and the other way round,
+      ``(W @ x^T)^T`` (some BLAS builds are far slower for a few rows than for one), and a call uses the other
+      way round up to the most rows where it was faster; nothing changes where a cost curve is given or not
+      measured, or in a model whose linear layers hold fewer than 16M weights. ``"linear"``: always ``nn.Linear``. ``"transposed"``: always the other way round for 2 to 16
+      rows. One-row steps always go through ``nn.Linear``, as in plain ``generate``; only on a CPU.
     """
 
     ngram_size: int = 12
@@ -163,7 +163,7 @@ class LookaheadConfig:
     draft_branches: int = 1
     draft_cost: float = 0.0
     batch_prefill: str = "auto"
-    head_layout: str = "auto"
+    linear_layout: str = "auto"
 
     @property
     def window_columns(self) -> int:
@@ -257,5 +257,5 @@ class LookaheadConfig:
             raise _bad("draft_cost", self.draft_cost, "must be in [0, 100] (0: measured)")
         if self.batch_prefill not in ("auto", "padded"):
             raise _bad("batch_prefill", self.batch_prefill, "must be 'auto' or 'padded'")
-        if self.head_layout not in ("auto", "linear", "transposed"):
-            raise _bad("head_layout", self.head_layout, "must be 'auto', 'linear' or 'transposed'")
+        if self.linear_layout not in ("auto", "linear", "transposed"):
+            raise _bad("linear_layout", self.linear_layout, "must be 'auto', 'linear' or 'transposed'")

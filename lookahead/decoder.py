@@ -23,8 +23,10 @@ from .cache import NgramTrie
 from .config import LookaheadConfig
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibrate_curve, calibration_sizes
 from .distributed import RankSync
-from .head_layout import TransposedHead, head_for
 from .kv_cache import new_cache
+from .linear_layout import MAX_ROWS, TransposedLinears, combined_curve, linear_modules, rows_that_pay, weights
+from .linear_layout import MIN_WEIGHTS as LAYOUT_MIN_WEIGHTS
+from .linear_layout import VARIANT as LAYOUT_VARIANT
 from .numba_kernels import warn_if_uncompiled
 from .policy import DraftPolicy
 from .single import SingleCall
@@ -34,8 +36,6 @@ from .tuning import BudgetTuning
 
 STEP_VARIANT = "step"
 """What the decoder's calibration times (``Calibrations`` keeps curves per variant): whole decoding steps."""
-TRANSPOSED_HEAD = "+transposed-head"
-"""Added to the variant when the steps compute their LM head the other way round (``head_layout.py``)."""
 
 ROW_TRIE_CAPACITY = 1 << 16
 """Nodes of a batch row's own trie at most (3.7 MB each): one request's n-grams, about 12 per token; a row's
@@ -114,7 +114,7 @@ class LookaheadDecoder:
         self.prefill_groups: list[list[int]] | None = None
         self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # under tensor parallelism
         self._busy = threading.Lock()  # held by the running call
-        self._head_transposed = False  # whether the running call computes its LM head the other way round
+        self._transposed_rows = 0  # the running call's steps of 2 to this many rows: linears the other way round
 
     def __getstate__(self):  # copy.deepcopy / pickle: a lock and curves keyed by live models do not travel
         return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves")}
@@ -160,22 +160,25 @@ class LookaheadDecoder:
                 loop = StaticCall
             else:
                 loop = SingleCall
-            # the head's layout for the whole call, its calibration included (not for a static cache's compiled
-            # forward)
-            head = None if loop is StaticCall else self._head(model)
-            self._head_transposed = head is not None
-            self.stats.head_layout = "transposed" if head is not None else "linear"
-            with head if head is not None else contextlib.nullcontext():
-                return loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                            model_kwargs).run()
+            # the linear layers' layout (linear_layout.py): chosen with the cost curve, while the loop is set up;
+            # off for a static cache's compiled forward
+            self._transposed_rows = self._forced_rows(model) if loop is not StaticCall else 0
+            self._layout_allowed = loop is not StaticCall
+            runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                          model_kwargs)
+            rows = self._transposed_rows
+            self.stats.transposed_rows = rows
+            with TransposedLinears(linear_modules(model), rows) if rows else contextlib.nullcontext():
+                return runner.run()
         finally:
+            self._layout_allowed = True
             self._busy.release()
 
     def cost_curve(self, model, kv_window: int | None = None, sync=None) -> CostModel:
         """The cost curve this decoder prices drafts with on ``model``: the configured one, else the
         one kept in ``calibrations`` (measured on first use). ``sync``: the ranks of a tensor-parallel model
         (``distributed.RankSync``), which all price with rank 0's curve."""
-        if self.config.cost_curve:
+        if self.config.cost_curve:  # a given curve: nothing measured ("auto" keeps nn.Linear)
             return CostModel(self.config.cost_curve)
         cache_kwarg, keeps_logits = compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model)
 
@@ -190,13 +193,20 @@ class LookaheadDecoder:
         if sync is None or not sync.active:
             # a curve timed on an injected clock is not this machine's: not persisted, not read from disk
             persist = None if self.clock is time.perf_counter else False
-            # inside a call its head layout is on already; outside one (warm-up), time the steps a call would run
-            in_call = self._busy.locked()
-            head = None if in_call else self._head(model)
-            transposed = getattr(self, "_head_transposed", False) if in_call else head is not None
-            variant = STEP_VARIANT + (TRANSPOSED_HEAD if transposed else "")
-            with head if head is not None else contextlib.nullcontext():
-                return self.calibrations.get(model, rows, measure, variant, persist=persist)
+            linear = self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist)
+            modules = self._layout_modules(model)
+            if not modules:
+                return linear
+
+            def measure_transposed(sizes, clock=self.clock):
+                with TransposedLinears(modules, MAX_ROWS):
+                    return measure(sizes, clock)
+
+            transposed = self.calibrations.get(model, MAX_ROWS, measure_transposed, STEP_VARIANT + LAYOUT_VARIANT,
+                                               persist=persist)
+            fit = MAX_ROWS if self.config.linear_layout == "transposed" else rows_that_pay(linear, transposed)
+            self._transposed_rows = fit
+            return combined_curve(linear, transposed, fit)
         # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and
         # prices with rank 0's curve; kept per model in this decoder, whose calls every rank makes alike
         known = self._tp_curves.get(model)
@@ -206,12 +216,25 @@ class LookaheadDecoder:
             known = self._tp_curves[model] = sync.broadcast(measured)
         return known
 
-    def _head(self, model) -> TransposedHead | None:
-        """The hooks that compute ``model``'s LM head the other way round in this decoder's steps
-        (``LookaheadConfig.head_layout``), or None (also for a head sharded over tensor-parallel ranks)."""
+    def _layout_modules(self, model) -> list:
+        """The linear layers this decoder's steps may compute the other way round (``LookaheadConfig.linear_layout``,
+        ``linear_layout.py``): none for ``"linear"``, a static cache's call, or a model sharded over tensor-parallel
+        ranks."""
+        if self.config.linear_layout == "linear" or not getattr(self, "_layout_allowed", True):
+            return []
         if RankSync.for_model(model).active:
-            return None
-        return head_for(model, self.config.head_layout)
+            return []
+        modules = linear_modules(model)
+        if self.config.linear_layout == "auto" and weights(modules) < LAYOUT_MIN_WEIGHTS:
+            return []  # a small model: not worth a second calibration
+        return modules
+
+    def _forced_rows(self, model) -> int:
+        """Rows computed the other way round before any curve is consulted: all of them (up to ``MAX_ROWS``) when
+        ``linear_layout="transposed"``, else none (``"auto"`` decides with the calibration)."""
+        if self.config.linear_layout != "transposed" or RankSync.for_model(model).active:
+            return 0
+        return MAX_ROWS if linear_modules(model) else 0
 
     def policies_for(self, rows: int) -> list[DraftPolicy]:
         """A batch's per-row draft policies, created on first use and kept across calls: each with its own trie

@@ -72,8 +72,8 @@ class SingleCall:
             def keep_hidden(module, args):
                 self.hidden = args[0]
 
-            # first among the head's pre-hooks: it sees the rows the model hands the head (head_layout.TransposedHead
-            # hands nn.Linear none)
+            # first among the head's pre-hooks: it sees the rows the model hands the head (linear_layout's hooks
+            # hand nn.Linear none)
             handle = self.model.get_output_embeddings().register_forward_pre_hook(keep_hidden, prepend=True)
         try:
             return self.loop()

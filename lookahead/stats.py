@@ -37,8 +37,8 @@ class DecodeStats:
       model's forward, verifying (on a GPU this includes waiting for the forward to finish) and in
       bookkeeping (emitting, stopping criteria, KV cache, learning); ``time_calibration``: measuring
       the cost curve at the call's start (0 when it was known already).
-    - ``head_layout``: ``"transposed"`` when the call's steps computed the LM head the other way round for 2 to
-      16 rows (``LookaheadConfig.head_layout``, ``head_layout.py``), else ``"linear"``.
+    - ``transposed_rows``: the call's steps of 2 to this many rows computed every linear layer the other way round
+      (``LookaheadConfig.linear_layout``, ``linear_layout.py``); 0: none did.
     """
 
     target_calls: int = 0
@@ -54,7 +54,7 @@ class DecodeStats:
     time_verify: float = 0.0
     time_bookkeeping: float = 0.0
     time_calibration: float = 0.0
-    head_layout: str = "linear"
+    transposed_rows: int = 0
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
                     t_verify: float, t_bookkeeping: float) -> None:

@@ -151,10 +151,10 @@ def _lookahead_heads() -> Method:
                   settings=settings, decoder=LookaheadDecoder(config, heads=heads))
 
 
-def _lookahead_linear_head() -> Method:
+def _lookahead_linear() -> Method:
     from lookahead import LookaheadConfig
 
-    return lookahead_method("lookahead-linear-head", LookaheadConfig(head_layout="linear"))
+    return lookahead_method("lookahead-linear", LookaheadConfig(linear_layout="linear"))
 
 
 METHODS: dict[str, Callable[[], Method]] = {
@@ -171,8 +171,8 @@ METHODS: dict[str, Callable[[], Method]] = {
     "self-low-rank": _self_draft("low-rank"),  # truncated-SVD weights,
     "draft-model": _draft_model,  # a separate (truncated) draft model
     "lookahead+heads": _lookahead_heads,  # the default decoder plus the bundled SmolLM2 draft heads (heads.py)
-    # the default decoder with the LM head always through nn.Linear (head_layout.py): what the layout adds
-    "lookahead-linear-head": _lookahead_linear_head,
+    # the default decoder with every linear layer through nn.Linear (linear_layout.py): what the layout adds
+    "lookahead-linear": _lookahead_linear,
 }
 
 # what ``python -m lookahead bench`` runs unless told otherwise

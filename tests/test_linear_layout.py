@@ -1,0 +1,175 @@
+"""Linear layers computed the other way round (``linear_layout.py``): the same outputs, the same decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead import decoder as decoder_mod
+from lookahead import linear_layout as layout
+from lookahead.cost import Calibrations, CostModel
+from lookahead.linear_layout import (
+    MAX_ROWS,
+    TransposedLinears,
+    combined_curve,
+    linear_modules,
+    rows_that_pay,
+    transposed_linear,
+)
+
+from tiny import TINY_ARCHS
+
+REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
+LINEAR_MS = ((1, 80), (2, 126), (4, 126), (8, 116), (16, 142))
+TRANSPOSED_MS = ((1, 80), (2, 69), (4, 79), (8, 120), (16, 124))
+
+
+def _curve(ms) -> CostModel:
+    return CostModel([(k, t / 1e3) for k, t in ms])
+
+
+def _linear(bias: bool = True) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(24, 40, bias=bias)
+
+
+def test_transposed_linear_docstring_example_and_bias():
+    w = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert transposed_linear(torch.tensor([[1.0, 2.0]]), w, None).tolist() == [[1.0, 3.0]]
+    assert transposed_linear(torch.tensor([[1.0, 2.0]]), w, torch.tensor([0.5, -1.0])).tolist() == [[1.5, 2.0]]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_two_to_max_rows_come_out_transposed_and_the_others_untouched(bias):
+    head = _linear(bias)
+    calls = []
+    head.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[-2]))  # what nn.Linear itself got
+    x = torch.randn(1, 20, 24)
+    with torch.no_grad():
+        want = {m: F.linear(x[:, :m], head.weight, head.bias) for m in (1, 2, 16, 17)}
+        with TransposedLinears([head], max_rows=16):
+            got = {m: head(x[:, :m]) for m in (1, 2, 16, 17)}
+        after = head(x[:, :2])
+    assert calls[:4] == [1, 0, 0, 17]  # 2 and 16 rows: nn.Linear got none
+    for m in (2, 16):
+        assert got[m].shape == want[m].shape and got[m].is_contiguous()
+        torch.testing.assert_close(got[m], want[m], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[17], want[17])  # one row and above the cap: nn.Linear
+    assert torch.equal(after, want[2])  # the hooks are gone on exit
+
+
+def test_left_alone_where_a_gradient_is_recorded():
+    head = _linear()
+    x = torch.randn(3, 24)
+    with TransposedLinears([head]):
+        head(x).sum().backward()  # gradients on: nn.Linear, differentiable
+        with torch.no_grad():
+            z = head(x[None])  # 3 rows under no_grad: transposed
+    assert head.weight.grad is not None
+    torch.testing.assert_close(z[0], F.linear(x, head.weight, head.bias).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_hook_put_first_sees_the_real_rows():
+    head, seen = _linear(), []
+    with torch.no_grad(), TransposedLinears([head]):
+        head.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[-2]), prepend=True)
+        head(torch.randn(1, 5, 24))
+    assert seen == [5]
+
+
+def test_rows_that_pay_and_the_combined_curve_docstring_examples():
+    linear, transposed = _curve(LINEAR_MS), _curve(TRANSPOSED_MS)
+    assert rows_that_pay(linear, transposed) == 4
+    assert rows_that_pay(transposed, linear) == 0  # 2 rows slower that way: none
+    assert rows_that_pay(linear, linear) == 0  # equal (a pinned curve for both): not faster enough
+    assert rows_that_pay(linear, _curve(((1, 80), (2, 60), (4, 60), (8, 60), (16, 60), (32, 10)))) == MAX_ROWS
+    combined = combined_curve(linear, transposed, 4)
+    assert [round(t * 1e3) for _, t in combined.points] == [80, 80, 80, 126, 142]  # monotone, as every curve
+    assert combined_curve(linear, transposed, 0) is linear
+
+
+def test_linear_modules_are_the_plain_cpu_linears(tiny_models):
+    model = tiny_models("llama")
+    found = linear_modules(model)
+    assert found and all(type(m) is torch.nn.Linear for m in found)
+    assert model.get_output_embeddings() in found
+    with pytest.raises(ValueError, match="linear_layout"):
+        LookaheadConfig(linear_layout="sideways")
+
+
+def test_auto_takes_the_layout_where_the_calibration_timed_it_faster(tiny_models, monkeypatch):
+    """Two step curves, both ways, from an injected clock's timings: the call runs 2-4 rows transposed."""
+    model = tiny_models("llama")
+    curves = {"step": _curve(LINEAR_MS), "step" + layout.VARIANT: _curve(TRANSPOSED_MS)}
+    seen = []
+
+    def get(self, model, max_rows, measure, variant="", persist=None):
+        seen.append(variant)
+        return curves[variant]
+
+    monkeypatch.setattr(Calibrations, "get", get)
+    monkeypatch.setattr(decoder_mod, "LAYOUT_MIN_WEIGHTS", 0)  # the tiny model counts as big enough
+    decoder = LookaheadDecoder(calibrations=Calibrations())
+    ids = torch.tensor([REPETITIVE])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    ours = model.generate(ids, custom_generate=decoder, max_new_tokens=24, eos_token_id=None)
+    assert ours.tolist() == plain.tolist()
+    assert seen == ["step", "step" + layout.VARIANT] and decoder.stats.transposed_rows == 4
+    assert decoder.stats.cost_curve == combined_curve(curves["step"], curves["step" + layout.VARIANT], 4).points
+    linear = LookaheadDecoder(calibrations=Calibrations(), linear_layout="linear")
+    model.generate(ids, custom_generate=linear, max_new_tokens=8, eos_token_id=None)
+    assert linear.stats.transposed_rows == 0 and seen[-1] == "step"  # nothing timed the other way
+
+
+def test_auto_leaves_a_small_model_alone(tiny_models, monkeypatch):
+    model = tiny_models("llama")
+    assert layout.weights(linear_modules(model)) < layout.MIN_WEIGHTS
+    seen = []
+    monkeypatch.setattr(Calibrations, "get", lambda self, m, rows, measure, variant="", persist=None:
+                        seen.append(variant) or _curve(LINEAR_MS))
+    decoder = LookaheadDecoder(calibrations=Calibrations())
+    model.generate(torch.tensor([REPETITIVE]), custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
+    assert seen == ["step"] and decoder.stats.transposed_rows == 0  # one calibration, nn.Linear
+
+
+def test_weights_count_a_shared_weight_once():
+    a, b = _linear(), _linear()
+    b.weight = a.weight
+    assert layout.weights([a, b]) == layout.weights([a]) == 24 * 40
+
+
+def test_a_pinned_curve_keeps_nn_linear_under_auto(tiny_models):
+    model = tiny_models("llama")  # the fixture pins a curve: both ways read the same, so no row pays
+    decoder = LookaheadDecoder()
+    model.generate(torch.tensor([REPETITIVE]), custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
+    assert decoder.stats.transposed_rows == 0
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_greedy_decoding_with_the_linears_transposed_equals_plain(tiny_models, arch, monkeypatch):
+    model = tiny_models(arch)
+    ids = torch.tensor([REPETITIVE])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+    products = []
+    monkeypatch.setattr(layout, "transposed_linear",
+                        lambda x, w, b: products.append(x.shape) or transposed_linear(x, w, b))
+    decoder = LookaheadDecoder(linear_layout="transposed")
+    ours = model.generate(ids, custom_generate=decoder, max_new_tokens=40, eos_token_id=None)
+    assert ours.tolist() == plain.tolist()
+    assert decoder.stats.target_calls < 40
+    if linear_modules(model):  # drafted steps went through the other way round
+        assert decoder.stats.transposed_rows == MAX_ROWS and products
+        assert all(2 <= s[:-1].numel() <= MAX_ROWS for s in products)
+    else:
+        assert decoder.stats.transposed_rows == 0 and not products
+
+
+def test_a_batch_with_the_linears_transposed_equals_plain(tiny_models):
+    model = tiny_models("llama")
+    ids = torch.tensor([REPETITIVE, REPETITIVE[::-1]])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    ours = model.generate(ids, custom_generate=LookaheadDecoder(linear_layout="transposed"), max_new_tokens=24,
+                          eos_token_id=None)
+    assert ours.tolist() == plain.tolist()
