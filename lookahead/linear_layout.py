@@ -120,16 +120,21 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 def rows_that_pay(linear: CostModel, transposed: CostModel, below: float = PAYS_BELOW) -> int:
     """The most rows up to which steps run faster the other way round: the largest calibrated ``k`` in 2 ..
     :data:`MAX_ROWS` such that at it and at every calibrated ``k`` below it (from 2) the ``transposed`` curve's
-    step costs at most ``below`` times the ``linear`` one's; 0 when even 2 rows do not.
+    step costs at most ``below`` times the ``linear`` one's, each relative to its own one-row step; 0 when even
+    2 rows do not. Relative, because the two curves may have been measured at different times (each is
+    persisted), and a one-row step is the same computation in both (``nn.Linear``): how fast the machine was
+    then cancels out.
 
     Example: linear ``{1: 80, 2: 126, 4: 126, 8: 116, 16: 142}`` ms, transposed ``{1: 80, 2: 69, 4: 79,
-    8: 120, 16: 124}`` -> 4 (8 rows: no faster, so 16 is not reached either).
+    8: 120, 16: 124}`` -> 4 (8 rows: no faster, so 16 is not reached either); the same transposed curve measured
+    on a machine 1.5x slower, ``{1: 120, 2: 104, ...}``, gives 4 too.
     """
     rows = 0
+    base_t, base_l = float(transposed(1)), float(linear(1))
     for k, t in transposed.points:
         if k < 2:
             continue
-        if k > MAX_ROWS or not t <= below * float(linear(k)):
+        if k > MAX_ROWS or not t / base_t <= below * float(linear(k)) / base_l:
             break
         rows = k
     return rows
@@ -137,10 +142,13 @@ def rows_that_pay(linear: CostModel, transposed: CostModel, below: float = PAYS_
 
 def combined_curve(linear: CostModel, transposed: CostModel, rows: int) -> CostModel:
     """The step curve of calls that run 2 to ``rows`` rows the other way round: the ``transposed`` curve's
-    points up to ``rows``, the ``linear`` one's above (provisional when either is). Example: the curves of
-    :func:`rows_that_pay` with rows 4 -> ``{1: 80, 2: 80, 4: 80, 8: 126, 16: 142}`` ms (every ``CostModel`` is
-    non-decreasing: 69 and 79 read as 80, the linear 116 as 126)."""
+    points up to ``rows``, put on the ``linear`` curve's scale (its one-row step), and the ``linear`` one's above
+    (provisional when either is). Example: the curves of :func:`rows_that_pay` with rows 4 -> ``{1: 80, 2: 80,
+    4: 80, 8: 126, 16: 142}`` ms (every ``CostModel`` is non-decreasing: 69 and 79 read as 80, the linear 116
+    as 126)."""
     if rows < 2:
         return linear
-    points = [(k, t) for k, t in transposed.points if k <= rows] + [(k, t) for k, t in linear.points if k > rows]
+    scale = float(linear(1)) / float(transposed(1))
+    points = ([(k, t * scale) for k, t in transposed.points if k <= rows]
+              + [(k, t) for k, t in linear.points if k > rows])
     return CostModel(points, linear.provisional or transposed.provisional)

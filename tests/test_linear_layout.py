@@ -85,6 +85,10 @@ def test_rows_that_pay_and_the_combined_curve_docstring_examples():
     assert rows_that_pay(transposed, linear) == 0  # 2 rows slower that way: none
     assert rows_that_pay(linear, linear) == 0  # equal (a pinned curve for both): not faster enough
     assert rows_that_pay(linear, _curve(((1, 80), (2, 60), (4, 60), (8, 60), (16, 60), (32, 10)))) == MAX_ROWS
+    slower = _curve([(k, 1.5 * t) for k, t in TRANSPOSED_MS])  # measured while the machine ran 1.5x slower
+    assert rows_that_pay(linear, slower) == 4
+    assert [t for _, t in combined_curve(linear, slower, 4).points] == pytest.approx(
+        [t for _, t in combined_curve(linear, transposed, 4).points])
     combined = combined_curve(linear, transposed, 4)
     assert [round(t * 1e3) for _, t in combined.points] == [80, 80, 80, 126, 142]  # monotone, as every curve
     assert combined_curve(linear, transposed, 0) is linear
