@@ -72,7 +72,12 @@ def llama():
 
 @pytest.fixture(scope="module")
 def trained(llama):
-    return {kind: _trained(llama, kind) for kind in ("medusa", "feature")}
+    """Heads trained and their temperatures calibrated on the held-out rows, as a training run ends: every test
+    sees the same heads whichever ran before (calibrating again, as one test does, sets the same temperatures)."""
+    out = {kind: _trained(llama, kind) for kind in ("medusa", "feature")}
+    for heads, _, held in out.values():
+        calibrate(heads, held, llama)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -147,6 +152,23 @@ def test_heads_alone_need_fewer_calls_and_stay_identical(trained, llama, kind):
     stats = decoder.stats
     assert stats.target_calls < stats.new_tokens
     assert stats.accepted_by_origin["heads"] / stats.drafted_by_origin["heads"] > 5 / 96  # far above chance
+
+
+@pytest.mark.parametrize("kind", ["medusa", "feature"])
+def test_heads_see_the_real_hidden_rows_under_the_transposed_linear_layout(trained, llama, kind):
+    """The heads' hook on the output layer goes first: with every linear computed the other way round
+    (linear_layout.py, whose pre-hook hands nn.Linear no rows) the heads still read each step's hidden state."""
+    heads = trained[kind][0]
+    prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(11))
+    plain = llama.generate(prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    runs = {}
+    for layout in ("linear", "transposed"):
+        decoder = LookaheadDecoder(heads=heads, linear_layout=layout, **HEADS_ONLY)
+        ours = llama.generate(prompt, max_new_tokens=40, custom_generate=decoder, pad_token_id=0)
+        assert torch.equal(plain, ours), layout
+        runs[layout] = (decoder.stats.transposed_rows, decoder.stats.accepted_by_origin["heads"])
+    assert runs["transposed"][0] == 16 and runs["linear"][0] == 0
+    assert runs["transposed"][1] > 0 and runs["transposed"][1] >= runs["linear"][1] - 3  # drafts as good
 
 
 def test_a_resumed_training_run_equals_an_uninterrupted_one(llama, tmp_path):
