@@ -29,6 +29,9 @@ curve (a 64-row step several one-token steps) keeps it off."""
 
 SELF_DRAFTS = ("none", "layer-skip", "early-exit", "low-rank")
 """``LookaheadConfig.self_draft`` values (the draft passes of ``selfspec.py``)."""
+LINEAR_LAYOUTS = ("auto", "linear", "transposed")
+"""``LookaheadConfig.linear_layout`` values: measured per row count, always ``nn.Linear``, or the other way round
+for 2-16 rows (``linear_layout.py``)."""
 
 
 def _bad(field: str, value, why: str) -> ValueError:
@@ -45,8 +48,9 @@ class LookaheadConfig:
       ``cost_curve`` (how the budget prices a step), ``window_width`` (the Jacobi window: ``"auto"``, 0 or W);
     - **per source**: ``tree_*`` / ``ngram_size`` / ``max_match`` (the n-gram trie), ``copy_*`` (the
       longest-match copy), ``recycle_*`` (the model's own predictions), ``window_ngram`` / ``window_candidates``;
-    - **expert**: capacities (``trie_capacity``, ``copy_capacity``), ``refine_cost``, ``batch_prefill``, ``linear_layout``, and the
-      draft passes (``self_draft``, ``self_draft_size``, ``draft_depth``, ``draft_branches``, ``draft_cost``).
+    - **expert**: capacities (``trie_capacity``, ``copy_capacity``), ``refine_cost``, ``batch_prefill``,
+      ``linear_layout``, and the draft passes (``self_draft``, ``self_draft_size``, ``draft_depth``,
+      ``draft_branches``, ``draft_cost``).
 
     The budget's own constants are :class:`~lookahead.tuning.BudgetTuning`'s (``LookaheadDecoder(tuning=...)``).
 
@@ -133,8 +137,9 @@ class LookaheadConfig:
       (default): the calibration times the steps both ways, ``nn.Linear``'s ``x @ W^T`` and the other way round,
       ``(W @ x^T)^T`` (some BLAS builds are far slower for a few rows than for one), and a call uses the other
       way round up to the most rows where it was faster; nothing changes where a cost curve is given or not
-      measured, or in a model whose linear layers hold fewer than 16M weights. ``"linear"``: always ``nn.Linear``. ``"transposed"``: always the other way round for 2 to 16
-      rows. One-row steps always go through ``nn.Linear``, as in plain ``generate``; only on a CPU.
+      measured, or in a model whose linear layers hold fewer than 16M weights. ``"linear"``: always
+      ``nn.Linear``. ``"transposed"``: always the other way round for 2 to 16 rows. One-row steps always go
+      through ``nn.Linear``, as in plain ``generate``; only on a CPU.
     """
 
     ngram_size: int = 12
@@ -257,5 +262,5 @@ class LookaheadConfig:
             raise _bad("draft_cost", self.draft_cost, "must be in [0, 100] (0: measured)")
         if self.batch_prefill not in ("auto", "padded"):
             raise _bad("batch_prefill", self.batch_prefill, "must be 'auto' or 'padded'")
-        if self.linear_layout not in ("auto", "linear", "transposed"):
-            raise _bad("linear_layout", self.linear_layout, "must be 'auto', 'linear' or 'transposed'")
+        if self.linear_layout not in LINEAR_LAYOUTS:
+            raise _bad("linear_layout", self.linear_layout, f"must be one of {LINEAR_LAYOUTS}")

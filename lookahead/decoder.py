@@ -160,18 +160,16 @@ class LookaheadDecoder:
                 loop = StaticCall
             else:
                 loop = SingleCall
-            # the linear layers' layout (linear_layout.py): chosen with the cost curve, while the loop is set up;
-            # off for a static cache's compiled forward
-            self._transposed_rows = self._forced_rows(model) if loop is not StaticCall else 0
-            self._layout_allowed = loop is not StaticCall
+            # the linear layers' layout (linear_layout.py): "auto" is chosen by cost_curve while the loop is set up;
+            # off for a static cache's compiled forward (whose set-up prices its steps without cost_curve)
+            modules = [] if loop is StaticCall else self._layout_modules(model)
+            self._transposed_rows = MAX_ROWS if modules and self.config.linear_layout == "transposed" else 0
             runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                           model_kwargs)
-            rows = self._transposed_rows
-            self.stats.transposed_rows = rows
-            with TransposedLinears(linear_modules(model), rows) if rows else contextlib.nullcontext():
+            rows = self.stats.transposed_rows = self._transposed_rows
+            with TransposedLinears(modules, rows) if rows else contextlib.nullcontext():
                 return runner.run()
         finally:
-            self._layout_allowed = True
             self._busy.release()
 
     def cost_curve(self, model, kv_window: int | None = None, sync=None) -> CostModel:
@@ -218,23 +216,14 @@ class LookaheadDecoder:
 
     def _layout_modules(self, model) -> list:
         """The linear layers this decoder's steps may compute the other way round (``LookaheadConfig.linear_layout``,
-        ``linear_layout.py``): none for ``"linear"``, a static cache's call, or a model sharded over tensor-parallel
-        ranks."""
-        if self.config.linear_layout == "linear" or not getattr(self, "_layout_allowed", True):
-            return []
-        if RankSync.for_model(model).active:
+        ``linear_layout.py``): none for ``"linear"`` or a model sharded over tensor-parallel ranks, and under
+        ``"auto"`` none for a model too small to be worth a second calibration."""
+        if self.config.linear_layout == "linear" or RankSync.for_model(model).active:
             return []
         modules = linear_modules(model)
         if self.config.linear_layout == "auto" and weights(modules) < LAYOUT_MIN_WEIGHTS:
-            return []  # a small model: not worth a second calibration
+            return []
         return modules
-
-    def _forced_rows(self, model) -> int:
-        """Rows computed the other way round before any curve is consulted: all of them (up to ``MAX_ROWS``) when
-        ``linear_layout="transposed"``, else none (``"auto"`` decides with the calibration)."""
-        if self.config.linear_layout != "transposed" or RankSync.for_model(model).active:
-            return 0
-        return MAX_ROWS if linear_modules(model) else 0
 
     def policies_for(self, rows: int) -> list[DraftPolicy]:
         """A batch's per-row draft policies, created on first use and kept across calls: each with its own trie

@@ -94,7 +94,7 @@ class Draft:
         return len(self.tokens) + self.n_window_rows
 
     def keep(self, nodes) -> Draft:
-        """The draft with only the tree nodes ``nodes`` (sorted, closed under parents; see ``tree.subset_tree``),
+        """The draft with only the tree nodes ``nodes`` (sorted, closed under parents; see ``tree.subset_parents``),
         in their order.
 
         Example: parents ``[-1, -1, 0]`` (ranks ``[1, 2, 0]``), keep ``[1]`` -> parents ``[-1]``, rank

@@ -146,7 +146,7 @@ def best_first_tree(probs: np.ndarray, max_nodes: int, max_depth: int) -> tuple[
     node is a path ``(i_1, ..., i_d)`` scored by ``probs[0, i_1] * ... * probs[d - 1, i_d]``; nodes come out
     best first (a parent before its children, never below a child's score). Returns (depth int64[n],
     1-based; index int64[n] into its depth's list; parents int64[n], -1 for the root's children), in the
-    order found, which is parent-first but not breadth-first (see :func:`breadth_first`).
+    order found: parent-first, siblings best first (what the merge of ``proposer.py`` takes as it is).
 
     Example: ``probs = [[0.6, 0.3], [0.6, 0.4]]``, 3 nodes: ``(0)`` 0.6, ``(0, 0)`` 0.36, ``(1)`` 0.3 ->
     depth ``[1, 2, 1]``, index ``[0, 0, 1]``, parents ``[-1, 0, -1]``.
@@ -173,18 +173,6 @@ def best_first_tree(probs: np.ndarray, max_nodes: int, max_depth: int) -> tuple[
             heapq.heappush(heap, (-(score * float(probs[d, 0])), order, d + 1, 0, node, score))
             order += 1
     return np.array(depth, np.int64), np.array(index, np.int64), np.array(parents, np.int64)
-
-
-def breadth_first(depth: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order int64[n], parents int64[n] re-indexed) of a parent-first tree sorted by depth (stable).
-
-    Example: depth ``[1, 2, 1]``, parents ``[-1, 0, -1]`` -> order ``[0, 2, 1]``, parents ``[-1, -1, 0]``.
-    """
-    order = np.argsort(depth, kind="stable")
-    new_index = np.empty(len(order), np.int64)
-    new_index[order] = np.arange(len(order))
-    old = parents[order]
-    return order, np.where(old < 0, -1, new_index[np.maximum(old, 0)])
 
 
 def select_best(scores: np.ndarray, parents: np.ndarray, max_nodes: int) -> np.ndarray:
@@ -723,7 +711,7 @@ def tree_reach(tokens: np.ndarray, parents: np.ndarray, emitted: np.ndarray) -> 
 
 
 def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth: int, topk: int):
-    """(tokens int64[n], parents int64[n] breadth-first, conditional probabilities float[n]) of the Medusa
+    """(tokens int64[n], parents int64[n] parent-first, conditional probabilities float[n]) of the Medusa
     heads' best-first tree after ``hidden`` float[H] (see :func:`best_first_tree`)."""
     net = bound.net
     depth = min(max_depth, net.num_heads)
@@ -733,15 +721,13 @@ def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth
     top = torch.softmax(logits, -1).topk(min(topk, logits.shape[-1]), -1)
     probs, ids = top.values.cpu().numpy(), top.indices.cpu().numpy()  # [d, k] each
     node_depth, index, parents = best_first_tree(probs, max_nodes, depth)
-    order, parents = breadth_first(node_depth, parents)
-    node_depth, index = node_depth[order], index[order]
     tokens = bound.vocab[ids[node_depth - 1, index]]
     return tokens.astype(np.int64), parents, probs[node_depth - 1, index]
 
 
 def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: int, max_depth: int, topk: int,
                     width: int):
-    """(tokens int64[n], parents int64[n] breadth-first, conditional probabilities float[n]) of the feature
+    """(tokens int64[n], parents int64[n] parent-first, conditional probabilities float[n]) of the feature
     head's tree after ``hidden`` float[H] and the last emitted token ``last``: level by level, the ``width``
     best paths so far are expanded into their ``topk`` next tokens; the ``max_nodes`` best paths overall
     are kept. Everything stays on the hidden state's device until one copy to the host at the end."""
@@ -784,10 +770,7 @@ def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: in
     new_index = np.full(len(tok), -1, np.int64)
     new_index[keep] = np.arange(len(keep))
     parents = np.where(par[keep] < 0, -1, new_index[np.maximum(par[keep], 0)])
-    depth = tree_depths(parents)
-    order, parents = breadth_first(depth, parents)
-    chosen = keep[order]
-    return bound.vocab[tok[chosen]].astype(np.int64), parents, cond[chosen]
+    return bound.vocab[tok[keep]].astype(np.int64), parents, cond[keep]
 
 
 def measure_cost(source: HeadsSource, repeats: int = 5) -> tuple[float, float]:

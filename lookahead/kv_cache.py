@@ -65,21 +65,8 @@ def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
     """
     most = max(len(k) for k in keeps)
     if len(keeps) == 1:  # one row: move the kept columns into place
-        keep = keeps[0]
-        moves = column_moves(keep)
-        if len(moves) > MAX_MOVES:  # scattered: one gather per tensor (the source is read before it is written)
-            src = None
-            for layer in kv_layers(cache):
-                first = layer.keys.shape[-2] - n_new
-                if src is None or src.device != layer.keys.device:
-                    src = torch.from_numpy(np.asarray(keep, dtype=np.int64)).to(layer.keys.device)
-                for t in (layer.keys, layer.values):
-                    t[:, :, first : first + most] = t[:, :, first:][:, :, src]
-        elif moves:
-            for layer in kv_layers(cache):
-                first = layer.keys.shape[-2] - n_new
-                for t in (layer.keys, layer.values):
-                    move_columns(t, first, moves)
+        layers = kv_layers(cache)
+        move_kept(layers, [layer.keys.shape[-2] - n_new for layer in layers], keeps[0])
     elif any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
         idx = np.empty((len(keeps), most), dtype=np.int64)
         for i, keep in enumerate(keeps):
@@ -119,6 +106,26 @@ def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
         else:
             moves.append((to, src, 1))
     return moves
+
+
+def move_kept(layers: list, firsts: list[int], keep: list[int]) -> None:
+    """Move one row's kept step columns ``keep`` (increasing) to the front of each layer's step region, which
+    starts at column ``firsts[i]`` of ``layers[i]``'s keys and values, in place: nothing when they are there
+    already, a slice copy per run of them (:func:`column_moves`, at most :data:`MAX_MOVES` runs), else one
+    gather per tensor. The caller crops what follows. Example: ``keep [0, 1, 2, 9, 10]``: columns 9, 10 of the
+    region go to 3, 4 in one copy per tensor."""
+    moves = column_moves(keep)
+    if not moves:
+        return
+    src = None
+    for layer, first in zip(layers, firsts):
+        for t in (layer.keys, layer.values):
+            if len(moves) <= MAX_MOVES:
+                move_columns(t, first, moves)
+                continue
+            if src is None or src.device != t.device:
+                src = torch.from_numpy(np.asarray(keep, dtype=np.int64)).to(t.device)
+            t[:, :, first : first + len(keep)] = t[:, :, first:][:, :, src]  # the source is read before it is written
 
 
 def move_columns(t: torch.Tensor, first: int, moves: list[tuple[int, int, int]]) -> None:

@@ -33,9 +33,6 @@ from torch import nn
 
 from .cost import CostModel
 
-LAYOUTS = ("auto", "linear", "transposed")
-"""``LookaheadConfig.linear_layout``: measured per row count (``auto``), always ``nn.Linear`` (``linear``), or the
-other way round for 2 to :data:`MAX_ROWS` rows (``transposed``)."""
 MAX_ROWS = 16
 """The most rows ever computed the other way round (and the largest step the calibration times that way): above,
 both ways cost about the same."""

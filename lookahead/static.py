@@ -41,7 +41,7 @@ from . import call
 from . import kernels as K
 from .cost import CostModel, calibrate_curve
 from .draft import Draft
-from .kv_cache import MAX_MOVES, CacheNotRollbackable, cache_layers, column_moves, move_columns
+from .kv_cache import CacheNotRollbackable, cache_layers, move_kept
 from .policy import Limits
 from .single import SingleCall
 from .tree import MASK_BITS, pack_step, step_inputs
@@ -146,26 +146,14 @@ def compiled_step(model, compile_config):
 
 def keep_static(cache, past: int, keep: list[int], q: int) -> None:
     """After a step of ``q`` rows written at columns ``past .. past + q - 1`` of a static cache: move the kept
-    step columns ``keep`` (increasing) to the front of them (a slice copy per run of them, ``kv_cache.column_moves``,
-    or one index per layer when they are scattered), and move the cache's length back over the rest (the next
-    step overwrites them). Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15 go to 11, 12 and the cache
-    holds 13 columns."""
-    m = len(keep)
-    moves = column_moves(keep)
-    if moves and len(moves) <= MAX_MOVES:
-        for layer in cache_layers(cache):
-            for t in (layer.keys, layer.values):
-                move_columns(t, past, moves)
-    elif moves:
-        src = None
-        for layer in cache_layers(cache):
-            if src is None or src.device != layer.keys.device:
-                src = torch.tensor(keep, dtype=torch.long, device=layer.keys.device) + past
-            for t in (layer.keys, layer.values):
-                t[:, :, past : past + m] = t[:, :, src]
-    if q > m:
-        for layer in cache_layers(cache):
-            layer.crop(-(q - m))
+    step columns ``keep`` (increasing) to the front of them (``kv_cache.move_kept``), and move the cache's length
+    back over the rest (the next step overwrites them). Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15
+    go to 11, 12 and the cache holds 13 columns."""
+    layers = cache_layers(cache)
+    move_kept(layers, [past] * len(layers), keep)
+    if q > len(keep):
+        for layer in layers:
+            layer.crop(-(q - len(keep)))
 
 
 def _canonical(t: torch.Tensor) -> torch.Tensor:

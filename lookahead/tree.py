@@ -51,15 +51,6 @@ def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return depth, rank
 
 
-def subset_tree(tokens: np.ndarray, parents: np.ndarray, origin: np.ndarray, keep: np.ndarray):
-    """The sub-tree of the nodes ``keep`` (sorted; closed under parents), parents re-indexed.
-
-    Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> parents ``[-1, -1, 1]``.
-    """
-    keep = np.asarray(keep, dtype=np.int64)
-    return np.asarray(tokens)[keep], subset_parents(parents, keep), np.asarray(origin)[keep]
-
-
 def subset_parents(parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """int64[m]: the parents of the sub-tree of the nodes ``keep`` int64[m] (sorted; closed under parents),
     re-indexed (``kernels.subset_parents``). Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` ->

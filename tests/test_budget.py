@@ -12,7 +12,7 @@ from lookahead.acceptance import AcceptanceStats, CopyBelief
 from lookahead.budget import Budget, choose_nodes
 from lookahead.cost import CostModel
 from lookahead.draft import ORIGINS, Draft, WindowRows
-from lookahead.tree import subset_tree, tree_depth_rank
+from lookahead.tree import subset_parents, tree_depth_rank
 from lookahead.tuning import BudgetTuning
 
 FLAT = CostModel([(1, 0.010), (64, 0.0105)])  # a datacenter GPU: 64 tokens cost as much as one
@@ -60,15 +60,18 @@ def test_choice_is_a_tree_prefix():
     keep = _nodes(probs, CostModel([(1, 1.0), (4, 1.05), (6, 3.0)]))
     # k=3: (1 + 0.9 + 0.8 + 0.7) / 1.05 = 3.24 tokens per unit beats k=4: 3.6 / 2.025 = 1.78
     assert keep.tolist() == [0, 2, 3]
-    tokens, new_parents, origin = subset_tree(np.array([10, 11, 12, 13, 14]), parents, np.zeros(5), keep)
-    assert tokens.tolist() == [10, 12, 13] and new_parents.tolist() == [-1, 0, 1]
+    kept = Draft.build(np.array([10, 11, 12, 13, 14]), parents, np.zeros(5), np.ones(5)).keep(keep)
+    assert kept.tokens.tolist() == [10, 12, 13] and kept.parents.tolist() == [-1, 0, 1]
 
 
-def test_subset_tree_reindexes_and_rejects_orphans():
-    t, p, o = subset_tree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]), np.array([0, 1, 0, 1]), [0, 1, 3])
-    assert t.tolist() == [5, 6, 8] and p.tolist() == [-1, -1, 1] and o.tolist() == [0, 1, 1]
+def test_keep_reindexes_and_rejects_orphans():
+    draft = Draft.build(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]), np.array([0, 1, 0, 1]), np.ones(4))
+    kept = draft.keep([0, 1, 3])
+    assert kept.tokens.tolist() == [5, 6, 8] and kept.parents.tolist() == [-1, -1, 1]
+    assert kept.origin.tolist() == [0, 1, 1]
+    assert subset_parents(np.array([-1, -1, 0, 1]), np.array([0, 1, 3])).tolist() == [-1, -1, 1]
     with pytest.raises(ValueError):
-        subset_tree(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), [1])
+        Draft.build(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), np.ones(2)).keep([1])
 
 
 def test_a_kept_node_keeps_its_proposed_depth_and_rank():

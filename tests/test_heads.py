@@ -22,7 +22,6 @@ from lookahead.heads import (
     DraftHeads,
     HeadsSettings,
     best_first_tree,
-    breadth_first,
     confidence_bucket,
     fingerprint,
     select_best,
@@ -86,8 +85,6 @@ def trained(llama):
 def test_tree_helpers_examples():
     depth, index, parents = best_first_tree(np.array([[0.6, 0.3], [0.6, 0.4]]), 3, 2)
     assert depth.tolist() == [1, 2, 1] and index.tolist() == [0, 0, 1] and parents.tolist() == [-1, 0, -1]
-    order, bf = breadth_first(depth, parents)
-    assert order.tolist() == [0, 2, 1] and bf.tolist() == [-1, -1, 0]
     assert select_best(np.array([-0.1, -0.5, -0.2, -0.9]), np.array([-1, -1, 0, 2]), 2).tolist() == [0, 2]
     assert tree_reach(np.array([5, 6, 7]), np.array([-1, -1, 1]), np.array([6, 7, 9])) == 2
     assert confidence_bucket(np.array([0.1, 0.3, 0.9])).tolist() == [1, 2, 3]
