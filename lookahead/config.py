@@ -102,6 +102,12 @@ class LookaheadConfig:
     - ``recycle_keep``: keep the table across the calls of one decoder while they decode the same
       model (it fills with every call); False starts each call with an empty table.
 
+    A step no source above drafts for (the last token new to the context, as often in open text):
+
+    - ``fill_nodes``: the context's most frequent tokens it drafts instead, side by side
+      (``proposer.FrequentSource``); the budget verifies them only where that pays, as on a CPU whose
+      2-row step costs less than a one-row one (never with ``adaptive=False``); 0 turns it off.
+
     All sources together:
 
     - ``step_nodes``: most draft tokens one step verifies (the most probable ones are kept); with the
@@ -162,6 +168,7 @@ class LookaheadConfig:
     recycle_nodes: int = 63
     recycle_depth: int = 16
     recycle_keep: bool = True
+    fill_nodes: int = 3
     self_draft: str = "none"
     self_draft_size: float = 0.0
     draft_depth: int = 6
@@ -242,6 +249,8 @@ class LookaheadConfig:
             raise _bad("recycle_nodes", self.recycle_nodes, "must be in [1, 256]")
         if not 1 <= self.recycle_depth <= 64:
             raise _bad("recycle_depth", self.recycle_depth, "must be in [1, 64]")
+        if not 0 <= self.fill_nodes <= 64:
+            raise _bad("fill_nodes", self.fill_nodes, "must be in [0, 64] (0 turns the frequent tokens off)")
         min_capacity = 4 * self.ngram_size * self.ngram_size
         if not min_capacity <= self.trie_capacity <= max_capacity:
             raise _bad("trie_capacity", self.trie_capacity,

@@ -47,7 +47,8 @@ DRIFT = 1.5
 ATTEMPTS = 3
 MAX_SECONDS = 10.0
 
-CURVE_FORMAT = 2  # the version of a persisted curve's file and of what its timing measures (2: whole steps)
+CURVE_FORMAT = 3  # the version of a persisted curve's file and of what its timing measures (2: whole steps;
+# 3: the points as measured and how they are read, "steps": format 2 kept them made non-decreasing)
 _CURVE_KIND = "lookahead cost curve"
 
 
@@ -64,25 +65,36 @@ def calibration_sizes(max_rows: int) -> tuple[int, ...]:
 
 
 class CostModel:
-    """Forward time as a piecewise-linear, non-decreasing function of the number of new tokens ``k``.
+    """Forward time as a function of the number of new tokens (rows) ``k``, from measured points
+    ``[(k, seconds), ...]``. Immutable: refinement makes a new curve.
 
-    Built from measured points ``[(k, seconds), ...]``; beyond the last point it extrapolates
-    linearly with the slope of the last segment. Immutable: refinement makes a new curve.
+    Two readings of the points:
 
-    Example: ``CostModel([(1, .010), (2, .015), (4, .016)])(3)`` -> 0.0155; ``(8)`` -> 0.018.
+    - *interpolated* (the default, for a curve a user gives): piecewise linear and non-decreasing in
+      ``k``; beyond the last point it extrapolates with the slope of the last segment. Example:
+      ``CostModel([(1, .010), (2, .015), (4, .016)])(3)`` -> 0.0155; ``(8)`` -> 0.018.
+    - ``steps`` (a measured curve): ``k`` rows cost what the smallest measured size >= ``k`` cost, as
+      measured, not made non-decreasing. A BLAS's cost jumps between sizes and can fall: on a 2-core CPU
+      in fp32, SmolLM2's step of 5 rows cost 1.12x a one-row step where 4 rows cost 0.94x and 2 rows
+      0.73x (one-row products take a slower kernel). Interpolating between 4 and 8 priced 5 rows at 1.0x,
+      and making the curve non-decreasing priced 2 rows at 1.0x. So the budget's choices land on
+      measured sizes, at measured prices. Beyond the last point: the last segment's slope, as above.
+      Example: ``CostModel([(1, .010), (2, .008), (4, .012)], steps=True)(3)`` -> 0.012; ``(2)`` -> 0.008.
 
     ``provisional``: measured while the machine was busy (see :func:`calibrate_curve`): the best
     estimate at hand, never persisted, measured again later. Two curves are equal when their points and
-    provisional flag are.
+    flags are.
     """
 
-    def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False):
-        self.provisional = bool(provisional)
+    def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False, steps: bool = False):
+        self.provisional, self.steps = bool(provisional), bool(steps)
         pts = sorted((int(k), float(t)) for k, t in points)
         if not pts or pts[0][0] < 1 or any(not t > 0 or not math.isfinite(t) for _, t in pts):
             raise ValueError(f"cost curve needs points (k >= 1, seconds > 0); got {points!r}")
         self._ks = np.array([k for k, _ in pts], dtype=np.float64)
-        self._ts = np.maximum.accumulate(np.array([t for _, t in pts], dtype=np.float64))  # monotone in k
+        self._ts = np.array([t for _, t in pts], dtype=np.float64)
+        if not self.steps:
+            self._ts = np.maximum.accumulate(self._ts)  # non-decreasing in k
         self._slope = (max((self._ts[-1] - self._ts[-2]) / (self._ks[-1] - self._ks[-2]), 0.0)
                        if len(self._ks) >= 2 else 0.0)
         self.points = tuple(zip(self._ks.astype(int).tolist(), self._ts.tolist()))
@@ -94,20 +106,24 @@ class CostModel:
 
     def __call__(self, k: int | np.ndarray) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
-        t = np.interp(k, self._ks, self._ts)
+        if self.steps:
+            t = self._ts[np.minimum(np.searchsorted(self._ks, k, side="left"), len(self._ks) - 1)]
+        else:
+            t = np.interp(k, self._ks, self._ts)
         return np.where(k > self._ks[-1], self._ts[-1] + self._slope * (k - self._ks[-1]), t)
 
     def scaled(self, factors: np.ndarray) -> CostModel:
-        """A new curve with each point's seconds multiplied by ``factors`` (float[points]); the provisional
-        flag is kept."""
-        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())), self.provisional)
+        """A new curve with each point's seconds multiplied by ``factors`` (float[points]); the flags are kept."""
+        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())), self.provisional,
+                         self.steps)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, CostModel) and self.points == other.points and self.provisional == other.provisional
+        return (isinstance(other, CostModel) and self.points == other.points
+                and (self.provisional, self.steps) == (other.provisional, other.steps))
 
     def __repr__(self) -> str:
         return ("CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points)
-                + (", provisional" if self.provisional else "") + ")")
+                + (", steps" if self.steps else "") + (", provisional" if self.provisional else "") + ")")
 
 
 def describe(curve: CostModel) -> str:
@@ -245,7 +261,7 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
       measurement to keep: :class:`Calibrations` neither persists it nor keeps it for long.
 
     Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
-    2: 12.0 ms, 4: 14.0 ms)`` after 1 + 3 * 4 calls of ``time_one``.
+    2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 3 * 4 calls of ``time_one``.
     """
     sizes = tuple(sorted({int(k) for k in sizes} | {1}))
     if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0:
@@ -276,13 +292,13 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
             probe = after
         why = disagreement(usable, agreement)
         if why is None:
-            return CostModel(sorted(fastest(usable).items()))
+            return CostModel(sorted(fastest(usable).items()), steps=True)
         if over():
             why += f"; stopped after {max_seconds:.0f} s"
             break
         if attempt + 1 < attempts:
             log.info("the machine looks busy (%s): timing %d more rounds", why, rounds)
-    curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True)
+    curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True, steps=True)
     log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
                 "measured again later in this process, and not saved", why)
     return curve
@@ -442,7 +458,7 @@ class CurveStore:
             return None
         path = self.path(fingerprint)
         data = {"kind": _CURVE_KIND, "format": CURVE_FORMAT, "fingerprint": fingerprint,
-                "points": [[k, t] for k, t in curve.points],
+                "points": [[k, t] for k, t in curve.points], "steps": curve.steps,
                 "measured": datetime.datetime.now().isoformat(timespec="seconds"),
                 "seconds": round(seconds, 3)}
         return path if user_cache.write_json_atomic(path, data) else None
@@ -464,7 +480,7 @@ def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
     if (any(not isinstance(k, int) or isinstance(k, bool) for k, _ in points) or ks[0] < 1
             or any(b <= a for a, b in zip(ks, ks[1:])) or any(not 0 < t < math.inf for _, t in pts)):
         return None
-    return CostModel(pts)
+    return CostModel(pts, steps=bool(data.get("steps", False)))
 
 
 @dataclass

@@ -140,12 +140,12 @@ def rows_that_pay(linear: CostModel, transposed: CostModel, below: float = PAYS_
 def combined_curve(linear: CostModel, transposed: CostModel, rows: int) -> CostModel:
     """The step curve of calls that run 2 to ``rows`` rows the other way round: the ``transposed`` curve's
     points up to ``rows``, put on the ``linear`` curve's scale (its one-row step), and the ``linear`` one's above
-    (provisional when either is). Example: the curves of :func:`rows_that_pay` with rows 4 -> ``{1: 80, 2: 80,
-    4: 80, 8: 126, 16: 142}`` ms (every ``CostModel`` is non-decreasing: 69 and 79 read as 80, the linear 116
-    as 126)."""
+    (provisional when either is; read as steps when both are). Example: the curves of :func:`rows_that_pay`,
+    measured (``steps``), with rows 4 -> ``{1: 80, 2: 69, 4: 79, 8: 116, 16: 142}`` ms; given (interpolated, so
+    non-decreasing) -> ``{1: 80, 2: 80, 4: 80, 8: 126, 16: 142}``."""
     if rows < 2:
         return linear
     scale = float(linear(1)) / float(transposed(1))
     points = ([(k, t * scale) for k, t in transposed.points if k <= rows]
               + [(k, t) for k, t in linear.points if k > rows])
-    return CostModel(points, linear.provisional or transposed.provisional)
+    return CostModel(points, linear.provisional or transposed.provisional, linear.steps and transposed.steps)

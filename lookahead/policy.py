@@ -3,9 +3,9 @@
 The decode loop asks it for a finished, immutable :class:`~lookahead.draft.Draft` and tells it what
 was accepted; :mod:`benchmarks.replay` drives the very same object on recorded outputs. Per step:
 
-1. **propose**: every source (``proposer.py``) drafts after the context; the trees are merged, and at
-   most ``step_nodes`` of their nodes kept (the most probable by the acceptance estimates; without a
-   budget, the shallowest).
+1. **propose**: every source (``proposer.py``) drafts after the context (the frequent tokens only when none
+   does); the trees are merged, and at most ``step_nodes`` of their nodes kept (the most probable by the
+   acceptance estimates; without a budget, the shallowest).
 2. **budget** (``adaptive=True``): keep the nodes, and the window rows, worth their cost (``budget.py``).
 3. **limits**: no node beyond what may still be emitted (``max_length``); no window row past the
    last position plain ``generate`` would feed the model; every row below a sliding-window cache's
@@ -27,7 +27,7 @@ from .cache import NgramTrie
 from .config import WINDOW_AUTO_COST, LookaheadConfig
 from .cost import CostModel
 from .draft import MEMORY, TRIE, Draft
-from .proposer import CopySource, ModelSource, TrieSource, WindowSource, merge_proposals
+from .proposer import CopySource, FrequentSource, ModelSource, TrieSource, WindowSource, merge_proposals
 from .selfspec import make_draft_sources
 from .source import DraftSource
 from .tuning import BudgetTuning
@@ -71,6 +71,7 @@ class DraftPolicy:
         # whether the window runs in this call: config.window_width="auto" decides at start, on the cost curve
         self.window_on = self.window is not None and config.window_width != "auto"
         self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
+        self.fill = next((s for s in self.sources if isinstance(s, FrequentSource)), None)  # when no other drafts
         self.budget: Budget | None = None
         self.limits = Limits(max_length=1 << 62)
         self._context: list[int] = []
@@ -91,12 +92,13 @@ class DraftPolicy:
         return self.model.k if self.model is not None and self._propose else 0
 
     def max_rows(self, window: bool | None = None) -> int:
-        """The most new tokens one step can feed: the last token, the sources' trees (at most ``step_nodes``),
-        the window's own rows when it runs (``window``: whether to count them; None: this call's choice, which
-        for an ``"auto"`` window is known once :meth:`start` has seen the cost curve: before, the rows the
-        calibration must measure)."""
+        """The most new tokens one step can feed: the last token, the sources' trees (at most ``step_nodes``; the
+        frequent tokens only alone), the window's own rows when it runs (``window``: whether to count them; None:
+        this call's choice, which for an ``"auto"`` window is known once :meth:`start` has seen the cost curve:
+        before, the rows the calibration must measure)."""
         window = self.window_on if window is None else window and self.window is not None
-        drafted = min(sum(s.max_nodes for s in self.sources if s is not self.window or window), self.config.step_nodes)
+        others = sum(s.max_nodes for s in self.sources if (s is not self.window or window) and s is not self.fill)
+        drafted = min(max(others, self.fill.max_nodes if self.fill is not None else 0), self.config.step_nodes)
         return 1 + drafted + (self.window.max_rows - self.window.max_nodes if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
@@ -134,7 +136,7 @@ class DraftPolicy:
             self.catch_up()
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self.sources:
-                if source is self.window and not self.window_on:
+                if (source is self.window and not self.window_on) or source is self.fill:
                     continue
                 depth = min(source.max_depth, room)
                 if source.priced:  # a draft pass costs its forwards: as deep as pays, or 0
@@ -145,6 +147,10 @@ class DraftPolicy:
                 p = source.propose(context, source.max_nodes, depth)
                 if p is not None:
                     proposals.append((source.origin, p))
+            if not proposals and self.fill is not None and self.budget is not None:  # priced, as every node
+                p = self.fill.propose(context, self.fill.max_nodes, 1)
+                if p is not None:
+                    proposals.append((self.fill.origin, p))
         draft = merge_proposals(proposals, self.window.rows() if self.window_on else None)
         if len(draft) > cfg.step_nodes:
             if self.budget is not None:  # the most probable nodes (a parent before its children)
@@ -212,7 +218,8 @@ def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | N
                  heads=None, successors=None) -> list[DraftSource]:
     """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model`` and trained
     ``heads``: an object whose ``make_source(config)`` returns their :class:`DraftSource`) ask for, in merge
-    order; the draft passes (``selfspec.py``) and the heads after the others, the window last. ``successors``:
+    order; the draft passes (``selfspec.py``) and the heads after the others, then the frequent tokens (asked only
+    when no other source drafts), the window last. ``successors``:
     the model-prediction source's table, when it is shared (a batch's rows)."""
     sources: list[DraftSource] = [TrieSource(trie, TRIE, config.max_match, per_request=True,
                                              max_nodes=config.tree_nodes, max_depth=config.tree_depth)]
@@ -227,6 +234,8 @@ def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | N
     sources.extend(make_draft_sources(config, draft_model))
     if heads is not None:
         sources.append(heads.make_source(config))
+    if config.fill_nodes:
+        sources.append(FrequentSource(config.fill_nodes))
     if config.window_columns:
         sources.append(WindowSource(config.window_columns, config.window_ngram, config.window_candidates,
                                     config.max_match))

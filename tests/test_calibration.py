@@ -73,6 +73,12 @@ def test_a_quiet_machine_gives_the_true_curve_in_interleaved_rounds():
     assert timer.calls[6] == timer.calls[12] == timer.calls[18] == 1  # each round ends with a probe
 
 
+def test_a_calibrated_curve_keeps_a_size_that_costs_less_than_one_row():
+    true = {1: 0.010, 2: 0.008, 4: 0.009, 8: 0.016, 16: 0.022}  # a BLAS whose one-row product is slow
+    curve = calibrate_curve(lambda k: true[k], SIZES, clock=Ticks())
+    assert curve.steps and curve.points == tuple(true.items()) and float(curve(3)) == 0.009
+
+
 def test_one_slowed_round_changes_nothing():
     """Another process ran during round 2 only: every size's fastest timings come from the other rounds."""
     timer = Timer(lambda i, k: 4.0 if 7 <= i < 12 else 1.0)
@@ -186,6 +192,23 @@ def test_a_measured_curve_is_persisted_and_a_new_process_uses_it(tmp_path, llama
         loaded = Calibrations(persist=True, folder=str(tmp_path)).get(other_object, 17, again)
     assert again.calls == [] and loaded == curve
     assert "using the cost curve measured for this model on" in caplog.text
+
+
+def test_a_persisted_curve_keeps_its_reading_and_an_older_format_is_measured_again(tmp_path, llama):
+    store = CurveStore(str(tmp_path))
+    fingerprint = curve_fingerprint(llama)
+    measured = CostModel([(1, 0.010), (2, 0.008), (4, 0.012)], steps=True)
+    path = store.save(fingerprint, measured, 1.0)
+    with open(path) as f:
+        data = json.load(f)
+    assert data["format"] == CURVE_FORMAT == 3 and data["steps"] is True
+    assert store.load(fingerprint, 4).curve == measured
+    store.save(fingerprint, CostModel(measured.points), 1.0)  # a given curve's reading is kept as well
+    assert not store.load(fingerprint, 4).curve.steps
+    data["format"] = 2  # format 2 kept its points made non-decreasing: what was measured is lost
+    with open(path, "w") as f:
+        json.dump(data, f)
+    assert store.load(fingerprint, 4) is None
 
 
 def test_nothing_is_persisted_when_asked_not_to(tmp_path, llama, monkeypatch):

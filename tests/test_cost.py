@@ -150,6 +150,26 @@ def test_call_counts_do_not_depend_on_the_clock(tiny_models, tick):
     assert budgets[0] == budgets[1] and any(n for n, _ in budgets[0])
 
 
-def test_measured_curve_is_monotone_and_positive():
+def test_a_given_curve_is_made_non_decreasing_and_positive():
     pts = CostModel([(1, 0.003), (2, 0.002), (4, 0.004)]).points
     assert all(t > 0 for _, t in pts) and np.all(np.diff([t for _, t in pts]) >= 0)
+
+
+def test_a_measured_curve_reads_as_steps_at_its_measured_prices():
+    c = CostModel([(1, 0.010), (2, 0.008), (4, 0.012)], steps=True)  # the docstring's
+    assert [float(c(k)) for k in (0, 1, 2, 3, 4)] == pytest.approx([0.010, 0.010, 0.008, 0.012, 0.012])
+    assert float(c(6)) == pytest.approx(0.016)  # beyond the last point: the last segment's 2 ms per row
+    assert c.points == ((1, 0.010), (2, 0.008), (4, 0.012))  # as measured: 2 rows stay cheaper than one
+    assert c.scaled(np.array([1.0, 1.0, 2.0])) == CostModel([(1, 0.010), (2, 0.008), (4, 0.024)], steps=True)
+    assert c != CostModel(c.points) and repr(c).endswith("steps)")
+    assert float(CostModel(c.points)(3)) == pytest.approx(0.011)  # interpolated, after 2 rows read as 10 ms
+
+
+def test_a_step_that_two_rows_make_cheaper_verifies_a_node_however_unlikely():
+    from lookahead.budget import choose_nodes
+
+    steps = CostModel([(1, 0.010), (2, 0.008), (4, 0.012)], steps=True)
+    keep, rate = choose_nodes(np.array([0.0, 0.0]), steps)
+    assert keep.tolist() == [0] and rate == pytest.approx(1 / 0.008)
+    keep, rate = choose_nodes(np.array([0.0, 0.0]), CostModel(steps.points))  # read as 10 ms: not worth it
+    assert keep.tolist() == [] and rate == pytest.approx(1 / 0.010)

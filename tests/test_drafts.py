@@ -13,9 +13,9 @@ import torch
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.cache import NgramTrie
 from lookahead.cost import CostModel
-from lookahead.draft import COPY, MODEL, ORIGINS, TRIE, Draft
+from lookahead.draft import COPY, FREQUENT, MODEL, ORIGINS, TRIE, Draft
 from lookahead.policy import DraftPolicy, Limits
-from lookahead.proposer import CopySource, ModelSource, merge_proposals
+from lookahead.proposer import CopySource, FrequentSource, ModelSource, merge_proposals
 from lookahead.recycle import SuccessorTable
 from lookahead.source import Proposal
 from lookahead.tree import tree_depth_rank, tree_depths
@@ -115,9 +115,11 @@ def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
 def test_new_origins_and_the_sources_merge_trie_first():
     assert (ORIGINS[COPY], ORIGINS[MODEL]) == ("copy", "model")
     policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
-    # the window last (window_width="auto": it runs only where the call's cost curve makes its rows cheap)
-    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource", "WindowSource"]
-    only = DraftPolicy(LookaheadConfig(copy_nodes=0, recycle_k=0, window_width=0), NgramTrie(12, 4096))
+    # the window last (window_width="auto": it runs only where the call's cost curve makes its rows cheap), the
+    # frequent tokens before it (asked only when no other source drafts)
+    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource", "FrequentSource",
+                                                          "WindowSource"]
+    only = DraftPolicy(LookaheadConfig(copy_nodes=0, recycle_k=0, window_width=0, fill_nodes=0), NgramTrie(12, 4096))
     assert [type(s).__name__ for s in only.sources] == ["TrieSource"]
 
 
@@ -378,3 +380,60 @@ def test_merged_drafts_put_the_first_drafted_path_in_the_first_rows():
     assert draft.parents.tolist() == [-1, 0, 1, 1, 0, -1]
     assert draft.depth.tolist() == [1, 2, 3, 3, 2, 1]
     assert draft.origin.tolist() == [TRIE, TRIE, TRIE, COPY, TRIE, COPY]
+
+
+def test_frequent_source_docstring_example_and_its_order():
+    src = FrequentSource(2)
+    assert src.propose(np.zeros(0, np.int64), 2, 1) is None  # nothing seen yet
+    src.start(np.array([5, 7, 5, 9, 7, 5]))
+    p = src.propose(np.zeros(0, np.int64), 2, 1)
+    assert p.tokens.tolist() == [5, 7] and p.parents.tolist() == [-1, -1] and p.match == 1
+    src.learn(np.array([9, 9]))
+    assert src.top == [5, 9]  # both 3: 5 reached it first
+    src.learn(np.array([9]))
+    assert src.top == [9, 5]
+    assert src.propose(np.zeros(0, np.int64), 1, 1).tokens.tolist() == [9]
+    src.start(np.array([4, 4, 3]))  # a new call counts its own context only
+    assert src.top == [4, 3] and src.counts == {4: 2, 3: 1}
+
+
+STEPS = CostModel([(1, 0.010), (2, 0.008), (4, 0.012), (64, 0.05)], steps=True)  # 2 rows cost less than one
+
+
+def test_the_frequent_tokens_draft_only_a_priced_step_no_other_source_drafts_for():
+    prompt = [5, 7, 5, 9, 7, 5, 8]  # 8 is new: the trie, the copy index and the model's table have nothing after it
+    policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
+    policy.start(prompt, Limits(100), STEPS)
+    draft = policy.draft(len(prompt), len(prompt), len(prompt) - 1)
+    assert draft.tokens.tolist() == [5] and draft.origin.tolist() == [FREQUENT]  # 2 rows: the cheapest step
+    policy.learn(draft, [], [5], rows=2)
+    draft = policy.draft(len(prompt) + 1, len(prompt) + 1, len(prompt))  # after 5: the trie drafts 7 or 9
+    assert len(draft) and FREQUENT not in draft.origin.tolist()
+    for config, cost in ((LookaheadConfig(fill_nodes=0), STEPS), (LookaheadConfig(adaptive=False), None),
+                         (LookaheadConfig(), CostModel(((1, 0.010), (2, 0.015), (64, 0.05))))):
+        policy = DraftPolicy(config, NgramTrie(12, 4096))
+        policy.start(prompt, Limits(100), cost)
+        assert not len(policy.draft(len(prompt), len(prompt), len(prompt) - 1)), config  # off, no budget, too dear
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_greedy_and_sampled_are_exact_with_the_frequent_tokens(tiny_models, arch):
+    from lookahead.cost import Calibrations
+
+    model = tiny_models(arch)
+    registry = Calibrations()
+    registry.pin(model, STEPS)
+    only = dict(tree_nodes=0, copy_nodes=0, recycle_k=0)  # every step drafts the frequent tokens alone
+    for prompt in (REPETITIVE, NO_REPEAT):
+        ids = torch.tensor([prompt])
+        plain = model.generate(ids, do_sample=False, max_new_tokens=30, eos_token_id=None)
+        dec = LookaheadDecoder(calibrations=registry, **only)
+        assert model.generate(ids, custom_generate=dec, max_new_tokens=30, eos_token_id=None).tolist() == plain.tolist()
+        assert dec.stats.drafted_by_origin["frequent"] >= dec.stats.target_calls - 1
+        outs = []
+        for d in (LookaheadDecoder(calibrations=registry, fill_nodes=0, **only),
+                  LookaheadDecoder(calibrations=registry, **only)):
+            torch.manual_seed(5)
+            outs.append(model.generate(ids, custom_generate=d, do_sample=True, temperature=0.9, max_new_tokens=30,
+                                       eos_token_id=None).tolist())
+        assert outs[0] == outs[1]

@@ -157,6 +157,30 @@ def _lookahead_linear() -> Method:
     return lookahead_method("lookahead-linear", LookaheadConfig(linear_layout="linear"))
 
 
+def _lookahead_no_fill() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("lookahead-no-fill", LookaheadConfig(fill_nodes=0))
+
+
+def _lookahead_interpolated() -> Method:
+    from lookahead import LookaheadConfig, LookaheadDecoder
+    from lookahead.cost import CostModel
+
+    class Interpolated(LookaheadDecoder):
+        """Prices drafts with the measured curve read as a given one is: linear between the measured sizes and
+        non-decreasing (how measured curves were read before they were read as steps, ``cost.CostModel``)."""
+
+        def cost_curve(self, model, kv_window=None, sync=None):
+            curve = super().cost_curve(model, kv_window, sync)
+            return CostModel(curve.points, curve.provisional) if curve.steps else curve
+
+    config = LookaheadConfig()
+    return Method("lookahead-interpolated", "LookaheadDecoder(), default config, the measured cost curve "
+                  "interpolated and made non-decreasing", settings=dataclasses.asdict(config),
+                  decoder=Interpolated(config))
+
+
 METHODS: dict[str, Callable[[], Method]] = {
     BASELINE: plain,
     "plain-again": plain_again,  # the same as plain: how much a ratio moves by chance on this machine
@@ -173,6 +197,10 @@ METHODS: dict[str, Callable[[], Method]] = {
     "lookahead+heads": _lookahead_heads,  # the default decoder plus the bundled SmolLM2 draft heads (heads.py)
     # the default decoder with every linear layer through nn.Linear (linear_layout.py): what the layout adds
     "lookahead-linear": _lookahead_linear,
+    # the default decoder without the frequent tokens on steps nothing else drafts for (proposer.FrequentSource)
+    "lookahead-no-fill": _lookahead_no_fill,
+    # the default decoder pricing with its measured curve interpolated, not as steps (cost.CostModel)
+    "lookahead-interpolated": _lookahead_interpolated,
 }
 
 # what ``python -m lookahead bench`` runs unless told otherwise
