@@ -224,6 +224,7 @@ class FrequentSource(DraftSource):
     """
 
     origin = FREQUENT
+    learns_lazily = True  # counts only what a proposal will read: nothing on a call whose steps are all plain
 
     def __init__(self, max_nodes: int):
         self.max_nodes, self.max_depth = max_nodes, 1
