@@ -338,7 +338,7 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         setup.cost = decoder.cost_curve(model, kv_window, setup.sync)
         decoder.stats.time_calibration = decoder.clock() - t
         decoder.stats.cost_curve = setup.cost.points
-        decoder.stats.cost_provisional = setup.cost.provisional
+        decoder.stats.cost_steps, decoder.stats.cost_provisional = setup.cost.steps, setup.cost.provisional
     return setup
 
 

@@ -245,7 +245,7 @@ class StaticCall(SingleCall):
             decoder.stats.time_calibration = decoder.clock() - t - decoder.stats.time_compile
             setup.cost = bucketed_curve(curve, self.buckets)
             decoder.stats.cost_curve = curve.points
-            decoder.stats.cost_provisional = curve.provisional
+            decoder.stats.cost_steps, decoder.stats.cost_provisional = curve.steps, curve.provisional
         return setup
 
     def limits(self) -> Limits:

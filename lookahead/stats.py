@@ -30,6 +30,8 @@ class DecodeStats:
     - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
       ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
     - ``cost_curve``: the forward-time curve ((k, seconds), ...) the budget used, if adaptive.
+    - ``cost_steps``: that curve is read as steps (a measured one: ``CostModel.steps``, k rows priced at the
+      smallest measured size of at least k).
     - ``cost_provisional``: that curve was measured while other work slowed the machine
       (``CostModel.provisional``, see ``cost.calibrate_curve``): the best estimate at hand, not saved
       for later processes and measured again later in this one; the budget's choices may be off.
@@ -48,6 +50,7 @@ class DecodeStats:
     budgets: list = field(default_factory=list)
     accepted_per_step: list = field(default_factory=list)
     cost_curve: tuple | None = None
+    cost_steps: bool = False
     cost_provisional: bool = False
     time_propose: float = 0.0
     time_forward: float = 0.0
@@ -110,6 +113,7 @@ class DecodeStats:
             "budgets": [list(b) for b in self.budgets],
             "accepted_per_step": list(self.accepted_per_step),
             "cost_curve": [list(p) for p in self.cost_curve] if self.cost_curve else None,
+            "cost_steps": self.cost_steps,
             "cost_provisional": self.cost_provisional,
             "time_propose": self.time_propose,
             "time_forward": self.time_forward,
@@ -139,8 +143,8 @@ class DecodeStats:
 
         With ``cost_provisional`` a last sentence says the curve was measured on a busy machine.
 
-        Cost ratios read ``CostModel(self.cost_curve)``: linear between measured points, extended with
-        the last segment's slope beyond them. A step is *plain* when it verified no draft token and ran
+        Cost ratios read ``CostModel(self.cost_curve, steps=self.cost_steps)``: as steps for a measured curve,
+        else linear between its points, extended with the last segment's slope beyond them. A step is *plain* when it verified no draft token and ran
         no window row. Example, a busy CPU where the budget kept every step plain::
 
             DecodeStats(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
@@ -175,7 +179,7 @@ class DecodeStats:
         from .cost import CostModel
 
         steps = plain + drafting
-        curve = CostModel(self.cost_curve)
+        curve = CostModel(self.cost_curve, steps=self.cost_steps)
         r2, r16 = (float(curve(k) / curve(1)) for k in (2, 16))
         short_dear = r2 >= EXPLAIN_COSTLY[0]
         dear = f"verifying even 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"

@@ -82,6 +82,16 @@ def test_a_provisional_curve_is_said():
     assert "provisional" not in fixed.explain()
 
 
+def test_a_measured_curve_is_explained_as_it_was_read():
+    plain = dict(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
+                 cost_curve=((1, 0.010), (2, 0.008), (16, 0.024)))
+    tail = (" 16 tokens cost 2.4x), yet the prompt and output offered little to copy: 4 of 4 steps were plain.")
+    measured = DecodeStats(**plain, cost_steps=True)  # 2 rows cost less than one: read as measured
+    assert measured.explain().endswith("(verifying 2 tokens costs 0.8x a 1-token forward, though" + tail)
+    assert measured.as_dict()["cost_steps"] is True
+    assert DecodeStats(**plain).explain().endswith("(verifying 2 tokens costs 1.0x a 1-token forward, though" + tail)
+
+
 def test_drafting_paid_the_rest_too_costly():
     s = stats(6, [(8, 6), (8, 5), (8, 4), (8, 3)])
     assert s.explain() == (
