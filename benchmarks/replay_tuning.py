@@ -95,9 +95,9 @@ def _walk(draft, output: list[int], i: int):
 
 
 def oracle(record: dict, cost: CostModel) -> dict:
-    """Modelled speed-up and tokens per call of a budget that knew each step's outcome: of the full
-    proposal it verifies the ``a`` nodes that will be accepted when ``(1 + a) / t(1 + a)`` beats ``1 / t(1)``,
-    else nothing."""
+    """Modelled speed-up, modelled seconds of its calls after the prefill (from ``cost``: no clock) and tokens per
+    call of a budget that knew each step's outcome: of the full proposal it verifies the ``a`` nodes that will be
+    accepted when ``(1 + a) / t(1 + a)`` beats ``1 / t(1)``, else nothing."""
     output = record["output"]
     policy = _policy(LookaheadConfig(adaptive=False), record, None)
     i, calls, seconds = 0, 0, 0.0
@@ -113,7 +113,8 @@ def oracle(record: dict, cost: CostModel) -> dict:
         calls += 1
         i += len(emitted)
     plain = (len(output) - 1) * float(cost(1))
-    return {"speedup": plain / seconds if seconds else 1.0, "tokens_per_call": len(output) / calls}
+    return {"speedup": plain / seconds if seconds else 1.0, "modelled_seconds": seconds,
+            "tokens_per_call": len(output) / calls}
 
 
 def calibration(records: dict, cost: CostModel) -> dict[str, np.ndarray]:

@@ -71,7 +71,8 @@ class DraftPolicy:
         # whether the window runs in this call: config.window_width="auto" decides at start, on the cost curve
         self.window_on = self.window is not None and config.window_width != "auto"
         self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
-        self.fill = next((s for s in self.sources if isinstance(s, FrequentSource)), None)  # when no other drafts
+        self._primary = [s for s in self.sources if not s.fallback]
+        self._fallback = [s for s in self.sources if s.fallback]  # asked only on a priced step nothing else drafts
         self.budget: Budget | None = None
         self.limits = Limits(max_length=1 << 62)
         self._context: list[int] = []
@@ -92,13 +93,13 @@ class DraftPolicy:
         return self.model.k if self.model is not None and self._propose else 0
 
     def max_rows(self, window: bool | None = None) -> int:
-        """The most new tokens one step can feed: the last token, the sources' trees (at most ``step_nodes``; the
-        frequent tokens only alone), the window's own rows when it runs (``window``: whether to count them; None:
+        """The most new tokens one step can feed: the last token, the sources' trees (at most ``step_nodes``; a
+        ``fallback`` source's only alone), the window's own rows when it runs (``window``: whether to count them; None:
         this call's choice, which for an ``"auto"`` window is known once :meth:`start` has seen the cost curve:
         before, the rows the calibration must measure)."""
         window = self.window_on if window is None else window and self.window is not None
-        others = sum(s.max_nodes for s in self.sources if (s is not self.window or window) and s is not self.fill)
-        drafted = min(max(others, self.fill.max_nodes if self.fill is not None else 0), self.config.step_nodes)
+        others = sum(s.max_nodes for s in self._primary if s is not self.window or window)
+        drafted = min(max([others] + [s.max_nodes for s in self._fallback]), self.config.step_nodes)
         return 1 + drafted + (self.window.max_rows - self.window.max_nodes if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
@@ -135,8 +136,8 @@ class DraftPolicy:
         if room > 0 and self._propose and cfg.step_nodes:
             self.catch_up()
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
-            for source in self.sources:
-                if (source is self.window and not self.window_on) or source is self.fill:
+            for source in self._primary:
+                if source is self.window and not self.window_on:
                     continue
                 depth = min(source.max_depth, room)
                 if source.priced:  # a draft pass costs its forwards: as deep as pays, or 0
@@ -147,10 +148,11 @@ class DraftPolicy:
                 p = source.propose(context, source.max_nodes, depth)
                 if p is not None:
                     proposals.append((source.origin, p))
-            if not proposals and self.fill is not None and self.budget is not None:  # priced, as every node
-                p = self.fill.propose(context, self.fill.max_nodes, 1)
-                if p is not None:
-                    proposals.append((self.fill.origin, p))
+            if not proposals and self.budget is not None:  # priced, as every node
+                for source in self._fallback:
+                    p = source.propose(context, source.max_nodes, min(source.max_depth, room))
+                    if p is not None:
+                        proposals.append((source.origin, p))
         draft = merge_proposals(proposals, self.window.rows() if self.window_on else None)
         if len(draft) > cfg.step_nodes:
             if self.budget is not None:  # the most probable nodes (a parent before its children)

@@ -212,8 +212,8 @@ class ModelSource(DraftSource):
 
 class FrequentSource(DraftSource):
     """The context's ``max_nodes`` most frequent tokens (the prompt's and the output's so far), each a child of the
-    root: the draft of a step for which no other source has one (:class:`~lookahead.policy.DraftPolicy` asks it
-    only then), as when the last token is new to the context, which is common in open text. Such a node is
+    root: the draft of a step for which no other source has one (a ``fallback`` source: the policy asks it only
+    then), as when the last token is new to the context, which is common in open text. Such a node is
     rarely accepted (7-10% of such steps in the benchmark's chat and code outputs, SmolLM2), but where a 2-row
     step costs less than a one-row one (a CPU BLAS whose one-row product takes a slower kernel) it makes the
     step cheaper as well; elsewhere the budget prices it like any node. Ties go to the token that reached the
@@ -224,6 +224,7 @@ class FrequentSource(DraftSource):
     """
 
     origin = FREQUENT
+    fallback = True
     learns_lazily = True  # counts only what a proposal will read: nothing on a call whose steps are all plain
 
     def __init__(self, max_nodes: int):

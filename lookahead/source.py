@@ -48,6 +48,9 @@ class DraftSource:
     - ``propose(context, max_nodes, max_depth) -> Proposal | None``: a tree continuing ``context``
       (int64[c], the context's last tokens, at most ``LookaheadConfig.max_match``).
     - ``learn(emitted)``: the step emitted these tokens (int64[k]).
+
+    A ``fallback`` source is asked only on a step no other source drafts for, and only when a budget prices
+    what it drafts (``policy.DraftPolicy.draft``).
     """
 
     origin: int
@@ -57,6 +60,7 @@ class DraftSource:
     wants_rows: bool = False
     wants_hidden: bool = False
     learns_lazily: bool = False
+    fallback: bool = False
     transient: tuple[str, ...] = ()
     """Attributes that bind the source to one model (device tensors, modules, a drafter): a copy or a pickle
     of the source leaves them behind, as None, and the next :meth:`start` binds them again."""

@@ -91,16 +91,12 @@ def bucket_of(rows: int, buckets: tuple[int, ...], room: int) -> int:
 
 
 def bucketed_curve(curve: CostModel, buckets: tuple[int, ...]) -> CostModel:
-    """The step function of ``curve`` over ``buckets``: ``t(k)`` is the time of the smallest bucket >= k (a step
-    with ``k`` rows runs that bucket's forward).
+    """``curve`` read at ``buckets`` as steps (``CostModel(steps=True)``): ``t(k)`` is the time of the smallest
+    bucket >= k (a step with ``k`` rows runs that bucket's forward).
 
     Example: points ``(1, 10), (8, 12), (16, 15)`` ms over buckets (1, 8, 16) -> ``t(1) = 10``, ``t(2 .. 8) = 12``,
-    ``t(9 .. 16) = 15``; beyond the last bucket the last segment's slope continues."""
-    points = [(1, float(curve(1)))]
-    for prev, b in zip(buckets, buckets[1:]):
-        t = float(curve(b))
-        points += [(prev + 1, t), (b, t)]
-    return CostModel(points)
+    ``t(9 .. 16) = 15``; beyond the last bucket the last segment's slope continues (3 ms per 8 rows)."""
+    return CostModel([(b, float(curve(b))) for b in buckets], curve.provisional, steps=True)
 
 
 def compile_settings(model, gen):

@@ -40,7 +40,7 @@ def test_bucket_helpers_docstring_examples():
     assert buckets_for(20) == (1, 8, 16, 32)
     assert bucket_of(9, (1, 8, 16), 100) == 16 and bucket_of(9, (1, 8, 16), 12) == 8
     curve = bucketed_curve(CostModel([(1, 0.010), (8, 0.012), (16, 0.015)]), (1, 8, 16))
-    assert [round(float(curve(k)), 6) for k in (1, 2, 8, 9, 16)] == [0.010, 0.012, 0.012, 0.015, 0.015]
+    assert [round(float(curve(k)), 6) for k in (1, 2, 8, 9, 16, 24)] == [0.010, 0.012, 0.012, 0.015, 0.015, 0.018]
 
 
 def test_static_mask_equals_the_dynamic_mask_and_hides_the_rest():
