@@ -274,36 +274,29 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
     """
     if not proposals:
         return Draft.empty(window)
-    if len(proposals) == 1:  # one tree: reordered depth-first all the same
-        origin, p = proposals[0]
-        tokens, parents = np.asarray(p.tokens, dtype=np.int64), np.asarray(p.parents, dtype=np.int64)
-        origin = np.full(len(tokens), origin, dtype=np.int8)
-        match, starts = _per_node(p), np.array([0, len(tokens)], np.int64)
-    else:
-        tokens = np.concatenate([p.tokens for _, p in proposals]).astype(np.int64, copy=False)
-        parents = np.concatenate([p.parents for _, p in proposals]).astype(np.int64, copy=False)
-        sizes = [len(p.tokens) for _, p in proposals]
-        origin = np.repeat(np.array([o for o, _ in proposals], dtype=np.int8), sizes)
-        match = np.concatenate([_per_node(p) for _, p in proposals])
-        starts = np.cumsum([0, *sizes]).astype(np.int64)
-    order, new_parents, depth, rank = _merge(tokens, parents, starts)
-    return Draft(tokens[order], new_parents, origin[order], match[order], depth, rank, window)
-
-
-def _per_node(p: Proposal) -> np.ndarray:
-    """int64[n]: the proposal's match for every node."""
-    if isinstance(p.match, np.ndarray) and p.match.shape == p.tokens.shape:
-        return p.match.astype(np.int64, copy=False)
-    return np.full(len(p.tokens), int(p.match), dtype=np.int64)
+    total = 0
+    for _, p in proposals:
+        total += len(p.tokens)
+    # the trees side by side: tree t holds nodes starts[t]:starts[t + 1], its parents local to it
+    tokens, parents, match = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
+    origin, starts = np.empty(total, np.int8), np.empty(len(proposals) + 1, np.int64)
+    a = 0
+    for t, (o, p) in enumerate(proposals):
+        b = a + len(p.tokens)
+        starts[t] = a
+        tokens[a:b], parents[a:b], match[a:b], origin[a:b] = p.tokens, p.parents, p.match, o  # a match: per node, or one
+        a = b
+    starts[-1] = a
+    return Draft(*_merge(tokens, parents, origin, match, starts), window)
 
 
 @njit(cache=True)
-def _merge(tokens, parents, starts):
-    """(kept int64[m], parents int64[m], depth int64[m], rank int64[m]): which of the concatenated trees'
-    nodes form their union (the first node of each path), in depth-first order (each node's children right
-    after it, before its next sibling; siblings in the order first drafted), their parents in that order,
-    their depths, and each one's rank in its own tree (0: an only child, else 1 + its place among its
-    siblings there). ``parents`` are per tree (local indices, parent-first); tree ``t`` holds nodes
+def _merge(tokens, parents, origin, match, starts):
+    """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first six arrays (tokens,
+    parents, origin, match, depth, rank), of its ``m`` nodes: the first node of each path, in depth-first order
+    (each node's children right after it, before its next sibling; siblings in the order first drafted), with
+    its origin and match, its depth, and its rank in its own tree (0: an only child, else 1 + its place among
+    its siblings there). ``parents`` are per tree (local indices, parent-first); tree ``t`` holds nodes
     ``starts[t]:starts[t + 1]``."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
@@ -368,10 +361,16 @@ def _merge(tokens, parents, starts):
     new_parents = np.empty(m, np.int64)
     new_depth = np.empty(m, np.int64)
     rank = np.empty(m, np.int64)
+    new_tokens = np.empty(m, np.int64)
+    new_origin = np.empty(m, np.int8)
+    new_match = np.empty(m, np.int64)
     for j in range(m):
         i = order[j]
         p = parents[i]
         new_parents[j] = new_index[merged[starts[tree[i]] + p]] if p >= 0 else -1
         new_depth[j] = depth[i]
         rank[j] = place[i]
-    return order, new_parents, new_depth, rank
+        new_tokens[j] = tokens[i]
+        new_origin[j] = origin[i]
+        new_match[j] = match[i]
+    return new_tokens, new_parents, new_origin, new_match, new_depth, rank

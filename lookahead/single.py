@@ -131,6 +131,8 @@ class SingleCall:
         after the pending tokens (no branch, no window) is causal: the model's own mask and attention fast path,
         the very forward prompt lookup verifies its chains with."""
         if self.col_visible is None and draft.window is None and _is_chain(draft.parents):
+            if not len(draft.tokens) and self.device.type == "cpu":  # a plain step: its pending tokens as they are
+                return torch.from_numpy(self.pending[None]), torch.from_numpy(self.pending_pos[None]), None
             return step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, None, self.device) + (None,)
         if len(self.pending) == 1:  # a step after the prompt's: the mask buffer writes only this step's block
             if self.step_mask is None:
@@ -156,13 +158,18 @@ class SingleCall:
         setup = self.setup
         if setup.argmax_verdicts:
             window_argmax = argmax[0, n + 1 :].tolist() if draft.window is not None else None
-            if setup.bans is None or setup.bans.apply(argmax, tops, np.array([n + 1]),
-                                                     self.length + np.concatenate([[0], draft.depth])[None]):
+            if setup.bans is None or setup.bans.apply(argmax, tops, np.array([n + 1]), self.row_lengths(draft)):
                 return call.greedy_verdicts(argmax, [draft])[0], window_argmax
         uniforms = self.uniforms.take(self.stats.new_tokens, n + 1) if self.uniforms is not None else None
         verdict = call.processed_verdict(setup, logits, draft, self.seq[:, : self.length], self.processors, uniforms)
         window_argmax = logits[n + 1 :].argmax(-1).tolist() if draft.window is not None else None
         return verdict, window_argmax
+
+    def row_lengths(self, draft: Draft) -> np.ndarray:
+        """int64[1, 1 + n]: the sequence length each verified row's logits follow (its root's, then each node's)."""
+        if not len(draft.tokens):
+            return np.array([[self.length]])
+        return self.length + np.concatenate([[0], draft.depth])[None]
 
     def emit(self, verdict: Verdict) -> tuple[int, bool]:
         """Append the verdict's tokens until a stopping criterion holds: (emitted, done)."""
