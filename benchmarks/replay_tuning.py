@@ -95,12 +95,13 @@ def _walk(draft, output: list[int], i: int):
 
 
 def oracle(record: dict, cost: CostModel) -> dict:
-    """Modelled speed-up, modelled seconds of its calls after the prefill (from ``cost``: no clock) and tokens per
-    call of a budget that knew each step's outcome: of the full proposal it verifies the ``a`` nodes that will be
-    accepted when ``(1 + a) / t(1 + a)`` beats ``1 / t(1)``, else nothing."""
+    """Modelled speed-up, target calls (the prefill included), the summed ``cost`` of the calls after the prefill
+    (in the curve's units: no clock is read) and tokens per call of a budget that knew each step's outcome: of the
+    full proposal it verifies the ``a`` nodes that will be accepted when ``(1 + a) / t(1 + a)`` beats
+    ``1 / t(1)``, else nothing."""
     output = record["output"]
     policy = _policy(LookaheadConfig(adaptive=False), record, None)
-    i, calls, seconds = 0, 0, 0.0
+    i, calls, priced = 0, 0, 0.0
     while i < len(output):
         length = len(record["prompt"]) + i
         draft = policy.draft(length, length, length - 1)
@@ -109,11 +110,11 @@ def oracle(record: dict, cost: CostModel) -> dict:
             nodes = []
         emitted = output[i : i + len(nodes) + 1]
         policy.learn(draft.keep(list(nodes)), list(range(len(nodes))), emitted)
-        seconds += float(cost(1 + len(nodes))) if calls else 0.0  # the prefill left out, as replay() does
+        priced += float(cost(1 + len(nodes))) if calls else 0.0  # the prefill left out, as replay() does
         calls += 1
         i += len(emitted)
     plain = (len(output) - 1) * float(cost(1))
-    return {"speedup": plain / seconds if seconds else 1.0, "modelled_seconds": seconds,
+    return {"speedup": plain / priced if priced else 1.0, "calls": calls, "modelled_cost": priced,
             "tokens_per_call": len(output) / calls}
 
 

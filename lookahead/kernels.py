@@ -320,9 +320,7 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals):
         return nan
     _block_maxima(row, maxima)
     low = -np.inf
-    if nb >= k:  # the k-th largest block maximum
-        for j in range(k):
-            low_vals[j] = -np.inf
+    if nb >= k:  # the k-th largest block maximum (nb >= k of them offered: every slot is written)
         _insert_top(maxima, 0, nb, -np.inf, k, low_ids, low_vals, 0)
         low = low_vals[k - 1]
     m = 0

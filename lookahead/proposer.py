@@ -274,9 +274,7 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
     """
     if not proposals:
         return Draft.empty(window)
-    total = 0
-    for _, p in proposals:
-        total += len(p.tokens)
+    total = sum(len(p.tokens) for _, p in proposals)
     # the trees side by side: tree t holds nodes starts[t]:starts[t + 1], its parents local to it
     tokens, parents, match = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
     origin, starts = np.empty(total, np.int8), np.empty(len(proposals) + 1, np.int64)

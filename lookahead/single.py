@@ -131,8 +131,6 @@ class SingleCall:
         after the pending tokens (no branch, no window) is causal: the model's own mask and attention fast path,
         the very forward prompt lookup verifies its chains with."""
         if self.col_visible is None and draft.window is None and _is_chain(draft.parents):
-            if not len(draft.tokens) and self.device.type == "cpu":  # a plain step: its pending tokens as they are
-                return torch.from_numpy(self.pending[None]), torch.from_numpy(self.pending_pos[None]), None
             return step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, None, self.device) + (None,)
         if len(self.pending) == 1:  # a step after the prompt's: the mask buffer writes only this step's block
             if self.step_mask is None:

@@ -104,8 +104,12 @@ def pack_step(
 def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndarray, tree_depth: np.ndarray,
                 window=None, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(input ids long[1, q], position ids long[1, q]) of one step: the pending tokens, the tree nodes one past
-    the last pending position plus their depth - 1, the window rows at their offsets (see :func:`pack_step`)."""
+    the last pending position plus their depth - 1, the window rows at their offsets (see :func:`pack_step`).
+    A step with neither (a plain one) on a CPU reads ``pending`` and ``pending_pos`` as they are: views, valid
+    until the caller changes those arrays."""
     m = 0 if window is None else len(window[0])
+    if not m and not len(tree_tokens) and getattr(device, "type", device) == "cpu":
+        return torch.from_numpy(pending[None]), torch.from_numpy(pending_pos[None])
     ids = np.concatenate([pending, np.asarray(tree_tokens, dtype=np.int64)]
                          + ([np.asarray(window[0], dtype=np.int64)] if m else []))
     pos = np.concatenate([pending_pos, pending_pos[-1] + np.asarray(tree_depth, dtype=np.int64)]

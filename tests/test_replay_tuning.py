@@ -18,8 +18,9 @@ def test_oracle_verifies_exactly_what_will_be_accepted_when_it_pays():
     assert res["tokens_per_call"] == 3.0  # one call: 5, 6 accepted, 7 emitted from the last accepted row
     prohibitive = CostModel(((1, 1.0), (2, 1000.0)))
     res = oracle(RECORD, prohibitive)
-    # never drafts: plain decoding, three calls; the two after the prefill cost t(1) = 1.0 each on the given curve
-    assert res["tokens_per_call"] == 1.0 and res["modelled_seconds"] == 2 * 1.0
+    # never drafts: plain decoding, three calls; the two after the prefill are priced t(1) each on the given curve
+    assert res["tokens_per_call"] == 1.0 and res["calls"] == 3
+    assert res["modelled_cost"] == 2 * float(prohibitive(1))
 
 
 def test_calibration_judges_every_proposed_node_by_the_recorded_text():
