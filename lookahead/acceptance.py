@@ -23,12 +23,16 @@ from .tuning import BudgetTuning
 
 MATCH_BUCKETS = 3
 """Match buckets: 1 context token matched (or none), 2, 3 or more."""
+CONTEXTS = 2 * MATCH_BUCKETS
+"""A node's context: its match bucket, alone (the first :data:`MATCH_BUCKETS`) or agreed (the rest: another source
+drafted the same path, ``Draft.agreement``), each learned apart from the same prior."""
 
 
 class AcceptanceStats:
     """Online estimates of ``c(origin, context, depth, rank)``: P(node accepted | parent accepted).
 
-    ``context`` is the node's match bucket (:data:`MATCH_BUCKETS`). Each estimate is the cell's
+    ``context`` is the node's match bucket (:data:`MATCH_BUCKETS`), alone or agreed (:data:`CONTEXTS`). Each
+    estimate is the cell's
     acceptance rate shrunk towards the same (origin, context, rank) pooled over all depths, itself
     shrunk towards a Beta prior per rank (``tuning.priors``) whose mean is scaled per context
     (``tuning.match_scale``, clipped to [0.02, 0.98]) at the same strength ``a + b``. At depth ``d`` the
@@ -48,13 +52,14 @@ class AcceptanceStats:
         priors = list(t.priors) + [t.priors[-1]] * (t.rank_cells - len(t.priors))
         a = np.array([p[0] for p in priors[: t.rank_cells]])[None, :]  # [1, rank]
         b = np.array([p[1] for p in priors[: t.rank_cells]])[None, :]
-        mean = np.clip(a / (a + b) * np.asarray(t.match_scale)[:, None], 0.02, 0.98)  # [context, rank]
+        scale = np.asarray(t.match_scale * (CONTEXTS // MATCH_BUCKETS))[:, None]  # agreed: as alone, until learned
+        mean = np.clip(a / (a + b) * scale, 0.02, 0.98)  # [context, rank]
         self.prior_a, self.prior_b = mean * (a + b), (1 - mean) * (a + b)
-        shape = (origins, MATCH_BUCKETS, t.depth_cells, t.rank_cells)
+        shape = (origins, CONTEXTS, t.depth_cells, t.rank_cells)
         self.tried = np.zeros(shape)
         self.accepted = np.zeros(shape)
-        self._tried_pool = np.zeros((origins, MATCH_BUCKETS, t.rank_cells))  # tried summed over depths
-        self._accepted_pool = np.zeros((origins, MATCH_BUCKETS, t.rank_cells))
+        self._tried_pool = np.zeros((origins, CONTEXTS, t.rank_cells))  # tried summed over depths
+        self._accepted_pool = np.zeros((origins, CONTEXTS, t.rank_cells))
 
     def carried(self, trials: float) -> tuple[np.ndarray, ...]:
         """What a later call starts from: the counts (tried, accepted, and their pools), scaled so that no cell
@@ -76,8 +81,8 @@ class AcceptanceStats:
 
     def node_probabilities(self, draft) -> np.ndarray:
         """float[n]: P(node accepted) for each node of a :class:`~lookahead.draft.Draft`, in its cells."""
-        return K.node_probabilities(draft.parents, draft.origin, draft.match, draft.depth, draft.rank, self.prior_a,
-                                    self.prior_b, self.tried, self.accepted, self._tried_pool, self._accepted_pool,
+        return K.node_probabilities(draft.parents, draft.origin, draft.match, draft.agreement, draft.depth, draft.rank,
+                                    self.prior_a, self.prior_b, self.tried, self.accepted, self._tried_pool, self._accepted_pool,
                                     self.tuning.pool_weight, self.tuning.depth_lift)
 
     def update(self, draft, accepted_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +92,7 @@ class AcceptanceStats:
         update (what :class:`CopyBelief` weighs the outcomes against)."""
         if not len(draft.tokens):
             return np.zeros(0), np.zeros(0, dtype=bool)
-        return K.record(draft.parents, draft.origin, draft.match, draft.depth, draft.rank,
+        return K.record(draft.parents, draft.origin, draft.match, draft.agreement, draft.depth, draft.rank,
                         np.asarray(accepted_nodes, dtype=np.int64), self.prior_a, self.prior_b, self.tried,
                         self.accepted, self._tried_pool, self._accepted_pool, self.tuning.pool_weight,
                         self.tuning.decay, self.tuning.depth_lift)

@@ -55,6 +55,10 @@ class Draft:
     - ``tokens`` int64[n], ``parents`` int64[n]: the draft tree, parent-first (depth-first once merged).
     - ``origin`` int8[n]: index into :data:`ORIGINS` per node.
     - ``match`` int64[n]: per node, how many context tokens its source matched before drafting it.
+    - ``agreement`` int64[n]: per node of a merged draft, how many other sources drafted the same path
+      (its *agreement*; 0 in a single source's tree). The acceptance estimates learn agreed nodes in cells of
+      their own (``acceptance.CONTEXTS``), so that where sources agree the budget learns how much likelier
+      the path is (``benchmarks/results/agreement.md``).
     - ``depth``, ``rank`` int64[n]: each node's depth (1 = child of the root) and sibling rank (0 for an
       only child, else 1 + its place among its siblings) in the tree *as proposed* by its own source
       (siblings another source adds do not demote an only child): :meth:`keep` subsets them, so a node
@@ -68,6 +72,7 @@ class Draft:
     match: np.ndarray
     depth: np.ndarray
     rank: np.ndarray
+    agreement: np.ndarray
     window: WindowRows | None = None
 
     @classmethod
@@ -77,11 +82,12 @@ class Draft:
         parents = np.asarray(parents, dtype=np.int64)
         depth, own_rank = tree_depth_rank(parents)
         return cls(np.asarray(tokens, dtype=np.int64), parents, np.asarray(origin, dtype=np.int8),
-                   np.asarray(match, dtype=np.int64), depth, own_rank if rank is None else np.asarray(rank), window)
+                   np.asarray(match, dtype=np.int64), depth, own_rank if rank is None else np.asarray(rank),
+                   np.zeros(len(parents), dtype=np.int64), window)
 
     @classmethod
     def empty(cls, window: WindowRows | None = None) -> Draft:
-        return _NO_DRAFT if window is None else cls(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, window)
+        return _NO_DRAFT if window is None else cls(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, _EMPTY, window)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -107,7 +113,7 @@ class Draft:
             return Draft.empty(self.window)
         nodes = np.asarray(nodes, dtype=np.int64)
         return Draft(self.tokens[nodes], subset_parents(self.parents, nodes), self.origin[nodes], self.match[nodes],
-                     self.depth[nodes], self.rank[nodes], self.window)
+                     self.depth[nodes], self.rank[nodes], self.agreement[nodes], self.window)
 
     def shallowest(self, count: int) -> Draft:
         """The draft cut to its ``count`` shallowest nodes (equal depths: the earlier first), still a tree:
@@ -121,7 +127,7 @@ class Draft:
     def without_window(self) -> Draft:
         if self.window is None:
             return self
-        return Draft(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank, None)
+        return Draft(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank, self.agreement, None)
 
 
-_NO_DRAFT = Draft(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, None)  # a plain step's (immutable) draft
+_NO_DRAFT = Draft(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, _EMPTY, None)  # a plain step's (immutable) draft

@@ -73,18 +73,22 @@ def _conditional(o, ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, ac
 
 
 @njit(cache=True)
-def _cell(match, depth, rank, n_ctx, max_depth, max_rank):
-    ctx = min(max(match, 1), n_ctx) - 1
+def _cell(match, agreement, depth, rank, n_ctx, max_depth, max_rank):
+    """A node's cell: context (its match bucket; the second half of the contexts when another source agreed),
+    depth and rank cells."""
+    buckets = n_ctx // 2
+    ctx = min(max(match, 1), buckets) - 1 + (buckets if agreement > 0 else 0)
     return ctx, min(depth - 1, max_depth - 1), min(rank, max_rank - 1)
 
 
 @njit(cache=True)
-def node_probabilities(parents, origin, match, depth, rank, prior_a, prior_b, tried, accepted, tried_pool,
+def node_probabilities(parents, origin, match, agreement, depth, rank, prior_a, prior_b, tried, accepted, tried_pool,
                        accepted_pool, pool_weight, depth_lift):
     """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path.
 
-    ``tried``/``accepted``: float64[origins, contexts, depths, ranks] counts; ``*_pool``: the same
-    summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks]. A depth cell ``d`` (0-based)
+    ``agreement``: per node, how many other sources drafted it (``Draft.agreement``: an agreed node's context is in
+    the second half of the contexts). ``tried``/``accepted``: float64[origins, contexts, depths, ranks] counts;
+    ``*_pool``: the same summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks]. A depth cell ``d`` (0-based)
     shrinks towards ``1 - (1 - pooled) * depth_lift ** d``.
     Example (priors only, ``depth_lift`` 1): a chain of two only children whose ``c`` is 0.6 each -> ``[0.6,
     0.36]``; with ``depth_lift`` 0.5 the second level's ``c`` is ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``.
@@ -92,7 +96,7 @@ def node_probabilities(parents, origin, match, depth, rank, prior_a, prior_b, tr
     n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
     prob = np.empty(len(parents))
     for i in range(len(parents)):
-        ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+        ctx, d, r = _cell(match[i], agreement[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
         c = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool,
                          pool_weight, depth_lift)
         prob[i] = c * prob[parents[i]] if parents[i] >= 0 else c
@@ -128,8 +132,8 @@ def choose(probs, cost_table, extra_rows, extra_gain, margin):
 
 
 @njit(cache=True)
-def record(parents, origin, match, depth, rank, accepted_nodes, prior_a, prior_b, tried, accepted, tried_pool,
-           accepted_pool, pool_weight, decay, depth_lift):
+def record(parents, origin, match, agreement, depth, rank, accepted_nodes, prior_a, prior_b, tried, accepted,
+           tried_pool, accepted_pool, pool_weight, decay, depth_lift):
     """Learn one verified tree in place: every node whose parent was accepted (or is the root) was
     *tried*; counts decay by ``decay`` first. Returns (c float64[t], hit bool[t]) of the ``t`` tried
     nodes in index order, ``c`` as estimated before this update.
@@ -147,7 +151,7 @@ def record(parents, origin, match, depth, rank, accepted_nodes, prior_a, prior_b
     t = 0
     for i in range(n):
         if parents[i] < 0 or ok[parents[i]]:
-            ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+            ctx, d, r = _cell(match[i], agreement[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
             c[t] = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool,
                                 accepted_pool, pool_weight, depth_lift)
             hit[t] = ok[i]
@@ -158,7 +162,7 @@ def record(parents, origin, match, depth, rank, accepted_nodes, prior_a, prior_b
     accepted_pool *= decay
     for i in range(n):
         if parents[i] < 0 or ok[parents[i]]:
-            ctx, d, r = _cell(match[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+            ctx, d, r = _cell(match[i], agreement[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
             o = origin[i]
             tried[o, ctx, d, r] += 1.0
             tried_pool[o, ctx, r] += 1.0

@@ -266,11 +266,12 @@ class FrequentSource(DraftSource):
 def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None) -> Draft:
     """One draft from ``(origin, proposal)`` pairs; a path drafted by several sources appears once,
     with the origin, match and sibling rank (in that source's own tree) of the first source that
-    drafted it; in depth-first order (``draft.py``), siblings in the order they were first drafted.
+    drafted it, and its agreement (how many other sources drafted it); in depth-first order
+    (``draft.py``), siblings in the order they were first drafted.
 
     Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
     parents ``[-1, 0, -1]`` -> tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``, origins
-    ``[first, first, second, second]``.
+    ``[first, first, second, second]``, agreement ``[1, 0, 0, 0]``.
     """
     if not proposals:
         return Draft.empty(window)
@@ -290,11 +291,11 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
 
 @njit(cache=True)
 def _merge(tokens, parents, origin, match, starts):
-    """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first six arrays (tokens,
-    parents, origin, match, depth, rank), of its ``m`` nodes: the first node of each path, in depth-first order
-    (each node's children right after it, before its next sibling; siblings in the order first drafted), with
-    its origin and match, its depth, and its rank in its own tree (0: an only child, else 1 + its place among
-    its siblings there). ``parents`` are per tree (local indices, parent-first); tree ``t`` holds nodes
+    """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first seven arrays (tokens,
+    parents, origin, match, depth, rank, agreement), of its ``m`` nodes: the first node of each path, in
+    depth-first order (each node's children right after it, before its next sibling; siblings in the order first
+    drafted), with its origin and match, its depth, its rank in its own tree (0: an only child, else 1 + its
+    place among its siblings there), and how many later trees hold the same path. ``parents`` are per tree (local indices, parent-first); tree ``t`` holds nodes
     ``starts[t]:starts[t + 1]``."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
@@ -305,6 +306,8 @@ def _merge(tokens, parents, origin, match, starts):
     tree = np.empty(n, np.int64)
     place = np.empty(n, np.int64)  # among its siblings in its own tree
     count = np.zeros(n, np.int64)  # children per node (global index), counted in its own tree
+    agreement = np.zeros(n, np.int64)  # per first node: the later trees that hold its path
+    voted = np.full(n, -1, np.int64)  # per first node: the last tree counted in its agreement
     for t in range(starts.shape[0] - 1):
         roots = 0
         for i in range(starts[t], starts[t + 1]):
@@ -326,6 +329,9 @@ def _merge(tokens, parents, origin, match, starts):
                 depth[i] = 1 if mp < 0 else depth[mp] + 1
                 next_sibling[i] = first_child[mp + 1]
                 first_child[mp + 1] = i
+            elif tree[c] != t and voted[c] != t:
+                agreement[c] += 1
+                voted[c] = t
             merged[i] = c
         for i in range(starts[t], starts[t + 1]):
             p = parents[i]
@@ -362,6 +368,7 @@ def _merge(tokens, parents, origin, match, starts):
     new_tokens = np.empty(m, np.int64)
     new_origin = np.empty(m, np.int8)
     new_match = np.empty(m, np.int64)
+    new_agreement = np.empty(m, np.int64)
     for j in range(m):
         i = order[j]
         p = parents[i]
@@ -371,4 +378,5 @@ def _merge(tokens, parents, origin, match, starts):
         new_tokens[j] = tokens[i]
         new_origin[j] = origin[i]
         new_match[j] = match[i]
-    return new_tokens, new_parents, new_origin, new_match, new_depth, rank
+        new_agreement[j] = agreement[i]
+    return new_tokens, new_parents, new_origin, new_match, new_depth, rank, new_agreement

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -110,6 +112,19 @@ def test_kernel_examples():
     assert keep.tolist() == [0, 1] and rate == pytest.approx(2.7 / 1.2)
     keep, rate = K.choose(np.array([0.5, 0.5]), np.array([9.0, 1.0, 1.0, 1.0]), 0, 0.0, 1.05)
     assert keep.tolist() == [0, 1] and rate == 2.0  # ties: the lower index first, both kept
+
+
+def test_agreed_nodes_start_from_the_same_prior_and_learn_apart():
+    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0, depth_lift=1.0))
+    alone = _draft([-1, 0], 2)
+    agreed = dataclasses.replace(alone, agreement=np.array([1, 2]))  # other sources drafted both nodes
+    assert acc.node_probabilities(agreed).tolist() == acc.node_probabilities(alone).tolist() == pytest.approx([0.6, 0.36])
+    for _ in range(10):
+        acc.update(agreed, [0, 1])  # where the sources agree, the path is accepted
+        acc.update(alone, [])  # a path drafted by one source alone is not
+    assert acc.node_probabilities(agreed)[1] > 0.8
+    assert acc.node_probabilities(alone)[0] < 0.1
+    assert acc.node_probabilities(_draft([-1, 0], 3)).tolist() == pytest.approx([2.6 / 3, (2.6 / 3) ** 2])  # untouched
 
 
 def test_match_length_sets_the_prior_and_separates_the_estimates():

@@ -40,29 +40,31 @@ def _random_tree(rng, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     index = np.empty(n, np.int64)
     index[order] = np.arange(n)
     bfs = np.where(parents[order] >= 0, index[np.maximum(parents[order], 0)], -1)
-    tokens, bfs, _ = merge_trees((rng.integers(0, vocab, n)[order], bfs))
+    tokens, bfs, _, _ = merge_trees((rng.integers(0, vocab, n)[order], bfs))
     return tokens, bfs
 
 
 def test_merge_trees_docstring_example():
-    tokens, parents, origin = merge_trees((np.array([5, 6]), np.array([-1, 0])),
-                                          (np.array([5, 7, 8]), np.array([-1, 0, -1])))
+    tokens, parents, origin, agreement = merge_trees((np.array([5, 6]), np.array([-1, 0])),
+                                                     (np.array([5, 7, 8]), np.array([-1, 0, -1])))
     assert tokens.tolist() == [5, 6, 7, 8]
     assert parents.tolist() == [-1, 0, 0, -1]
     assert origin.tolist() == [0, 0, 1, 1]
+    assert agreement.tolist() == [1, 0, 0, 0]
 
 
-def test_merge_equals_merge_trees_and_keeps_the_first_sources_match():
+def test_merge_equals_merge_trees_keeps_the_first_sources_match_and_counts_the_agreement():
     rng = np.random.default_rng(0)
     for _ in range(500):
         trees = [_random_tree(rng, int(rng.integers(1, 14)), 3) for _ in range(int(rng.integers(1, 4)))]
-        want_tokens, want_parents, want_origin = merge_trees(*trees)
+        want_tokens, want_parents, want_origin, want_agreement = merge_trees(*trees)
         props = [(o, Proposal(t, p, 100 * o + np.arange(len(t)))) for o, (t, p) in enumerate(trees)]
         draft = merge_proposals(props)
         assert draft.tokens.tolist() == want_tokens.tolist()
         assert draft.parents.tolist() == want_parents.tolist()
         assert draft.origin.tolist() == want_origin.tolist()
         assert draft.depth.tolist() == tree_depth_rank(draft.parents)[0].tolist()
+        assert draft.agreement.tolist() == want_agreement.tolist()
         # each node's match is the one its first source gave it: find that node by its path
         for i in range(len(draft)):
             path, v = [], i
@@ -89,6 +91,7 @@ def test_merge_docstring_example_and_an_int_match():
                              (COPY, Proposal(np.array([5, 7, 8]), np.array([-1, 0, -1]), np.array([3, 3, 1])))])
     assert draft.tokens.tolist() == [5, 6, 7, 8] and draft.parents.tolist() == [-1, 0, 0, -1]
     assert draft.origin.tolist() == [TRIE, TRIE, COPY, COPY] and draft.match.tolist() == [2, 2, 3, 1]
+    assert draft.agreement.tolist() == [1, 0, 0, 0]  # both drafted 5
 
 
 def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
