@@ -224,7 +224,7 @@ def _step_block(mask, past, p, parents, window_visible, neg):
                 mask[row, past + p + n + j] = 0
 
 
-_BLOCK = 16  # logits per block of row_top's first pass, whose block maxima bound the top k from below
+_BLOCK = 16  # logits per block of _one_top's first pass, whose block maxima bound the top k from below
 
 
 @njit(cache=True, nogil=True)
@@ -281,9 +281,15 @@ def _insert_top(row, a, b, low, k, ids, vals, m):
 
 
 @njit(cache=True, nogil=True)
-def row_top(logits, k, ids, vals):
-    """Per row of ``logits`` float32[r, V]: its argmax (returned, int64[r]) and its ``k`` largest entries,
-    written into ``ids`` int64[>= r, k] and ``vals`` float32[>= r, k], largest first.
+def _top_scratch(v, k):
+    """:func:`_one_top`'s scratch arrays for rows of ``v`` logits: (block maxima, and the top ``k`` of them)."""
+    return np.empty((v + _BLOCK - 1) // _BLOCK, np.float32), np.empty(k, np.int64), np.empty(k, np.float32)
+
+
+@njit(cache=True, nogil=True)
+def _one_top(row, k, ids, vals, maxima, low_ids, low_vals):
+    """One row ``row`` float32[V]: its argmax (returned) and its ``k`` largest entries into ``ids`` int64[k] /
+    ``vals`` float32[k], largest first (``maxima``, ``low_*``: :func:`_top_scratch`'s).
 
     The argmax is exactly ``torch.argmax``'s: the first maximal index, or the first NaN's index when the
     row holds a NaN. Among equal values the earlier index comes first. Two passes over a row: every block's
@@ -292,25 +298,8 @@ def row_top(logits, k, ids, vals):
     order, to the top k; a row with a NaN is offered whole. On a CPU this is several times faster than
     ``argmax`` plus ``topk``.
 
-    Example: ``[[1., 5., 5., 2.]]``, k=2 -> argmax ``[1]``, ids ``[[1, 2]]``, vals ``[[5., 5.]]``.
+    Example: ``[1., 5., 5., 2.]``, k=2 -> argmax 1, ids ``[1, 2]``, vals ``[5., 5.]``.
     """
-    r, v = logits.shape
-    arg = np.empty(r, np.int64)
-    maxima, low_ids, low_vals = _top_scratch(v, k)
-    for i in range(r):
-        arg[i] = _one_top(logits[i], k, ids[i], vals[i], maxima, low_ids, low_vals)
-    return arg
-
-
-@njit(cache=True, nogil=True)
-def _top_scratch(v, k):
-    """:func:`_one_top`'s scratch arrays for rows of ``v`` logits: (block maxima, and the top ``k`` of them)."""
-    return np.empty((v + _BLOCK - 1) // _BLOCK, np.float32), np.empty(k, np.int64), np.empty(k, np.float32)
-
-
-@njit(cache=True, nogil=True)
-def _one_top(row, k, ids, vals, maxima, low_ids, low_vals):
-    """:func:`row_top` of one row float32[V] into ``ids`` int64[k] / ``vals`` float32[k]; returns its argmax."""
     v = row.shape[0]
     nb = maxima.shape[0]
     for j in range(k):
@@ -366,7 +355,7 @@ def greedy_walk(argmax, tokens, parents):
 
 @njit(cache=True, nogil=True)
 def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
-    """:func:`row_top` over a batch: for each row ``i`` of ``logits`` float32[b, q, V], the argmax of its first
+    """:func:`_one_top` over a batch: for each row ``i`` of ``logits`` float32[b, q, V], the argmax of its first
     ``argmax_rows[i]`` query rows into ``argmax`` int64[b, q] and, for its first ``top_rows[i]`` (at most
     ``argmax_rows[i]``), their ``k`` largest entries into ``ids`` int64[b, q, k] / ``vals`` float32[b, q, k]
     (the same pass). Entries past those counts are left unset. ``k`` = 0: argmax only.

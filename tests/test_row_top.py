@@ -1,4 +1,4 @@
-"""``kernels.row_top``: every row's argmax (exactly torch's) and top-k in one pass."""
+"""``kernels.rows_top``: every row's argmax (exactly torch's) and top-k in one pass."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead.kernels import row_top
+from lookahead.kernels import rows_top
 
 
 def run(logits, k):
-    arr = np.asarray(logits, dtype=np.float32)
-    ids, vals = np.empty((arr.shape[0], k), np.int64), np.empty((arr.shape[0], k), np.float32)
-    return row_top(arr, k, ids, vals).tolist(), ids.tolist(), vals.tolist()
+    """The argmax and top ``k`` of every row of ``logits`` [r, V], as one batch row of ``rows_top``."""
+    arr = np.asarray(logits, dtype=np.float32)[None]
+    r = arr.shape[1]
+    counts = np.array([r], np.int64)
+    argmax, ids, vals = np.empty((1, r), np.int64), np.empty((1, r, k), np.int64), np.empty((1, r, k), np.float32)
+    rows_top(arr, counts, counts, k, argmax, ids, vals)
+    return argmax[0].tolist(), ids[0].tolist(), vals[0].tolist()
 
 
 def test_hand_worked_rows():

@@ -36,7 +36,7 @@ def test_the_warm_up_reaches_every_kernel_of_the_package(warmed):
     assert warmed["missed"] == [] and warmed["kernels"] >= 20
     assert warmup.kernels_compiled() is True
     names = {name for name, _ in warmup.kernels()}
-    assert {"lookahead.kernels.row_top", "lookahead.cache.kernels.insert", "lookahead.cache.suffix.propose",
+    assert {"lookahead.kernels.rows_top", "lookahead.cache.kernels.insert", "lookahead.cache.suffix.propose",
             "lookahead.recycle._propose", "lookahead.proposer._merge"} <= names
 
 
