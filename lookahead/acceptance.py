@@ -81,9 +81,10 @@ class AcceptanceStats:
 
     def node_probabilities(self, draft) -> np.ndarray:
         """float[n]: P(node accepted) for each node of a :class:`~lookahead.draft.Draft`, in its cells."""
-        return K.node_probabilities(draft.parents, draft.origin, draft.match, draft.agreement, draft.depth, draft.rank,
-                                    self.prior_a, self.prior_b, self.tried, self.accepted, self._tried_pool, self._accepted_pool,
-                                    self.tuning.pool_weight, self.tuning.depth_lift)
+        return K.node_probabilities(draft.parents, draft.origin, draft.match, draft.agreement, draft.depth,
+                                    draft.rank, self.prior_a, self.prior_b, self.tried, self.accepted,
+                                    self._tried_pool, self._accepted_pool, self.tuning.pool_weight,
+                                    self.tuning.depth_lift)
 
     def update(self, draft, accepted_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Record one verified draft: every node whose parent was accepted (or is the root) was tried.

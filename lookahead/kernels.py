@@ -88,8 +88,8 @@ def node_probabilities(parents, origin, match, agreement, depth, rank, prior_a, 
 
     ``agreement``: per node, how many other sources drafted it (``Draft.agreement``: an agreed node's context is in
     the second half of the contexts). ``tried``/``accepted``: float64[origins, contexts, depths, ranks] counts;
-    ``*_pool``: the same summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks]. A depth cell ``d`` (0-based)
-    shrinks towards ``1 - (1 - pooled) * depth_lift ** d``.
+    ``*_pool``: the same summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks]. A depth cell
+    ``d`` (0-based) shrinks towards ``1 - (1 - pooled) * depth_lift ** d``.
     Example (priors only, ``depth_lift`` 1): a chain of two only children whose ``c`` is 0.6 each -> ``[0.6,
     0.36]``; with ``depth_lift`` 0.5 the second level's ``c`` is ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``.
     """

@@ -295,8 +295,8 @@ def _merge(tokens, parents, origin, match, starts):
     parents, origin, match, depth, rank, agreement), of its ``m`` nodes: the first node of each path, in
     depth-first order (each node's children right after it, before its next sibling; siblings in the order first
     drafted), with its origin and match, its depth, its rank in its own tree (0: an only child, else 1 + its
-    place among its siblings there), and how many later trees hold the same path. ``parents`` are per tree (local indices, parent-first); tree ``t`` holds nodes
-    ``starts[t]:starts[t + 1]``."""
+    place among its siblings there), and how many later trees hold the same path. ``parents`` are per tree
+    (local indices, parent-first); tree ``t`` holds nodes ``starts[t]:starts[t + 1]``."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
     first_child = np.full(n + 1, -1, np.int64)  # per first node (+1; 0: the root)
@@ -307,7 +307,7 @@ def _merge(tokens, parents, origin, match, starts):
     place = np.empty(n, np.int64)  # among its siblings in its own tree
     count = np.zeros(n, np.int64)  # children per node (global index), counted in its own tree
     agreement = np.zeros(n, np.int64)  # per first node: the later trees that hold its path
-    voted = np.full(n, -1, np.int64)  # per first node: the last tree counted in its agreement
+    voted = np.empty(n, np.int64)  # per first node: the last tree that holds its path (its own, at first)
     for t in range(starts.shape[0] - 1):
         roots = 0
         for i in range(starts[t], starts[t + 1]):
@@ -329,7 +329,8 @@ def _merge(tokens, parents, origin, match, starts):
                 depth[i] = 1 if mp < 0 else depth[mp] + 1
                 next_sibling[i] = first_child[mp + 1]
                 first_child[mp + 1] = i
-            elif tree[c] != t and voted[c] != t:
+                voted[i] = t
+            elif voted[c] != t:
                 agreement[c] += 1
                 voted[c] = t
             merged[i] = c

@@ -19,14 +19,13 @@ import numpy as np
 import torch
 
 import lookahead.policy as policy_module
+from benchmarks.heads import FLAT_CURVE
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.bench.runner import encode
 from lookahead.bench.workloads import build_workloads
 from lookahead.draft import ORIGINS
 from lookahead.heads import DraftHeads
 from lookahead.models import load_smollm2
-
-FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))
 
 
 def held(tokens: np.ndarray, parents: np.ndarray, truth: list[int]) -> int:
