@@ -51,12 +51,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from .context_head import ContextCache, ContextLayer, attend, attention_heads
 from .draft import HEADS
 from .source import DraftSource, Proposal
 
 FORMAT = "lookahead-draft-heads"
-VERSION = 2  # the newest format read; 2 adds each Medusa head's own output layer (``own_outputs``)
-KINDS = ("medusa", "feature")
+VERSION = 3  # the newest format read; 2 adds each Medusa head's own output layer (``own_outputs``), 3 the context head
+KINDS = ("medusa", "feature", "context")
 WEIGHTS_FILE, HEADER_FILE, DEFAULT_FILE = "heads.safetensors", "heads.json", "default.txt"
 MEDUSA_CONFIG, MEDUSA_WEIGHTS = "config.json", ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heads-smollm2")
@@ -261,7 +262,7 @@ class DraftHeads(nn.Module):
 
     def __init__(self, kind: str, num_heads: int, hidden_size: int, vocab_ids, target: dict | None = None,
                  trained_on: dict | None = None, ffn: int = 2, settings: HeadsSettings | None = None,
-                 dropout: float = 0.0, own_outputs: bool = False):
+                 dropout: float = 0.0, own_outputs: bool = False, attention: int | None = None):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"DraftHeads kind={kind!r} is invalid: must be one of {KINDS}")
@@ -283,6 +284,8 @@ class DraftHeads(nn.Module):
             self.block_bias = nn.Parameter(torch.zeros(self.num_heads, h))  # [K, H]
             if own_outputs:
                 self.head_out = nn.Parameter(torch.zeros(self.num_heads, len(ids), h))  # [K, Vk, H]
+        elif kind == "context":  # its own module: the attention layer of ``context_head.py``
+            self.context = ContextLayer(h, self.ffn, attention or attention_heads(h), dropout)
         else:
             self.fc = nn.Linear(2 * h, h)
             self.up = nn.Linear(h, self.ffn * h)
@@ -360,12 +363,15 @@ class DraftHeads(nn.Module):
     # ----------------------------------------------------------------------------------------- files
 
     def header(self) -> dict:
-        head = {"format": FORMAT, "version": 2 if self.own_outputs else 1, "kind": self.kind,
+        version = 3 if self.kind == "context" else 2 if self.own_outputs else 1  # older readers refuse what they lack
+        head = {"format": FORMAT, "version": version, "kind": self.kind,
                 "num_heads": self.num_heads, "hidden_size": self.hidden_size, "ffn": self.ffn,
                 "vocab": int(len(self.vocab_ids)), "temperature": [round(float(t), 6) for t in self.temperature],
                 "target": self.target, "training": self.trained_on}
         if self.own_outputs:  # version 2: a reader of version 1 refuses these rather than misreading them
             head["own_outputs"] = True
+        if self.kind == "context":
+            head["attention_heads"] = self.context.heads
         return head
 
     def save(self, folder: str) -> None:
@@ -403,7 +409,8 @@ class DraftHeads(nn.Module):
         tensors = load_file(os.path.join(folder, WEIGHTS_FILE))
         heads = cls(head["kind"], head["num_heads"], head["hidden_size"], tensors.pop("vocab_ids"),
                     target=head.get("target"), trained_on=head.get("training"), ffn=head.get("ffn", 2),
-                    settings=HeadsSettings(**settings), own_outputs=bool(head.get("own_outputs", False)))
+                    settings=HeadsSettings(**settings), own_outputs=bool(head.get("own_outputs", False)),
+                    attention=head.get("attention_heads"))
         state = {k: v.float() for k, v in tensors.items()}
         state["vocab_ids"] = heads.vocab_ids
         state["temperature"] = torch.tensor(head.get("temperature", [1.0] * heads.num_heads), dtype=torch.float32)
@@ -525,6 +532,10 @@ class Bound:
         """float[N, H]: the model's input embeddings of the heads' vocabulary entries ``vocab_index`` long[N]."""
         return self.embed(self.net.vocab_ids[vocab_index]).float()
 
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """float[N, H]: the model's input embeddings of token ids ``ids`` long[N] (on this device)."""
+        return self.embed(ids).float()
+
 
 _BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {id(heads): (heads, Bound)}
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: (base, per level) seconds}
@@ -560,9 +571,10 @@ class HeadsStats:
 class HeadsSource(DraftSource):
     """The draft source of :class:`DraftHeads` (origin ``heads``; see the module docstring).
 
-    ``observe_hidden`` keeps the step's last verified row's hidden state; ``propose`` drafts from it and the
-    last emitted token; ``learn`` checks how deep the last tree held the emitted tokens, which measures
-    the per-depth acceptance ``a_j`` the pricing uses. A node's match bucket is its calibrated conditional
+    ``observe_hidden`` keeps the step's last verified row's hidden state (a context head: every accepted row's,
+    for its cache of the answer's positions); ``propose`` drafts from it and the last emitted token; ``learn``
+    checks how deep the last tree held the emitted tokens, which measures the per-depth acceptance ``a_j`` the
+    pricing uses. A node's match bucket is its calibrated conditional
     probability (:func:`confidence_bucket`).
     """
 
@@ -572,7 +584,7 @@ class HeadsSource(DraftSource):
     prior = (2.0, 2.0)  # Beta prior (reached, missed) of each depth's conditional acceptance: 0.5
     decay = 0.98
     probe_every = (16, 256)
-    transient = ("bound", "hidden")  # the binding to one model (device tensors, its modules) is made at start
+    transient = ("bound", "hidden", "cache")  # the binding to one model (device tensors, its modules), made at start
 
     def __init__(self, heads: DraftHeads, max_nodes: int, max_depth: int, topk: int = 8, width: int = 4,
                  cost: tuple[float, float] | None = None):
@@ -581,6 +593,7 @@ class HeadsSource(DraftSource):
         self.cost = cost or (0.0, 0.0)
         self.bound: Bound | None = None
         self.hidden: torch.Tensor | None = None
+        self.cache: ContextCache | None = None  # a context head's answer so far
         self.last = -1
         self._tree: tuple[np.ndarray, np.ndarray] | None = None  # (tokens, parents) of the last proposal
         self._reach = np.zeros(max_depth)  # decayed counts per depth: reached given the parent was
@@ -607,13 +620,18 @@ class HeadsSource(DraftSource):
                 costs[key] = measure_cost(self)
             self.cost = costs[key]
         self.hidden = None
+        self.cache = ContextCache() if self.heads.kind == "context" else None
         self.last = int(prompt[-1]) if len(prompt) else -1
         self._tree = None
         self._idle, self._probe = 0, self.probe_every[0]
         self.stats = HeadsStats()
 
     def observe_hidden(self, hidden) -> None:
-        self.hidden = hidden.detach().clone()  # float[H] on the model's device (the caller's tensor untouched)
+        """``hidden`` float[a, H]: the accepted path's rows, the root's first (copies kept: the caller's untouched)."""
+        if self.cache is not None:
+            self.cache.observe(hidden.detach().clone())
+        else:
+            self.hidden = hidden[-1].detach().clone()  # float[H] on the model's device
 
     def seconds(self, depth) -> np.ndarray:
         """The heads' own seconds for a tree ``depth`` deep (an array of depths)."""
@@ -642,7 +660,7 @@ class HeadsSource(DraftSource):
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         """A tree from the last observed hidden state (None before the first one)."""
-        if self.hidden is None or self.bound is None:
+        if self.bound is None or (self.hidden is None and self.cache is None):
             return None
         depth, nodes = min(max_depth, self.max_depth), min(max_nodes, self.max_nodes)
         if depth <= 0 or nodes <= 0:
@@ -650,7 +668,11 @@ class HeadsSource(DraftSource):
         last = int(context[-1]) if len(context) else self.last
         t = time.perf_counter()
         with torch.no_grad():
-            if self.heads.kind == "medusa":
+            if self.cache is not None:
+                if not self.cache.flush(self.bound.net.context, self.bound.embed_tokens):
+                    return None
+                tokens, parents, cond = context_propose(self.bound, self.cache, nodes, depth, self.topk, self.width)
+            elif self.heads.kind == "medusa":
                 tokens, parents, cond = medusa_propose(self.bound, self.hidden, nodes, depth, self.topk)
             else:
                 tokens, parents, cond = feature_propose(self.bound, self.hidden, last, nodes, depth, self.topk,
@@ -667,6 +689,8 @@ class HeadsSource(DraftSource):
     def learn(self, emitted: np.ndarray) -> None:
         if len(emitted):
             self.last = int(emitted[-1])
+        if self.cache is not None and self.bound is not None:
+            self.cache.learn(emitted, self.bound.device)
         if self._tree is None:
             return
         tokens, parents = self._tree
@@ -728,24 +752,72 @@ def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth
 def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: int, max_depth: int, topk: int,
                     width: int):
     """(tokens int64[n], parents int64[n] parent-first, conditional probabilities float[n]) of the feature
-    head's tree after ``hidden`` float[H] and the last emitted token ``last``: level by level, the ``width``
-    best paths so far are expanded into their ``topk`` next tokens; the ``max_nodes`` best paths overall
-    are kept. Everything stays on the hidden state's device until one copy to the host at the end."""
+    head's tree after ``hidden`` float[H] and the last emitted token ``last`` (:func:`grow_tree`)."""
     net = bound.net
-    device = bound.weight.device
-    vocab_pos = bound.lookup.get(int(last), -1)
+
+    def advance(level, feature, emb):
+        feature = net.feature_step(feature, emb)  # [m, H]
+        return feature, feature
+
     feature = hidden.to(bound.weight.dtype)[None]  # [1, H]
+    return grow_tree(bound, feature, last_embedding(bound, last), advance, lambda state, rows: state[rows],
+                     max_nodes, max_depth, topk, width)
+
+
+def context_propose(bound: Bound, cache: ContextCache, max_nodes: int, max_depth: int, topk: int, width: int):
+    """(tokens, parents, conditional probabilities) of the context head's tree after the answer ``cache`` holds
+    (its newest position's input is the level-1 query; see ``context_head.py``), grown as :func:`grow_tree`
+    grows the feature head's, each path's queries also attending to its own ancestors."""
+    layer = bound.net.context
+    keys, values = cache.keys[None], cache.values[None]  # [1, T, nh, hd]
+    first = cache.count - 1  # the level-1 query's position
+
+    def advance(level, state, emb):
+        if state is None:  # level 1: the newest cached position's own input
+            z = cache.last_input[None]  # [1, H]
+            pos = torch.full((1,), first, device=z.device)
+            attended = attend(layer.query(z, pos)[None], keys, values, None)[0]
+            feature = layer.output(z, attended)
+            empty = torch.zeros((1, 0) + keys.shape[2:], device=z.device, dtype=keys.dtype)
+            return feature, (feature, empty, empty)
+        feature, chain_k, chain_v = state  # [m, H], [m, c, nh, hd] x 2
+        z = layer.inputs(feature, emb)
+        pos = torch.full((z.shape[0],), first + level - 1, device=z.device)
+        k, v = layer.keys(z, pos)
+        chain_k, chain_v = torch.cat([chain_k, k[:, None]], 1), torch.cat([chain_v, v[:, None]], 1)
+        attended = attend(layer.query(z, pos)[None], keys, values, None, chain_k[None], chain_v[None])[0]
+        feature = layer.output(z, attended)
+        return feature, (feature, chain_k, chain_v)
+
+    def select(state, rows):
+        return tuple(x[rows] for x in state)
+
+    return grow_tree(bound, None, None, advance, select, max_nodes, max_depth, topk, width)
+
+
+def last_embedding(bound: Bound, last: int) -> torch.Tensor:
+    """float[1, H]: the model's input embedding of token ``last`` (through the heads' vocabulary when inside it)."""
+    vocab_pos = bound.lookup.get(int(last), -1)
     if vocab_pos >= 0:
-        emb = bound.embedding(torch.tensor([vocab_pos], device=device))
-    else:  # a token outside the heads' vocabulary: its embedding straight from the model
-        emb = bound.embed(torch.tensor([last], device=device)).float()
+        return bound.embedding(torch.tensor([vocab_pos], device=bound.device))
+    return bound.embed(torch.tensor([last], device=bound.device)).float()  # outside it: straight from the model
+
+
+def grow_tree(bound: Bound, state, emb, advance, select, max_nodes: int, max_depth: int, topk: int, width: int):
+    """A tree grown level by level: ``advance(level, state, emb) -> (features float[m, H], state)`` gives each
+    expanded path's next feature (``emb`` float[m, H]: the embeddings of the paths' last tokens; at level 1 the
+    given ``state`` and ``emb``); the ``width`` best paths so far are expanded into their ``topk`` next tokens
+    (``select(state, rows)``: the state of the chosen rows); the ``max_nodes`` best paths overall are kept.
+    Returns (tokens int64[n], parents int64[n] parent-first, conditional probabilities float[n]). Everything
+    stays on the device until one copy to the host at the end."""
+    device = bound.device
     parent_scores = torch.zeros(1, device=device)  # [m] log-probability of each expanded path
     parent_index = torch.full((1,), -1, dtype=torch.long, device=device)  # [m] global node index
     levels_tok, levels_par, levels_logp, levels_score = [], [], [], []
     count = 0
     k = min(topk, len(bound.vocab))
     for level in range(1, max_depth + 1):
-        feature = net.feature_step(feature, emb)  # [m, H]
+        feature, state = advance(level, state, emb)  # [m, H]
         logp = torch.log_softmax(bound.logits(feature) / bound.temperature(level), -1)  # [m, Vk]
         top = logp.topk(k, -1)
         scores = (parent_scores[:, None] + top.values).reshape(-1)  # [m * k]
@@ -757,7 +829,7 @@ def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: in
             break
         m = min(width, scores.shape[0])
         best = scores.topk(m).indices  # [m]
-        feature = feature[best // k]
+        state = select(state, best // k)
         emb = bound.embedding(levels_tok[-1][best])
         parent_scores = scores[best]
         parent_index = count + best
@@ -773,14 +845,26 @@ def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: in
     return bound.vocab[tok[keep]].astype(np.int64), parents, cond[keep]
 
 
-def measure_cost(source: HeadsSource, repeats: int = 5) -> tuple[float, float]:
+def measure_cost(source: HeadsSource, repeats: int = 5, context: int = 128, accepted: int = 4) -> tuple[float, float]:
     """(base, per level) seconds of ``source``'s proposals, from the fastest of ``repeats`` timings of a
-    depth-1 and a full-depth tree on a random hidden state (once per model: :meth:`HeadsSource.start`)."""
+    depth-1 and a full-depth tree on a random hidden state (once per model: :meth:`HeadsSource.start`). A context
+    head drafts after ``context`` cached positions, and each timed proposal first caches ``accepted`` new ones,
+    as after a step that accepted that many tokens."""
     bound = source.bound
     gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(source.heads.hidden_size, generator=gen).to(bound.device)
-    saved = source.hidden
-    source.hidden = hidden
+    h = source.heads.hidden_size
+    saved = source.hidden, source.cache
+    source.hidden = torch.randn(h, generator=gen).to(bound.device)
+    vocab = torch.as_tensor(bound.vocab)
+    if source.heads.kind == "context":
+        source.cache = ContextCache()
+
+    def queue(n):  # n accepted rows and their tokens, as a step hands them over
+        if source.cache is not None:
+            source.cache.observe(torch.randn(n, h, generator=gen).to(bound.device))
+            source.cache.learn(vocab[torch.randint(0, len(vocab), (n,), generator=gen)].numpy(), bound.device)
+
+    queue(context)
     sync = torch.cuda.synchronize if bound.device.type == "cuda" else (lambda: None)
     full = source.max_depth
     best = {}
@@ -788,12 +872,13 @@ def measure_cost(source: HeadsSource, repeats: int = 5) -> tuple[float, float]:
     try:
         for depth in (1, full):
             for _ in range(repeats):
+                queue(accepted)
                 sync()
                 t = time.perf_counter()
                 source.propose(np.array([0], np.int64), source.max_nodes, depth)
                 sync()
                 best[depth] = min(best.get(depth, float("inf")), time.perf_counter() - t)
     finally:
-        source.hidden, source._tree, source.stats = saved, None, stats
+        (source.hidden, source.cache), source._tree, source.stats = saved, None, stats
     per = max(best[full] - best[1], 0.0) / max(full - 1, 1)
     return max(best[1] - per, 0.0), per

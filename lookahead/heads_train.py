@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .context_head import unrolled_features
 from .heads import KINDS, DraftHeads
 
 TOPICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "topics.txt")
@@ -275,6 +276,61 @@ class Targets:
         self.next_rows = safe  # [B, K]: the row whose hidden state level k's feature should match
 
 
+def sequence_bounds(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """(starts int64[S], lengths int64[S]) of the sequences ``rows`` concatenates.
+
+    Example: rows of sequences of 2 and 3 tokens (``ends`` ``[2, 2, 5, 5, 5]``) -> ``[0, 2]``, ``[2, 3]``."""
+    ends = np.unique(rows.ends)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    return starts, (ends - starts).astype(np.int64)
+
+
+class ContextBatch:
+    """What a batch of whole answers trains a context head on: sequences ``starts[chosen]`` (lengths
+    ``lengths[chosen]``), padded to the longest, with query positions ``positions`` int64[S, P] (each below its
+    answer's length minus one). ``hidden`` float32[S, T, H] and ``tokens`` int64[S, T] (zero past an answer's end);
+    per query and level ``k = 1..K``: ``target`` int64[S, P, K] (vocabulary positions, -100 where ignored),
+    ``valid`` bool[S, P, K], ``truth`` float32[S, P, K, H] (the true next hidden state ``f_{p+k}``)."""
+
+    def __init__(self, rows: Rows, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray,
+                 vocab_ids: np.ndarray, levels: int):
+        t = int(lengths.max())
+        inside = np.arange(t)[None, :] < lengths[:, None]  # [S, T]
+        at = np.where(inside, starts[:, None] + np.arange(t)[None, :], starts[:, None])  # [S, T] row indices
+        self.hidden = np.where(inside[..., None], np.asarray(rows.hidden[at.reshape(-1)], dtype=np.float32)
+                               .reshape(*at.shape, -1), 0.0).astype(np.float32)
+        self.tokens = np.where(inside, rows.tokens[at], 0)
+        self.positions = positions
+        ahead = positions[:, :, None] + np.arange(1, levels + 1)[None, None, :]  # [S, P, K]
+        self.valid = ahead < lengths[:, None, None]
+        safe = np.where(self.valid, ahead, positions[:, :, None])
+        seq = np.arange(len(starts))[:, None, None]
+        self.target = np.where(self.valid, positions_in(vocab_ids, self.tokens[seq, safe]), -100)
+        self.truth = self.hidden[seq, safe]
+
+
+def context_logits(heads: DraftHeads, batch: ContextBatch, weight: torch.Tensor, bias, embed) -> tuple[
+        torch.Tensor, torch.Tensor]:
+    """(logits float[S, P, K, Vk], features float[S, P, K, H]) of a context head on a :class:`ContextBatch`."""
+    with torch.no_grad():
+        embedded = embed(torch.from_numpy(batch.tokens))  # [S, T, H]
+    features = unrolled_features(heads.context, torch.from_numpy(batch.hidden), embedded,
+                                 torch.from_numpy(batch.positions), heads.num_heads)
+    return nn.functional.linear(features, weight, bias), features
+
+
+def sample_context_batch(rows: Rows, bounds: tuple[np.ndarray, np.ndarray], rng: np.random.Generator,
+                         batch_rows: int, vocab_ids: np.ndarray, levels: int, per_answer: int = 32) -> ContextBatch:
+    """``batch_rows // per_answer`` answers (drawn in proportion to their rows, as a row batch draws rows), and
+    ``per_answer`` query positions in each (drawn with replacement)."""
+    starts, lengths = bounds
+    usable = np.nonzero(lengths >= 2)[0]
+    weights = (lengths[usable] - 1) / (lengths[usable] - 1).sum()
+    chosen = rng.choice(usable, size=max(1, batch_rows // per_answer), p=weights)
+    positions = rng.integers(0, lengths[chosen, None] - 1, (len(chosen), per_answer))
+    return ContextBatch(rows, starts[chosen], lengths[chosen], positions, vocab_ids, levels)
+
+
 def head_weight(model, vocab_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(float32 [Vk, H], bias float32 [Vk] or None): the model's LM-head rows of ``vocab_ids`` on the CPU."""
     out = model.get_output_embeddings()
@@ -290,18 +346,31 @@ def level_weights(levels: int, decay: float = 0.8) -> torch.Tensor:
     return w / w.sum()
 
 
-def batch_loss(heads: DraftHeads, rows: Rows, idx: np.ndarray, weight: torch.Tensor, bias, embed,
+def batch_loss(heads: DraftHeads, rows: Rows, idx, weight: torch.Tensor, bias, embed,
                reg_weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the weighted loss, float[K] cross-entropy per level) of the heads on rows ``idx``.
+    """(the weighted loss, float[K] cross-entropy per level) of the heads on rows ``idx`` (a context head: on a
+    :class:`ContextBatch`).
 
     Medusa: cross-entropy of each head's prediction. Feature: the head is unrolled from ``hidden[idx]``
     over its own predicted features, fed the true tokens (the accepted path), with cross-entropy on each
-    level's token plus ``reg_weight`` times a smooth-L1 loss to the true next hidden state."""
+    level's token plus ``reg_weight`` times a smooth-L1 loss to the true next hidden state. Context: the same,
+    unrolled from each query position of whole answers (``context_head.unrolled_features``)."""
     K = heads.num_heads
+    lw = level_weights(K)
+    if heads.kind == "context":
+        logits, features = context_logits(heads, idx, weight, bias, embed)
+        target, valid = torch.from_numpy(idx.target), torch.from_numpy(idx.valid)
+        truth = torch.from_numpy(idx.truth)
+        ce, reg = torch.zeros(K), torch.zeros(K)
+        for k in range(K):
+            ce[k] = _ce(logits[:, :, k].flatten(0, 1), target[:, :, k].flatten())
+            mask = valid[:, :, k]
+            if mask.any():
+                reg[k] = nn.functional.smooth_l1_loss(features[:, :, k][mask], truth[:, :, k][mask])
+        return (lw * (ce + reg_weight * reg)).sum(), ce.detach()
     t = Targets(rows, idx, heads.vocab_ids.numpy(), K)
     target = torch.from_numpy(t.target)  # [B, K]
     h = torch.from_numpy(np.asarray(rows.hidden[idx], dtype=np.float32))  # [B, H]
-    lw = level_weights(K)
     ce = torch.zeros(K)
     if heads.kind == "medusa":
         logits = heads.medusa_logits(heads.medusa_hidden(h), weight, bias)  # [B, K, Vk]
@@ -358,9 +427,14 @@ def train_heads(heads: DraftHeads, rows: Rows, model, steps: int, batch_rows: in
         losses, start = list(state["losses"]), int(state["step"])
     stop = steps if until is None else min(steps, until)
     bar = _bar(range(start, stop), progress, f"training {heads.kind} heads", initial=start, total=steps)
+    bounds = sequence_bounds(rows) if heads.kind == "context" else None
+    vocab_ids = heads.vocab_ids.numpy()
     for step in bar:
         rng = np.random.default_rng((seed, step))
-        idx = usable[rng.integers(0, len(usable), batch_rows)]
+        if bounds is not None:
+            idx = sample_context_batch(rows, bounds, rng, batch_rows, vocab_ids, heads.num_heads)
+        else:
+            idx = usable[rng.integers(0, len(usable), batch_rows)]
         loss, ce = batch_loss(heads, rows, idx, weight, bias, embed_cpu, reg_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -405,27 +479,15 @@ def evaluate(heads: DraftHeads, rows: Rows, model, topk: int = 5, max_rows: int 
     nll = np.zeros((K, len(temps)))
     chain_total, chain_rows = 0.0, 0
     heads.eval()
-    for lo in range(0, len(usable), batch):
-        idx = usable[lo: lo + batch]
-        t = Targets(rows, idx, heads.vocab_ids.numpy(), K)
-        h = torch.from_numpy(np.asarray(rows.hidden[idx], dtype=np.float32))
-        if heads.kind == "medusa":
-            logits = heads.medusa_logits(heads.medusa_hidden(h), weight, bias)  # [B, K, Vk]
-        else:
-            feature, out = h, []
-            for k in range(K):
-                feature = heads.feature_step(feature, embed(torch.from_numpy(t.inputs[:, k])))
-                out.append(nn.functional.linear(feature, weight, bias))
-            logits = torch.stack(out, 1)
-        target = torch.from_numpy(t.target)
+    for logits, target, valid in _evaluated(heads, rows, usable, weight, bias, embed, batch):
         top = logits.topk(min(topk, logits.shape[-1]), -1).indices  # [B, K, topk]
         right1 = (top[..., 0] == target).numpy()
         rightk = (top == target[..., None]).any(-1).numpy()
-        valid = t.valid
+        target_np = target.numpy()
         hit1 += (right1 & valid).sum(0)
         hitk += (rightk & valid).sum(0)
         count += valid.sum(0)
-        covered += ((t.target >= 0) & valid).sum(0)
+        covered += ((target_np >= 0) & valid).sum(0)
         full = valid.all(1)  # rows whose K next tokens all exist: the chain is measured on them
         chain_total += float(np.cumprod(right1[full], 1).sum())
         chain_rows += int(full.sum())
@@ -439,6 +501,41 @@ def evaluate(heads: DraftHeads, rows: Rows, model, topk: int = 5, max_rows: int 
     if len(temps):
         result["nll"] = (nll / np.maximum(covered, 1)[:, None]).tolist()
     return result
+
+
+def _evaluated(heads: DraftHeads, rows: Rows, usable: np.ndarray, weight, bias, embed, batch: int):
+    """Per batch of the rows ``usable``: (logits float[B, K, Vk], target long[B, K], valid bool[B, K]); a context
+    head reads whole answers (each usable row is a query position in its own answer)."""
+    K = heads.num_heads
+    vocab_ids = heads.vocab_ids.numpy()
+    if heads.kind == "context":
+        starts, lengths = sequence_bounds(rows)
+        seq_of = np.searchsorted(starts, usable, side="right") - 1
+        answers = np.unique(seq_of)
+        per = max(1, batch // int(lengths[answers].max(initial=1)))  # answers per batch, about ``batch`` rows
+        for lo in range(0, len(answers), per):
+            chosen = answers[lo: lo + per]
+            queries = [usable[seq_of == a] - starts[a] for a in chosen]
+            p = max(len(q) for q in queries)
+            positions = np.stack([np.pad(q, (0, p - len(q)), mode="edge") for q in queries])  # [S, P]
+            real = np.arange(p)[None, :] < np.array([len(q) for q in queries])[:, None]  # [S, P]: not padding
+            b = ContextBatch(rows, starts[chosen], lengths[chosen], positions, vocab_ids, K)
+            logits, _ = context_logits(heads, b, weight, bias, embed)
+            yield logits[real], torch.from_numpy(b.target[real]), b.valid[real]
+        return
+    for lo in range(0, len(usable), batch):
+        idx = usable[lo: lo + batch]
+        t = Targets(rows, idx, vocab_ids, K)
+        h = torch.from_numpy(np.asarray(rows.hidden[idx], dtype=np.float32))
+        if heads.kind == "medusa":
+            logits = heads.medusa_logits(heads.medusa_hidden(h), weight, bias)  # [B, K, Vk]
+        else:
+            feature, out = h, []
+            for k in range(K):
+                feature = heads.feature_step(feature, embed(torch.from_numpy(t.inputs[:, k])))
+                out.append(nn.functional.linear(feature, weight, bias))
+            logits = torch.stack(out, 1)
+        yield logits, torch.from_numpy(t.target), t.valid
 
 
 def calibrate(heads: DraftHeads, rows: Rows, model, grid: Sequence[float] | None = None) -> list[float]:
@@ -686,8 +783,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = TrainSettings()
     p.add_argument("--out", required=True, help="output folder (heads, report, and work/ for resuming)")
     p.add_argument("--model", default=None, help="a local causal LM folder (default: the bundled SmolLM2-135M)")
-    p.add_argument("--kind", choices=[*KINDS, "both"], default="feature",
-                   help="heads to train (default: %(default)s, which drafted more than Medusa heads on SmolLM2)")
+    p.add_argument("--kind", type=parse_kinds, default="feature",
+                   help=f"heads to train: one of {', '.join(KINDS)}, several joined by commas, 'both' (medusa,feature) "
+                        "or 'all' (default: %(default)s)")
     p.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: written by the model "
                    "from the package's topic list)")
     p.add_argument("--topics", default=None, help="a topics file ('chat: ...' / 'code: ...' lines; default: the "
@@ -713,6 +811,21 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def parse_kinds(text: str) -> tuple[str, ...]:
+    """The kinds ``--kind`` names: ``"feature"``, ``"medusa,context"``, ``"both"`` (Medusa and feature) or ``"all"``.
+
+    Example: ``parse_kinds("context,feature")`` -> ``("context", "feature")``."""
+    if text == "all":
+        return tuple(KINDS)
+    if text == "both":
+        return ("medusa", "feature")
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in KINDS]
+    if not kinds or bad:
+        raise argparse.ArgumentTypeError(f"--kind {text!r}: expected kinds among {', '.join(KINDS)}, 'both' or 'all'")
+    return tuple(dict.fromkeys(kinds))
+
+
 def build_parser() -> argparse.ArgumentParser:
     return add_arguments(argparse.ArgumentParser(prog="python -m lookahead train-heads", description=__doc__,
                                                  formatter_class=argparse.RawDescriptionHelpFormatter))
@@ -724,7 +837,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_args(args: argparse.Namespace) -> int:
     """A training run from parsed :func:`add_arguments` options; prints the held-out accuracy."""
-    settings = TrainSettings(kinds=tuple(KINDS) if args.kind == "both" else (args.kind,), num_heads=args.heads,
+    kinds = parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind
+    settings = TrainSettings(kinds=kinds, num_heads=args.heads,
                              vocab=args.vocab, questions=args.questions, max_new_tokens=args.max_new_tokens, raw_tokens=args.raw_tokens,
                              batch_size=args.batch_size, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
                              seed=args.seed)

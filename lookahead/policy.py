@@ -195,7 +195,8 @@ class DraftPolicy:
         the window rows' argmax (when they ran), the forward's ``rows`` and ``seconds``, and (when
         :attr:`recycle_k`) ``successors``: (ids int64[1 + n, k], logits float[1 + n, k]), the top-k of
         the verified rows: the last context token's, then each draft node's; (when :attr:`wants_hidden`)
-        ``hidden``, the final hidden state float[H] of the row whose logits gave the last emitted token."""
+        ``hidden``, the final hidden states float[1 + len(accepted_nodes), H] of the accepted path's rows (the
+        last: the row whose logits gave the last emitted token)."""
         if successors is not None:
             for source in self.sources:
                 if source.wants_rows:

@@ -112,8 +112,9 @@ class SingleCall:
             n_acc = min(len(verdict.nodes), n_emit)
             self.keep_kv(p, draft, verdict.nodes[:n_acc], verdict.tokens[n_emit - 1])
             hidden = None
-            if self.hidden is not None:  # the row whose logits gave the last emitted token (rows: root, nodes, ...)
-                hidden = self.hidden[0, self.hidden.shape[1] - (rows + 1) + (1 + verdict.nodes[n_acc - 1] if n_acc else 0)]
+            if self.hidden is not None:  # the accepted path's rows (rows: root, nodes, ...): [1 + n_acc, H]
+                root = self.hidden.shape[1] - (rows + 1)
+                hidden = self.hidden[0, root : root + 1] if not n_acc else self.hidden[0, [root, *(root + 1 + j for j in verdict.nodes[:n_acc])]]
             successors = None if not k else (tops[0][0, : n + 1, :k], tops[1][0, : n + 1, :k])
             seconds = call.shared_seconds(setup, t3 - t1) if self.refine else 0.0  # a step: forward + verify
             policy.learn(draft, verdict.nodes, verdict.tokens[:n_emit], window_argmax,

@@ -8,9 +8,9 @@ hands it over after each verified step:
 - ``priced``: proposing costs forwards of its own (a draft pass, trained heads): the policy first asks
   :meth:`DraftSource.priced_depth` how deep drafting pays this step on the call's cost curve (0: skip).
 - ``wants_rows``: it learns from every verified row's top-k successors (:meth:`DraftSource.learn_rows`).
-- ``wants_hidden``: it learns from the final hidden state of the step's last verified row
+- ``wants_hidden``: it learns from the final hidden states of the step's accepted path
   (:meth:`DraftSource.observe_hidden`): the input of the model's output embedding (after the final
-  norm) at the row whose logits gave the step's last emitted token.
+  norm) at each row whose logits gave an emitted token, the last of them the row of the step's last one.
 - ``learns_lazily``: its state is a function of the token stream alone, so :meth:`DraftSource.learn` may get
   several steps' tokens at once, just before it next proposes (or when the call ends): steps that draft
   nothing then cost it nothing.
@@ -92,5 +92,6 @@ class DraftSource:
         ``draft``'s, with their top-k successor ids int64[1 + n, k] and logits float[1 + n, k]."""
 
     def observe_hidden(self, hidden) -> None:
-        """(``wants_hidden`` sources) The final hidden state float[H] (a tensor on the model's device) of
-        the step's last verified row: what the next step's draft continues from."""
+        """(``wants_hidden`` sources) The final hidden states float[a, H] (a tensor on the model's device) of
+        the step's accepted path: the root's row, then each accepted node's; row ``i`` produced the ``i``-th
+        emitted token, and the last row is what the next step's draft continues from."""

@@ -17,12 +17,15 @@ import torch
 from scipy.stats import chisquare
 
 from lookahead import LookaheadDecoder
+from lookahead.context_head import ContextCache, attention_heads, rope, unrolled_features
 from lookahead.cost import CostModel, set_cost_curve
 from lookahead.heads import (
+    KINDS,
     DraftHeads,
     HeadsSettings,
     best_first_tree,
     confidence_bucket,
+    context_propose,
     fingerprint,
     select_best,
     tree_reach,
@@ -34,6 +37,8 @@ from lookahead.heads_train import (
     code_prefix,
     evaluate,
     generate_rows,
+    parse_kinds,
+    sequence_bounds,
     sequence_ends,
     train_heads,
     vocab_by_frequency,
@@ -73,7 +78,7 @@ def llama():
 def trained(llama):
     """Heads trained and their temperatures calibrated on the held-out rows, as a training run ends: every test
     sees the same heads whichever ran before (calibrating again, as one test does, sets the same temperatures)."""
-    out = {kind: _trained(llama, kind) for kind in ("medusa", "feature")}
+    out = {kind: _trained(llama, kind) for kind in KINDS}
     for heads, _, held in out.values():
         calibrate(heads, held, llama)
     return out
@@ -89,6 +94,11 @@ def test_tree_helpers_examples():
     assert tree_reach(np.array([5, 6, 7]), np.array([-1, -1, 1]), np.array([6, 7, 9])) == 2
     assert confidence_bucket(np.array([0.1, 0.3, 0.9])).tolist() == [1, 2, 3]
     assert sequence_ends([2, 3]).tolist() == [2, 2, 5, 5, 5]
+    starts, lengths = sequence_bounds(Rows(np.zeros((5, 1)), np.zeros(5, np.int64), sequence_ends([2, 3])))
+    assert starts.tolist() == [0, 2] and lengths.tolist() == [2, 3]
+    assert parse_kinds("context,feature") == ("context", "feature") and parse_kinds("all") == KINDS
+    assert parse_kinds("both") == ("medusa", "feature")
+    assert attention_heads(576) == 9 and attention_heads(100) == 1 and attention_heads(96) == 1
 
 
 def test_best_first_tree_is_the_most_probable_paths():
@@ -128,7 +138,7 @@ def test_code_prefix_cuts_after_the_docstring():
 # ----------------------------------------------------------------------------------------------- training
 
 
-@pytest.mark.parametrize("kind", ["medusa", "feature"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_training_lowers_the_loss_and_beats_chance(trained, llama, kind):
     heads, losses, held = trained[kind]
     assert np.mean(losses[-20:]) < 0.9 * np.mean(losses[:20])
@@ -138,7 +148,7 @@ def test_training_lowers_the_loss_and_beats_chance(trained, llama, kind):
     assert len(temps) == heads.num_heads and all(t > 0 for t in temps)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "feature"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_heads_alone_need_fewer_calls_and_stay_identical(trained, llama, kind):
     heads = trained[kind][0]
     prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(11))
@@ -151,7 +161,7 @@ def test_heads_alone_need_fewer_calls_and_stay_identical(trained, llama, kind):
     assert stats.accepted_by_origin["heads"] / stats.drafted_by_origin["heads"] > 5 / 96  # far above chance
 
 
-@pytest.mark.parametrize("kind", ["medusa", "feature"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_heads_see_the_real_hidden_rows_under_the_transposed_linear_layout(trained, llama, kind):
     """The heads' hook on the output layer goes first: with every linear computed the other way round
     (linear_layout.py, whose pre-hook hands nn.Linear no rows) the heads still read each step's hidden state."""
@@ -166,6 +176,47 @@ def test_heads_see_the_real_hidden_rows_under_the_transposed_linear_layout(train
         runs[layout] = (decoder.stats.transposed_rows, decoder.stats.accepted_by_origin["heads"])
     assert runs["transposed"][0] == 16 and runs["linear"][0] == 0
     assert runs["transposed"][1] > 0 and runs["transposed"][1] >= runs["linear"][1] - 3  # drafts as good
+
+
+def test_the_context_head_drafts_what_it_was_trained_to_predict(trained, llama):
+    """Drafting (a cache of the answer's positions, then each path's own chain) computes what training's unrolled
+    levels compute: the greedy chain it drafts is the argmax of training's levels fed that chain, with the same
+    probabilities."""
+    from lookahead.heads import bind
+
+    heads, _, held = trained["context"]
+    bound = bind(heads, llama)
+    p, depth = 7, 4
+    assert held.ends[0] >= p + 1  # the first held-out answer holds positions 0..p
+    hidden = torch.from_numpy(np.asarray(held.hidden[: p + 1], dtype=np.float32))  # [p + 1, H]
+    tokens = torch.from_numpy(held.tokens[: p + 1])
+    cache = ContextCache()
+    for lo, hi in ((0, 3), (3, p + 1)):  # two steps' accepted rows, cached in one flush
+        cache.observe(hidden[lo:hi])
+        cache.learn(tokens[lo:hi].numpy(), "cpu")
+    with torch.no_grad():
+        assert cache.flush(heads.context, bound.embed_tokens) and cache.count == p + 1
+        drafted, parents, cond = context_propose(bound, cache, max_nodes=depth, max_depth=depth, topk=1, width=1)
+        assert parents.tolist() == [-1, 0, 1, 2]
+        sequence = torch.cat([tokens, torch.from_numpy(drafted[:-1])])  # level k is fed token p + k - 1
+        padded = torch.cat([hidden, torch.zeros(depth - 1, hidden.shape[1])])  # rows past p are never read
+        features = unrolled_features(heads.context, padded[None], bound.embed_tokens(sequence)[None],
+                                     torch.tensor([[p]]), depth)[0, 0]  # [depth, H]
+        temps = torch.tensor([bound.temperature(k) for k in range(1, depth + 1)])[:, None]
+        logp = torch.log_softmax(bound.logits(features) / temps, -1)
+    assert bound.vocab[logp.argmax(-1).numpy()].tolist() == drafted.tolist()
+    assert np.allclose(logp.max(-1).values.exp().numpy(), cond, atol=1e-5)
+
+
+def test_rotary_positions_rotate_pairs_and_keep_norms():
+    x = torch.randn(3, 2, 8)  # [positions, heads, dim]
+    out = rope(x, torch.tensor([0, 1, 5]))
+    assert torch.allclose(out[0], x[0])  # position 0: no rotation
+    assert torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    q, k = torch.randn(1, 8), torch.randn(1, 8)  # a query and a key: their product depends on the distance only
+    near = (rope(q, torch.tensor([3])) * rope(k, torch.tensor([1]))).sum()
+    far = (rope(q, torch.tensor([12])) * rope(k, torch.tensor([10]))).sum()
+    assert torch.allclose(near, far, atol=1e-5)
 
 
 def test_a_resumed_training_run_equals_an_uninterrupted_one(llama, tmp_path):
@@ -192,12 +243,13 @@ def test_a_resumed_training_run_equals_an_uninterrupted_one(llama, tmp_path):
 
 
 def test_save_load_round_trip(trained, llama, tmp_path):
-    for kind in ("medusa", "feature"):
+    for kind in KINDS:
         heads = trained[kind][0]
         heads.save(str(tmp_path / kind))
         again = DraftHeads.load(str(tmp_path / kind), model=llama, cost=FREE)
         header = json.loads((tmp_path / kind / "heads.json").read_text())
-        assert header["version"] == 1 and header["kind"] == kind and header["num_heads"] == heads.num_heads
+        assert header["version"] == (3 if kind == "context" else 1)  # a reader of version 1 or 2 refuses a context head
+        assert header["kind"] == kind and header["num_heads"] == heads.num_heads
         assert header["target"] == fingerprint(llama)
         for (name, a), (_, b) in zip(heads.state_dict().items(), again.state_dict().items(), strict=True):
             tol = 1e-3 * float(a.abs().max()) if a.is_floating_point() else 0
@@ -355,7 +407,7 @@ def test_pricing_drafts_on_a_flat_curve_and_not_where_heads_cost_too_much(traine
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_greedy_identical_with_heads_on_every_tiny_architecture(tiny_models, arch):
     model = tiny_models(arch)
-    for kind in ("medusa", "feature"):
+    for kind in KINDS:
         heads = _trained(model, kind, steps=80, seed=1)[0]
         for seed in (0, 1):
             prompt = torch.randint(3, 96, (1, 10), generator=torch.Generator().manual_seed(100 + seed))
