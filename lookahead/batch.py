@@ -355,7 +355,8 @@ class BatchCall:
         self.cost = setup.cost
         self.margin = decoder.tuning.margin
         self.prober = Prober(decoder.tuning.probe_every)
-        self.max_nodes = decoder.config.step_nodes
+        self.max_nodes = decoder.config.step_nodes_range[0]  # a batch's rows never widen ("auto")
+        decoder.stats.step_nodes = self.max_nodes
         self._can_pay: dict[tuple[int, int], bool] = {}
         self._dead_cost = 0.0  # forward seconds finished rows have cost since the last drop
         self._copy_seconds_per_byte = COPY_SECONDS_PER_BYTE

@@ -27,6 +27,16 @@ WINDOW_AUTO_COST = 1.5
 this many one-token steps on the call's cost curve: its rows then cost little beside what they find. A CPU's
 curve (a 64-row step several one-token steps) keeps it off."""
 
+STEP_NODES_AUTO = (63, 127)
+"""``step_nodes="auto"``: a step verifies at most 63 draft nodes, or 127 where the call's cost curve prices a step
+of all the rows they (and the window, when it runs) add at most :data:`STEP_NODES_WIDE_COST` one-token steps: a
+GPU's. On the flat (GPU-like) curve, 8 prompts per workload, 127 nodes gave 2.84 / 4.88 / 5.09 tokens per call
+on chat / code editing / code completion with the bundled heads, against 2.65 / 4.65 / 4.86 with 63
+(``benchmarks/results/wide-steps.md``); a CPU's curve keeps 63, and so does what the calibration measures."""
+
+STEP_NODES_WIDE_COST = 1.25
+"""See :data:`STEP_NODES_AUTO`."""
+
 SELF_DRAFTS = ("none", "layer-skip", "early-exit", "low-rank")
 """``LookaheadConfig.self_draft`` values (the draft passes of ``selfspec.py``)."""
 LINEAR_LAYOUTS = ("auto", "linear", "transposed")
@@ -110,8 +120,9 @@ class LookaheadConfig:
 
     All sources together:
 
-    - ``step_nodes``: most draft tokens one step verifies (the most probable ones are kept); with the
-      last token, 64 rows per forward by default.
+    - ``step_nodes``: most draft tokens one step verifies (the most probable ones are kept). ``"auto"``
+      (default): 63 (64 rows per forward with the last token), or 127 where the call's cost curve is flat that
+      far (:data:`STEP_NODES_AUTO`; never in a batch or on a static cache's buckets).
 
     Example::
 
@@ -163,7 +174,7 @@ class LookaheadConfig:
     copy_depth: int = 32
     copy_branches: int = 4
     copy_capacity: int = 1 << 16
-    step_nodes: int = 63
+    step_nodes: int | str = "auto"
     recycle_k: int = 8
     recycle_nodes: int = 63
     recycle_depth: int = 16
@@ -176,6 +187,12 @@ class LookaheadConfig:
     draft_cost: float = 0.0
     batch_prefill: str = "auto"
     linear_layout: str = "auto"
+
+    @property
+    def step_nodes_range(self) -> tuple[int, int]:
+        """(the most draft nodes a step verifies until a call's cost curve says more pay, the most it may verify):
+        :data:`STEP_NODES_AUTO` under ``"auto"``, else ``step_nodes`` twice."""
+        return STEP_NODES_AUTO if self.step_nodes == "auto" else (self.step_nodes, self.step_nodes)
 
     @property
     def window_columns(self) -> int:
@@ -241,8 +258,9 @@ class LookaheadConfig:
             raise _bad("copy_branches", self.copy_branches, "must be in [1, 64]")
         if not 16 <= self.copy_capacity <= 1 << 28:  # about 110 bytes preallocated per token: ~30 GiB at most
             raise _bad("copy_capacity", self.copy_capacity, f"must be in [16, {1 << 28}]")
-        if not 0 <= self.step_nodes <= 1024:
-            raise _bad("step_nodes", self.step_nodes, "must be in [0, 1024] (0: every step is plain)")
+        if self.step_nodes != "auto" and (not isinstance(self.step_nodes, int) or isinstance(self.step_nodes, bool)
+                                          or not 0 <= self.step_nodes <= 1024):
+            raise _bad("step_nodes", self.step_nodes, "must be 'auto' or an int in [0, 1024] (0: every step is plain)")
         if not 0 <= self.recycle_k <= 64:
             raise _bad("recycle_k", self.recycle_k, "must be in [0, 64] (0 turns the model's predictions off)")
         if not 1 <= self.recycle_nodes <= 256:

@@ -230,7 +230,8 @@ class LookaheadDecoder:
         (of at most :data:`ROW_TRIE_CAPACITY` nodes: one request's n-grams; past it the least recently used
         make room) and copy index, the decoder's one model-prediction table, a shared ``trie=`` store read-only
         (``batch.ReadOnlyStore``)."""
-        config = replace(self.config, window_width=0, refine_cost=False, self_draft="none")
+        config = replace(self.config, window_width=0, refine_cost=False, self_draft="none",
+                         step_nodes=self.config.step_nodes_range[0])
         memory = ReadOnlyStore(self.memory) if self.memory is not None else None
         model = self.policy.model
         while len(self.row_policies) < rows:

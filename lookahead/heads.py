@@ -342,10 +342,10 @@ class DraftHeads(nn.Module):
         return self._devices[device]
 
     def make_source(self, config=None) -> HeadsSource:
-        """The draft source of these heads for a decoder with this ``LookaheadConfig`` (its ``step_nodes``
-        caps the tree)."""
+        """The draft source of these heads for a decoder with this ``LookaheadConfig`` (the most nodes its
+        ``step_nodes`` lets a step verify caps the tree)."""
         settings = self.settings
-        max_nodes = settings.max_nodes if config is None else max(1, min(settings.max_nodes, config.step_nodes))
+        max_nodes = settings.max_nodes if config is None else max(1, min(settings.max_nodes, config.step_nodes_range[1]))
         depth = settings.max_depth or (self.num_heads if self.kind == "medusa" else max(FEATURE_DEPTH, self.num_heads))
         return HeadsSource(self, max_nodes=max_nodes, max_depth=depth,
                            topk=settings.topk, width=settings.width, cost=settings.cost)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .budget import Budget
 from .cache import NgramTrie
-from .config import WINDOW_AUTO_COST, LookaheadConfig
+from .config import STEP_NODES_WIDE_COST, WINDOW_AUTO_COST, LookaheadConfig
 from .cost import CostModel
 from .draft import MEMORY, TRIE, Draft
 from .proposer import CopySource, FrequentSource, ModelSource, TrieSource, WindowSource, merge_proposals
@@ -38,11 +38,13 @@ PROMPT_ROWS_COST = 2.0
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds one call puts on every step: ``max_length`` (prompt + new tokens, as ``generate``'s) and
-    ``kv_window``, the smallest sliding window of the model's cache layers, or None."""
+    """Bounds one call puts on every step: ``max_length`` (prompt + new tokens, as ``generate``'s),
+    ``kv_window``, the smallest sliding window of the model's cache layers, or None, and ``max_rows``, the most
+    rows a step's forward can take (a static cache's largest bucket), or None."""
 
     max_length: int
     kv_window: int | None = None
+    max_rows: int | None = None
 
 
 class DraftPolicy:
@@ -75,6 +77,7 @@ class DraftPolicy:
         self._fallback = [s for s in self.sources if s.fallback]  # asked only on a priced step nothing else drafts
         self.budget: Budget | None = None
         self.limits = Limits(max_length=1 << 62)
+        self.step_nodes = config.step_nodes_range[0]  # this call's: "auto" widens it at start where that pays
         self._context: list[int] = []
         self._propose = True
         self.prompt_rows = False
@@ -99,7 +102,7 @@ class DraftPolicy:
         before, the rows the calibration must measure)."""
         window = self.window_on if window is None else window and self.window is not None
         others = sum(s.max_nodes for s in self._primary if s is not self.window or window)
-        drafted = min(max([others] + [s.max_nodes for s in self._fallback]), self.config.step_nodes)
+        drafted = min(max([others] + [s.max_nodes for s in self._fallback]), self.step_nodes)
         return 1 + drafted + (self.window.max_rows - self.window.max_nodes if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
@@ -117,9 +120,16 @@ class DraftPolicy:
         # their logits: worth it where a forward's extra rows are nearly free; on a CPU the output layer over a
         # long prompt costs several one-token forwards (SmolLM2's is a 576 x 49152 matrix per row)
         self.prompt_rows = self.model is not None and (cost is None or float(cost(64) / cost(1)) <= PROMPT_ROWS_COST)
+        narrow, wide = self.config.step_nodes_range
+        self.step_nodes = narrow
         self.window_on = self.window is not None and (
             self.config.window_width != "auto"
             or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= WINDOW_AUTO_COST))
+        if wide > narrow and cost is not None:  # "auto": the wide step where the curve is flat that far
+            self.step_nodes = wide
+            rows = self.max_rows()
+            if (limits.max_rows is not None and rows > limits.max_rows) or float(cost(rows) / cost(1)) > STEP_NODES_WIDE_COST:
+                self.step_nodes = narrow
         self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
         if self.budget is not None and self._carried is not None:
             self.budget.acceptance.start_from(self._carried)
@@ -133,7 +143,7 @@ class DraftPolicy:
         cfg, limits = self.config, self.limits
         room = limits.max_length - length - 1  # before the bonus token
         proposals = []
-        if room > 0 and self._propose and cfg.step_nodes:
+        if room > 0 and self._propose and self.step_nodes:
             self.catch_up()
             context = np.asarray(self._context[-cfg.max_match:], dtype=np.int64)
             for source in self._primary:
@@ -154,12 +164,12 @@ class DraftPolicy:
                     if p is not None:
                         proposals.append((source.origin, p))
         draft = merge_proposals(proposals, self.window.rows() if self.window_on else None)
-        if len(draft) > cfg.step_nodes:
+        if len(draft) > self.step_nodes:
             if self.budget is not None:  # the most probable nodes (a parent before its children)
                 probs = self.budget.node_probabilities(draft, scaled=False)
-                draft = draft.keep(np.sort(np.argsort(-probs, kind="stable")[: cfg.step_nodes]))
+                draft = draft.keep(np.sort(np.argsort(-probs, kind="stable")[: self.step_nodes]))
             else:
-                draft = draft.shallowest(cfg.step_nodes)
+                draft = draft.shallowest(self.step_nodes)
         if self.budget is not None:
             draft = self.budget.plan(draft)
         if draft.window is not None and last_pos + int(draft.window.offsets.max()) > limits.max_length - 2:

@@ -52,6 +52,7 @@ class SingleCall:
         self.step_mask: StepMask | None = None  # the masks of the steps after the prompt's, made on first use
         self.refine = decoder.config.refine_cost and setup.cost is not None
         self.policy.start(prompt, self.limits(), setup.cost, model)
+        self.stats.step_nodes = self.policy.step_nodes
         self.hidden = None  # [1, rows, H]: the output embedding's input of the last forward, when a source wants it
 
     @staticmethod

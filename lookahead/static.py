@@ -245,8 +245,9 @@ class StaticCall(SingleCall):
         return setup
 
     def limits(self) -> Limits:
-        """Every step fits in the cache: the policy treats its length as a window (drafts shrink near its end)."""
-        return Limits(self.max_length, self.columns + 1)
+        """Every step fits in the cache: the policy treats its length as a window (drafts shrink near its end), and
+        in the largest bucket (``step_nodes="auto"`` does not widen past it)."""
+        return Limits(self.max_length, self.columns + 1, self.buckets[-1])
 
     # -- pricing ---------------------------------------------------------------------------------------------
 

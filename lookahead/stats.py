@@ -39,6 +39,8 @@ class DecodeStats:
       model's forward, verifying (on a GPU this includes waiting for the forward to finish) and in
       bookkeeping (emitting, stopping criteria, KV cache, learning); ``time_calibration``: measuring
       the cost curve at the call's start (0 when it was known already).
+    - ``step_nodes``: the most draft tokens a step of the call could verify (``LookaheadConfig.step_nodes``, an
+      ``"auto"`` one as the call's cost curve resolved it).
     - ``transposed_rows``: the call's steps of 2 to this many rows computed every linear layer the other way round
       (``LookaheadConfig.linear_layout``, ``linear_layout.py``); 0: none did.
     """
@@ -57,6 +59,7 @@ class DecodeStats:
     time_verify: float = 0.0
     time_bookkeeping: float = 0.0
     time_calibration: float = 0.0
+    step_nodes: int = 0
     transposed_rows: int = 0
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
@@ -120,6 +123,7 @@ class DecodeStats:
             "time_verify": self.time_verify,
             "time_bookkeeping": self.time_bookkeeping,
             "time_calibration": self.time_calibration,
+            "step_nodes": self.step_nodes,
         }
 
     def explain(self) -> str:

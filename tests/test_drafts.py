@@ -142,11 +142,32 @@ def test_step_nodes_caps_the_merged_draft(adaptive):
     assert policy.max_rows() == 11
 
 
+def test_auto_step_nodes_widen_only_where_the_curve_is_flat_that_far():
+    """``step_nodes="auto"``: 127 nodes where a step of all the rows they and the window add costs at most 1.25
+    one-token steps, else 63; never past a static cache's largest bucket, without a budget, or when set."""
+    prompt = list(range(50, 150)) + [7] + list(range(50, 130))  # a long copy: the copy source alone drafts 100
+    steep = CostModel([(1, 0.010), (2, 0.011), (64, 0.012), (128, 0.020)])  # a GPU at its limit: 152 rows 1.9x
+    for config, cost, max_rows, expected in (
+            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), None, 127),
+            (LookaheadConfig(copy_nodes=100, copy_depth=100), steep, None, 63),
+            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), 64, 63),  # a static cache's buckets
+            (LookaheadConfig(copy_nodes=100, copy_depth=100), None, None, 63),
+            (LookaheadConfig(copy_nodes=100, copy_depth=100, step_nodes=63), CostModel(FLAT), None, 63)):
+        policy = DraftPolicy(config, NgramTrie(12, 4096))
+        assert policy.step_nodes == 63 and policy.max_rows() == 64  # before a call: what the calibration measures
+        policy.start(prompt, Limits(1000, max_rows=max_rows), cost)
+        assert policy.step_nodes == expected, (cost, max_rows)
+        draft = policy.draft(len(prompt), len(prompt), len(prompt) - 1)
+        assert len(draft) <= expected and (len(draft) > 63) == (expected == 127)
+        assert policy.max_rows() == 1 + expected + (24 if policy.window_on else 0)
+    assert LookaheadConfig().step_nodes_range == (63, 127) and LookaheadConfig(step_nodes=9).step_nodes_range == (9, 9)
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("copy_nodes", -1), ("copy_nodes", 257), ("copy_depth", 0), ("copy_depth", 300), ("copy_branches", 0),
      ("copy_branches", 65), ("copy_capacity", 8), ("copy_capacity", 1 << 29), ("step_nodes", -1),
-     ("step_nodes", 2000), ("copy_nodes", 1.5), ("step_nodes", True)],
+     ("step_nodes", 2000), ("copy_nodes", 1.5), ("step_nodes", True), ("step_nodes", "wide")],
 )
 def test_bad_copy_settings_name_field_and_value(field, value):
     with pytest.raises(ValueError) as err:
