@@ -6,7 +6,7 @@ much about the next few tokens. Heads trained on the model's own greedy continua
 tree at a small fraction of a forward, with no extra target forward and no second model. The exact
 acceptance core verifies every node, so heads change speed only, never the output.
 
-Two kinds (:data:`KINDS`), both ending in the model's own LM head restricted to a vocabulary ``vocab_ids``
+Three kinds (:data:`KINDS`), all ending in the model's own LM head restricted to a vocabulary ``vocab_ids``
 (int64[Vk], the most frequent tokens of the model's own outputs in the training data; on a CPU SmolLM2's
 full head, 49152 x 576, costs 13 ms per row on one core, the 4096 most frequent rows 0.2 ms):
 
@@ -19,6 +19,11 @@ full head, 49152 x 576, costs 13 ms per row on one core, the 4096 most frequent 
   (``n``: RMS normalisation); the LM head of ``f'`` gives the next token. Starting from ``h(t)`` and the
   last emitted token it drafts level by level, expanding the ``width`` best paths at each level, and keeps
   the ``max_nodes`` best nodes overall (:func:`select_best`).
+- ``"context"`` (EAGLE-style, with attention): the feature head's map with one causal attention layer over the
+  answer's earlier positions in between (``context_head.py``); it keeps a cache of every accepted row's input
+  and drafts as the feature head does, each path's queries also attending to its own ancestors. On SmolLM2 it
+  holds deeper chains than the feature head but drafts no better beside the other sources
+  (``benchmarks/results/heads.md``), so it is not the default and none ships.
 
 Files: :meth:`DraftHeads.save` writes ``heads.safetensors`` (the weights, fp16) and ``heads.json`` (format
 version, the target's :func:`fingerprint`, K, the kind, the training data's description, held-out accuracy).
