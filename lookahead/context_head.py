@@ -171,13 +171,14 @@ class ContextCache:
 
     :meth:`observe` takes a step's accepted rows (not yet their tokens); :meth:`learn` pairs them with the
     emitted tokens and queues them; :meth:`flush` (before a draft) computes their keys and values in one pass and
-    appends them, keeping the last :data:`CACHE_WINDOW` positions. ``last_input`` is the input ``z`` of the
-    newest position: the level-1 query."""
+    appends them, keeping the last :data:`CACHE_WINDOW` positions. ``keys`` and ``values`` float[n, nh, hd] are
+    views of buffers of twice the window, written in place (the window is moved to the front when they fill up).
+    ``last_input`` is the input ``z`` of the newest position: the level-1 query."""
 
     def __init__(self, window: int = CACHE_WINDOW):
         self.window = window
-        self.keys: torch.Tensor | None = None  # [n, nh, hd]
-        self.values: torch.Tensor | None = None
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # [2 * window, nh, hd] each
+        self._used = 0  # rows of the buffers in use
         self.count = 0  # positions appended so far (the next one's position)
         self.last_input: torch.Tensor | None = None  # [H]
         self._rows: torch.Tensor | None = None  # the last observed accepted rows [a, H], waiting for tokens
@@ -205,8 +206,32 @@ class ContextCache:
             z = layer.inputs(rows, embed(tokens))  # [n, H]
             pos = torch.arange(self.count, self.count + len(tokens), device=z.device)
             k, v = layer.keys(z, pos)
-            self.keys = k if self.keys is None else torch.cat([self.keys, k])[-self.window:]
-            self.values = v if self.values is None else torch.cat([self.values, v])[-self.window:]
+            self._append(k[-self.window:], v[-self.window:])
             self.count += len(tokens)
             self.last_input = z[-1]
         return self.last_input is not None
+
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self._buffers is None:
+            self._buffers = tuple(torch.empty((2 * self.window, *x.shape[1:]), dtype=x.dtype, device=x.device)
+                                  for x in (k, v))
+        n = len(k)
+        if self._used + n > len(self._buffers[0]):  # full: the last window - n positions move to the front
+            keep = self.window - n
+            for buf in self._buffers:
+                buf[:keep] = buf[self._used - keep : self._used].clone()
+            self._used = keep
+        for buf, x in zip(self._buffers, (k, v)):
+            buf[self._used : self._used + n] = x
+        self._used += n
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """float[n, nh, hd]: the cached positions' keys, oldest first (at most the window's)."""
+        start = max(0, self._used - self.window)
+        return self._buffers[0][start : self._used]
+
+    @property
+    def values(self) -> torch.Tensor:
+        start = max(0, self._used - self.window)
+        return self._buffers[1][start : self._used]

@@ -208,6 +208,28 @@ def test_the_context_head_drafts_what_it_was_trained_to_predict(trained, llama):
     assert np.allclose(logp.max(-1).values.exp().numpy(), cond, atol=1e-5)
 
 
+def test_the_context_cache_keeps_the_last_window_of_positions():
+    """Steps of 1-4 accepted rows, 23 positions through a window of 5: the cache holds the last 5 positions' keys
+    and values, as one pass over all 23 computes them."""
+    from lookahead.context_head import ContextLayer
+
+    torch.manual_seed(0)
+    layer = ContextLayer(8, heads=2)
+    table = torch.nn.Embedding(30, 8)
+    rows, tokens = torch.randn(23, 8), torch.randint(0, 30, (23,))
+    cache = ContextCache(window=5)
+    at = 0
+    with torch.no_grad():
+        for n in [1, 4, 2, 3, 1, 4, 4, 2, 2]:
+            cache.observe(rows[at: at + n])
+            cache.learn(tokens[at: at + n + 1].numpy(), "cpu")  # one more token than rows: the rows decide
+            at += n
+            assert cache.flush(layer, table) and cache.count == at
+            k, v = layer.keys(layer.inputs(rows[:at], table(tokens[:at])), torch.arange(at))
+            assert torch.allclose(cache.keys, k[-5:], atol=1e-6) and torch.allclose(cache.values, v[-5:], atol=1e-6)
+    assert at == 23
+
+
 def test_rotary_positions_rotate_pairs_and_keep_norms():
     x = torch.randn(3, 2, 8)  # [positions, heads, dim]
     out = rope(x, torch.tensor([0, 1, 5]))
