@@ -53,6 +53,7 @@ def attention_heads(hidden_size: int) -> int:
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
+    """RMS normalisation over the last axis, no weight (what both feature-style heads apply to their inputs)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
@@ -228,10 +229,9 @@ class ContextCache:
     @property
     def keys(self) -> torch.Tensor:
         """float[n, nh, hd]: the cached positions' keys, oldest first (at most the window's)."""
-        start = max(0, self._used - self.window)
-        return self._buffers[0][start : self._used]
+        return self._buffers[0][max(0, self._used - self.window) : self._used]
 
     @property
     def values(self) -> torch.Tensor:
-        start = max(0, self._used - self.window)
-        return self._buffers[1][start : self._used]
+        """float[n, nh, hd]: their values, in the same order."""
+        return self._buffers[1][max(0, self._used - self.window) : self._used]

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .context_head import ContextCache, ContextLayer, attend, attention_heads
+from .context_head import ContextCache, ContextLayer, attend, attention_heads, rms
 from .draft import HEADS
 from .source import DraftSource, Proposal
 
@@ -207,10 +207,6 @@ def confidence_bucket(p: np.ndarray, edges: tuple[float, float] = (0.25, 0.6)) -
 # ----------------------------------------------------------------------------------------------- modules
 
 
-def _rms(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
 @dataclass(frozen=True)
 class HeadsSettings:
     """How a :class:`HeadsSource` drafts: at most ``max_nodes`` nodes (also capped by the decoder's
@@ -318,7 +314,7 @@ class DraftHeads(nn.Module):
 
     def feature_step(self, feature: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         """float[N, H]: the next feature from the current one and its emitted token's embedding (both [N, H])."""
-        z = self.fc(self.drop(torch.cat([_rms(feature), _rms(embedding)], -1)))  # [N, H]
+        z = self.fc(self.drop(torch.cat([rms(feature), rms(embedding)], -1)))  # [N, H]
         return z + self.down(self.drop(nn.functional.silu(self.up(z))))
 
     # -------------------------------------------------------------------------------------- binding
