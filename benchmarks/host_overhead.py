@@ -10,8 +10,9 @@ Time inside the forward comes from a forward pre-hook and a forward hook on the 
 steps are the forward calls (``decoder.stats.target_calls`` for the decoder, the prefill included;
 each run gets a new decoder, built before the timed call).
 Methods: ``plain`` (``model.generate``), ``never`` (the decoder with a cost curve under which one
-extra token costs 1000x, so the budget keeps plain steps) and ``always`` (``adaptive=False``: the
-full draft tree every step). The prompt is 40 random ids repeated 4 times, so drafts exist; 300
+extra token costs 1000x, so the budget keeps plain steps), ``always`` (``adaptive=False``: the
+full draft tree every step) and ``flat`` (the default decoder priced by a flat cost curve, as on a GPU: the
+budget, the wide steps and the lookahead window all run, which is the step a GPU user's decode takes). The prompt is 40 random ids repeated 4 times, so drafts exist; 300
 new tokens (``min_new_tokens`` keeps EOS from stopping early; it brings two min-length logits
 processors, which the decoder applies at each row on the accepted path; ``--no-eos`` sets
 ``eos_token_id=None`` instead: no processors, the max length alone stops). Each method is warmed up once
@@ -45,12 +46,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lookahead import LookaheadDecoder
 
-METHODS = ("plain", "never", "always")
+METHODS = ("plain", "never", "always", "flat")
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 """``--clock``: wall time, or this thread's CPU time (with one torch thread the forward runs on it too), which a
 busy machine inflates far less: time other processes take from the core is not counted."""
 clock_now = time.perf_counter
 NEVER_CURVE = ((1, 0.001), (2, 1.0), (256, 100.0))  # an extra token costs 1000x: always a plain step
+FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))  # 256 rows cost 1.02 one-row steps: a GPU's regime
 GOALS_MS = {"never": 0.1, "always": 0.25}
 
 
@@ -75,6 +77,8 @@ def make_decoder(method: str, rows: int = 1) -> LookaheadDecoder | None:
         decoder = LookaheadDecoder(cost_curve=NEVER_CURVE)
     elif method == "always":
         decoder = LookaheadDecoder(adaptive=False)
+    elif method == "flat":
+        decoder = LookaheadDecoder(cost_curve=FLAT_CURVE)
     else:
         return None
     if rows > 1:

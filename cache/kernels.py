@@ -457,6 +457,22 @@ def insert(nodes, stats, table, state, tokens):
 
 
 @njit(cache=True)
+def insert_rows(nodes, stats, table, state, rows):
+    """Each row of ``rows`` int64[r, n] as a stream of its own (:func:`insert` after the open path is closed:
+    no n-gram spans two rows, nor what came before and the first row), in one call; returns a status code (the
+    first row's that failed; the rows before it stay inserted). The open path is the last row's afterwards,
+    as ``reset_stream`` then ``insert`` per row leaves it.
+
+    Example: rows ``[[1, 2], [2, 3]]`` records 1, 2, (1, 2), 2, 3, (2, 3), and not (2, 2)."""
+    for i in range(rows.shape[0]):
+        state[S_N_OPEN] = 0
+        status = insert(nodes, stats, table, state, rows[i])
+        if status != OK:
+            return status
+    return OK
+
+
+@njit(cache=True)
 def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, out_parents, out_match):
     """Draft tree for ``ctx`` written to ``out_tokens[:k]``, ``out_parents[:k]``; returns ``k``
     (at most ``len(out_tokens)``, the caller's max_nodes), or ``ERR_TOKEN``. Read-only on the trie.

@@ -30,6 +30,7 @@ def _warm_up() -> None:
     toks = np.array([1, 2, 1, 3, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], np.int64)
     t.insert(toks)  # enough distinct tokens to run an eviction
     t.propose(toks, 4, 2)
+    t.insert_rows(toks[:4].reshape(2, 2))
     t.ngrams()
     K.kth_smallest(np.array([3, 1, 2], np.int64), 3, 1)
     # persistence and stream switching (a thread that compiles these would hold the trie's lock)
@@ -181,6 +182,28 @@ class NgramTrie:
         if status:
             if status == K.ERR_TOKEN:
                 raise _token_error("tokens", arr)
+            raise RuntimeError("NgramTrie: eviction could not free max_n slots (invariant broken)")
+
+    def insert_rows(self, rows) -> None:
+        """Insert each row of ``rows`` (2-D ints in [0, 2**31 - 1]) as a stream of its own, in one kernel call:
+        the same trie as ``reset_stream()`` then ``insert(row)`` for every row, and the last row's stream stays
+        open. Example: ``insert_rows([[1, 2], [2, 3]])`` records (1, 2) and (2, 3) but not (2, 2)."""
+        arr = np.asarray(rows)
+        if arr.ndim != 2:
+            raise ValueError(f"rows: expected a 2-D array of token ids, got shape {arr.shape}")
+        if arr.dtype.kind not in "iu" and arr.size:
+            raise ValueError(f"rows: expected integer token ids, got dtype {arr.dtype}")
+        arr = np.ascontiguousarray(arr, dtype=np.int64)
+        if not arr.size:
+            return
+        with self._lock:
+            stream = getattr(self._local, "stream", None)
+            if stream is None or stream is not self._loaded:
+                self._switch_to(stream)
+            status = K.insert_rows(self._nodes, self._stats, self._table, self._state, arr)
+        if status:
+            if status == K.ERR_TOKEN:
+                raise _token_error("rows", arr)
             raise RuntimeError("NgramTrie: eviction could not free max_n slots (invariant broken)")
 
     def reset_stream(self) -> None:

@@ -138,7 +138,6 @@ class CopyBelief:
 
     def update(self, c: np.ndarray, accepted: np.ndarray) -> None:
         """Learn from tried nodes: ``c`` float[t], their estimated conditional acceptance; ``accepted`` bool[t]."""
-        c = np.clip(np.asarray(c, dtype=np.float64), 1e-6, 1 - 1e-6)
-        ratio = np.where(np.asarray(accepted, dtype=bool), 1.0 / self.off_scale,
-                         (1.0 - c) / (1.0 - self.off_scale * c))
-        self.log_odds = float(np.clip(self.log_odds + np.log(ratio).sum(), -self.limit, self.limit))
+        total = K.belief_log_ratio(np.asarray(c, dtype=np.float64), np.asarray(accepted, dtype=np.bool_),
+                                   float(self.off_scale))
+        self.log_odds = min(max(self.log_odds + total, -self.limit), self.limit)

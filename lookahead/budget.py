@@ -55,18 +55,20 @@ class Prober:
 
 
 def choose_nodes(probs: np.ndarray, cost: CostModel | np.ndarray, extra_rows: int = 0, extra_gain: float = 0.0,
-                 margin: float = 1.05) -> tuple[np.ndarray, float]:
+                 margin: float = 1.05, max_nodes: int | None = None) -> tuple[np.ndarray, float]:
     """The draft nodes worth verifying: (indices, sorted; expected tokens per second of the choice).
 
     ``probs``: float[n] acceptance probabilities of a tree's nodes (a child never above its parent).
     ``cost``: a curve, or its table ``cost(arange(K))`` for K > n + extra_rows + 1 (what a step passes).
     ``extra_rows``/``extra_gain``: rows and expected tokens another part of the step adds (the window).
     Maximises ``(1 + extra_gain + sum of chosen probs) / cost(1 + extra_rows + k)`` over k = 0..n;
-    a k > 0 must beat k = 0 by the factor ``margin``, so estimation noise does not buy slower steps.
+    a k > 0 must beat k = 0 by the factor ``margin``, so estimation noise does not buy slower steps; ``k`` is at most
+    ``max_nodes`` (None: n).
     """
     probs = np.asarray(probs, dtype=np.float64)
     table = cost(np.arange(len(probs) + extra_rows + 2)) if isinstance(cost, CostModel) else cost
-    return K.choose(probs, table, extra_rows, float(extra_gain), float(margin))
+    return K.choose(probs, table, extra_rows, float(extra_gain), float(margin),
+                    len(probs) if max_nodes is None else max_nodes)
 
 
 class Budget:
@@ -111,19 +113,20 @@ class Budget:
         probs = self.acceptance.node_probabilities(draft)
         return probs * self.belief.scale() if scaled else probs
 
-    def plan(self, draft: Draft) -> Draft:
-        """The part of ``draft`` worth verifying this step (nodes kept, window kept or dropped)."""
+    def plan(self, draft: Draft, max_nodes: int | None = None) -> Draft:
+        """The part of ``draft`` worth verifying this step (nodes kept, window kept or dropped), at most
+        ``max_nodes`` nodes (None: any number): the most probable ones, as :func:`choose_nodes` ranks them."""
         self.belief.step()
         n, window_rows = len(draft.tokens), draft.n_window_rows
         if not n and not window_rows:
             return draft
         probs = self.node_probabilities(draft) if n else np.zeros(0)
         margin = self.tuning.margin
-        keep, rate = choose_nodes(probs, self._table, margin=margin)
+        keep, rate = choose_nodes(probs, self._table, margin=margin, max_nodes=max_nodes)
         use_window = False
         if window_rows:
             self._since_window += 1
-            with_w, rate_w = choose_nodes(probs, self._table, window_rows, self.window_gain, margin)
+            with_w, rate_w = choose_nodes(probs, self._table, window_rows, self.window_gain, margin, max_nodes)
             use_window = rate_w > rate or self._since_window >= self.tuning.window_probe_every
             if use_window:
                 keep, self._since_window = with_w, 0
@@ -141,6 +144,7 @@ class Budget:
         if len(draft):
             self.belief.update(*self.acceptance.update(draft, accepted_nodes))
         if draft.n_window_rows:
-            window_accepted = int(np.count_nonzero(draft.origin[list(accepted_nodes)] == WINDOW))
+            origin = draft.origin
+            window_accepted = sum(1 for j in accepted_nodes if origin[j] == WINDOW)
             keep = self.tuning.window_gain_keep
             self.window_gain = keep * self.window_gain + (1 - keep) * window_accepted

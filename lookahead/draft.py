@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .tree import subset_parents, tree_depth_rank
+from . import kernels as K
+from .tree import tree_depth_rank
 
 ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model", "heads",
            "frequent")
@@ -102,7 +103,7 @@ class Draft:
         return len(self.tokens) + self.n_window_rows
 
     def keep(self, nodes) -> Draft:
-        """The draft with only the tree nodes ``nodes`` (sorted, closed under parents; see ``tree.subset_parents``),
+        """The draft with only the tree nodes ``nodes`` (sorted, closed under parents; see ``kernels.keep_nodes``),
         in their order.
 
         Example: parents ``[-1, -1, 0]`` (ranks ``[1, 2, 0]``), keep ``[1]`` -> parents ``[-1]``, rank
@@ -111,9 +112,11 @@ class Draft:
             return self
         if not len(nodes):
             return Draft.empty(self.window)
-        nodes = np.asarray(nodes, dtype=np.int64)
-        return Draft(self.tokens[nodes], subset_parents(self.parents, nodes), self.origin[nodes], self.match[nodes],
-                     self.depth[nodes], self.rank[nodes], self.agreement[nodes], self.window)
+        *arrays, ok = K.keep_nodes(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank,
+                                   self.agreement, np.asarray(nodes, dtype=np.int64))
+        if not ok:
+            raise ValueError("keep must contain every kept node's parent")
+        return Draft(*arrays, self.window)
 
     def shallowest(self, count: int) -> Draft:
         """The draft cut to its ``count`` shallowest nodes (equal depths: the earlier first), still a tree:
@@ -122,7 +125,7 @@ class Draft:
         Example: parents ``[-1, 0, 1, -1]`` (depths ``[1, 2, 3, 1]``), count 2 -> nodes ``[0, 3]``."""
         if count >= len(self.tokens):
             return self
-        return self.keep(np.sort(np.argsort(self.depth, kind="stable")[: max(count, 0)]))
+        return self.keep(K.shallowest_nodes(self.depth, count))
 
     def without_window(self) -> Draft:
         if self.window is None:

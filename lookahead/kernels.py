@@ -39,6 +39,86 @@ def subset_parents(parents, keep):
 
 
 @njit(cache=True)
+def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
+    """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents), in one pass:
+    (tokens, parents re-indexed as :func:`subset_parents` does, origin, match, depth, rank, agreement, ok); ``ok``
+    False when a kept node's parent is not kept.
+
+    Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> tokens ``[5, 6, 8]``,
+    parents ``[-1, -1, 1]``, each other array's entries 0, 1 and 3.
+    """
+    n, m = parents.shape[0], keep.shape[0]
+    new_index = np.full(n, -1, np.int64)
+    out_tokens, out_parents = np.empty(m, tokens.dtype), np.empty(m, np.int64)
+    out_origin, out_match = np.empty(m, origin.dtype), np.empty(m, match.dtype)
+    out_depth, out_rank, out_agreement = np.empty(m, depth.dtype), np.empty(m, rank.dtype), np.empty(m, agreement.dtype)
+    ok = True
+    for j in range(m):
+        i = keep[j]
+        new_index[i] = j
+        p = parents[i]
+        out_parents[j] = -1 if p < 0 else new_index[p]
+        if p >= 0 and out_parents[j] < 0:
+            ok = False
+        out_tokens[j], out_origin[j], out_match[j] = tokens[i], origin[i], match[i]
+        out_depth[j], out_rank[j], out_agreement[j] = depth[i], rank[i], agreement[i]
+    return out_tokens, out_parents, out_origin, out_match, out_depth, out_rank, out_agreement, ok
+
+
+@njit(cache=True)
+def shallowest_nodes(depth, count):
+    """int64[min(count, n)]: the ``count`` shallowest nodes of depths ``depth`` int64[n] (equal depths: the earlier
+    first), in increasing order: what ``np.sort(np.argsort(depth, kind="stable")[:count])`` gives, in linear time.
+    In a parent-first tree a node's parent is shallower, so the nodes kept are closed under parents.
+
+    Example: depths ``[1, 2, 3, 1, 2]``, count 3 -> ``[0, 1, 3]`` (both depth-1 nodes, then the first depth-2 one).
+    """
+    n = depth.shape[0]
+    count = max(min(count, n), 0)
+    deepest = 0
+    for i in range(n):
+        deepest = max(deepest, depth[i])
+    per_depth = np.zeros(deepest + 2, np.int64)
+    for i in range(n):
+        per_depth[depth[i]] += 1
+    cut, below = 0, 0  # every node shallower than ``cut`` is kept, and the first ``count - below`` at ``cut``
+    while cut <= deepest and below + per_depth[cut] <= count:
+        below += per_depth[cut]
+        cut += 1
+    at_cut = count - below
+    out = np.empty(count, np.int64)
+    m = 0
+    for i in range(n):
+        d = depth[i]
+        if d < cut:
+            out[m] = i
+            m += 1
+        elif d == cut and at_cut > 0:
+            out[m] = i
+            m += 1
+            at_cut -= 1
+    return out
+
+
+@njit(cache=True)
+def belief_log_ratio(c, accepted, off_scale):
+    """The log-likelihood ratio of tried nodes' outcomes, copying against not (``acceptance.CopyBelief``): per node
+    of estimated conditional acceptance ``c`` float64[t] (clipped to [1e-6, 1 - 1e-6]) add ``log(1 / off_scale)``
+    if ``accepted`` bool[t], else ``log((1 - c) / (1 - off_scale * c))``.
+
+    Example: ``c`` ``[0.87, 0.5]``, accepted ``[False, True]``, off_scale 0.3 -> ``-1.74 + 1.20 = -0.54``.
+    """
+    total = 0.0
+    for i in range(c.shape[0]):
+        if accepted[i]:
+            total += np.log(1.0 / off_scale)
+        else:
+            x = min(max(c[i], 1e-6), 1 - 1e-6)
+            total += np.log((1.0 - x) / (1.0 - off_scale * x))
+    return total
+
+
+@njit(cache=True)
 def depth_rank(parents):
     """(depth int64[n], rank int64[n], ok): depth 1 for a child of the root; rank 0 for an only child,
     else 1 + its place among its siblings; ``ok`` False when ``parents`` is not parent-first.
@@ -104,9 +184,9 @@ def node_probabilities(parents, origin, match, agreement, depth, rank, prior_a, 
 
 
 @njit(cache=True)
-def choose(probs, cost_table, extra_rows, extra_gain, margin):
+def choose(probs, cost_table, extra_rows, extra_gain, margin, max_k):
     """(node indices int64[k], sorted; expected tokens per second of the choice): the best prefix by
-    probability (ties: lower index first, so parents before children) maximising
+    probability (ties: lower index first, so parents before children), at most ``max_k`` long, maximising
     ``(1 + extra_gain + sum of chosen probs) / cost_table[1 + extra_rows + k]``; a ``k > 0`` must beat
     ``k = 0`` by the factor ``margin``.
 
@@ -117,7 +197,7 @@ def choose(probs, cost_table, extra_rows, extra_gain, margin):
     base = 1.0 + extra_gain
     best_k, best_rate, first_rate = 0, 0.0, 0.0
     total = 0.0
-    for k in range(n + 1):
+    for k in range(max(min(n, max_k), 0) + 1):
         if k:
             total += probs[order[k - 1]]
         rate = (base + total) / cost_table[1 + extra_rows + k]

@@ -163,15 +163,12 @@ class DraftPolicy:
                     p = source.propose(context, source.max_nodes, min(source.max_depth, room))
                     if p is not None:
                         proposals.append((source.origin, p))
-        draft = merge_proposals(proposals, self.window.rows() if self.window_on else None)
-        if len(draft) > self.step_nodes:
-            if self.budget is not None:  # the most probable nodes (a parent before its children)
-                probs = self.budget.node_probabilities(draft, scaled=False)
-                draft = draft.keep(np.sort(np.argsort(-probs, kind="stable")[: self.step_nodes]))
-            else:
-                draft = draft.shallowest(self.step_nodes)
+        # at most step_nodes nodes: without a budget the shallowest (cut in the merge), else the most probable
+        # (a parent before its children), which the budget's choice among them picks in the same pass
+        draft = merge_proposals(proposals, self.window.rows() if self.window_on else None,
+                                self.step_nodes if self.budget is None else None)
         if self.budget is not None:
-            draft = self.budget.plan(draft)
+            draft = self.budget.plan(draft, self.step_nodes)
         if draft.window is not None and last_pos + int(draft.window.offsets.max()) > limits.max_length - 2:
             draft = draft.without_window()  # no row beyond the last position plain generate would feed
         if limits.kv_window is not None:  # stay below the sliding window, where rollback still works

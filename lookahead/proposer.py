@@ -110,9 +110,7 @@ class WindowSource(DraftSource):
 
     def advance(self, argmax: np.ndarray, n_emitted: int) -> None:
         """One Jacobi step from the window rows' argmax; the harvested n-grams enter the window's trie."""
-        for gram in self.window.advance(argmax, n_emitted):
-            self.trie.reset_stream()
-            self.trie.insert(gram)
+        self.trie.insert_rows(self.window.advance(argmax, n_emitted))  # each n-gram a stream of its own
 
 
 class CopySource(DraftSource):
@@ -263,7 +261,8 @@ class FrequentSource(DraftSource):
                 i -= 1
 
 
-def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None) -> Draft:
+def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None,
+                    limit: int | None = None) -> Draft:
     """One draft from ``(origin, proposal)`` pairs; a path drafted by several sources appears once,
     with the origin, match and sibling rank (in that source's own tree) of the first source that
     drafted it, and its agreement (how many other sources drafted it); in depth-first order
@@ -271,7 +270,8 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
 
     Example: first = tokens ``[5, 6]``, parents ``[-1, 0]``; second = tokens ``[5, 7, 8]``,
     parents ``[-1, 0, -1]`` -> tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``, origins
-    ``[first, first, second, second]``, agreement ``[1, 0, 0, 0]``.
+    ``[first, first, second, second]``, agreement ``[1, 0, 0, 0]``. With ``limit`` 3, the merged tree's 3 shallowest
+    nodes (``Draft.shallowest``, in the same call): tokens ``[5, 6, 8]``.
     """
     if not proposals:
         return Draft.empty(window)
@@ -286,17 +286,19 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
         tokens[a:b], parents[a:b], match[a:b], origin[a:b] = p.tokens, p.parents, p.match, o  # a match: per node, or one
         a = b
     starts[-1] = a
-    return Draft(*_merge(tokens, parents, origin, match, starts), window)
+    return Draft(*_merge(tokens, parents, origin, match, starts, total if limit is None else limit), window)
 
 
 @njit(cache=True)
-def _merge(tokens, parents, origin, match, starts):
+def _merge(tokens, parents, origin, match, starts, limit):
     """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first seven arrays (tokens,
     parents, origin, match, depth, rank, agreement), of its ``m`` nodes: the first node of each path, in
     depth-first order (each node's children right after it, before its next sibling; siblings in the order first
     drafted), with its origin and match, its depth, its rank in its own tree (0: an only child, else 1 + its
     place among its siblings there), and how many later trees hold the same path. ``parents`` are per tree
-    (local indices, parent-first); tree ``t`` holds nodes ``starts[t]:starts[t + 1]``."""
+    (local indices, parent-first); tree ``t`` holds nodes ``starts[t]:starts[t + 1]``. Of more than ``limit`` merged
+    nodes only the ``limit`` shallowest are kept (equal depths: the earlier in that order first), as
+    ``kernels.shallowest_nodes`` picks them."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
     first_child = np.full(n + 1, -1, np.int64)  # per first node (+1; 0: the root)
@@ -359,6 +361,8 @@ def _merge(tokens, parents, origin, match, starts):
             stack[top] = c
             top += 1
             c = next_sibling[c]
+    if m > limit:  # the shallowest ``limit`` (parents are shallower: the kept nodes stay a tree)
+        order = order[K.shallowest_nodes(depth[order], limit)]
     new_index = np.full(n, -1, np.int64)
     for j in range(order.shape[0]):
         new_index[order[j]] = j

@@ -71,6 +71,7 @@ def _row(keys, rows, prev, token):
 @njit(cache=True)
 def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
     k = min(ids.shape[1], top_ids.shape[1])
+    weight = np.empty(k)  # exp(logit - top) of a row's successors, computed once
     for i in range(inputs.shape[0]):
         t = inputs[i]
         if t < 0 or top_ids[i, 0] < 0:  # a row not known (the replay knows only the accepted path's)
@@ -78,7 +79,8 @@ def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
         top = top_logits[i, 0]
         total = 0.0
         for r in range(k):
-            total += np.exp(top_logits[i, r] - top)
+            weight[r] = np.exp(top_logits[i, r] - top)
+            total += weight[r]
         for which in range(2):
             if which == 0:
                 s = t & (rows - 1)
@@ -91,7 +93,7 @@ def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
                 keys[s] = key
             for r in range(k):
                 ids[s, r] = top_ids[i, r]
-                share[s, r] = np.exp(top_logits[i, r] - top) / total
+                share[s, r] = weight[r] / total
             for r in range(k, ids.shape[1]):
                 ids[s, r] = -1
 

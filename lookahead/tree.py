@@ -108,13 +108,19 @@ def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.nd
     A step with neither (a plain one) on a CPU reads ``pending`` and ``pending_pos`` as they are: views, valid
     until the caller changes those arrays."""
     m = 0 if window is None else len(window[0])
-    if not m and not len(tree_tokens) and getattr(device, "type", device) == "cpu":
+    on_cpu = getattr(device, "type", device) == "cpu"
+    p, n = len(pending), len(tree_tokens)
+    if not m and not n and on_cpu:
         return torch.from_numpy(pending[None]), torch.from_numpy(pending_pos[None])
-    ids = np.concatenate([pending, np.asarray(tree_tokens, dtype=np.int64)]
-                         + ([np.asarray(window[0], dtype=np.int64)] if m else []))
-    pos = np.concatenate([pending_pos, pending_pos[-1] + np.asarray(tree_depth, dtype=np.int64)]
-                         + ([pending_pos[-1] + np.asarray(window[1], dtype=np.int64)] if m else []))
-    return torch.from_numpy(ids[None]).to(device), torch.from_numpy(pos[None]).to(device)
+    both = np.empty((2, p + n + m), np.int64)  # [ids; positions]: one array, one copy to the device
+    both[0, :p], both[1, :p] = pending, pending_pos
+    last = pending_pos[-1]
+    if n:
+        both[0, p : p + n], both[1, p : p + n] = tree_tokens, last + np.asarray(tree_depth, dtype=np.int64)
+    if m:
+        both[0, p + n :], both[1, p + n :] = window[0], last + np.asarray(window[1], dtype=np.int64)
+    t = torch.from_numpy(both) if on_cpu else torch.from_numpy(both).to(device)
+    return t[0:1], t[1:2]
 
 
 _NO_WINDOW = np.zeros((0, 0), dtype=bool)

@@ -75,9 +75,11 @@ class LookaheadWindow:
         self._rng = np.random.default_rng(seed)
         self._pool = np.asarray(context[-1024:], dtype=np.int64)
         self.levels = self._fresh(width)[None]  # int64[n_levels, W]; starts with one level
+        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # window_layout per level count, made once
 
     def _fresh(self, k: int) -> np.ndarray:
-        return self._rng.choice(self._pool, size=k) if k else np.zeros(0, dtype=np.int64)
+        # what ``rng.choice(pool, size=k)`` draws (the same numbers from the same generator), at half its cost
+        return self._pool[self._rng.integers(0, len(self._pool), size=k)] if k else np.zeros(0, dtype=np.int64)
 
     @property
     def full(self) -> bool:
@@ -86,8 +88,11 @@ class LookaheadWindow:
 
     def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens int64[L*W], position offsets int64[L*W], visibility bool[L*W, L*W]) of this step."""
-        offsets, visible = window_layout(len(self.levels), self.width)
-        return self.levels.reshape(-1), offsets, visible
+        levels = len(self.levels)
+        layout = self._layouts.get(levels)
+        if layout is None:  # the same arrays every step (read, never written, by the step's packing)
+            layout = self._layouts[levels] = window_layout(levels, self.width)
+        return (self.levels.reshape(-1), *layout)
 
     def advance(self, argmax: np.ndarray, emitted: int) -> np.ndarray:
         """Apply one Jacobi step and return the harvested n-grams (int64[W, N], or [0, N] while filling).

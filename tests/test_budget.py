@@ -108,9 +108,9 @@ def test_kernel_examples():
     depth, rank, ok = K.depth_rank(np.array([-1, -1, 0, 0, 1]))
     assert ok and depth.tolist() == [1, 1, 2, 2, 2] and rank.tolist() == [1, 2, 1, 2, 0]
     assert not K.depth_rank(np.array([-1, 1]))[2]
-    keep, rate = K.choose(np.array([0.9, 0.8, 0.1]), np.array([9.0, 1.0, 1.1, 1.2, 2.0]), 0, 0.0, 1.05)
+    keep, rate = K.choose(np.array([0.9, 0.8, 0.1]), np.array([9.0, 1.0, 1.1, 1.2, 2.0]), 0, 0.0, 1.05, 3)
     assert keep.tolist() == [0, 1] and rate == pytest.approx(2.7 / 1.2)
-    keep, rate = K.choose(np.array([0.5, 0.5]), np.array([9.0, 1.0, 1.0, 1.0]), 0, 0.0, 1.05)
+    keep, rate = K.choose(np.array([0.5, 0.5]), np.array([9.0, 1.0, 1.0, 1.0]), 0, 0.0, 1.05, 2)
     assert keep.tolist() == [0, 1] and rate == 2.0  # ties: the lower index first, both kept
 
 
@@ -284,3 +284,38 @@ def test_acceptance_estimates_do_not_carry_across_calls(tiny_models):
 
 def test_default_estimates_have_one_cell_row_per_draft_origin():
     assert Budget(FLAT).acceptance.tried.shape[0] == len(ORIGINS)  # a Budget's fresh estimates fit every store
+
+
+def test_belief_log_ratio_equals_the_formula():
+    assert K.belief_log_ratio(np.array([0.87, 0.5]), np.array([False, True]), 0.3) == pytest.approx(
+        np.log(0.13 / (1 - 0.3 * 0.87)) + np.log(1 / 0.3))
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        c = rng.random(int(rng.integers(0, 30)))
+        c[rng.random(len(c)) < 0.1] = 1.0  # clipped to 1 - 1e-6
+        hit = rng.random(len(c)) < 0.4
+        clipped = np.clip(c, 1e-6, 1 - 1e-6)
+        want = np.log(np.where(hit, 1 / 0.3, (1 - clipped) / (1 - 0.3 * clipped))).sum()
+        assert K.belief_log_ratio(c, hit, 0.3) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("window_rows", [0, 6])
+def test_plan_with_a_node_cap_equals_cutting_to_the_most_probable_first(window_rows):
+    """``Budget.plan(draft, max_nodes)`` (one pass) chooses what the policy's old two passes chose: keep the
+    ``max_nodes`` most probable nodes, then plan that draft."""
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        n = int(rng.integers(1, 40))
+        parents = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)])
+        draft = _draft(parents, match=int(rng.integers(1, 4)), window_rows=window_rows)
+        cap = int(rng.integers(1, n + 3))
+        one, two = Budget(FLAT), Budget(FLAT)
+        for b in (one, two):  # some learning first, the same for both
+            b.record(draft, [0] if trial % 2 else [])
+        cut = draft
+        if n > cap:
+            probs = two.node_probabilities(draft, scaled=False)
+            cut = draft.keep(np.sort(np.argsort(-probs, kind="stable")[:cap]))
+        got, want = one.plan(draft, cap), two.plan(cut)
+        assert got.tokens.tolist() == want.tokens.tolist() and got.parents.tolist() == want.parents.tolist()
+        assert got.n_window_rows == want.n_window_rows and len(got) <= cap

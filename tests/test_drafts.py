@@ -461,3 +461,48 @@ def test_greedy_and_sampled_are_exact_with_the_frequent_tokens(tiny_models, arch
             outs.append(model.generate(ids, custom_generate=d, do_sample=True, temperature=0.9, max_new_tokens=30,
                                        eos_token_id=None).tolist())
         assert outs[0] == outs[1]
+
+
+def _old_keep(draft: Draft, nodes) -> Draft:
+    """``Draft.keep`` as a fancy index per array (the reference for the one-pass kernel)."""
+    from lookahead.tree import subset_parents
+    nodes = np.asarray(nodes, dtype=np.int64)
+    return Draft(draft.tokens[nodes], subset_parents(draft.parents, nodes), draft.origin[nodes], draft.match[nodes],
+                 draft.depth[nodes], draft.rank[nodes], draft.agreement[nodes], draft.window)
+
+
+def _same(a: Draft, b: Draft) -> None:
+    for name in ("tokens", "parents", "origin", "match", "depth", "rank", "agreement"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.tolist() == y.tolist(), name
+
+
+def test_keep_shallowest_and_the_merges_cut_equal_their_numpy_references():
+    from lookahead import kernels as K
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        trees = [_random_tree(rng, int(rng.integers(1, 20)), 4) for _ in range(int(rng.integers(1, 4)))]
+        props = [(o, Proposal(t, p, int(rng.integers(1, 4)))) for o, (t, p) in zip((TRIE, COPY, MODEL), trees)]
+        draft = merge_proposals(props)
+        n = len(draft)
+        count = int(rng.integers(-1, n + 2))
+        want = np.sort(np.argsort(draft.depth, kind="stable")[: max(count, 0)])
+        assert K.shallowest_nodes(draft.depth, count).tolist() == want.tolist()
+        if 0 < count < n:
+            _same(draft.shallowest(count), _old_keep(draft, want))
+            _same(merge_proposals(props, limit=count), _old_keep(draft, want))  # the cut inside the merge
+        else:
+            _same(merge_proposals(props, limit=max(count, 0)), draft.shallowest(count))
+        chosen = np.flatnonzero(rng.random(n) < 0.5)
+        closed = np.unique(np.concatenate([chosen] + [[j for j in _ancestors(draft.parents, i)] for i in chosen]
+                                          )).astype(np.int64) if len(chosen) else chosen
+        if 0 < len(closed) < n:
+            _same(draft.keep(closed), _old_keep(draft, closed))
+    with pytest.raises(ValueError, match="parent"):
+        merge_proposals([(TRIE, Proposal(np.array([5, 6]), np.array([-1, 0]), 2))]).keep([1])
+
+
+def _ancestors(parents, i):
+    while parents[i] >= 0:
+        i = int(parents[i])
+        yield i

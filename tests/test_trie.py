@@ -425,3 +425,44 @@ def test_clear_restores_a_fresh_tries_arrays_bit_for_bit(capacity, tokens):
     again.insert(seq)
     new.insert(seq)
     assert [a.tolist() for a in again.propose(seq[-3:], 16, 6)] == [b.tolist() for b in new.propose(seq[-3:], 16, 6)]
+
+
+def test_insert_rows_docstring_example():
+    trie = NgramTrie(3, 64)
+    trie.insert_rows(np.array([[1, 2], [2, 3]]))
+    grams = trie.ngrams()
+    assert (1, 2) in grams and (2, 3) in grams and (2, 2) not in grams
+    with pytest.raises(ValueError, match="2-D"):
+        trie.insert_rows([1, 2])
+    with pytest.raises(ValueError, match="int32"):
+        trie.insert_rows([[1, -2]])
+    trie.insert_rows(np.zeros((0, 3), np.int64))  # nothing to insert
+    assert trie.ngrams() == grams
+
+
+@settings(max_examples=80, **_SETTINGS)
+@given(max_n=st.integers(2, 5), capacity=st.sampled_from([100, 1 << 11]), seed=st.integers(0, 2**32 - 1),
+       shape=st.tuples(st.integers(1, 12), st.integers(1, 6)))
+def test_insert_rows_equals_a_reset_and_an_insert_per_row(max_n, capacity, seed, shape):
+    """One kernel call for the window's harvest: the same arrays (so the same proposals) as the loop it replaces,
+    after a stream that was open before, and with the last row's stream still open after."""
+    rng = np.random.default_rng(seed)
+    lead = rng.integers(0, 7, int(rng.integers(0, 40)))
+    capacity = max(capacity, 4 * max_n * max_n)
+    batched, looped = NgramTrie(max_n, capacity), NgramTrie(max_n, capacity)
+    for _ in range(3):
+        rows = rng.integers(0, 7, shape)
+        tail = rng.integers(0, 7, 3)
+        for t in (batched, looped):
+            t.insert(lead)
+        batched.insert_rows(rows)
+        for row in rows:
+            looped.reset_stream()
+            looped.insert(row)
+        for t in (batched, looped):
+            t.insert(tail)
+        assert batched.ngrams() == looped.ngrams()
+        assert batched.step == looped.step and batched.n_evictions == looped.n_evictions
+        for a, b in zip((batched._nodes, batched._stats, batched._table, batched._state),
+                        (looped._nodes, looped._stats, looped._table, looped._state)):
+            assert np.array_equal(a, b)
