@@ -28,6 +28,7 @@ to the installed version) says which. Checked on transformers 5.17 and 5.24.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 
@@ -62,10 +63,23 @@ def streamer_of_calling_generate(custom_generate, depth: int = 2):
         del frame
 
 
+def forward_parameters(model) -> frozenset[str]:
+    """The names ``model.forward`` takes, read once per forward function (``inspect.signature`` costs about 0.1 ms
+    a call): keyed by the function itself, so a forward replaced on the instance (accelerate's hooks) is read
+    anew."""
+    forward = model.forward
+    return _parameters(getattr(forward, "__func__", forward))
+
+
+@functools.lru_cache(maxsize=64)
+def _parameters(function) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters)
+
+
 def supports_logits_to_keep(model) -> bool:
     """Whether ``model.forward`` takes ``logits_to_keep`` (then only the rows we verify get the LM head)."""
     probe = getattr(model, "_supports_logits_to_keep", None)
-    return bool(probe()) if probe is not None else "logits_to_keep" in inspect.signature(model.forward).parameters
+    return bool(probe()) if probe is not None else "logits_to_keep" in forward_parameters(model)
 
 
 def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool, keep: int):
@@ -91,7 +105,7 @@ def rollbackable_layer_types() -> tuple[type, type]:
 
 def cache_kwarg_name(model) -> str:
     """The forward's name for the KV cache: ``cache`` where supported, else ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
 def cache_of(model_kwargs: dict):

@@ -193,8 +193,8 @@ class ModelSource(DraftSource):
         tokens, parents, shares = self.table.propose(self.prev, self.last, max_nodes, max_depth)
         if not len(tokens):
             return None
-        a, b = self.buckets
-        return Proposal(tokens, parents, 1 + (shares >= a).astype(np.int64) + (shares >= b))
+        # 1 + how many of the bucket edges (a, b) each share reaches: 1 below a, 2 below b, else 3
+        return Proposal(tokens, parents, 1 + np.searchsorted(self.buckets, shares, side="right"))
 
     def learn(self, emitted: np.ndarray) -> None:
         for t in emitted[-2:].tolist():

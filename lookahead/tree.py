@@ -119,7 +119,9 @@ def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.nd
         both[0, p : p + n], both[1, p : p + n] = tree_tokens, last + np.asarray(tree_depth, dtype=np.int64)
     if m:
         both[0, p + n :], both[1, p + n :] = window[0], last + np.asarray(window[1], dtype=np.int64)
-    t = torch.from_numpy(both) if on_cpu else torch.from_numpy(both).to(device)
+    if on_cpu:
+        return torch.from_numpy(both[0:1]), torch.from_numpy(both[1:2])
+    t = torch.from_numpy(both).to(device)
     return t[0:1], t[1:2]
 
 
