@@ -18,30 +18,9 @@ from numba import njit
 
 
 @njit(cache=True)
-def subset_parents(parents, keep):
-    """(parents int64[m] of the sub-tree of the nodes ``keep`` int64[m] (increasing), re-indexed; ok): ``ok``
-    False when a kept node's parent is not kept.
-
-    Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> ``([-1, -1, 1], True)``.
-    """
-    n, m = parents.shape[0], keep.shape[0]
-    new_index = np.full(n, -1, np.int64)
-    out = np.empty(m, np.int64)
-    ok = True
-    for j in range(m):
-        i = keep[j]
-        new_index[i] = j
-        p = parents[i]
-        out[j] = -1 if p < 0 else new_index[p]
-        if p >= 0 and out[j] < 0:
-            ok = False
-    return out, ok
-
-
-@njit(cache=True)
 def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
     """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents), in one pass:
-    (tokens, parents re-indexed as :func:`subset_parents` does, origin, match, depth, rank, agreement, ok); ``ok``
+    (tokens, parents re-indexed among the kept nodes, origin, match, depth, rank, agreement, ok); ``ok``
     False when a kept node's parent is not kept.
 
     Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> tokens ``[5, 6, 8]``,
@@ -116,6 +95,37 @@ def belief_log_ratio(c, accepted, off_scale):
             x = min(max(c[i], 1e-6), 1 - 1e-6)
             total += np.log((1.0 - x) / (1.0 - off_scale * x))
     return total
+
+
+@njit(cache=True)
+def window_step(levels, out, ngram, shift, draws, cursor):
+    """One Jacobi step of the lookahead window (``window.LookaheadWindow.advance``) in one pass: from its levels
+    int64[L, W] and the top level's outputs int64[W], (the new levels int64[L', W] (a new array), the harvested
+    n-grams int64[W, N] (``N`` = ``ngram``; [0, N] while filling), the next unread index of ``draws``). The outputs
+    become the newest level (the oldest is dropped once ``L == N - 1``); then every level slides ``shift``
+    columns left and its new right-hand columns take ``draws[cursor:]`` in row-major order.
+
+    Example: levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``, N 3, shift 1, draws ``[20, 21]``, cursor 0
+    -> levels ``[[9, 4, 20], [2, 3, 21]]``, n-grams ``[[5, 8, 1], [6, 9, 2], [7, 4, 3]]``, cursor 2.
+    """
+    n_levels, width = levels.shape
+    full = n_levels == ngram - 1
+    kept = n_levels - 1 if full else n_levels  # old levels that stay, below the outputs
+    first = n_levels - kept
+    grams = np.empty((width if full else 0, ngram), np.int64)
+    if full:
+        for j in range(width):
+            for lev in range(n_levels):
+                grams[j, lev] = levels[lev, j]
+            grams[j, n_levels] = out[j]
+    new = np.empty((kept + 1, width), np.int64)
+    for lev in range(kept + 1):
+        for j in range(width - shift):
+            new[lev, j] = levels[first + lev, j + shift] if lev < kept else out[j + shift]
+        for j in range(width - shift, width):
+            new[lev, j] = draws[cursor]
+            cursor += 1
+    return new, grams, cursor
 
 
 @njit(cache=True)

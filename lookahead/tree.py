@@ -51,16 +51,6 @@ def tree_depth_rank(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return depth, rank
 
 
-def subset_parents(parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """int64[m]: the parents of the sub-tree of the nodes ``keep`` int64[m] (sorted; closed under parents),
-    re-indexed (``kernels.subset_parents``). Example: parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` ->
-    ``[-1, -1, 1]``."""
-    new_par, ok = K.subset_parents(np.asarray(parents, dtype=np.int64), keep)
-    if not ok:
-        raise ValueError("keep must contain every kept node's parent")
-    return new_par
-
-
 def pack_step(
     pending: np.ndarray,
     pending_pos: np.ndarray,

@@ -29,6 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernels as K
+
+DRAWS = 256
+"""Fresh guesses drawn per call of the window's generator."""
+
 
 def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Position offsets (from the root) and visibility of a window with ``levels`` x ``width`` tokens.
@@ -65,7 +70,8 @@ class LookaheadWindow:
     """The window's state: up to ``N - 1`` levels of ``W`` guessed tokens.
 
     Deterministic: fresh guesses are drawn from the context with a NumPy generator seeded per
-    call, so the torch random stream (used by sampling) is untouched.
+    call, so the torch random stream (used by sampling) is untouched. They are drawn :data:`DRAWS` at a time
+    (one generator call costs tens of microseconds in a decode, however few it draws).
     """
 
     def __init__(self, width: int, ngram: int, context: list[int], seed: int = 0):
@@ -74,12 +80,21 @@ class LookaheadWindow:
         self.width, self.ngram = width, ngram
         self._rng = np.random.default_rng(seed)
         self._pool = np.asarray(context[-1024:], dtype=np.int64)
+        self._draws, self._cursor = np.zeros(0, dtype=np.int64), 0  # fresh guesses drawn ahead, the next unread
         self.levels = self._fresh(width)[None]  # int64[n_levels, W]; starts with one level
         self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # window_layout per level count, made once
 
+    def _ahead(self, k: int) -> None:
+        """At least ``k`` unread guesses in ``_draws``."""
+        if self._cursor + k > len(self._draws):
+            drawn = self._pool[self._rng.integers(0, len(self._pool), size=max(k, DRAWS))]
+            self._draws, self._cursor = np.concatenate([self._draws[self._cursor:], drawn]), 0
+
     def _fresh(self, k: int) -> np.ndarray:
-        # what ``rng.choice(pool, size=k)`` draws (the same numbers from the same generator), at half its cost
-        return self._pool[self._rng.integers(0, len(self._pool), size=k)] if k else np.zeros(0, dtype=np.int64)
+        """int64[k]: the next ``k`` guesses, tokens of the context drawn uniformly."""
+        self._ahead(k)
+        self._cursor += k
+        return self._draws[self._cursor - k : self._cursor]
 
     @property
     def full(self) -> bool:
@@ -100,15 +115,9 @@ class LookaheadWindow:
         ``argmax``: int[L*W], the target's argmax at each window row, in :meth:`rows` order.
         ``emitted``: tokens the step emitted (accepted drafts + 1); the window slides by ``emitted - 1``.
         """
-        out = np.asarray(argmax, dtype=np.int64).reshape(len(self.levels), self.width)[-1]
-        if self.full:
-            grams = harvest_ngrams(self.levels, out)
-            self.levels = np.concatenate([self.levels[1:], out[None]])
-        else:
-            grams = np.zeros((0, self.ngram), dtype=np.int64)
-            self.levels = np.concatenate([self.levels, out[None]])
+        n_levels = len(self.levels)
+        out = np.ascontiguousarray(np.asarray(argmax, dtype=np.int64)[(n_levels - 1) * self.width : n_levels * self.width])
         shift = min(max(emitted - 1, 0), self.width)
-        if shift:
-            fresh = self._fresh(shift * len(self.levels)).reshape(len(self.levels), shift)
-            self.levels = np.concatenate([self.levels[:, shift:], fresh], axis=1)
+        self._ahead(shift * min(n_levels + 1, self.ngram - 1))
+        self.levels, grams, self._cursor = K.window_step(self.levels, out, self.ngram, shift, self._draws, self._cursor)
         return grams

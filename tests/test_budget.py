@@ -14,7 +14,7 @@ from lookahead.acceptance import AcceptanceStats, CopyBelief
 from lookahead.budget import Budget, choose_nodes
 from lookahead.cost import CostModel
 from lookahead.draft import ORIGINS, Draft, WindowRows
-from lookahead.tree import subset_parents, tree_depth_rank
+from lookahead.tree import tree_depth_rank
 from lookahead.tuning import BudgetTuning
 
 FLAT = CostModel([(1, 0.010), (64, 0.0105)])  # a datacenter GPU: 64 tokens cost as much as one
@@ -71,7 +71,10 @@ def test_keep_reindexes_and_rejects_orphans():
     kept = draft.keep([0, 1, 3])
     assert kept.tokens.tolist() == [5, 6, 8] and kept.parents.tolist() == [-1, -1, 1]
     assert kept.origin.tolist() == [0, 1, 1]
-    assert subset_parents(np.array([-1, -1, 0, 1]), np.array([0, 1, 3])).tolist() == [-1, -1, 1]
+    ar = np.arange(4)  # the kernel's docstring example: parents [-1, -1, 0, 1], keep [0, 1, 3]
+    *arrays, ok = K.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar, ar, ar, np.array([0, 1, 3]))
+    assert ok and arrays[0].tolist() == [0, 1, 3] and arrays[1].tolist() == [-1, -1, 1]
+    assert not K.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar, ar, ar, np.array([0, 3]))[-1]
     with pytest.raises(ValueError):
         Draft.build(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), np.ones(2)).keep([1])
 

@@ -464,10 +464,11 @@ def test_greedy_and_sampled_are_exact_with_the_frequent_tokens(tiny_models, arch
 
 
 def _old_keep(draft: Draft, nodes) -> Draft:
-    """``Draft.keep`` as a fancy index per array (the reference for the one-pass kernel)."""
-    from lookahead.tree import subset_parents
+    """``Draft.keep`` as a fancy index per array, parents re-indexed in Python (the reference for the kernel)."""
     nodes = np.asarray(nodes, dtype=np.int64)
-    return Draft(draft.tokens[nodes], subset_parents(draft.parents, nodes), draft.origin[nodes], draft.match[nodes],
+    index = {int(i): j for j, i in enumerate(nodes)}
+    parents = np.array([index[int(p)] if p >= 0 else -1 for p in draft.parents[nodes]], dtype=np.int64)
+    return Draft(draft.tokens[nodes], parents, draft.origin[nodes], draft.match[nodes],
                  draft.depth[nodes], draft.rank[nodes], draft.agreement[nodes], draft.window)
 
 

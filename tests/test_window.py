@@ -101,3 +101,39 @@ def test_window_with_sampling_is_reproducible(tiny_models):
         outs.append(model.generate(torch.tensor([NO_REPEAT]), custom_generate=dec, do_sample=True, max_new_tokens=30,
                                    eos_token_id=None).tolist())
     assert outs[0] == outs[1]
+
+
+def test_window_step_equals_the_numpy_steps_it_replaces():
+    """``kernels.window_step`` (one call per step) against harvest, concatenations and fresh columns in NumPy."""
+    from lookahead import kernels as K
+    rng = np.random.default_rng(0)
+    lv, grams, cursor = K.window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 1,
+                                      np.array([20, 21]), 0)  # the docstring's example
+    assert lv.tolist() == [[9, 4, 20], [2, 3, 21]] and grams.tolist() == [[5, 8, 1], [6, 9, 2], [7, 4, 3]]
+    assert cursor == 2
+    for _ in range(300):
+        ngram, width = int(rng.integers(2, 6)), int(rng.integers(1, 9))
+        n_levels = int(rng.integers(1, ngram))
+        levels, out = rng.integers(0, 50, (n_levels, width)), rng.integers(0, 50, width)
+        shift = int(rng.integers(0, width + 1))
+        draws, cursor = rng.integers(0, 50, 64), int(rng.integers(0, 10))
+        if n_levels == ngram - 1:
+            want_grams, want = harvest_ngrams(levels, out), np.concatenate([levels[1:], out[None]])
+        else:
+            want_grams, want = np.zeros((0, ngram), np.int64), np.concatenate([levels, out[None]])
+        need = shift * len(want)
+        if shift:
+            want = np.concatenate([want[:, shift:], draws[cursor : cursor + need].reshape(len(want), shift)], axis=1)
+        got, grams, after = K.window_step(levels, out, ngram, shift, draws, cursor)
+        assert got.tolist() == want.tolist() and grams.tolist() == want_grams.tolist() and after == cursor + need
+        assert grams.shape == want_grams.shape
+
+
+def test_window_fresh_guesses_are_drawn_ahead_deterministically():
+    a, b = LookaheadWindow(4, 3, list(range(100, 140))), LookaheadWindow(4, 3, list(range(100, 140)))
+    for step in range(200):  # past several refills of the drawn-ahead guesses
+        out = np.arange(len(a.levels) * 4) + step
+        a.advance(out, emitted=5)  # a slide of all 4 columns: every guess fresh
+        b.advance(out, emitted=5)
+        assert a.levels.tolist() == b.levels.tolist()
+        assert set(a.levels.ravel().tolist()) <= set(range(100, 140))
