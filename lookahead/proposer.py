@@ -149,8 +149,7 @@ class CopySource(DraftSource):
             return None
         depth = K.depth_rank(parents)[0]  # int64[n], 1 for a child of the root
         followed = match + depth - 1  # context matched once the node's ancestors are accepted
-        a, b = self.buckets
-        return Proposal(tokens, parents, 1 + (followed >= a).astype(np.int64) + (followed >= b))
+        return Proposal(tokens, parents, 1 + np.searchsorted(self.buckets, followed, side="right"))  # 1, 2 or 3
 
     def learn(self, emitted: np.ndarray) -> None:
         self.index.extend(emitted)
