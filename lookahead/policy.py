@@ -155,7 +155,7 @@ class DraftPolicy:
                                                 self.tuning.margin)
                     if not depth:
                         continue
-                p = source.propose(context, source.max_nodes, depth)
+                p = source.propose(context, min(source.max_nodes, self.step_nodes), depth)
                 if p is not None:
                     proposals.append((source.origin, p))
             if not proposals and self.budget is not None:  # priced, as every node

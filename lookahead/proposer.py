@@ -92,7 +92,7 @@ class WindowSource(DraftSource):
 
     def start(self, prompt: np.ndarray, model=None) -> None:
         self.trie.clear()
-        self.window = LookaheadWindow(self.width, self.ngram, prompt.tolist())
+        self.window = LookaheadWindow(self.width, self.ngram, prompt)
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         levels = self.ngram - 1

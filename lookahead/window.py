@@ -74,7 +74,8 @@ class LookaheadWindow:
     (one generator call costs tens of microseconds in a decode, however few it draws).
     """
 
-    def __init__(self, width: int, ngram: int, context: list[int], seed: int = 0):
+    def __init__(self, width: int, ngram: int, context, seed: int = 0):
+        """``context``: the token ids (a sequence or int array) whose last 1024 the fresh guesses are drawn from."""
         if width < 1 or ngram < 2:
             raise ValueError(f"window needs width >= 1 and ngram >= 2; got width={width}, ngram={ngram}")
         self.width, self.ngram = width, ngram

@@ -507,3 +507,19 @@ def _ancestors(parents, i):
     while parents[i] >= 0:
         i = int(parents[i])
         yield i
+
+
+def test_no_source_is_asked_for_more_nodes_than_a_step_verifies():
+    """The call's step_nodes caps what each source drafts (a trained head's 127-node tree drafts 63 on a CPU call)."""
+    prompt = list(range(50, 90)) + [7] + list(range(50, 70))
+    policy = DraftPolicy(LookaheadConfig(step_nodes=10, copy_nodes=40, copy_depth=40, adaptive=False, window_width=0),
+                         NgramTrie(12, 4096))
+    asked = []
+    for source in policy.sources:
+        def spy(context, max_nodes, max_depth, propose=source.propose):
+            asked.append(max_nodes)
+            return propose(context, max_nodes, max_depth)
+        source.propose = spy
+    policy.start(prompt, Limits(1000))
+    policy.draft(len(prompt), len(prompt), len(prompt) - 1)
+    assert asked and max(asked) == 10 and 40 in [s.max_nodes for s in policy.sources]
