@@ -210,9 +210,10 @@ def confidence_bucket(p: np.ndarray, edges: tuple[float, float] = (0.25, 0.6)) -
 @dataclass(frozen=True)
 class HeadsSettings:
     """How a :class:`HeadsSource` drafts: at most ``max_nodes`` nodes (also capped by the decoder's
-    ``step_nodes`` as the call resolves it: 127 on a flat cost curve, where the wider tree measured 3.9% more tokens
-    per call on code completion, 63 elsewhere) ``max_depth`` deep (0: the Medusa heads' K; for a feature head, which runs on past the
-    depth it was trained to, ``FEATURE_DEPTH`` or K if deeper), ``topk`` candidates per head or per expanded node,
+    ``step_nodes`` as the call resolves it: 127 on a flat cost curve, where the wider tree measured 3.9% more
+    tokens per call on code completion, 63 elsewhere) ``max_depth`` deep (0: the Medusa heads' K; for a feature
+    head, which runs on past the depth it was trained to, ``FEATURE_DEPTH`` or K if deeper), ``topk`` candidates
+    per head or per expanded node,
     ``width`` paths expanded per level (feature heads), and ``cost``: the heads' own seconds per step as
     ``(base, per_level)`` (None: measured once per model; tests pin it)."""
 
