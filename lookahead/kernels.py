@@ -461,18 +461,34 @@ def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
             if k and j < top_rows[i]:
                 argmax[i, j] = _one_top(row, k, ids[i, j], vals[i, j], maxima, low_ids, low_vals)
             else:
-                best = 0
-                m = row[0]
-                if m == m:
-                    for c in range(1, v):
-                        x = row[c]
-                        if x > m:
-                            m, best = x, c
-                        elif x != x:
-                            best = c
-                            break
-                argmax[i, j] = best
+                argmax[i, j] = _row_argmax(row, maxima)
     return argmax
+
+
+@njit(cache=True, nogil=True)
+def _row_argmax(row, maxima):
+    """``torch.argmax`` of one row float32[V] (the first maximal index, or the first NaN's), in two branch-free
+    passes and one short scan: the row's NaN check, every block's maximum (:func:`_block_maxima`, into
+    ``maxima``), then the first block holding the largest is scanned for its first entry equal to it.
+
+    Example: ``[1., 5., 3., 5.]`` -> 1; ``[1., nan, 7.]`` -> 1."""
+    v = row.shape[0]
+    if _has_nan(row):
+        first = 0
+        while row[first] == row[first]:
+            first += 1
+        return first
+    _block_maxima(row, maxima)
+    nb = (v + _BLOCK - 1) // _BLOCK
+    best = 0
+    for t in range(1, nb):
+        if maxima[t] > maxima[best]:
+            best = t
+    m = maxima[best]
+    for c in range(best * _BLOCK, min(best * _BLOCK + _BLOCK, v)):
+        if row[c] == m:
+            return c
+    return best * _BLOCK  # not reached: the block holds its maximum
 
 
 @njit(cache=True, nogil=True)

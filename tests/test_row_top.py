@@ -70,3 +70,20 @@ def test_random_rows_like_a_model(vocab):
     arg, ids, _ = run(logits.numpy(), 8)
     assert arg == logits.argmax(-1).tolist()
     assert ids == logits.topk(8, -1).indices.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 6), top=st.integers(0, 6), vocab=st.integers(1, 300), seed=st.integers(0, 2**31 - 1),
+       levels=st.integers(1, 40))
+def test_rows_past_the_top_rows_get_torchs_argmax(rows, top, vocab, seed, levels):
+    """Rows read for their argmax alone (a step's window rows): ties, -inf, signed zeros and NaN as torch has them."""
+    gen = np.random.default_rng(seed)
+    logits = (gen.integers(0, levels, size=(rows, vocab)) - levels // 2).astype(np.float32)  # zeros among them
+    logits[gen.random((rows, vocab)) < 0.05] = -np.inf
+    logits[gen.random((rows, vocab)) < 0.05] = -0.0
+    logits[gen.random((rows, vocab)) < 0.01] = np.nan
+    arr, top = logits[None], min(top, rows)
+    argmax = np.empty((1, rows), np.int64)
+    rows_top(arr, np.array([rows]), np.array([top]), 3, argmax, np.empty((1, rows, 3), np.int64),
+             np.empty((1, rows, 3), np.float32))
+    assert argmax[0].tolist() == torch.from_numpy(logits).argmax(-1).tolist()
