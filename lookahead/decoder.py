@@ -220,6 +220,9 @@ class LookaheadDecoder:
         ``"auto"`` none for a model too small to be worth a second calibration."""
         if self.config.linear_layout == "linear" or RankSync.for_model(model).active:
             return []
+        device = getattr(model, "device", None)
+        if device is not None and torch.device(device).type != "cpu":  # on a GPU: none, without walking the modules
+            return []
         modules = linear_modules(model)
         if self.config.linear_layout == "auto" and weights(modules) < LAYOUT_MIN_WEIGHTS:
             return []
