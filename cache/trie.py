@@ -173,16 +173,7 @@ class NgramTrie:
     def insert(self, tokens) -> None:
         """Append ``tokens`` (1-D ints in [0, 2**31 - 1]) to the calling thread's current stream and
         record their n-grams."""
-        arr = _int_array(tokens, "tokens")
-        with self._lock:
-            stream = getattr(self._local, "stream", None)
-            if stream is None or stream is not self._loaded:
-                self._switch_to(stream)
-            status = K.insert(self._nodes, self._stats, self._table, self._state, arr)
-        if status:
-            if status == K.ERR_TOKEN:
-                raise _token_error("tokens", arr)
-            raise RuntimeError("NgramTrie: eviction could not free max_n slots (invariant broken)")
+        self._inserted(K.insert, _int_array(tokens, "tokens"), "tokens")
 
     def insert_rows(self, rows) -> None:
         """Insert each row of ``rows`` (2-D ints in [0, 2**31 - 1]) as a stream of its own, in one kernel call:
@@ -193,17 +184,20 @@ class NgramTrie:
             raise ValueError(f"rows: expected a 2-D array of token ids, got shape {arr.shape}")
         if arr.dtype.kind not in "iu" and arr.size:
             raise ValueError(f"rows: expected integer token ids, got dtype {arr.dtype}")
-        arr = np.ascontiguousarray(arr, dtype=np.int64)
-        if not arr.size:
-            return
+        if arr.size:
+            self._inserted(K.insert_rows, np.ascontiguousarray(arr, dtype=np.int64), "rows")
+
+    def _inserted(self, kernel, arr: np.ndarray, field: str) -> None:
+        """Run an insert ``kernel`` (``K.insert`` or ``K.insert_rows``) on the calling thread's stream, under the
+        lock; its status raised as the error it names (``field``: the argument's name in the message)."""
         with self._lock:
             stream = getattr(self._local, "stream", None)
             if stream is None or stream is not self._loaded:
                 self._switch_to(stream)
-            status = K.insert_rows(self._nodes, self._stats, self._table, self._state, arr)
+            status = kernel(self._nodes, self._stats, self._table, self._state, arr)
         if status:
             if status == K.ERR_TOKEN:
-                raise _token_error("rows", arr)
+                raise _token_error(field, arr)
             raise RuntimeError("NgramTrie: eviction could not free max_n slots (invariant broken)")
 
     def reset_stream(self) -> None:
