@@ -122,14 +122,17 @@ class Budget:
             return draft
         probs = self.node_probabilities(draft) if n else np.zeros(0)
         margin = self.tuning.margin
-        keep, rate = choose_nodes(probs, self._table, margin=margin, max_nodes=max_nodes)
         use_window = False
-        if window_rows:
+        if window_rows:  # the choice with the window's rows and without them, from one sort
             self._since_window += 1
-            with_w, rate_w = choose_nodes(probs, self._table, window_rows, self.window_gain, margin, max_nodes)
+            order, k, rate, k_w, rate_w = K.choose_with_window(probs, self._table, window_rows, float(self.window_gain),
+                                                               float(margin), n if max_nodes is None else max_nodes)
             use_window = rate_w > rate or self._since_window >= self.tuning.window_probe_every
             if use_window:
-                keep, self._since_window = with_w, 0
+                k, self._since_window = k_w, 0
+            keep = np.sort(order[:k])
+        else:
+            keep, _ = choose_nodes(probs, self._table, margin=margin, max_nodes=max_nodes)
         if n and self.prober.due(bool(len(keep))):
             keep = np.argsort(-probs, kind="stable")[:1]  # the most probable node is a root child
         draft = draft.keep(keep)

@@ -322,3 +322,21 @@ def test_plan_with_a_node_cap_equals_cutting_to_the_most_probable_first(window_r
         got, want = one.plan(draft, cap), two.plan(cut)
         assert got.tokens.tolist() == want.tokens.tolist() and got.parents.tolist() == want.parents.tolist()
         assert got.n_window_rows == want.n_window_rows and len(got) <= cap
+
+
+def test_choose_with_window_is_choose_twice_from_one_sort():
+    order, k, rate, k_w, rate_w = K.choose_with_window(np.array([0.9, 0.8, 0.1]),
+                                                       np.array([9.0, 1.0, 1.1, 1.2, 2.0, 2.1, 2.2]), 2, 1.5, 1.05, 3)
+    assert order.tolist() == [0, 1, 2] and (k, k_w) == (2, 0)  # the docstring's example
+    assert rate == pytest.approx(2.7 / 1.2) and rate_w == pytest.approx(2.5 / 1.2)
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n = int(rng.integers(0, 30))
+        probs = np.round(rng.random(n), 1)  # ties
+        table = np.cumsum(rng.random(n + 12)) + 1.0
+        rows, gain, cap = int(rng.integers(1, 8)), float(rng.random() * 3), int(rng.integers(0, n + 2))
+        order, k, rate, k_w, rate_w = K.choose_with_window(probs, table, rows, gain, 1.05, cap)
+        keep, want = K.choose(probs, table, 0, 0.0, 1.05, cap)
+        keep_w, want_w = K.choose(probs, table, rows, gain, 1.05, cap)
+        assert np.sort(order[:k]).tolist() == keep.tolist() and rate == want
+        assert np.sort(order[:k_w]).tolist() == keep_w.tolist() and rate_w == want_w
