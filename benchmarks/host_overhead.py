@@ -12,8 +12,8 @@ each run gets a new decoder, built before the timed call).
 Methods: ``plain`` (``model.generate``), ``never`` (the decoder with a cost curve under which one
 extra token costs 1000x, so the budget keeps plain steps), ``always`` (``adaptive=False``: the
 full draft tree every step) and ``flat`` (the default decoder priced by a flat cost curve, as on a GPU: the
-budget, the wide steps and the lookahead window all run, which is the step a GPU user's decode takes). The prompt is 40 random ids repeated 4 times, so drafts exist; 300
-new tokens (``min_new_tokens`` keeps EOS from stopping early; it brings two min-length logits
+budget, the wide steps and the lookahead window all run, which is the step a GPU user's decode takes). The
+prompt is 40 random ids repeated 4 times, so drafts exist; 300 new tokens (``min_new_tokens`` keeps EOS from stopping early; it brings two min-length logits
 processors, which the decoder applies at each row on the accepted path; ``--no-eos`` sets
 ``eos_token_id=None`` instead: no processors, the max length alone stops). Each method is warmed up once
 (Numba JIT, first-call costs), then timed ``--repeats`` times, round robin; the table gives the

@@ -152,13 +152,14 @@ class SingleCall:
 
     def verify(self, logits: torch.Tensor, draft: Draft, argmax: np.ndarray | None, tops
                ) -> tuple[Verdict, np.ndarray | None]:
-        """(the verdict, the window rows' argmax int64[m] or None). ``argmax`` int64[1, q]: every row's, when the verdict
-        needs nothing else (``CallSetup.argmax_verdicts``: :func:`call.read_rows` made the one host round trip);
+        """(the verdict, the window rows' argmax int64[m] or None). ``argmax`` int64[1, q]: every row's, when the
+        verdict needs nothing else (``CallSetup.argmax_verdicts``: :func:`call.read_rows` made the one host round trip);
         with token bans, turned into the processed argmax from the rows' top-k (``tops``) first."""
         n = len(draft)
         setup = self.setup
         if setup.argmax_verdicts:
-            window_argmax = argmax[0, n + 1 :].copy() if draft.window is not None else None  # int64[m]
+            # int64[m], a copy: the token bans below rewrite ``argmax`` in place (its verified rows)
+            window_argmax = argmax[0, n + 1 :].copy() if draft.window is not None else None
             if setup.bans is None or setup.bans.apply(argmax, tops, np.array([n + 1]), self.row_lengths(draft)):
                 return call.greedy_verdicts(argmax, [draft])[0], window_argmax
         uniforms = self.uniforms.take(self.stats.new_tokens, n + 1) if self.uniforms is not None else None

@@ -57,15 +57,6 @@ def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     return offsets, visible
 
 
-def harvest_ngrams(levels: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-    """The n-grams completed by a full window: int64[W, N] from levels int[N-1, W] and outputs int[W].
-
-    Example: levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]`` ->
-    ``[[5, 8, 1], [6, 9, 2], [7, 4, 3]]``.
-    """
-    return np.concatenate([np.asarray(levels, dtype=np.int64), np.asarray(outputs, dtype=np.int64)[None]]).T
-
-
 class LookaheadWindow:
     """The window's state: up to ``N - 1`` levels of ``W`` guessed tokens.
 

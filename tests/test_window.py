@@ -8,7 +8,7 @@ import torch
 
 from lookahead import LookaheadDecoder
 from lookahead.tree import pack_step
-from lookahead.window import LookaheadWindow, harvest_ngrams, window_layout
+from lookahead.window import LookaheadWindow, window_layout
 
 from tiny import TINY_ARCHS
 
@@ -32,8 +32,15 @@ def test_layout_three_levels_width_three():
         assert sorted(offsets[visible[r]].tolist()) == list(range(1, offsets[r] + 1))
 
 
+def harvest_ngrams(levels: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    """The reference harvest (the module docstring's): int64[W, N] from levels int[N-1, W] and outputs int[W]."""
+    return np.concatenate([np.asarray(levels, dtype=np.int64), np.asarray(outputs, dtype=np.int64)[None]]).T
+
+
 def test_harvest_docstring_example():
-    grams = harvest_ngrams(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]))
+    from lookahead import kernels as K
+    _, grams, _ = K.window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 0, np.zeros(0, np.int64), 0)
+    assert grams.tolist() == harvest_ngrams(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3])).tolist()
     assert grams.tolist() == [[5, 8, 1], [6, 9, 2], [7, 4, 3]]
 
 
