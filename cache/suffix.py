@@ -223,7 +223,8 @@ def extend(states, edges, table, info, tokens, new):
 @njit(cache=True)
 def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out):
     """Draft tree after the context (see the module docstring) into ``out[0, :k]`` (tokens), ``out[1, :k]``
-    (parents), ``out[2, :k]`` (match); returns ``k`` (at most ``out.shape[1]``, the caller's max_nodes).
+    (parents), ``out[2, :k]`` (match), ``out[3, :k]`` (depth, 1 for a child of the root); returns ``k`` (at most
+    ``out.shape[1]``, the caller's max_nodes).
     Candidates come from the first ``max_states`` states of the match's suffix-link chain. Read-only."""
     n = info[I_N]
     max_nodes = out.shape[1]
@@ -290,6 +291,7 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
                 out[0, k] = tok
                 out[1, k] = last[b]
                 out[2, k] = cand_len[b]
+                out[3, k] = d + 1
                 last[b] = k
                 k += 1
     return k
@@ -390,16 +392,19 @@ class SuffixIndex:
                              f"max {int(arr.max())}")
 
     def propose(self, max_nodes: int, max_depth: int, max_branches: int = 1, branch_depth: int = 8,
-                min_match: int = 1, max_states: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                min_match: int = 1, max_states: int = 16, with_depth: bool = False) -> tuple[np.ndarray, ...]:
         """(tokens int64[k], parents int64[k], match int64[k]): the draft tree after the context (see the
         module docstring); empty when the longest match is shorter than ``min_match``. Candidates come
         from the match's ``max_states`` longest distinct earlier common-suffix lengths (the states of its
-        suffix-link chain), which bounds the work on a text that repeats one token."""
+        suffix-link chain), which bounds the work on a text that repeats one token. ``with_depth``: a fourth
+        array, each node's depth (int64[k], 1 for a child of the root), from the same kernel run."""
         if max_nodes <= 0:
-            return _EMPTY, _EMPTY, _EMPTY
-        out = np.empty((3, max_nodes), np.int64)
+            return (_EMPTY,) * (4 if with_depth else 3)
+        out = np.empty((4, max_nodes), np.int64)
         k = propose(self._states, self._edges, self._info, self._tokens, max_depth, max_branches, branch_depth,
                     min_match, max_states, out)
+        if with_depth:
+            return out[0, :k], out[1, :k], out[2, :k], out[3, :k]
         return out[0, :k], out[1, :k], out[2, :k]
 
 

@@ -423,7 +423,7 @@ def read_rows(setup: CallSetup, logits: torch.Tensor, argmax_rows: np.ndarray | 
         am = logits.max(-1).indices if setup.argmax_by_max else logits.argmax(-1)
         return am.cpu().numpy(), None
     if setup.on_cpu:
-        arr = logits.detach().numpy()  # [b, q, V] float32, a view: read only
+        arr = (logits.detach() if logits.requires_grad else logits).numpy()  # [b, q, V] float32, a view: read only
         argmax = np.empty((b, q), np.int64)
         ids, vals = np.empty((b, q, k), np.int64), np.empty((b, q, k), np.float32)
         counts = top_rows if argmax_rows is None else argmax_rows

@@ -113,6 +113,13 @@ class WindowSource(DraftSource):
         self.trie.insert_rows(self.window.advance(argmax, n_emitted))  # each n-gram a stream of its own
 
 
+def _edges(*values) -> np.ndarray:
+    """A source's bucket edges as a read-only array (``searchsorted`` on a tuple converts it at every call)."""
+    edges = np.array(values)
+    edges.flags.writeable = False
+    return edges
+
+
 class CopySource(DraftSource):
     """Longest-match copies of the request's own context (``lookahead.cache.SuffixIndex``).
 
@@ -132,7 +139,7 @@ class CopySource(DraftSource):
     origin = COPY
     learns_lazily = True
     branch_depth = 8
-    buckets = (4, 16)
+    buckets = _edges(4, 16)
 
     def __init__(self, capacity: int, max_nodes: int, max_depth: int, branches: int):
         self.index = SuffixIndex(capacity)
@@ -144,12 +151,12 @@ class CopySource(DraftSource):
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         """``context`` is not read: the index holds the whole context."""
-        tokens, parents, match = self.index.propose(max_nodes, max_depth, self.branches, self.branch_depth)
+        tokens, parents, match, depth = self.index.propose(max_nodes, max_depth, self.branches, self.branch_depth,
+                                                           with_depth=True)
         if not len(tokens):
             return None
-        depth = K.depth_rank(parents)[0]  # int64[n], 1 for a child of the root
         followed = match + depth - 1  # context matched once the node's ancestors are accepted
-        return Proposal(tokens, parents, 1 + np.searchsorted(self.buckets, followed, side="right"))  # 1, 2 or 3
+        return Proposal(tokens, parents, 1 + self.buckets.searchsorted(followed, side="right"))  # 1, 2 or 3
 
     def learn(self, emitted: np.ndarray) -> None:
         self.index.extend(emitted)
@@ -170,7 +177,7 @@ class ModelSource(DraftSource):
     origin = MODEL
     wants_rows = True
     transient = ("_model",)  # a weak reference does not pickle: an unpickled table starts anew
-    buckets = (0.95, 2.0)
+    buckets = _edges(0.95, 2.0)
 
     def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False, table: SuccessorTable | None = None):
         self.k, self.max_nodes, self.max_depth, self.keep = k, max_nodes, max_depth, keep
@@ -193,7 +200,7 @@ class ModelSource(DraftSource):
         if not len(tokens):
             return None
         # 1 + how many of the bucket edges (a, b) each share reaches: 1 below a, 2 below b, else 3
-        return Proposal(tokens, parents, 1 + np.searchsorted(self.buckets, shares, side="right"))
+        return Proposal(tokens, parents, 1 + self.buckets.searchsorted(shares, side="right"))
 
     def learn(self, emitted: np.ndarray) -> None:
         for t in emitted[-2:].tolist():

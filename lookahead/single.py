@@ -169,9 +169,11 @@ class SingleCall:
 
     def row_lengths(self, draft: Draft) -> np.ndarray:
         """int64[1, 1 + n]: the sequence length each verified row's logits follow (its root's, then each node's)."""
-        if not len(draft.tokens):
-            return np.array([[self.length]])
-        return self.length + np.concatenate([[0], draft.depth])[None]
+        out = np.empty((1, 1 + len(draft.tokens)), np.int64)
+        out[0, 0] = 0
+        out[0, 1:] = draft.depth
+        out += self.length
+        return out
 
     def emit(self, verdict: Verdict) -> tuple[int, bool]:
         """Append the verdict's tokens until a stopping criterion holds: (emitted, done)."""

@@ -69,11 +69,12 @@ class DecodeStats:
         self.budgets.append((n, draft.n_window_rows))
         self.accepted_per_step.append(len(accepted))
         if n:
-            for o, count in enumerate(np.bincount(draft.origin, minlength=len(ORIGINS)).tolist()):
+            for o, count in enumerate(np.bincount(draft.origin).tolist()):
                 if count:
                     self.drafted_by_origin[ORIGINS[o]] += count
-            for j in accepted:
-                self.accepted_by_origin[ORIGINS[draft.origin[j]]] += 1
+            if len(accepted):
+                for o in draft.origin[accepted].tolist():
+                    self.accepted_by_origin[ORIGINS[o]] += 1
         self.new_tokens += emitted
         self.time_propose += t_propose
         self.time_forward += t_forward

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lookahead import kernels as K
 from lookahead.cache import SuffixIndex
 from lookahead.cache import suffix as S
 
@@ -136,6 +137,9 @@ def _same(index: SuffixIndex, ref: ReferenceIndex, params) -> None:
         got = index.propose(*p)
         assert all(a.dtype == np.int64 for a in got)
         assert [a.tolist() for a in got] == list(ref.propose(*p)), (p, ref.context)
+        *same, depth = index.propose(*p, with_depth=True)  # the same tree, and each node's depth from its parents
+        assert [a.tolist() for a in same] == [a.tolist() for a in got]
+        assert depth.tolist() == K.depth_rank(got[1])[0].tolist()
 
 
 def test_worked_example_of_the_docstring():
@@ -146,6 +150,8 @@ def test_worked_example_of_the_docstring():
     assert tokens.tolist() == [3, 4, 9, 5, 1, 2, 4, 5]
     assert parents.tolist() == [-1, -1, 0, 1, 2, 4, 5, 6]
     assert match.tolist() == [2] * 8
+    assert index.propose(max_nodes=8, max_depth=6, max_branches=2, branch_depth=2, with_depth=True)[3].tolist() == [
+        1, 1, 2, 2, 3, 4, 5, 6]
     # one branch: the first occurrence's continuation, running on into its own draft
     assert index.propose(12, 12)[0].tolist() == [3, 9, 1, 2, 4, 5, 1, 2, 3, 9, 1, 2]
 
