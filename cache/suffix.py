@@ -61,7 +61,10 @@ its suffix-link chain (longest first), the first end of ``c``'s transition targe
 Arrays (preallocated once; ``capacity`` C tokens need ``2C + 2`` states and ``3C + 4`` transitions,
 about 110 bytes per token of capacity): ``states`` int32 ``(2C + 2, 4)`` (``LEN``, ``LINK``, ``FIRST``,
 ``HEAD`` of the out-transition list), ``edges`` int32 ``(3C + 4, 4)`` (``TOKEN``, ``TARGET``,
-``NEXT`` in its state's list, ``OWNER``), ``table`` int32 open addressing from (state, token) to transition + 1 (load <= 1/2),
+``NEXT`` in its state's list, ``OWNER``), ``table`` int32 open addressing from (state, token) to transition + 1 (load <= 1/2)
+in its first ``info[I_TABLE]`` slots, a power of two that doubles as edges are made (from :data:`MIN_TABLE`): a
+context far below the capacity probes a table of its own size, which stays in the CPU's caches, not one
+spread over the whole allocation,
 ``tokens`` int64[C] and ``info`` int64 scalars (``I_*``). Not thread-safe: one index per decoding
 stream (it holds one request's context). Knows nothing of torch.
 """
@@ -77,30 +80,19 @@ from .primitives import pair_slot
 LEN, LINK, FIRST, HEAD, TAIL = range(5)
 TOKEN, TARGET, NEXT, OWNER = range(4)
 # slots of ``info``
-I_CAPACITY, I_N, I_STATES, I_EDGES, I_LAST, I_REBUILDS, I_DROPPED = range(7)
+I_CAPACITY, I_N, I_STATES, I_EDGES, I_LAST, I_REBUILDS, I_DROPPED, I_TABLE = range(8)
 INFO_SLOTS = 8
 INT32_MAX = 2**31 - 1
 OK, ERR_TOKEN = 0, -1
 _I64 = np.dtype(np.int64)
+MIN_TABLE = 1024  # hash slots in use after a reset (4 KB), or the whole table when it is smaller
 
 @njit(cache=True)
 def reset(states, edges, table, info):
-    """Empty context: the root state only. The hash table's entries are exactly the edges made so far (they
-    are never removed), so only theirs are cleared, unless they fill more than an eighth of it (found first,
-    while probing still works, then zeroed)."""
-    n_edges = info[I_EDGES]
-    if 8 * n_edges >= table.shape[0]:
-        table[:] = 0
-    else:
-        mask = table.shape[0] - 1
-        found = np.empty(n_edges, np.int64)
-        for e in range(n_edges):
-            i = pair_slot(edges[e, OWNER], edges[e, TOKEN], mask)
-            while table[i] != e + 1:
-                i = (i + 1) & mask
-            found[e] = i
-        for e in range(n_edges):
-            table[found[e]] = 0
+    """Empty context: the root state only. Only the slots in use hold entries (at most four per edge made, or
+    :data:`MIN_TABLE`), so only they are cleared, and the table in use shrinks back to :data:`MIN_TABLE` slots."""
+    table[: info[I_TABLE]] = 0
+    info[I_TABLE] = min(MIN_TABLE, table.shape[0])
     states[0, LEN] = 0
     states[0, LINK] = -1
     states[0, FIRST] = -1
@@ -113,9 +105,8 @@ def reset(states, edges, table, info):
 
 
 @njit(cache=True, inline="always")
-def _lookup(edges, table, state, token):
-    """Transition index of ``state`` on ``token``, or -1."""
-    mask = table.shape[0] - 1
+def _lookup(edges, table, state, token, mask):
+    """Transition index of ``state`` on ``token``, or -1 (``mask``: the slots in use, ``info[I_TABLE]``, minus 1)."""
     i = pair_slot(state, token, mask)
     while True:
         v = table[i]
@@ -140,11 +131,28 @@ def _add_edge(states, edges, table, state, token, target, info):
     else:
         edges[states[state, TAIL], NEXT] = e
     states[state, TAIL] = e
-    mask = table.shape[0] - 1
+    if 2 * (e + 1) > info[I_TABLE] and info[I_TABLE] < table.shape[0]:
+        _grow(edges, table, info, e)
+    _place(table, info[I_TABLE] - 1, state, token, e)
+
+
+@njit(cache=True, inline="always")
+def _place(table, mask, state, token, e):
+    """Put transition ``e`` of ``(state, token)`` into the first free slot of its probe sequence."""
     i = pair_slot(state, token, mask)
     while table[i] != 0:
         i = (i + 1) & mask
     table[i] = e + 1
+
+
+@njit(cache=True)
+def _grow(edges, table, info, n):
+    """Double the slots in use and re-place the first ``n`` transitions in them (amortised O(1) per edge)."""
+    size = 2 * info[I_TABLE]
+    info[I_TABLE] = size
+    table[:size] = 0
+    for e in range(n):
+        _place(table, size - 1, edges[e, OWNER], edges[e, TOKEN], e)
 
 
 @njit(cache=True)
@@ -163,7 +171,7 @@ def _append(states, edges, table, info, tokens, c):
     p = last
     e = -1
     while p != -1:
-        e = _lookup(edges, table, p, c)
+        e = _lookup(edges, table, p, c, info[I_TABLE] - 1)
         if e >= 0:
             break
         _add_edge(states, edges, table, p, c, cur, info)
@@ -187,7 +195,7 @@ def _append(states, edges, table, info, tokens, c):
                 _add_edge(states, edges, table, clone, edges[x, TOKEN], edges[x, TARGET], info)
                 x = edges[x, NEXT]
             while p != -1:
-                e = _lookup(edges, table, p, c)
+                e = _lookup(edges, table, p, c, info[I_TABLE] - 1)
                 if e < 0 or edges[e, TARGET] != q:
                     break
                 edges[e, TARGET] = clone

@@ -106,6 +106,7 @@ def _check_invariants(index: SuffixIndex) -> None:
     info = index._info
     n_states, n_edges, n = int(info[S.I_STATES]), int(info[S.I_EDGES]), len(index)
     states, edges, ctx = index._states, index._edges, index.tokens.tolist()
+    used = int(info[S.I_TABLE])
     assert n_states <= 2 * max(n, 1) and n_edges <= max(3 * n - 4, 2 * n - 1, 0)
     listed = 0
     for s in range(n_states):
@@ -122,11 +123,14 @@ def _check_invariants(index: SuffixIndex) -> None:
             assert states[edges[x, S.TARGET], S.FIRST] > first
             first = states[edges[x, S.TARGET], S.FIRST]
             assert edges[x, S.OWNER] == s
-            assert S._lookup(edges, index._table, s, edges[x, S.TOKEN]) == x
+            assert S._lookup(edges, index._table, s, edges[x, S.TOKEN], used - 1) == x
             listed += 1
             x = edges[x, S.NEXT]
     assert listed == n_edges
     assert np.count_nonzero(index._table) == n_edges
+    # the slots in use: a power of two, at most half full, at least MIN_TABLE (or the whole table); none past them
+    assert used & (used - 1) == 0 and 2 * n_edges <= used <= len(index._table)
+    assert used >= min(S.MIN_TABLE, len(index._table)) and not index._table[used:].any()
 
 
 def _same(index: SuffixIndex, ref: ReferenceIndex, params) -> None:
