@@ -64,6 +64,21 @@ def table_size(capacity: int) -> int:
 # -- hash table ----------------------------------------------------------------------------------
 
 
+@njit(cache=True)
+def rehash(nodes, table, state):
+    """Zero ``table`` (a power of two of at least twice the live nodes: a prefix of the trie's table, or all of
+    it) and put every live node's ``(parent, token)`` entry into it: the same lookups in a table of another size.
+    O(slots used since the last reset)."""
+    table[:] = 0
+    mask = table.shape[0] - 1
+    for v in range(1, min(state[S_HIGH], state[S_CAPACITY]) + 1):
+        if nodes[v, TOKEN] >= 0:
+            i = pair_slot(nodes[v, PARENT], nodes[v, TOKEN], mask)
+            while table[i] != 0:
+                i = (i + 1) & mask
+            table[i] = v
+
+
 @njit(cache=True, inline="always")
 def find_child(nodes, table, parent, token):
     """Slot of the child of ``parent`` with ``token``, or 0 when there is none."""

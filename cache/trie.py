@@ -18,6 +18,8 @@ from . import persist
 _I64 = np.dtype(np.int64)
 _I32 = np.dtype(np.int32)
 _WARMED = False
+MIN_TABLE = 1024
+"""Hash-table slots in use after a reset (4 KB): the table in use doubles as nodes are made (``NgramTrie._fit``)."""
 
 
 def _warm_up() -> None:
@@ -39,7 +41,8 @@ def _warm_up() -> None:
     K.export(t._nodes, t._stats, *out)
     K.build(*_empty_arrays(2, 16), *out, t.step, 0)
     tail = np.empty(2, np.int64)
-    K.reopen(t._nodes, t._table, t._state, tail[: K.open_tail(t._nodes, t._state, tail)])
+    K.reopen(t._nodes, t._tview, t._state, tail[: K.open_tail(t._nodes, t._state, tail)])
+    K.rehash(t._nodes, t._table, t._state)
     _WARMED = True
 
 
@@ -95,7 +98,31 @@ class NgramTrie:
         self._max_n = max_n
         self._capacity = capacity
         self._nodes, self._stats, self._table, self._state = _empty_arrays(max_n, capacity)
+        self._use(min(MIN_TABLE, len(self._table)))
         self._init_threading()
+
+    # The hash table in use is the first ``_used`` slots of ``_table`` (``_tview``, the array every kernel gets):
+    # a power of two at least twice the live nodes, grown as nodes are made. A trie far below its capacity then
+    # probes a table of its own size, which stays in the CPU's caches, not one spread over the whole allocation.
+    # Where an insert could evict, the whole table is in use (eviction borrows all of it as scratch space).
+    def _use(self, slots: int) -> None:
+        self._used = slots
+        self._tview = self._table[:slots]
+
+    def _fit(self, new_nodes: int) -> None:
+        """Make the table in use hold ``new_nodes`` more nodes at load <= 1/2, or all of it where an insert of
+        that many could evict (:func:`kernels.rehash` into the larger prefix). Holds the lock."""
+        live, full = len(self), len(self._table)
+        if self._used == full:
+            return
+        if live + new_nodes + self._max_n >= self._capacity:
+            size = full
+        elif 2 * (live + new_nodes) <= self._used:
+            return
+        else:
+            size = min(1 << (2 * (live + new_nodes) - 1).bit_length(), full)
+        self._use(size)
+        K.rehash(self._nodes, self._tview, self._state)
 
     def _init_threading(self) -> None:
         self._lock = threading.RLock()  # every read or write of the arrays holds it
@@ -117,7 +144,7 @@ class NgramTrie:
         """
         with self._lock:
             state = {k: v for k, v in self.__dict__.items()
-                     if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table")}
+                     if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview")}
             used = _used_rows(self._nodes, self._stats)
             entries = np.flatnonzero(self._table)
             state.update(_state=self._state.copy(), _pool_rows=used, _nodes_used=self._nodes[:used].copy(),
@@ -136,7 +163,9 @@ class NgramTrie:
             table[state.pop("_table_entries")] = state.pop("_table_values")
             state.update(_nodes=nodes, _stats=stats, _table=table)
         _warm_up()
+        used = state.pop("_used", len(state["_table"]))  # older pickles: the whole table was in use
         self.__dict__.update(state)
+        self._use(used)
         self._init_threading()
 
     # -- read-only facts -----------------------------------------------------------------------
@@ -194,7 +223,8 @@ class NgramTrie:
             stream = getattr(self._local, "stream", None)
             if stream is None or stream is not self._loaded:
                 self._switch_to(stream)
-            status = kernel(self._nodes, self._stats, self._table, self._state, arr)
+            self._fit(arr.size * self._max_n)  # each token makes at most max_n nodes
+            status = kernel(self._nodes, self._stats, self._tview, self._state, arr)
         if status:
             if status == K.ERR_TOKEN:
                 raise _token_error(field, arr)
@@ -214,7 +244,8 @@ class NgramTrie:
     def clear(self) -> None:
         """Empty trie, step 0; every thread's next insert starts a new stream."""
         with self._lock:
-            K.reset(self._nodes, self._stats, self._table, self._state)
+            K.reset(self._nodes, self._stats, self._tview, self._state)  # every entry was in the slots in use
+            self._use(min(MIN_TABLE, len(self._table)))
             self._epoch += 1
 
     def _switch_to(self, stream: _Stream | None) -> None:
@@ -233,7 +264,7 @@ class NgramTrie:
             parked.tail = out[:k] if k else None
             parked.epoch = self._epoch
         if stream.tail is not None and stream.epoch == self._epoch:
-            K.reopen(self._nodes, self._table, self._state, stream.tail)
+            K.reopen(self._nodes, self._tview, self._state, stream.tail)
         else:
             self._state[K.S_N_OPEN] = 0
         stream.tail = None
@@ -271,7 +302,7 @@ class NgramTrie:
         parents = np.empty(m, _I32)
         match = np.zeros(1, _I64)
         with self._lock:
-            k = K.propose(self._nodes, self._stats, self._table, self._state, ctx, min(max_depth, max_n), mm,
+            k = K.propose(self._nodes, self._stats, self._tview, self._state, ctx, min(max_depth, max_n), mm,
                           tokens, parents, match)
         if k < 0:
             raise _token_error("context", ctx[-mm:])
@@ -362,6 +393,7 @@ class NgramTrie:
             raise persist.TrieFileError(f"{path}: corrupt: row {row}: {_BUILD_ERRORS.get(status, status)}")
         with self._lock:
             self._nodes, self._stats, self._table, self._state = nodes, stats, table, state
+            self._use(len(table))  # built with the whole table
             self._epoch += 1
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lookahead.cache import NgramTrie
 from lookahead.cache import kernels as K
+from lookahead.cache import trie as T
 
 from trie_reference import ReferenceTrie  # pytest puts tests/ (no __init__.py) on sys.path
 
@@ -37,8 +38,13 @@ def _check_invariants(trie: NgramTrie) -> None:
     cap = trie.capacity
     live = [v for v in range(1, cap + 1) if nodes[v][K.TOKEN] >= 0]
     assert len(live) == state[K.S_N_LIVE] == len(trie)
-    # the hash table holds exactly the live nodes
+    # the hash table holds exactly the live nodes, in the slots in use (a power of two, at most half full, at least
+    # MIN_TABLE or the whole table), where each one's lookup finds it
     assert sorted(table[table != 0].tolist()) == live
+    used = trie._used
+    assert used & (used - 1) == 0 and 2 * len(live) <= used <= len(table) and not table[used:].any()
+    assert used >= min(T.MIN_TABLE, len(table)) and trie._tview.shape == (used,)
+    assert all(K.find_child(trie._nodes, trie._tview, nodes[v][K.PARENT], nodes[v][K.TOKEN]) == v for v in live)
     # free list
     free, v = 0, state[K.S_FREE_HEAD]
     while v != 0:
@@ -418,6 +424,7 @@ def test_clear_restores_a_fresh_tries_arrays_bit_for_bit(capacity, tokens):
         for got, want in zip((trie._nodes, trie._stats, trie._table), fresh[:3]):
             assert np.array_equal(got, want)
         assert np.array_equal(trie._state[:K.S_HIGH], fresh[3][:K.S_HIGH]) and trie._state[K.S_HIGH] == 0
+        assert trie._used == min(T.MIN_TABLE, len(trie._table))  # the table in use is a new trie's again
     seq = rng.integers(0, 50, 200)
     again, new = NgramTrie(max_n=6, capacity=capacity), NgramTrie(max_n=6, capacity=capacity)
     again.insert(rng.integers(0, 50, tokens))
