@@ -108,19 +108,20 @@ class NgramTrie:
     def _use(self, slots: int) -> None:
         self._used = slots
         self._tview = self._table[:slots]
+        self._whole = slots == len(self._table)
 
     def _fit(self, new_nodes: int) -> None:
         """Make the table in use hold ``new_nodes`` more nodes at load <= 1/2, or all of it where an insert of
         that many could evict (:func:`kernels.rehash` into the larger prefix). Holds the lock."""
-        live, full = len(self), len(self._table)
-        if self._used == full:
+        if self._whole:
             return
-        if live + new_nodes + self._max_n >= self._capacity:
-            size = full
-        elif 2 * (live + new_nodes) <= self._used:
+        need = int(self._state[K.S_N_LIVE]) + new_nodes
+        if need + self._max_n >= self._capacity:
+            size = len(self._table)
+        elif 2 * need <= self._used:
             return
         else:
-            size = min(1 << (2 * (live + new_nodes) - 1).bit_length(), full)
+            size = min(1 << (2 * need - 1).bit_length(), len(self._table))
         self._use(size)
         K.rehash(self._nodes, self._tview, self._state)
 
@@ -144,7 +145,8 @@ class NgramTrie:
         """
         with self._lock:
             state = {k: v for k, v in self.__dict__.items()
-                     if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview")}
+                     if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview",
+                                  "_whole")}
             used = _used_rows(self._nodes, self._stats)
             entries = np.flatnonzero(self._table)
             state.update(_state=self._state.copy(), _pool_rows=used, _nodes_used=self._nodes[:used].copy(),
