@@ -14,7 +14,9 @@ The trie lives in four arrays that :class:`lookahead.cache.trie.NgramTrie` alloc
            a child). A child lookup is O(1) however many children a node has (the root has one
            per vocabulary entry seen). Eviction rebuilds it, and borrows it as scratch space
            first (as ``capacity`` int64 last_used values, then as keep flags), so eviction
-           allocates nothing.
+           allocates nothing. The kernels take the table as the array they are given: ``NgramTrie``
+           passes a prefix of its allocation sized to the live nodes (:func:`rehash` moves the entries
+           into a larger one), and the whole of it wherever an insert could evict.
 ``state``  int64: the scalars below (``S_*``), then ``max_n`` slots ``S_OPEN + k`` holding the
            node of the open path of length ``k + 1`` (the n-gram ending at the last token).
 

@@ -409,6 +409,27 @@ def test_matches_reference_at_minimum_capacity(max_n, seed):
 
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_table_in_use_grows_then_becomes_whole_before_evictions(seed):
+    """A capacity whose table is larger than ``MIN_TABLE``: the slots in use double as nodes are made, and turn into
+    the whole table before the first eviction (which borrows all of it), matching the reference throughout."""
+    rng = np.random.default_rng(seed)
+    ops = []
+    for _ in range(100):
+        ops.append(("insert", rng.integers(0, 40, int(rng.integers(1, 40))).tolist()))
+        ops.append(("propose", (rng.integers(0, 40, 3).tolist(), 12, 4, None)))
+    trie = NgramTrie(3, 2000)  # 4096 slots in all
+    sizes = []
+    for kind, arg in ops[:30]:  # 15 inserts
+        if kind == "insert":
+            trie.insert(arg)
+            sizes.append(trie._used)
+            _check_invariants(trie)
+    assert sizes[0] == T.MIN_TABLE < sizes[-1] < len(trie._table) and trie.n_evictions == 0
+    trie, _ = _run(3, 2000, ops, check_every_op=False)
+    assert trie.n_evictions > 0 and trie._used == len(trie._table)
+
+
 @pytest.mark.parametrize("capacity, tokens", [(1 << 12, 300), (1 << 12, 3000), (256, 2000)])
 def test_clear_restores_a_fresh_tries_arrays_bit_for_bit(capacity, tokens):
     """``clear`` restores only the rows used since the last reset (a quarter of the capacity or less), or all:
