@@ -169,6 +169,8 @@ class SingleCall:
 
     def row_lengths(self, draft: Draft) -> np.ndarray:
         """int64[1, 1 + n]: the sequence length each verified row's logits follow (its root's, then each node's)."""
+        if not len(draft.tokens):  # a plain step
+            return np.array([[self.length]])
         out = np.empty((1, 1 + len(draft.tokens)), np.int64)
         out[0, 0] = 0
         out[0, 1:] = draft.depth
