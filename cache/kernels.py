@@ -323,15 +323,8 @@ def evict(nodes, stats, table, state):
     state[S_FREE_HEAD] = head
     state[S_N_LIVE] -= freed
     state[S_N_EVICTIONS] += 1
-    # 5. rebuild the hash table
-    table[:] = 0
-    mask = table.shape[0] - 1
-    for v in range(1, cap + 1):
-        if nodes[v, TOKEN] >= 0:
-            i = pair_slot(nodes[v, PARENT], nodes[v, TOKEN], mask)
-            while table[i] != 0:
-                i = (i + 1) & mask
-            table[i] = v
+    # 5. rebuild the hash table (no live node lies above S_HIGH)
+    rehash(nodes, table, state)
     return cap - state[S_N_LIVE] >= max_n
 
 
