@@ -349,6 +349,15 @@ def _has_nan(row):
     return bad
 
 
+@njit(cache=True, nogil=True)
+def _first_nan(row):
+    """The index of the first NaN of ``row``, which holds one (:func:`_has_nan`): ``torch.argmax``'s answer then."""
+    i = 0
+    while row[i] == row[i]:
+        i += 1
+    return i
+
+
 @njit(cache=True, nogil=True, fastmath={"nnan"})
 def _block_maxima(row, out):
     """Each block of :data:`_BLOCK` logits' maximum into ``out`` float32[>= ceil(V / _BLOCK)], for a row without
@@ -420,10 +429,7 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals):
         ids[j] = -1
     if _has_nan(row):  # the whole row, and the first NaN is the argmax
         _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
-        nan = 0
-        while row[nan] == row[nan]:
-            nan += 1
-        return nan
+        return _first_nan(row)
     _block_maxima(row, maxima)
     low = -np.inf
     if nb >= k:  # the k-th largest block maximum (nb >= k of them offered: every slot is written)
@@ -497,10 +503,7 @@ def _row_argmax(row, maxima):
     Example: ``[1., 5., 3., 5.]`` -> 1; ``[1., nan, 7.]`` -> 1."""
     v = row.shape[0]
     if _has_nan(row):
-        first = 0
-        while row[first] == row[first]:
-            first += 1
-        return first
+        return _first_nan(row)
     _block_maxima(row, maxima)
     nb = (v + _BLOCK - 1) // _BLOCK
     best = 0

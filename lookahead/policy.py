@@ -160,7 +160,7 @@ class DraftPolicy:
                     proposals.append((source.origin, p))
             if not proposals and self.budget is not None:  # priced, as every node
                 for source in self._fallback:
-                    p = source.propose(context, source.max_nodes, min(source.max_depth, room))
+                    p = source.propose(context, min(source.max_nodes, self.step_nodes), min(source.max_depth, room))
                     if p is not None:
                         proposals.append((source.origin, p))
         # at most step_nodes nodes: without a budget the shallowest (cut in the merge), else the most probable
