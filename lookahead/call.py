@@ -437,6 +437,29 @@ def read_rows(setup: CallSetup, logits: torch.Tensor, argmax_rows: np.ndarray | 
     return (logits.argmax(-1).cpu().numpy() if argmax_rows is not None else None), tops
 
 
+_NO_BANS = np.zeros(0, np.int64)
+
+
+def greedy_row(setup: CallSetup, logits: torch.Tensor, draft: Draft, rows: int, length: int, k: int):
+    """One row's greedy verdict on a CPU and its rows' readout, in one kernel call (``kernels.greedy_row``: what
+    :func:`read_rows`, :meth:`TokenBans.apply` and :func:`greedy_verdicts` do, without their separate calls):
+    ``logits`` float[q, V] (the root's row, the draft's nodes', then ``rows - 1 - len(draft)`` window rows),
+    ``length`` the sequence's length before the step, ``k`` > 0 the top-k read from the root's and nodes' rows.
+    Returns (verdict, or None when the token bans need the scores processed; argmax int64[1, q] of the first
+    ``rows`` rows (banned ids ruled out on the verified ones); (ids int64[1, q, k], logits float32[1, q, k])).
+    """
+    q, v = logits.shape
+    arr = (logits.detach() if logits.requires_grad else logits).numpy()[None]  # [1, q, V] float32, read only
+    argmax = np.empty((1, q), np.int64)
+    ids, vals = np.empty((1, q, k), np.int64), np.empty((1, q, k), np.float32)
+    bans = setup.bans
+    rules = (_NO_BANS,) * 4 if bans is None else (bans.ids, bans.offsets, bans.lo, bans.hi)
+    decided, nodes, tokens = K.greedy_row(arr, rows, k, draft.tokens, draft.parents, draft.depth, length, *rules,
+                                          argmax, ids, vals)
+    verdict = Verdict(nodes.tolist(), tokens.tolist()) if decided else None
+    return verdict, argmax, (ids, vals)
+
+
 def tree_arrays(drafts: list[Draft]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens int64[b, w], parents int64[b, w], counts int64[b]) of every row's tree, padded to the widest."""
     counts = np.array([len(d) for d in drafts], dtype=np.int64)

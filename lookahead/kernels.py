@@ -630,6 +630,41 @@ def apply_bans(argmax, ids, vals, counts, lengths, ban_ids, ban_offsets, ban_lo,
     return True
 
 
+@njit(cache=True, nogil=True)
+def greedy_row(logits, rows, k, tokens, parents, depth, length, ban_ids, ban_offsets, ban_lo, ban_hi, argmax, ids,
+               vals):
+    """One row's greedy step verified from its logits in one call: :func:`rows_top`, then (when there are ban
+    rules) :func:`apply_bans`, then :func:`greedy_walk`.
+
+    ``logits`` float32[1, q, V]: the root's row, the draft's ``n`` nodes' (``tokens`` / ``parents`` / ``depth``
+    int64[n]), then window rows; the first ``rows`` (``1 + n`` and the window's) get their argmax into
+    ``argmax`` int64[1, q], the first ``1 + n`` their top ``k`` into ``ids`` int64[1, q, k] / ``vals``
+    float32[1, q, k]. ``length``: the sequence's length before the step (the root row follows it, node ``j``'s
+    row ``length + depth[j]`` tokens). Rules ``ban_*`` as :func:`apply_bans`'s (empty: none). Returns (decided,
+    accepted nodes int64[a], emitted tokens int64[a + 1]); not decided (a row whose bans its top-k cannot settle:
+    the caller processes its scores), both empty.
+
+    Example: logits rows with argmax ``[5, 9, 4]``, tokens ``[5, 7]``, parents ``[-1, -1]``, no bans -> (True,
+    ``[0]``, ``[5, 9]``).
+    """
+    n = tokens.shape[0]
+    top_rows = np.empty(1, np.int64)
+    top_rows[0] = n + 1
+    arg_rows = np.empty(1, np.int64)
+    arg_rows[0] = rows
+    rows_top(logits, arg_rows, top_rows, k, argmax, ids, vals)
+    if ban_lo.shape[0]:
+        lengths = np.empty((1, n + 1), np.int64)
+        lengths[0, 0] = length
+        for j in range(n):
+            lengths[0, 1 + j] = length + depth[j]
+        if not apply_bans(argmax, ids, vals, top_rows, lengths, ban_ids, ban_offsets, ban_lo, ban_hi):
+            none = np.empty(0, np.int64)
+            return False, none, none
+    nodes, out = greedy_walk(argmax[0], tokens, parents)
+    return True, nodes, out
+
+
 @njit(cache=True)
 def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
     """One step's additive mask written in place into a preallocated buffer ``mask`` [rows, columns] (any

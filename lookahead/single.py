@@ -105,9 +105,7 @@ class SingleCall:
                 check_rollbackable(self.cache)
                 checked = True
             t2 = clock()
-            argmax, tops = call.read_rows(setup, logits[None], np.array([rows + 1]) if setup.argmax_verdicts else None,
-                                          np.array([n + 1]), call.top_width(setup, k))
-            verdict, window_argmax = self.verify(logits, draft, argmax, tops)
+            verdict, window_argmax, tops = self.verify(logits, draft, k)
             t3 = clock()
             n_emit, done = self.emit(verdict)
             n_acc = min(len(verdict.nodes), n_emit)
@@ -150,22 +148,40 @@ class SingleCall:
         """One forward; the float logits [keep, V] of its last ``keep`` query rows."""
         return call.forward(self.setup, self.stats, ids, pos, mask, keep)[0]
 
-    def verify(self, logits: torch.Tensor, draft: Draft, argmax: np.ndarray | None, tops
-               ) -> tuple[Verdict, np.ndarray | None]:
-        """(the verdict, the window rows' argmax int64[m] or None). ``argmax`` int64[1, q]: every row's, when the
-        verdict needs nothing else (``CallSetup.argmax_verdicts``: :func:`call.read_rows` made the one host round trip);
-        with token bans, turned into the processed argmax from the rows' top-k (``tops``) first."""
-        n = len(draft)
+    def verify(self, logits: torch.Tensor, draft: Draft, k: int) -> tuple[Verdict, np.ndarray | None, tuple | None]:
+        """(the verdict, the window rows' argmax int64[m] or None, the top-``k`` (ids, logits) of the root's and
+        nodes' rows or None when ``k`` is 0) from the step's ``logits`` [1 + n + m, V].
+
+        Greedy (``CallSetup.argmax_verdicts``) on a CPU with rows to read top-k from: one kernel call
+        (:func:`call.greedy_row`); else the rows are read (:func:`call.read_rows`: one host round trip) and with
+        token bans every row's argmax becomes the processed argmax from its top-k. Scores the bans cannot settle,
+        sampling and other processors take the processed verdict."""
+        n, rows = len(draft), draft.rows
         setup = self.setup
+        width = call.top_width(setup, k)
+        if setup.argmax_verdicts and setup.on_cpu and width:
+            verdict, argmax, tops = call.greedy_row(setup, logits, draft, rows + 1, self.length, width)
+            window_argmax = argmax[0, n + 1 : rows + 1] if draft.window is not None else None  # no ban touches them
+            if verdict is not None:
+                return verdict, window_argmax, tops
+            return self.processed(logits, draft), window_argmax, tops
+        argmax, tops = call.read_rows(setup, logits[None], np.array([rows + 1]) if setup.argmax_verdicts else None,
+                                      np.array([n + 1]), width)
+        window_argmax = None
         if setup.argmax_verdicts:
             # int64[m], a copy: the token bans below rewrite ``argmax`` in place (its verified rows)
             window_argmax = argmax[0, n + 1 :].copy() if draft.window is not None else None
             if setup.bans is None or setup.bans.apply(argmax, tops, np.array([n + 1]), self.row_lengths(draft)):
-                return call.greedy_verdicts(argmax, [draft])[0], window_argmax
+                return call.greedy_verdicts(argmax, [draft])[0], window_argmax, tops
+        if draft.window is not None and window_argmax is None:
+            window_argmax = logits[n + 1 :].argmax(-1).cpu().numpy()
+        return self.processed(logits, draft), window_argmax, tops
+
+    def processed(self, logits: torch.Tensor, draft: Draft) -> Verdict:
+        """The verdict from the step's processed scores (processors, sampling, kept scores)."""
+        n = len(draft)
         uniforms = self.uniforms.take(self.stats.new_tokens, n + 1) if self.uniforms is not None else None
-        verdict = call.processed_verdict(setup, logits, draft, self.seq[:, : self.length], self.processors, uniforms)
-        window_argmax = logits[n + 1 :].argmax(-1).cpu().numpy() if draft.window is not None else None
-        return verdict, window_argmax
+        return call.processed_verdict(self.setup, logits, draft, self.seq[:, : self.length], self.processors, uniforms)
 
     def row_lengths(self, draft: Draft) -> np.ndarray:
         """int64[1, 1 + n]: the sequence length each verified row's logits follow (its root's, then each node's)."""

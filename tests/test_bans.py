@@ -43,6 +43,46 @@ def test_apply_bans_takes_the_first_allowed_token_and_says_when_it_cannot():
     assert not K.apply_bans(argmax, ids, vals, np.array([1]), np.array([[6, 8]]), *ban)
 
 
+def _row(argmax_of_rows, vocab=10, second=None):
+    """float32[1, q, vocab] logits whose row ``i`` has its maximum 3 at ``argmax_of_rows[i]`` and, when given, 2 at
+    ``second[i]`` (else at the next id): a row's top-2 is (argmax, second)."""
+    q = len(argmax_of_rows)
+    logits = np.zeros((1, q, vocab), np.float32)
+    for i, a in enumerate(argmax_of_rows):
+        logits[0, i, a] = 3.0
+        logits[0, i, (a + 1) % vocab if second is None else second[i]] = 2.0
+    return logits
+
+
+def _greedy_row(logits, rows, k, tokens, parents, length, ban):
+    q = logits.shape[1]
+    tokens, parents = np.array(tokens, np.int64), np.array(parents, np.int64)
+    depth = np.zeros(len(tokens), np.int64)
+    for j, p in enumerate(parents):
+        depth[j] = 1 if p < 0 else depth[p] + 1
+    argmax, ids, vals = np.empty((1, q), np.int64), np.empty((1, q, k), np.int64), np.empty((1, q, k), np.float32)
+    decided, nodes, out = K.greedy_row(logits, rows, k, tokens, parents, depth, length, *ban, argmax, ids, vals)
+    return decided, nodes.tolist(), out.tolist(), argmax[0, :rows].tolist(), ids[0, : len(tokens) + 1].tolist()
+
+
+def test_greedy_row_reads_bans_and_walks_in_one_call():
+    none = (np.zeros(0, np.int64),) * 4
+    # root argmax 5 -> node 0 (5), its row's argmax 9: no child 9 -> emits [5, 9]; row 3 is a window row
+    logits = _row([5, 9, 4, 7])
+    assert _greedy_row(logits, 4, 2, [5, 7], [-1, -1], 20, none) == (
+        True, [0], [5, 9], [5, 9, 4, 7], [[5, 6], [9, 0], [4, 5]])
+    # the same rows with id 9 banned while the length is below 22: node 0's row (length 21) emits its second, 0
+    ban = (np.array([9]), np.array([0, 1]), np.array([0]), np.array([22]))
+    assert _greedy_row(logits, 4, 2, [5, 7], [-1, -1], 20, ban)[:4] == (True, [0], [5, 0], [5, 0, 4, 7])
+    # at length 21 the root row is 21 long and node 0's 22: the ban holds for neither of 5 / 9
+    assert _greedy_row(logits, 4, 2, [5, 7], [-1, -1], 21, ban)[:3] == (True, [0], [5, 9])
+    # a chain the rows agree with: 5 -> 9 -> 4 accepted, then the bonus token 7
+    assert _greedy_row(logits, 4, 2, [5, 9, 4], [-1, 0, 1], 20, none)[:3] == (True, [0, 1, 2], [5, 9, 4, 7])
+    # the root's top-2 both banned: undecided, the caller processes the scores
+    ban = (np.array([5, 6]), np.array([0, 2]), np.array([0]), np.array([100]))
+    assert _greedy_row(logits, 4, 2, [5, 7], [-1, -1], 20, ban)[:3] == (False, [], [])
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_min_new_tokens_with_eos_likely_is_exact_on_the_fast_path(tiny_models, arch, monkeypatch):
     model = tiny_models(arch)

@@ -51,9 +51,9 @@ def main() -> None:
     steps: list[dict] = []
     merge, learn = policy_module.merge_proposals, policy_module.DraftPolicy.learn
 
-    def merge_logged(proposals, window=None):
+    def merge_logged(proposals, *a, **k):
         steps.append({"proposals": [(o, p.tokens.copy(), p.parents.copy()) for o, p in proposals]})
-        return merge(proposals, window)
+        return merge(proposals, *a, **k)
 
     def learn_logged(self, draft, accepted_nodes, emitted, *a, **k):
         steps[-1].update(kept=(draft.tokens.copy(), draft.parents.copy()), accepted=len(accepted_nodes),
