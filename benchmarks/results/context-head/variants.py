@@ -7,7 +7,8 @@
 SmolLM2-135M (bundled), fp32, one torch thread, greedy, 128 new tokens, a fresh decoder per prompt, the flat curve
 of ``benchmarks.heads`` and the heads' cost pinned at 0.3 ms + 0.1 ms per level (as ``benchmarks.heads --heads-cost
 0.0003,0.0001``). A variant: ``config`` (LookaheadConfig fields), ``heads`` (null: none; ``{}``: the bundled
-feature heads; ``kind``, ``dir``: a training run's folder; other keys: HeadsSettings fields). Plain ``generate``'s
+feature heads; ``kind``, ``dir``: a training run's folder; other keys: HeadsSettings fields); a ``cost_curve`` in
+``config`` replaces the flat curve. Plain ``generate``'s
 outputs are kept in ``--cache`` so that later runs only decode the variants; every output is checked against them.
 """
 
@@ -60,7 +61,7 @@ def main() -> None:
                     kind, folder = h.pop("kind", "feature"), h.pop("dir", None)
                     heads = (DraftHeads.load(f"{folder}/{kind}", cost=HEADS_COST, **h) if folder else
                              DraftHeads.bundled(kind, cost=HEADS_COST, **h))
-                decoder = LookaheadDecoder(LookaheadConfig(cost_curve=FLAT_CURVE, **v.get("config", {})), heads=heads)
+                decoder = LookaheadDecoder(LookaheadConfig(**{"cost_curve": FLAT_CURVE, **v.get("config", {})}), heads=heads)
                 out = model.generate(**inputs, max_new_tokens=args.tokens, do_sample=False, custom_generate=decoder)
                 new = out.shape[1] - inputs["input_ids"].shape[1]
                 tokens, calls = tokens + new, calls + decoder.stats.target_calls
