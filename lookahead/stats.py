@@ -72,8 +72,9 @@ class DecodeStats:
             for o, count in enumerate(np.bincount(draft.origin).tolist()):
                 if count:
                     self.drafted_by_origin[ORIGINS[o]] += count
-            if len(accepted):  # counted by Counter's own loop (in C)
-                self.accepted_by_origin.update(map(ORIGINS.__getitem__, draft.origin[accepted].tolist()))
+            if len(accepted):
+                for o in draft.origin[accepted].tolist():
+                    self.accepted_by_origin[ORIGINS[o]] += 1
         self.new_tokens += emitted
         self.time_propose += t_propose
         self.time_forward += t_forward
