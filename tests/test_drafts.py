@@ -369,13 +369,18 @@ def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypa
 
     model = tiny_models("qwen2")
     calls = []  # (rows whose top-k is read, k) of each pass over the logits
-    real = kernels_module.rows_top
+    real, real_step = kernels_module.rows_top, kernels_module.greedy_row
 
     def spy(logits, argmax_rows, top_rows, k, argmax, ids, vals):
         calls.append((int(top_rows.sum()), k))
         return real(logits, argmax_rows, top_rows, k, argmax, ids, vals)
 
+    def spy_step(logits, rows, k, tokens, *rest):  # a greedy CPU step's readout and verdict in one call
+        calls.append((len(tokens) + 1, k))
+        return real_step(logits, rows, k, tokens, *rest)
+
     monkeypatch.setattr(kernels_module, "rows_top", spy)
+    monkeypatch.setattr(kernels_module, "greedy_row", spy_step)
     ids = torch.tensor([REPETITIVE])
     dec = LookaheadDecoder(recycle_k=0)
     model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
