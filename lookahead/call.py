@@ -448,7 +448,7 @@ def greedy_row(setup: CallSetup, logits: torch.Tensor, draft: Draft, rows: int, 
     Returns (verdict, or None when the token bans need the scores processed; argmax int64[1, q] of the first
     ``rows`` rows (banned ids ruled out on the verified ones); (ids int64[1, q, k], logits float32[1, q, k])).
     """
-    q, v = logits.shape
+    q = logits.shape[0]
     arr = (logits.detach() if logits.requires_grad else logits).numpy()[None]  # [1, q, V] float32, read only
     argmax = np.empty((1, q), np.int64)
     ids, vals = np.empty((1, q, k), np.int64), np.empty((1, q, k), np.float32)

@@ -43,14 +43,14 @@ def test_apply_bans_takes_the_first_allowed_token_and_says_when_it_cannot():
     assert not K.apply_bans(argmax, ids, vals, np.array([1]), np.array([[6, 8]]), *ban)
 
 
-def _row(argmax_of_rows, vocab=10, second=None):
-    """float32[1, q, vocab] logits whose row ``i`` has its maximum 3 at ``argmax_of_rows[i]`` and, when given, 2 at
-    ``second[i]`` (else at the next id): a row's top-2 is (argmax, second)."""
+def _row(argmax_of_rows, vocab=10):
+    """float32[1, q, vocab] logits whose row ``i`` has 3 at ``argmax_of_rows[i]``, 2 at the next id and 0 elsewhere:
+    a row's top-2 is (its argmax, the next id)."""
     q = len(argmax_of_rows)
     logits = np.zeros((1, q, vocab), np.float32)
     for i, a in enumerate(argmax_of_rows):
         logits[0, i, a] = 3.0
-        logits[0, i, (a + 1) % vocab if second is None else second[i]] = 2.0
+        logits[0, i, (a + 1) % vocab] = 2.0
     return logits
 
 
