@@ -161,20 +161,16 @@ class SingleCall:
         width = call.top_width(setup, k)
         if setup.argmax_verdicts and setup.on_cpu and width:
             verdict, argmax, tops = call.greedy_row(setup, logits, draft, rows + 1, self.length, width)
-            window_argmax = argmax[0, n + 1 : rows + 1] if draft.window is not None else None  # no ban touches them
-            if verdict is not None:
-                return verdict, window_argmax, tops
-            return self.processed(logits, draft), window_argmax, tops
+            window_argmax = argmax[0, n + 1 :] if draft.window is not None else None  # bans rewrite verified rows only
+            return (verdict if verdict is not None else self.processed(logits, draft)), window_argmax, tops
         argmax, tops = call.read_rows(setup, logits[None], np.array([rows + 1]) if setup.argmax_verdicts else None,
                                       np.array([n + 1]), width)
-        window_argmax = None
         if setup.argmax_verdicts:
-            # int64[m], a copy: the token bans below rewrite ``argmax`` in place (its verified rows)
-            window_argmax = argmax[0, n + 1 :].copy() if draft.window is not None else None
+            window_argmax = argmax[0, n + 1 :] if draft.window is not None else None  # bans rewrite verified rows only
             if setup.bans is None or setup.bans.apply(argmax, tops, np.array([n + 1]), self.row_lengths(draft)):
                 return call.greedy_verdicts(argmax, [draft])[0], window_argmax, tops
-        if draft.window is not None and window_argmax is None:
-            window_argmax = logits[n + 1 :].argmax(-1).cpu().numpy()
+            return self.processed(logits, draft), window_argmax, tops
+        window_argmax = logits[n + 1 :].argmax(-1).cpu().numpy() if draft.window is not None else None
         return self.processed(logits, draft), window_argmax, tops
 
     def processed(self, logits: torch.Tensor, draft: Draft) -> Verdict:
