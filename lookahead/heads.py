@@ -59,6 +59,7 @@ from torch import nn
 from .context_head import ContextCache, ContextLayer, attend, attention_heads, rms
 from .draft import HEADS
 from .source import DraftSource, Proposal
+from .tree import tree_depths
 
 FORMAT = "lookahead-draft-heads"
 VERSION = 3  # the newest format read; 2 adds each Medusa head's own output layer (``own_outputs``), 3 the context head
@@ -714,14 +715,6 @@ class HeadsSource(DraftSource):
                 "proposals": s.proposals, "nodes": s.nodes, "seconds": s.seconds, "steps": s.steps,
                 "drafting_steps": s.drafting_steps,
                 "mean_reached": float(np.mean(s.reached)) if s.reached else 0.0}
-
-
-def tree_depths(parents: np.ndarray) -> np.ndarray:
-    """int64[n] depth of each node of a parent-first tree (the root's children: 1)."""
-    depth = np.zeros(len(parents), np.int64)
-    for i, p in enumerate(parents.tolist()):
-        depth[i] = 1 if p < 0 else depth[p] + 1
-    return depth
 
 
 def tree_reach(tokens: np.ndarray, parents: np.ndarray, emitted: np.ndarray) -> int:

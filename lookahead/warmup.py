@@ -127,6 +127,16 @@ def exercise_store() -> None:
     index.propose(4, 4, 2, 2)
 
 
+def exercise_trees() -> None:
+    """The tree helpers a decode reaches only on some paths (a draft built from bare parents, the heads'
+    reach): depth and rank of a small parent-first tree."""
+    import numpy as np
+
+    from .tree import tree_depth_rank
+
+    tree_depth_rank(np.array([-1, -1, 0, 0, 1], dtype=np.int64))
+
+
 def compile_kernels(progress: bool = False) -> dict:
     """Compile (or load from Numba's cache) every kernel of the package; returns ``{"seconds", "compiled",
     "loaded", "kernels", "missed"}``. ``progress``: a progress bar over the workloads when stderr is a
@@ -138,6 +148,7 @@ def compile_kernels(progress: bool = False) -> dict:
     steps = [(f"{name} ({dtype})", dtype, s, g, r) for dtype in DTYPES for name, s, g, r in workloads()]
     models = {}
     exercise_store()
+    exercise_trees()
     bar = tqdm(steps, desc="kernels", unit="run", leave=False, file=sys.stderr,
                disable=None if progress else True)  # None: drawn on a terminal only, never into a log
     for label, dtype, settings, generate, rows in bar:
