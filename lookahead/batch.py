@@ -515,7 +515,7 @@ class BatchCall:
         k = max((row.policy.recycle_k for row in rows if not row.done), default=0)
         if self.cost is None or not any(len(d) for d in drafts):
             return drafts, k
-        probs = [row.policy.budget.node_probabilities(d) if len(d) else np.zeros(0) for row, d in zip(rows, drafts)]
+        probs = [row.policy.budget.probabilities_of(d) for row, d in zip(rows, drafts)]
         live = [row for row in rows if not row.done]
         gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for row, pr in zip(rows, probs) if not row.done]
         widest = max(len(d) for d in drafts)

@@ -96,6 +96,7 @@ class Budget:
         self.window_gain = tuning.window_gain_start
         self._since_window = 0
         self.prober = Prober(tuning.probe_every)
+        self._planned: tuple[Draft, np.ndarray] | None = None  # the last plan's draft and its nodes' probabilities
 
     @property
     def drafting_can_pay(self) -> bool:
@@ -112,6 +113,15 @@ class Budget:
         belief's scale when ``scaled`` (unscaled: the same order, for ranking nodes)."""
         probs = self.acceptance.node_probabilities(draft)
         return probs * self.belief.scale() if scaled else probs
+
+    def probabilities_of(self, draft: Draft) -> np.ndarray:
+        """:meth:`node_probabilities` of ``draft``, read from the last :meth:`plan` when ``draft`` is the draft it
+        returned (a kept node's probability is its own and its kept ancestors', the same in the kept tree), so a
+        batch that weighs its rows' planned drafts does not compute them twice."""
+        planned = self._planned
+        if planned is not None and planned[0] is draft:
+            return planned[1]
+        return self.node_probabilities(draft) if len(draft) else np.zeros(0)
 
     def plan(self, draft: Draft, max_nodes: int | None = None) -> Draft:
         """The part of ``draft`` worth verifying this step (nodes kept, window kept or dropped), at most
@@ -136,7 +146,9 @@ class Budget:
         if n and self.prober.due(bool(len(keep))):
             keep = np.argsort(-probs, kind="stable")[:1]  # the most probable node is a root child
         draft = draft.keep(keep)
-        return draft if use_window else draft.without_window()
+        draft = draft if use_window else draft.without_window()
+        self._planned = (draft, probs[keep])
+        return draft
 
     def record(self, draft: Draft, accepted_nodes: Sequence[int], rows: int = 0, seconds: float = 0.0) -> None:
         """Learn from one verified step of ``draft`` (as verified); ``rows`` new tokens went through a

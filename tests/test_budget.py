@@ -324,6 +324,26 @@ def test_plan_with_a_node_cap_equals_cutting_to_the_most_probable_first(window_r
         assert got.n_window_rows == want.n_window_rows and len(got) <= cap
 
 
+@pytest.mark.parametrize("window_rows", [0, 6])
+def test_the_planned_drafts_probabilities_are_read_back_not_recomputed(window_rows):
+    """``Budget.probabilities_of`` gives the probabilities ``node_probabilities`` computes for the draft ``plan``
+    returned (each kept node's own), from the plan itself; any other draft's are computed."""
+    rng = np.random.default_rng(2)
+    for trial in range(40):
+        n = int(rng.integers(1, 30))
+        parents = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)])
+        draft = _draft(parents, match=int(rng.integers(1, 4)), window_rows=window_rows)
+        budget = Budget(FLAT if trial % 3 else STEEP)
+        budget.record(draft, [0] if trial % 2 else [])
+        planned = budget.plan(draft, int(rng.integers(1, n + 2)))
+        got = budget.probabilities_of(planned)
+        assert budget.probabilities_of(planned) is got  # read back: a computation would make a new array
+        np.testing.assert_array_equal(got, budget.node_probabilities(planned) if len(planned) else np.zeros(0))
+        other = draft.keep(np.arange(min(2, n)))  # parents come first: closed under parents
+        if other is not planned:
+            np.testing.assert_array_equal(budget.probabilities_of(other), budget.node_probabilities(other))
+
+
 def test_choose_with_window_is_choose_twice_from_one_sort():
     order, k, rate, k_w, rate_w = K.choose_with_window(np.array([0.9, 0.8, 0.1]),
                                                        np.array([9.0, 1.0, 1.1, 1.2, 2.0, 2.1, 2.2]), 2, 1.5, 1.05, 3)
