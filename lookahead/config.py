@@ -27,12 +27,21 @@ WINDOW_AUTO_COST = 1.5
 this many one-token steps on the call's cost curve: its rows then cost little beside what they find. A CPU's
 curve (a 64-row step several one-token steps) keeps it off."""
 
-STEP_NODES_AUTO = (63, 127)
-"""``step_nodes="auto"``: a step verifies at most 63 draft nodes, or 127 where the call's cost curve prices a step
+STEP_NODES_AUTO = (63, 255)
+"""``step_nodes="auto"``: a step verifies at most 63 draft nodes, or more where the call's cost curve prices a step
 of all the rows they (and the window, when it runs) add at most :data:`STEP_NODES_WIDE_COST` one-token steps: a
-GPU's. On the flat (GPU-like) curve, 8 prompts per workload, 127 nodes gave 2.84 / 4.88 / 5.09 tokens per call
-on chat / code editing / code completion with the bundled heads, against 2.65 / 4.65 / 4.86 with 63
-(``benchmarks/results/wide-steps.md``); a CPU's curve keeps 63, and so does what the calibration measures."""
+GPU's. The wider counts are tried widest first (:data:`STEP_NODES_LEVELS`). On the flat (GPU-like) curve, 8 prompts
+per workload, 127 nodes gave 2.84 / 4.88 / 5.09 tokens per call on chat / code editing / code completion with the
+bundled heads, against 2.65 / 4.65 / 4.86 with 63 (``benchmarks/results/wide-steps.md``); a CPU's curve keeps 63,
+and so does what the calibration measures."""
+
+STEP_NODES_LEVELS = (255, 127)
+"""The wider step sizes ``step_nodes="auto"`` tries, widest first. At the widest the draft sources draft wider
+trees too (``DraftSource.limits``: the n-gram trie and the copy index twice the nodes, the model's predictions
+twice the nodes and half again the depth, trained heads twice the nodes, 10 deep, 12 paths wide). On the flat curve
+with the bundled heads that gave, over 127 nodes, 2.89 -> 3.08 / 4.99 -> 5.20 / 5.29 -> 5.50 tokens per call on
+chat / code editing / code completion, and 3.46 -> 3.59 / 8.22 -> 8.73 / 4.87 -> 5.20 on 8 other prompts per
+workload; neither the 255 nodes nor the wider trees alone had helped (``benchmarks/results/wide-steps.md``)."""
 
 STEP_NODES_WIDE_COST = 1.25
 """See :data:`STEP_NODES_AUTO`."""
@@ -121,8 +130,9 @@ class LookaheadConfig:
     All sources together:
 
     - ``step_nodes``: most draft tokens one step verifies (the most probable ones are kept). ``"auto"``
-      (default): 63 (64 rows per forward with the last token), or 127 where the call's cost curve is flat that
-      far (:data:`STEP_NODES_AUTO`; never in a batch or on a static cache's buckets).
+      (default): 63 (64 rows per forward with the last token), or 255 or 127 where the call's cost curve is flat
+      that far (:data:`STEP_NODES_AUTO`, :data:`STEP_NODES_LEVELS`: at 255 the sources draft wider trees too;
+      never in a batch, nor past a static cache's largest bucket).
 
     Example::
 

@@ -71,6 +71,8 @@ BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "head
 
 FEATURE_DEPTH = 6
 """A feature head's default draft depth (trained 4 levels deep, its levels 5 and 6 still add accepted tokens)."""
+WIDE_DEPTH, WIDE_WIDTH = 10, 12
+"""A heads tree in the widest steps (``config.STEP_NODES_LEVELS``): at least this deep and this many paths wide."""
 
 PROBE_ENTRIES = 64
 """LM-head weights the fingerprint keeps as numbers: the same weights in another precision match them."""
@@ -212,7 +214,8 @@ def confidence_bucket(p: np.ndarray, edges: tuple[float, float] = (0.25, 0.6)) -
 class HeadsSettings:
     """How a :class:`HeadsSource` drafts: at most ``max_nodes`` nodes (also capped by the decoder's
     ``step_nodes`` as the call resolves it: 127 on a flat cost curve, where the wider tree measured 3.9% more
-    tokens per call on code completion, 63 elsewhere) ``max_depth`` deep (0: the Medusa heads' K; for a feature
+    tokens per call on code completion, 63 elsewhere; in the widest steps, 255, twice the nodes, at least
+    :data:`WIDE_DEPTH` deep and :data:`WIDE_WIDTH` wide: ``HeadsSource.limits``) ``max_depth`` deep (0: the Medusa heads' K; for a feature
     head, which runs on past the depth it was trained to, ``FEATURE_DEPTH`` or K if deeper), ``topk`` candidates
     per head or per expanded node,
     ``width`` paths expanded per level (feature heads), and ``cost``: the heads' own seconds per step as
@@ -595,15 +598,28 @@ class HeadsSource(DraftSource):
         self.heads, self.max_nodes, self.max_depth = heads, max_nodes, max_depth
         self.topk, self.width, self.given_cost = topk, width, cost
         self.cost = cost or (0.0, 0.0)
+        self._model = None  # the model the cost is measured on (once per tree shape: :meth:`_price`)
         self.bound: Bound | None = None
         self.hidden: torch.Tensor | None = None
         self.cache: ContextCache | None = None  # a context head's answer so far
         self.last = -1
         self._tree: tuple[np.ndarray, np.ndarray] | None = None  # (tokens, parents) of the last proposal
-        self._reach = np.zeros(max_depth)  # decayed counts per depth: reached given the parent was
-        self._tried = np.zeros(max_depth)
+        deepest = max(max_depth, WIDE_DEPTH)
+        self._reach = np.zeros(deepest)  # decayed counts per depth: reached given the parent was
+        self._tried = np.zeros(deepest)
         self._idle, self._probe = 0, self.probe_every[0]
         self.stats = HeadsStats()
+
+    wide_nodes = 2  # config.STEP_NODES_LEVELS
+
+    def limits(self) -> tuple[int, int]:
+        if self.wide:
+            return self.wide_nodes * self.max_nodes, max(self.max_depth, WIDE_DEPTH)
+        return self.max_nodes, self.max_depth
+
+    def paths(self) -> int:
+        """The paths a feature or context head's tree expands per level in this call's steps."""
+        return max(self.width, WIDE_WIDTH) if self.wide else self.width
 
     @property
     def alphas(self) -> np.ndarray:
@@ -615,14 +631,7 @@ class HeadsSource(DraftSource):
         if model is None:
             raise ValueError("trained draft heads need the target model at start")
         self.bound = bind(self.heads, model)  # raises ValueError for another model, before any forward
-        if self.given_cost is None:
-            costs = _COSTS.setdefault(model, {})
-            h = self.heads  # the cost depends on the heads' shapes and the tree's size, not on their weights
-            key = (h.kind, h.num_heads, h.hidden_size, h.ffn, len(h.vocab_ids), h.own_outputs, str(self.bound.device),
-                   self.max_nodes, self.max_depth, self.topk, self.width)
-            if key not in costs:
-                costs[key] = measure_cost(self)
-            self.cost = costs[key]
+        self._model = model
         self.hidden = None
         self.cache = ContextCache() if self.heads.kind == "context" else None
         self.last = int(prompt[-1]) if len(prompt) else -1
@@ -642,11 +651,26 @@ class HeadsSource(DraftSource):
         base, per = self.cost
         return base + per * np.asarray(depth, dtype=np.float64)
 
+    def _price(self) -> None:
+        """The heads' own cost for this call's tree shape (:meth:`limits`, :meth:`paths`), measured once per model
+        and shape (``measure_cost``) unless given; after :meth:`start`, once the policy has set :attr:`wide`."""
+        if self.given_cost is not None or self._model is None:
+            return
+        costs = _COSTS.setdefault(self._model, {})
+        h = self.heads  # the cost depends on the heads' shapes and the tree's size, not on their weights
+        key = (h.kind, h.num_heads, h.hidden_size, h.ffn, len(h.vocab_ids), h.own_outputs, str(self.bound.device),
+               *self.limits(), self.topk, self.paths())
+        if key not in costs:
+            costs[key] = measure_cost(self)
+        self.cost = costs[key]
+
     def priced_depth(self, depth: int, cost, margin: float = 1.05) -> int:
         """How deep to draft this step on the cost curve ``cost`` (a ``CostModel``; None: ``depth``), see the
         module docstring; a probe of at most 2 every so many steps while drafting does not pay."""
+        if self.stats.steps == 0:  # this call's first step: its tree shape is known now
+            self._price()
         self.stats.steps += 1
-        depth = min(depth, self.max_depth)
+        depth = min(depth, self.limits()[1])
         if cost is None or depth <= 0:
             return depth
         d = np.arange(1, depth + 1)
@@ -666,7 +690,8 @@ class HeadsSource(DraftSource):
         """A tree from the last observed hidden state (None before the first one)."""
         if self.bound is None or (self.hidden is None and self.cache is None):
             return None
-        depth, nodes = min(max_depth, self.max_depth), min(max_nodes, self.max_nodes)
+        most_nodes, deepest = self.limits()
+        depth, nodes = min(max_depth, deepest), min(max_nodes, most_nodes)
         if depth <= 0 or nodes <= 0:
             return None
         last = int(context[-1]) if len(context) else self.last
@@ -675,12 +700,12 @@ class HeadsSource(DraftSource):
             if self.cache is not None:
                 if not self.cache.flush(self.bound.net.context, self.bound.embed_tokens):
                     return None
-                tokens, parents, cond = context_propose(self.bound, self.cache, nodes, depth, self.topk, self.width)
+                tokens, parents, cond = context_propose(self.bound, self.cache, nodes, depth, self.topk, self.paths())
             elif self.heads.kind == "medusa":
                 tokens, parents, cond = medusa_propose(self.bound, self.hidden, nodes, depth, self.topk)
             else:
                 tokens, parents, cond = feature_propose(self.bound, self.hidden, last, nodes, depth, self.topk,
-                                                        self.width)
+                                                        self.paths())
         self.stats.seconds += time.perf_counter() - t
         if not len(tokens):
             return None
@@ -862,7 +887,7 @@ def measure_cost(source: HeadsSource, repeats: int = 5, context: int = 128, acce
 
     queue(context)
     sync = torch.cuda.synchronize if bound.device.type == "cuda" else (lambda: None)
-    full = source.max_depth
+    most_nodes, full = source.limits()
     best = {}
     stats = source.stats
     try:
@@ -871,7 +896,7 @@ def measure_cost(source: HeadsSource, repeats: int = 5, context: int = 128, acce
                 queue(accepted)
                 sync()
                 t = time.perf_counter()
-                source.propose(np.array([0], np.int64), source.max_nodes, depth)
+                source.propose(np.array([0], np.int64), most_nodes, depth)
                 sync()
                 best[depth] = min(best.get(depth, float("inf")), time.perf_counter() - t)
     finally:

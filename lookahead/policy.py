@@ -24,7 +24,7 @@ import numpy as np
 
 from .budget import Budget
 from .cache import NgramTrie
-from .config import STEP_NODES_WIDE_COST, WINDOW_AUTO_COST, LookaheadConfig
+from .config import STEP_NODES_LEVELS, STEP_NODES_WIDE_COST, WINDOW_AUTO_COST, LookaheadConfig
 from .cost import CostModel
 from .draft import MEMORY, TRIE, Draft
 from .proposer import CopySource, FrequentSource, ModelSource, TrieSource, WindowSource, merge_proposals
@@ -101,8 +101,8 @@ class DraftPolicy:
         this call's choice, which for an ``"auto"`` window is known once :meth:`start` has seen the cost curve:
         before, the rows the calibration must measure)."""
         window = self.window_on if window is None else window and self.window is not None
-        others = sum(s.max_nodes for s in self._primary if s is not self.window or window)
-        drafted = min(max([others] + [s.max_nodes for s in self._fallback]), self.step_nodes)
+        others = sum(s.limits()[0] for s in self._primary if s is not self.window or window)
+        drafted = min(max([others] + [s.limits()[0] for s in self._fallback]), self.step_nodes)
         return 1 + drafted + (self.window.max_rows - self.window.max_nodes if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
@@ -122,20 +122,32 @@ class DraftPolicy:
         self.prompt_rows = self.model is not None and (cost is None or float(cost(64) / cost(1)) <= PROMPT_ROWS_COST)
         narrow, wide = self.config.step_nodes_range
         self.step_nodes = narrow
+        self._widen(False)
         self.window_on = self.window is not None and (
             self.config.window_width != "auto"
             or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= WINDOW_AUTO_COST))
-        if wide > narrow and cost is not None:  # "auto": the wide step where the curve is flat that far
-            self.step_nodes = wide
-            rows = self.max_rows()
-            if (limits.max_rows is not None and rows > limits.max_rows) or float(cost(rows) / cost(1)) > STEP_NODES_WIDE_COST:
+        if wide > narrow and cost is not None:  # "auto": the widest step the curve is flat that far for
+            for level in (n for n in STEP_NODES_LEVELS if narrow < n <= wide):
+                self.step_nodes = level
+                self._widen(level == STEP_NODES_LEVELS[0])
+                rows = self.max_rows()
+                if ((limits.max_rows is None or rows <= limits.max_rows)
+                        and float(cost(rows) / cost(1)) <= STEP_NODES_WIDE_COST):
+                    break
+            else:
                 self.step_nodes = narrow
+                self._widen(False)
         self.budget = None if cost is None else Budget(cost, self.tuning, self.config.refine_cost, self.max_rows())
         if self.budget is not None and self._carried is not None:
             self.budget.acceptance.start_from(self._carried)
         # no tree can pay on this curve (and no window needs drafting): skip proposing (refinement may change it)
         self._propose = (self.budget is None or self.window_on or self.config.refine_cost
                          or self.budget.drafting_can_pay)
+
+    def _widen(self, on: bool) -> None:
+        """The sources draft their widest trees (``DraftSource.limits``) in this call's steps, or not."""
+        for source in self.sources:
+            source.wide = on
 
     def draft(self, length: int, cached: int, last_pos: int) -> Draft:
         """This step's draft. ``length``: tokens in the sequence (prompt + emitted); ``cached``: tokens in
@@ -149,13 +161,14 @@ class DraftPolicy:
             for source in self._primary:
                 if source is self.window and not self.window_on:
                     continue
-                depth = min(source.max_depth, room)
+                most_nodes, deepest = source.limits()
+                depth = min(deepest, room)
                 if source.priced:  # a draft pass costs its forwards: as deep as pays, or 0
                     depth = source.priced_depth(depth, None if self.budget is None else self.budget.cost,
                                                 self.tuning.margin)
                     if not depth:
                         continue
-                p = source.propose(context, min(source.max_nodes, self.step_nodes), depth)
+                p = source.propose(context, min(most_nodes, self.step_nodes), depth)
                 if p is not None:
                     proposals.append((source.origin, p))
             if not proposals and self.budget is not None:  # priced, as every node

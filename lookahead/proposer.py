@@ -46,6 +46,7 @@ class TrieSource(DraftSource):
     """
 
     learns_lazily = True
+    wide_nodes = 2  # config.STEP_NODES_LEVELS
 
     def __init__(self, trie: NgramTrie, origin: int, max_match: int, per_request: bool, max_nodes: int = 16,
                  max_depth: int = 10):
@@ -137,6 +138,7 @@ class CopySource(DraftSource):
     """
 
     origin = COPY
+    wide_nodes = 2  # config.STEP_NODES_LEVELS
     learns_lazily = True
     branch_depth = 8
     buckets = _edges(4, 16)
@@ -175,6 +177,7 @@ class ModelSource(DraftSource):
     """
 
     origin = MODEL
+    wide_nodes, wide_depth = 2, 0.5  # config.STEP_NODES_LEVELS
     wants_rows = True
     transient = ("_model",)  # a weak reference does not pickle: an unpickled table starts anew
     buckets = _edges(0.95, 2.0)

@@ -56,6 +56,11 @@ class DraftSource:
     origin: int
     max_nodes: int
     max_depth: int
+    wide: bool = False
+    """Whether this call's steps are the widest ``step_nodes="auto"`` takes (set by the policy at each call's
+    start): then :meth:`limits` gives ``wide_nodes`` times the nodes and ``wide_depth`` more of the depth."""
+    wide_nodes: int = 1
+    wide_depth: float = 0.0
     priced: bool = False
     wants_rows: bool = False
     wants_hidden: bool = False
@@ -75,6 +80,15 @@ class DraftSource:
 
     def start(self, prompt: np.ndarray, model=None) -> None:
         """A call begins: ``prompt`` int64[L], the target ``model`` (None in a replay without a model)."""
+
+    def limits(self) -> tuple[int, int]:
+        """(the most nodes, the deepest path) this source drafts in a step of this call: ``max_nodes`` and
+        ``max_depth``, or in the widest steps (:attr:`wide`, ``config.STEP_NODES_LEVELS``) ``wide_nodes`` times the
+        nodes and the depth plus ``wide_depth`` of it. Example: 63 nodes 16 deep, wide_nodes 2, wide_depth 0.5:
+        126 nodes 24 deep."""
+        if not self.wide:
+            return self.max_nodes, self.max_depth
+        return self.wide_nodes * self.max_nodes, self.max_depth + int(self.wide_depth * self.max_depth)
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         raise NotImplementedError

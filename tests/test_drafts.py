@@ -143,24 +143,48 @@ def test_step_nodes_caps_the_merged_draft(adaptive):
 
 
 def test_auto_step_nodes_widen_only_where_the_curve_is_flat_that_far():
-    """``step_nodes="auto"``: 127 nodes where a step of all the rows they and the window add costs at most 1.25
-    one-token steps, else 63; never past a static cache's largest bucket, without a budget, or when set."""
+    """``step_nodes="auto"``: the widest of 255 and 127 nodes for which a step of all the rows they and the window
+    add costs at most 1.25 one-token steps, else 63; at 255 the sources draft their wide trees
+    (``DraftSource.limits``); never past a static cache's largest bucket, without a budget, or when set."""
     prompt = list(range(50, 150)) + [7] + list(range(50, 130))  # a long copy: the copy source alone drafts 100
     steep = CostModel([(1, 0.010), (2, 0.011), (64, 0.012), (128, 0.020)])  # a GPU at its limit: 152 rows 1.9x
+    flat_to_200 = CostModel([(1, 0.010), (200, 0.012), (400, 0.040)])  # 127 nodes and the window fit, 255 do not
     for config, cost, max_rows, expected in (
-            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), None, 127),
+            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), None, 255),
+            (LookaheadConfig(copy_nodes=100, copy_depth=100), flat_to_200, None, 127),
             (LookaheadConfig(copy_nodes=100, copy_depth=100), steep, None, 63),
             (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), 64, 63),  # a static cache's buckets
+            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), 200, 127),
             (LookaheadConfig(copy_nodes=100, copy_depth=100), None, None, 63),
             (LookaheadConfig(copy_nodes=100, copy_depth=100, step_nodes=63), CostModel(FLAT), None, 63)):
         policy = DraftPolicy(config, NgramTrie(12, 4096))
         assert policy.step_nodes == 63 and policy.max_rows() == 64  # before a call: what the calibration measures
         policy.start(prompt, Limits(1000, max_rows=max_rows), cost)
         assert policy.step_nodes == expected, (cost, max_rows)
+        copy = next(s for s in policy.sources if isinstance(s, CopySource))
+        assert copy.limits() == ((200, 100) if expected == 255 else (100, 100))  # twice the nodes at the widest
+        assert all(s.wide == (expected == 255) for s in policy.sources)
         draft = policy.draft(len(prompt), len(prompt), len(prompt) - 1)
-        assert len(draft) <= expected and (len(draft) > 63) == (expected == 127)
+        assert len(draft) <= expected
+        if cost is not None and cost(256) == CostModel(FLAT)(256):  # every node pays: the copy alone drafts 70
+            assert (len(draft) > 63) == (expected > 63)
         assert policy.max_rows() == 1 + expected + (24 if policy.window_on else 0)
-    assert LookaheadConfig().step_nodes_range == (63, 127) and LookaheadConfig(step_nodes=9).step_nodes_range == (9, 9)
+    assert LookaheadConfig().step_nodes_range == (63, 255) and LookaheadConfig(step_nodes=9).step_nodes_range == (9, 9)
+
+
+def test_a_source_drafts_its_wide_tree_only_in_the_widest_steps():
+    """``DraftSource.limits``: the trie and the copy index twice the nodes, the model's predictions twice the nodes
+    and half again the depth; a source that does not widen (the window) keeps its own."""
+    config = LookaheadConfig()
+    policy = DraftPolicy(config, NgramTrie(12, 4096))
+    got = {type(s).__name__: s.limits() for s in policy.sources}
+    for s in policy.sources:
+        s.wide = True
+    wide = {type(s).__name__: s.limits() for s in policy.sources}
+    assert got["TrieSource"] == (16, 10) and wide["TrieSource"] == (32, 10)
+    assert got["CopySource"] == (56, 32) and wide["CopySource"] == (112, 32)
+    assert got["ModelSource"] == (63, 16) and wide["ModelSource"] == (126, 24)
+    assert wide["WindowSource"] == got["WindowSource"] and wide["FrequentSource"] == got["FrequentSource"]
 
 
 @pytest.mark.parametrize(

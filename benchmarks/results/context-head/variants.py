@@ -9,7 +9,8 @@ of ``benchmarks.heads`` and the heads' cost pinned at 0.3 ms + 0.1 ms per level 
 0.0003,0.0001``). A variant: ``config`` (LookaheadConfig fields), ``heads`` (null: none; ``{}``: the bundled
 feature heads; ``kind``, ``dir``: a training run's folder; other keys: HeadsSettings fields); a ``cost_curve`` in
 ``config`` replaces the flat curve. Plain ``generate``'s
-outputs are kept in ``--cache`` so that later runs only decode the variants; every output is checked against them.
+outputs are kept in ``--cache`` (by prompt id) so that later runs only decode the variants; every output is checked
+against them. ``--skip N``: a second set of prompts, none of them among the first ``N``.
 """
 
 import argparse
@@ -34,6 +35,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="code-completion")
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=0,
+                    help="a second set: each workload's prompts among its first PROMPTS + SKIP that are not among its "
+                         "first SKIP")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--variants", required=True)
     ap.add_argument("--cache", default="/tmp/lookahead-plain-outputs.pkl")
@@ -44,13 +48,17 @@ def main() -> None:
     if os.path.exists(args.cache):
         with open(args.cache, "rb") as f:
             plain = pickle.load(f)
-    for wl, prompts in build_workloads(args.workloads.split(","), args.prompts).items():
+    names = args.workloads.split(",")
+    seen = build_workloads(names, args.skip) if args.skip else {}
+    for wl, prompts in build_workloads(names, args.prompts + args.skip).items():
+        skipped = {p.id for p in seen.get(wl, [])}
+        prompts = [p for p in prompts if p.id not in skipped][: args.prompts]
         for v in json.loads(args.variants):
             tokens = calls = identical = 0
             accepted, per = Counter(), []
-            for i, p in enumerate(prompts):
+            for p in prompts:
                 inputs = encode(p, tok, model.device)
-                key = (wl, i, args.tokens)
+                key = (wl, p.id, args.tokens)
                 if key not in plain:
                     plain[key] = model.generate(**inputs, max_new_tokens=args.tokens, do_sample=False)[0].tolist()
                     with open(args.cache, "wb") as f:
