@@ -215,11 +215,11 @@ class HeadsSettings:
     """How a :class:`HeadsSource` drafts: at most ``max_nodes`` nodes (also capped by the decoder's
     ``step_nodes`` as the call resolves it: 127 on a flat cost curve, where the wider tree measured 3.9% more
     tokens per call on code completion, 63 elsewhere; in the widest steps, 255, twice the nodes, at least
-    :data:`WIDE_DEPTH` deep and :data:`WIDE_WIDTH` wide: ``HeadsSource.limits``) ``max_depth`` deep (0: the Medusa heads' K; for a feature
-    head, which runs on past the depth it was trained to, ``FEATURE_DEPTH`` or K if deeper), ``topk`` candidates
-    per head or per expanded node,
-    ``width`` paths expanded per level (feature heads), and ``cost``: the heads' own seconds per step as
-    ``(base, per_level)`` (None: measured once per model; tests pin it)."""
+    :data:`WIDE_DEPTH` deep and :data:`WIDE_WIDTH` wide: ``HeadsSource.limits``) ``max_depth`` deep (0: the
+    Medusa heads' K; for a feature head, which runs on past the depth it was trained to, ``FEATURE_DEPTH`` or K if
+    deeper), ``topk`` candidates per head or per expanded node, ``width`` paths expanded per level (feature heads),
+    and ``cost``: the heads' own seconds per step as ``(base, per_level)`` (None: measured once per model and tree
+    shape; tests pin it)."""
 
     max_nodes: int = 127
     max_depth: int = 0
@@ -592,6 +592,7 @@ class HeadsSource(DraftSource):
     decay = 0.98
     probe_every = (16, 256)
     transient = ("bound", "hidden", "cache")  # the binding to one model (device tensors, its modules), made at start
+    wide_nodes = 2  # config.STEP_NODES_LEVELS
 
     def __init__(self, heads: DraftHeads, max_nodes: int, max_depth: int, topk: int = 8, width: int = 4,
                  cost: tuple[float, float] | None = None):
@@ -610,9 +611,9 @@ class HeadsSource(DraftSource):
         self._idle, self._probe = 0, self.probe_every[0]
         self.stats = HeadsStats()
 
-    wide_nodes = 2  # config.STEP_NODES_LEVELS
-
     def limits(self) -> tuple[int, int]:
+        """(nodes, depth) of this call's trees: in the widest steps twice the nodes and at least :data:`WIDE_DEPTH`
+        deep (``DraftSource.limits``)."""
         if self.wide:
             return self.wide_nodes * self.max_nodes, max(self.max_depth, WIDE_DEPTH)
         return self.max_nodes, self.max_depth
@@ -623,7 +624,8 @@ class HeadsSource(DraftSource):
 
     @property
     def alphas(self) -> np.ndarray:
-        """float[max_depth]: measured P(the tree holds the emitted token at depth j | it held depth j - 1)."""
+        """float[max(max_depth, WIDE_DEPTH)]: measured P(the tree holds the emitted token at depth j | it held depth
+        j - 1)."""
         a, b = self.prior
         return (self._reach + a) / (self._tried + a + b)
 

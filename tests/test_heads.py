@@ -423,6 +423,20 @@ def test_pricing_drafts_on_a_flat_curve_and_not_where_heads_cost_too_much(traine
     assert source.priced_depth(3, None, 1.05) == 3  # no budget: as deep as asked
 
 
+def test_heads_draft_their_wide_tree_only_in_the_widest_steps():
+    """In the widest steps (``DraftSource.wide``, set by the policy) the heads draft twice the nodes, at least
+    ``WIDE_DEPTH`` deep and ``WIDE_WIDTH`` paths wide."""
+    from lookahead.heads import WIDE_DEPTH, WIDE_WIDTH
+
+    heads = DraftHeads.bundled()
+    source = heads.make_source()
+    narrow = (source.limits(), source.paths())
+    assert narrow == ((heads.settings.max_nodes, source.max_depth), heads.settings.width)
+    source.wide = True
+    assert source.limits() == (2 * heads.settings.max_nodes, max(source.max_depth, WIDE_DEPTH))
+    assert source.paths() == max(heads.settings.width, WIDE_WIDTH) and len(source.alphas) >= WIDE_DEPTH
+
+
 # -------------------------------------------------------------------------------------------- equivalence
 
 
