@@ -1,7 +1,9 @@
 """Every place where lookahead relies on transformers beyond its documented public API, in one module.
 
 A transformers upgrade that changes one of these breaks here, and ``tests/test_compat.py`` (pinned
-to the installed version) says which. Checked on transformers 5.17 and 5.24.
+to the installed version) says which. Checked on transformers 5.17, 5.24 and 5.25. (5.25 declares every
+linear-attention cache layer croppable, recurrent state included; :func:`rollbackable_layer_types` is an exact
+list of plain key/value layer classes, so hybrid layers are still refused before any forward.)
 
 - :func:`streamer_of_calling_generate`: ``generate`` does not hand ``streamer=`` to a callable
   ``custom_generate``; we read it, read-only, from the calling ``generate`` frame.
@@ -34,7 +36,7 @@ import sys
 
 import numpy as np
 
-TESTED_TRANSFORMERS = ("5.17", "5.24")  # str.startswith takes the tuple
+TESTED_TRANSFORMERS = ("5.17", "5.24", "5.25")  # str.startswith takes the tuple
 
 # the model kwargs under which generate() hands over the cache it prepared (newest name first)
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params")

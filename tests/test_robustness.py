@@ -237,6 +237,21 @@ def test_stateful_model_is_refused_before_any_forward():
     assert fw.n == 0
 
 
+def test_hybrid_model_with_linear_attention_layers_is_refused_before_any_forward():
+    """A model mixing convolution (recurrent-state) layers with attention (LFM2): transformers 5.25 calls every
+    linear-attention cache layer croppable, but a draft tree's rejected rows cannot be taken back out of its state;
+    the decoder refuses it before any forward, on every supported transformers."""
+    torch.manual_seed(0)
+    model = tf.Lfm2ForCausalLM(tf.Lfm2Config(vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=1, conv_L_cache=3,
+                                             layer_types=["conv", "full_attention"])).eval()
+    assert _outcome(lambda: model.generate(IDS, do_sample=False, max_new_tokens=3))[0] == "ok"
+    with _CountForwards(model) as fw:
+        with pytest.raises(CacheNotRollbackable, match="LinearAttentionLayer"):
+            model.generate(IDS, custom_generate=LookaheadDecoder(), max_new_tokens=3)
+    assert fw.n == 0
+
+
 def test_encoder_decoder_model_is_refused():
     model = tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=96, d_model=16, d_ff=32, num_layers=1, num_heads=2,
                                                       d_kv=8, decoder_start_token_id=0)).eval()
