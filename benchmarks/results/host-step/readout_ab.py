@@ -8,12 +8,15 @@ calls, new logits every call).
     PYTHONPATH=. python benchmarks/results/host-step/readout_ab.py /tmp/kernels_other.py
 """
 import importlib.util
+import os
 import sys
-import time
 
 import numpy as np
 
 from lookahead import kernels as THIS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rows_top_speed import per_call_us  # noqa: E402 (beside this script: each call reads new logits)
 
 ROWS, TOP = 65, 8
 
@@ -21,19 +24,9 @@ ROWS, TOP = 65, 8
 def load(path):
     spec = importlib.util.spec_from_file_location("kernels_other", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # Numba's cache finds the kernels' module by its name
     spec.loader.exec_module(mod)
     return mod
-
-
-def per_call_us(f, pool, calls=200) -> float:
-    f(pool[0])
-    total = 0.0
-    for r in range(calls):
-        x = pool[r % len(pool)]
-        t = time.perf_counter()
-        f(x)
-        total += time.perf_counter() - t
-    return total / calls * 1e6
 
 
 def main():
