@@ -634,6 +634,7 @@ class HeadsSource(DraftSource):
             raise ValueError("trained draft heads need the target model at start")
         self.bound = bind(self.heads, model)  # raises ValueError for another model, before any forward
         self._model = model
+        self._price()  # the tree as configured; a call of the widest steps prices its wider tree at its first step
         self.hidden = None
         self.cache = ContextCache() if self.heads.kind == "context" else None
         self.last = int(prompt[-1]) if len(prompt) else -1
@@ -654,8 +655,8 @@ class HeadsSource(DraftSource):
         return base + per * np.asarray(depth, dtype=np.float64)
 
     def _price(self) -> None:
-        """The heads' own cost for this call's tree shape (:meth:`limits`, :meth:`paths`), measured once per model
-        and shape (``measure_cost``) unless given; after :meth:`start`, once the policy has set :attr:`wide`."""
+        """The heads' own cost for the tree shape of this call's steps (:meth:`limits`, :meth:`paths`), measured
+        once per model and shape (``measure_cost``) unless given."""
         if self.given_cost is not None or self._model is None:
             return
         costs = _COSTS.setdefault(self._model, {})
