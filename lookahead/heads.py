@@ -614,9 +614,8 @@ class HeadsSource(DraftSource):
     def limits(self) -> tuple[int, int]:
         """(nodes, depth) of this call's trees: in the widest steps twice the nodes and at least :data:`WIDE_DEPTH`
         deep (``DraftSource.limits``)."""
-        if self.wide:
-            return self.wide_nodes * self.max_nodes, max(self.max_depth, WIDE_DEPTH)
-        return self.max_nodes, self.max_depth
+        nodes, depth = super().limits()
+        return nodes, (max(depth, WIDE_DEPTH) if self.wide else depth)
 
     def paths(self) -> int:
         """The paths a feature or context head's tree expands per level in this call's steps."""
