@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from dataclasses import replace
 
@@ -55,13 +56,15 @@ def benchmark_prompt_ids() -> set[str]:
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """``"margin=1.0,depth_cells=16"`` -> (the text, {"margin": 1.0, "depth_cells": 16})."""
+    """``"margin=1.0,depth_cells=16"`` -> (the text, {"margin": 1.0, "depth_cells": 16}); a list value (no commas
+    split inside its brackets) becomes a tuple: ``"match_scale=[0.5,1,1.3]"`` -> {"match_scale": (0.5, 1, 1.3)}."""
     fields = {}
-    for part in filter(None, text.split(",")):
+    for part in filter(None, re.split(r",(?![^\[]*\])", text)):
         name, _, value = part.partition("=")
         if name not in BudgetTuning.__dataclass_fields__:
             raise ValueError(f"--variant: {name!r} is not a BudgetTuning field")
-        fields[name] = json.loads(value)
+        parsed = json.loads(value)
+        fields[name] = tuple(parsed) if isinstance(parsed, list) else parsed
     return text, fields
 
 
