@@ -7,7 +7,8 @@ The test suite runs on a CPU (CI has no GPU); this script runs the same headline
 - ``tiny``: greedy output of :class:`~lookahead.LookaheadDecoder` identical to plain ``generate``, token
   for token, on the test suite's tiny random models (float64, six architectures: ``tests/tiny.py``), on a
   prompt that repeats and one that does not, with the calibrated budget, the full tree every step
-  (``adaptive=False``) and a lookahead window; and a left-padded batch of four rows (``lookahead/batch.py``).
+  (``adaptive=False``), a lookahead window and the widest steps (a flat curve: 255 nodes); and a left-padded batch
+  of four rows (``lookahead/batch.py``).
 - ``sampling``: the decoder's samples of the next two tokens against their exact distribution (chi-square,
   as ``tests/test_sampling.py``), drawn on the GPU.
 - ``curves``: the forward's cost curve t(k) (k new tokens after a 1024-token context) of random-weight
@@ -45,7 +46,10 @@ def check_tiny(device: str) -> list[dict]:
     from tiny import TINY_ARCHS, tiny_model
 
     results = []
-    variants = {"calibrated": {}, "full-tree": {"adaptive": False}, "window": {"window_width": 4}}
+    # "wide": a flat curve, so that step_nodes="auto" takes its widest steps (255 nodes, the sources' wide trees)
+    # whatever this GPU's own curve says
+    variants = {"calibrated": {}, "full-tree": {"adaptive": False}, "window": {"window_width": 4},
+                "wide": {"cost_curve": ((1, 0.010), (2, 0.010), (256, 0.0102))}}
     for arch in TINY_ARCHS:
         model = tiny_model(arch).to(device)
         for prompt_name, prompt in (("repetitive", REPETITIVE), ("no-repeat", NO_REPEAT)):
@@ -57,7 +61,7 @@ def check_tiny(device: str) -> list[dict]:
                                       custom_generate=dec).tolist()
                 results.append({"check": "greedy", "arch": arch, "prompt": prompt_name, "variant": name,
                                 "identical": ours == plain, "calls": dec.stats.target_calls,
-                                "tokens": dec.stats.new_tokens})
+                                "tokens": dec.stats.new_tokens, "step_nodes": dec.stats.step_nodes})
         width = max(len(p) for p in BATCH)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in BATCH], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in BATCH], device=device)
