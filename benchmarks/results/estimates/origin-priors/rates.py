@@ -8,38 +8,55 @@ editing and chat (after the first SKIP), a fresh decoder per prompt; ``flat``: t
 ``benchmarks.heads``; ``heads``: the bundled feature heads, their cost pinned at 0.3 ms + 0.1 ms per level. A node
 counts as tried when its parent was accepted (or it is a root child), as ``kernels.record`` counts it.
 """
+
 import sys
-import numpy as np, torch
+
+import numpy as np
+import torch
+
 from benchmarks.heads import FLAT_CURVE
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.bench.runner import encode
 from lookahead.bench.workloads import build_workloads
 from lookahead.budget import Budget
+from lookahead.draft import ORIGINS
 from lookahead.heads import DraftHeads
 from lookahead.models import load_smollm2
-torch.set_num_threads(1)
-heads_on, curve, skip, out = sys.argv[1] == "heads", sys.argv[2], int(sys.argv[3]), sys.argv[4]
-model, tok = load_smollm2(dtype=torch.float32)
-T = np.zeros((16, 4, 3, 16, 4)); A = np.zeros_like(T)  # origin, agreement (0..3), match bucket, depth, rank
-orig = Budget.record
-def record(self, draft, accepted_nodes, *a, **k):
-    acc = set(int(j) for j in accepted_nodes)
-    for i in range(len(draft.tokens)):
-        p = int(draft.parents[i])
-        if p < 0 or p in acc:
-            c = (int(draft.origin[i]), min(int(draft.agreement[i]), 3), min(max(int(draft.match[i]), 1), 3) - 1,
-                 min(int(draft.depth[i]) - 1, 15), min(int(draft.rank[i]), 3))
-            T[c] += 1; A[c] += i in acc
-    return orig(self, draft, accepted_nodes, *a, **k)
-Budget.record = record
-names = ["code-completion", "code-editing", "chat"]
-seen = build_workloads(names, skip) if skip else {}
-for wl, prompts in build_workloads(names, 8 + skip).items():
-    skipped = {p.id for p in seen.get(wl, [])}
-    for p in [p for p in prompts if p.id not in skipped][:8]:
-        inputs = encode(p, tok, "cpu")
-        heads = DraftHeads.bundled("feature", cost=(0.0003, 0.0001)) if heads_on else None
-        cfg = LookaheadConfig(cost_curve=FLAT_CURVE) if curve == "flat" else LookaheadConfig()
-        model.generate(**inputs, max_new_tokens=128, do_sample=False, custom_generate=LookaheadDecoder(cfg, heads=heads))
-        print(wl, p.id, int(T.sum()), int(A.sum()), flush=True)
-np.savez_compressed(out, tried=T, accepted=A)
+
+WORKLOADS = ["code-completion", "code-editing", "chat"]
+
+
+def main() -> None:
+    heads_on, curve, skip, out = sys.argv[1] == "heads", sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    torch.set_num_threads(1)
+    model, tok = load_smollm2(dtype=torch.float32)
+    tried = np.zeros((len(ORIGINS), 4, 3, 16, 4))  # origin, agreement (3: 3 or more), match bucket, depth, rank
+    accepted = np.zeros_like(tried)
+    record = Budget.record
+
+    def counting(self, draft, accepted_nodes, *args, **kwargs):
+        kept = {int(j) for j in accepted_nodes}
+        for i in range(len(draft.tokens)):
+            parent = int(draft.parents[i])
+            if parent < 0 or parent in kept:
+                cell = (int(draft.origin[i]), min(int(draft.agreement[i]), 3), min(max(int(draft.match[i]), 1), 3) - 1,
+                        min(int(draft.depth[i]) - 1, 15), min(int(draft.rank[i]), 3))
+                tried[cell] += 1
+                accepted[cell] += i in kept
+        return record(self, draft, accepted_nodes, *args, **kwargs)
+
+    Budget.record = counting
+    seen = build_workloads(WORKLOADS, skip) if skip else {}
+    for wl, prompts in build_workloads(WORKLOADS, 8 + skip).items():
+        skipped = {p.id for p in seen.get(wl, [])}
+        for p in [p for p in prompts if p.id not in skipped][:8]:
+            heads = DraftHeads.bundled("feature", cost=(0.0003, 0.0001)) if heads_on else None
+            config = LookaheadConfig(cost_curve=FLAT_CURVE) if curve == "flat" else LookaheadConfig()
+            model.generate(**encode(p, tok, "cpu"), max_new_tokens=128, do_sample=False,
+                           custom_generate=LookaheadDecoder(config, heads=heads))
+            print(wl, p.id, int(tried.sum()), int(accepted.sum()), flush=True)
+    np.savez_compressed(out, tried=tried, accepted=accepted)
+
+
+if __name__ == "__main__":
+    main()

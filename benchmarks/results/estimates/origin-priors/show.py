@@ -1,24 +1,38 @@
-import numpy as np, sys
+"""Acceptance rates from ``rates.py``'s counts: per origin, match bucket and rank; per agreement and depth.
+
+    python benchmarks/results/estimates/origin-priors/show.py none-flat.npz
+"""
+
+import sys
+
+import numpy as np
+
 from lookahead.draft import ORIGINS
-d = np.load(sys.argv[1]); T, A = d["tried"], d["accepted"]
-print("per origin, agreement, rank (all depths, all matches): rate (tried)")
-for o in range(T.shape[0]):
-    if T[o].sum() < 50: continue
+
+
+def rate(tried: np.ndarray, accepted: np.ndarray) -> str:
+    t, a = tried.sum(), accepted.sum()
+    return f"{a / t:.2f}({int(t)})" if t else "-"
+
+
+def main() -> None:
+    data = np.load(sys.argv[1])
+    tried, accepted = data["tried"], data["accepted"]
+    print("per origin and match bucket, by rank (all depths and agreements): rate (tried)")
+    for o in range(tried.shape[0]):
+        if tried[o].sum() >= 30:
+            for m in range(3):
+                cells = [rate(tried[o, :, m, :, r], accepted[o, :, m, :, r]) for r in range(4)]
+                print(f"{ORIGINS[o]:8s} match {m + 1}: " + " ".join(f"r{r}:{c}" for r, c in enumerate(cells)))
+    print("all origins, by agreement (3: 3 or more) and depth, rank 0 / ranks 1+")
     for g in range(4):
-        row = []
-        for r in range(4):
-            t, a = T[o, g, :, :, r].sum(), A[o, g, :, :, r].sum()
-            row.append(f"{a/t:.2f}({int(t)})" if t else "-")
-        print(f"{ORIGINS[o]:8s} agree{g}", " ".join(row))
-print("all origins, by agreement and depth (rank 0 / rank>=1)")
-for g in range(4):
-    for r0 in (0, 1):
-        rs = slice(0,1) if r0 == 0 else slice(1,4)
-        row=[]
-        for dd in [0,1,2,3,5,7,11]:
-            t, a = T[:, g, :, dd:dd+2 if dd>=3 else dd+1, rs].sum(), A[:, g, :, dd:dd+2 if dd>=3 else dd+1, rs].sum()
-            row.append(f"d{dd+1}:{a/t:.2f}({int(t)})" if t else f"d{dd+1}:-")
-        print(f"agree{g} rank{'0' if r0==0 else '1+'}", " ".join(row))
-print("by agreement and match bucket (all origins, ranks, depths)")
-for g in range(4):
-    print(f"agree{g}", " ".join(f"m{m+1}:{A[:,g,m].sum()/max(T[:,g,m].sum(),1):.2f}({int(T[:,g,m].sum())})" for m in range(3)))
+        for ranks, label in ((slice(0, 1), "0"), (slice(1, 4), "1+")):
+            cells = [rate(tried[:, g, :, d, ranks], accepted[:, g, :, d, ranks]) for d in range(8)]
+            print(f"agree{g} rank{label}: " + " ".join(f"d{d + 1}:{c}" for d, c in enumerate(cells)))
+    print("by agreement and match bucket (all origins, ranks and depths)")
+    for g in range(4):
+        print(f"agree{g}: " + " ".join(f"m{m + 1}:{rate(tried[:, g, m], accepted[:, g, m])}" for m in range(3)))
+
+
+if __name__ == "__main__":
+    main()
