@@ -40,6 +40,7 @@ BATCH = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 3, 4, 3
 def check_tiny(device: str) -> list[dict]:
     import torch
 
+    from benchmarks.replay import FLAT_CURVE
     from lookahead import LookaheadDecoder
 
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -49,7 +50,7 @@ def check_tiny(device: str) -> list[dict]:
     # "wide": a flat curve, so that step_nodes="auto" takes its widest steps (255 nodes, the sources' wide trees)
     # whatever this GPU's own curve says
     variants = {"calibrated": {}, "full-tree": {"adaptive": False}, "window": {"window_width": 4},
-                "wide": {"cost_curve": ((1, 0.010), (2, 0.010), (256, 0.0102))}}
+                "wide": {"cost_curve": FLAT_CURVE}}
     for arch in TINY_ARCHS:
         model = tiny_model(arch).to(device)
         for prompt_name, prompt in (("repetitive", REPETITIVE), ("no-repeat", NO_REPEAT)):
