@@ -111,6 +111,7 @@ class DraftPolicy:
         ``recycle_keep``, another model's empties it)."""
         arr = np.asarray(prompt, dtype=np.int64)
         self._unlearned = []
+        self._widen(False)  # a source starts with its trees as configured, not the last call's widest
         for source in self.sources:
             source.start(arr, model)
         self._context = arr.tolist()
@@ -122,7 +123,6 @@ class DraftPolicy:
         self.prompt_rows = self.model is not None and (cost is None or float(cost(64) / cost(1)) <= PROMPT_ROWS_COST)
         narrow, wide = self.config.step_nodes_range
         self.step_nodes = narrow
-        self._widen(False)
         self.window_on = self.window is not None and (
             self.config.window_width != "auto"
             or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= WINDOW_AUTO_COST))

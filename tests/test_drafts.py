@@ -187,6 +187,29 @@ def test_a_source_drafts_its_wide_tree_only_in_the_widest_steps():
     assert wide["WindowSource"] == got["WindowSource"] and wide["FrequentSource"] == got["FrequentSource"]
 
 
+def test_a_source_starts_each_call_with_its_trees_as_configured():
+    """The policy sets :attr:`DraftSource.wide` per call; a source's ``start`` (where trained heads price their
+    tree) never sees the width of the call before."""
+    seen = []
+
+    class Recording(FrequentSource):
+        def start(self, prompt, model=None):
+            seen.append(self.wide)
+            super().start(prompt, model)
+
+    class Heads:  # what DraftPolicy asks of trained heads: a source for the config
+        def make_source(self, config):
+            return Recording(4)
+
+    policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096), heads=Heads())
+    source = next(s for s in policy.sources if isinstance(s, Recording))
+    policy.start([3, 5, 7], Limits(400), CostModel(FLAT))
+    assert policy.step_nodes == 255 and source.wide  # the flat curve: the widest steps
+    policy.start([3, 5, 7], Limits(400), CostModel(((1, 1.0), (2, 1.5), (64, 4.0))))
+    assert policy.step_nodes == 63 and not source.wide
+    assert seen == [False, False]
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("copy_nodes", -1), ("copy_nodes", 257), ("copy_depth", 0), ("copy_depth", 300), ("copy_branches", 0),
