@@ -40,11 +40,13 @@ log = logging.getLogger("lookahead")
 
 # calibrate_curve's defaults. A round times every size once; a size's time is the fastest of its rounds
 # (load only ever adds time). The minimum is trusted when the two fastest timings of every size agree
-# within AGREEMENT, measured in rounds whose bracketing one-token forwards agree within DRIFT.
-DEFAULT_ROUNDS = 3
+# within AGREEMENT, measured in rounds whose bracketing one-token forwards agree within DRIFT. It is checked
+# after every round from the DEFAULT_ROUNDS-th on (a quiet machine: two rounds), at most
+# DEFAULT_ROUNDS * ATTEMPTS rounds in all.
+DEFAULT_ROUNDS = 2
 AGREEMENT = 1.2
 DRIFT = 1.5
-ATTEMPTS = 3
+ATTEMPTS = 4
 MAX_SECONDS = 10.0
 
 CURVE_FORMAT = 3  # the version of a persisted curve's file and of what its timing measures (2: whole steps;
@@ -253,15 +255,16 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
       differ by more than ``drift`` (the machine's speed changed while it ran) is not used.
     - A size's time is its fastest timing over the usable rounds (:func:`fastest`).
     - The curve is trusted when :func:`disagreement` finds nothing: every size's two fastest timings agree
-      within ``agreement``. Otherwise the machine is contended: ``rounds`` more rounds are timed and pooled,
-      up to ``attempts`` times in all. After ``max_seconds`` (read from ``clock``) no forward starts: the
-      first round always ends, a later one still running is dropped.
+      within ``agreement``. That is checked after round ``rounds`` and after every round past it, and the
+      trusted curve returned at once: a quiet machine takes ``rounds`` rounds. A contended one keeps
+      timing rounds and pooling them, at most ``rounds * attempts`` in all. After ``max_seconds`` (read from
+      ``clock``) no forward starts: the first round always ends, a later one still running is dropped.
     - A curve still not trusted is returned ``provisional``: every size's fastest timing over every round,
       capped at ``k`` one-token forwards (:func:`capped_curve`). It is the best estimate at hand, not a
       measurement to keep: :class:`Calibrations` neither persists it nor keeps it for long.
 
     Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
-    2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 3 * 4 calls of ``time_one``.
+    2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 2 * 4 calls of ``time_one``.
     """
     sizes = tuple(sorted({int(k) for k in sizes} | {1}))
     if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0:
@@ -275,29 +278,29 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     usable: dict[int, list[float]] = {k: [] for k in sizes}
     every: dict[int, list[float]] = {k: [] for k in sizes}
     probe = time_one(1)
-    done = 0
     why = None
-    for attempt in range(attempts):
-        for _ in range(rounds):
-            times = _round(time_one, round_order(sizes, done), over if done else (lambda: False))
-            if times is None:  # out of time: the unfinished round is dropped
-                break
-            after = time_one(1)
-            done += 1
+    for done in range(rounds * attempts):
+        times = _round(time_one, round_order(sizes, done), over if done else (lambda: False))
+        if times is None:  # out of time: the unfinished round is dropped
+            why = f"{disagreement(usable, agreement)}; stopped after {max_seconds:.0f} s"
+            break
+        after = time_one(1)
+        for k, t in times.items():
+            every[k].append(t)
+        if max(probe, after) <= drift * min(probe, after):
             for k, t in times.items():
-                every[k].append(t)
-            if max(probe, after) <= drift * min(probe, after):
-                for k, t in times.items():
-                    usable[k].append(t)
-            probe = after
+                usable[k].append(t)
+        probe = after
+        if done + 1 < rounds:
+            continue
         why = disagreement(usable, agreement)
         if why is None:
             return CostModel(sorted(fastest(usable).items()), steps=True)
+        if done + 1 == rounds:
+            log.info("the machine looks busy (%s): timing more rounds", why)
         if over():
             why += f"; stopped after {max_seconds:.0f} s"
             break
-        if attempt + 1 < attempts:
-            log.info("the machine looks busy (%s): timing %d more rounds", why, rounds)
     curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True, steps=True)
     log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
                 "measured again later in this process, and not saved", why)

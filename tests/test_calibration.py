@@ -53,8 +53,7 @@ class Timer:
         return TRUE[k] * self.factor(i, k)
 
 
-def calls_per_attempt(rounds: int = 3) -> int:
-    return rounds * (len(SIZES) + 1)
+ROUND = len(SIZES) + 1  # time_one calls per round: every size, then a one-token probe
 
 
 def test_round_order_rotates_and_reverses():
@@ -63,14 +62,14 @@ def test_round_order_rotates_and_reverses():
     assert firsts == set(SIZES)  # no size is always timed first
 
 
-def test_a_quiet_machine_gives_the_true_curve_in_interleaved_rounds():
+def test_a_quiet_machine_gives_the_true_curve_in_two_interleaved_rounds():
     timer = Timer()
     curve = calibrate_curve(timer, SIZES, clock=Ticks())
     assert curve.points == tuple(TRUE.items()) and not curve.provisional
-    assert len(timer.calls) == 1 + calls_per_attempt()  # a probe, then 3 rounds of the sizes and a probe
-    rounds = [timer.calls[1 + r * 6: 1 + r * 6 + 5] for r in range(3)]
-    assert all(sorted(r) == list(SIZES) for r in rounds) and len({tuple(r) for r in rounds}) == 3
-    assert timer.calls[6] == timer.calls[12] == timer.calls[18] == 1  # each round ends with a probe
+    assert len(timer.calls) == 1 + 2 * ROUND  # a probe, then 2 rounds of the sizes and a probe: trusted at once
+    rounds = [timer.calls[1 + r * ROUND: r * ROUND + ROUND] for r in range(2)]
+    assert all(sorted(r) == list(SIZES) for r in rounds) and rounds[0] != rounds[1]
+    assert timer.calls[ROUND] == timer.calls[2 * ROUND] == 1  # each round ends with a probe
 
 
 def test_a_calibrated_curve_keeps_a_size_that_costs_less_than_one_row():
@@ -79,46 +78,43 @@ def test_a_calibrated_curve_keeps_a_size_that_costs_less_than_one_row():
     assert curve.steps and curve.points == tuple(true.items()) and float(curve(3)) == 0.009
 
 
-def test_one_slowed_round_changes_nothing():
-    """Another process ran during round 2 only: every size's fastest timings come from the other rounds."""
-    timer = Timer(lambda i, k: 4.0 if 7 <= i < 12 else 1.0)
+def test_one_slowed_round_costs_one_more_round_and_none_of_its_timings():
+    """Another process ran during round 2 only (its sizes 4x slower, its probes not): after it no size's two
+    timings agree, so a third round is timed, and every size's curve point comes from rounds 1 and 3."""
+    timer = Timer(lambda i, k: 4.0 if ROUND + 1 <= i < 2 * ROUND else 1.0)
     curve = calibrate_curve(timer, SIZES, clock=Ticks())
     assert curve.points == tuple(TRUE.items()) and not curve.provisional
-    assert len(timer.calls) == 1 + calls_per_attempt()  # trusted at once: nothing measured again
+    assert len(timer.calls) == 1 + 3 * ROUND
 
 
 def test_a_round_whose_probes_disagree_is_not_used():
     """A one-token probe 3x slower than the one before it: the machine's speed changed, so the rounds on
-    either side of it are dropped (the first one's timings are all too fast here), and more rounds are
-    timed."""
-    timer = Timer(lambda i, k: (0.5 if 1 <= i < 6 else 3.0 if i == 6 else 1.0))
+    either side of it are dropped (the first one's timings are all too fast here), and two more rounds are
+    timed before any size has two usable timings."""
+    timer = Timer(lambda i, k: (0.5 if 1 <= i < ROUND else 3.0 if i == ROUND else 1.0))
     curve = calibrate_curve(timer, SIZES, clock=Ticks())
     assert curve.points == tuple(TRUE.items()) and not curve.provisional
-    assert len(timer.calls) == 1 + 2 * calls_per_attempt()  # 2 usable rounds only after a second attempt
+    assert len(timer.calls) == 1 + 4 * ROUND
 
 
 def test_busy_then_quiet_measures_again_and_trusts_the_quiet_rounds(caplog):
-    slow = {0: 1.0, 1: 1.9, 2: 3.1}  # the first attempt's rounds: each size slowed differently in each
-
-    def factor(i, k):
-        if i >= 1 + calls_per_attempt():
-            return 1.0
-        return 1.0 if k == 1 else slow[((i - 1) // 6 + k) % 3] * (1.3 if (i - 1) // 6 == 0 else 1.0)
-
-    timer = Timer(factor)
+    """The first two rounds' sizes are slowed 1.9x and 3.1x (their probes are not): after round 2 the two
+    fastest timings of every size differ by 1.63x, after round 3 by 1.9x; round 4 is the second quiet one."""
+    slow = {0: 1.9, 1: 3.1}
+    timer = Timer(lambda i, k: 1.0 if k == 1 or i > 2 * ROUND else slow[(i - 1) // ROUND])
     with caplog.at_level(logging.INFO, logger="lookahead"):
         curve = calibrate_curve(timer, SIZES, clock=Ticks())
     assert curve.points == tuple(TRUE.items()) and not curve.provisional
-    assert len(timer.calls) == 1 + 2 * calls_per_attempt()
-    assert "the machine looks busy (the two fastest timings of 2 tokens differ by" in caplog.text
+    assert len(timer.calls) == 1 + 4 * ROUND
+    assert "the machine looks busy (the two fastest timings of 2 tokens differ by 1.63x)" in caplog.text
 
 
-def test_a_machine_busy_throughout_gives_a_provisional_capped_curve_after_bounded_attempts(caplog):
+def test_a_machine_busy_throughout_gives_a_provisional_capped_curve_after_bounded_rounds(caplog):
     """Every timing of a size > 1 is slowed by a different factor, up to 40x: no two agree, ever."""
     timer = Timer(lambda i, k: 1.0 if k == 1 else 1.5 + (i % 13) * 3.0)
     with caplog.at_level(logging.INFO, logger="lookahead"):
         curve = calibrate_curve(timer, SIZES, clock=Ticks(), attempts=3)
-    assert len(timer.calls) == 1 + 3 * calls_per_attempt()  # no more than 3 attempts
+    assert len(timer.calls) == 1 + 2 * 3 * ROUND  # no more than rounds * attempts rounds
     assert curve.provisional
     times = dict(curve.points)
     assert times[1] == TRUE[1] and all(times[k] <= k * TRUE[1] + 1e-12 for k in SIZES)

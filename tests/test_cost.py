@@ -71,11 +71,11 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
         assert curve is not None and dec.stats.cost_curve == curve.points
         # a fake clock: every forward "took" one tick, so the measured curve is flat at exactly 1 ms
         assert [t for _, t in curve.points] == pytest.approx([0.001] * len(curve.points))
-        # a prefill, then a one-token probe and 3 rounds of 7 sizes (1 + step_nodes = 64 rows) and a probe:
-        # 1 + 1 + 3 * 8 forwards. Ticks between the call's own two readings: calibrate_curve's start, two
-        # readings per timed forward, a deadline check before each forward of rounds 2 and 3: 1 + 2 * 25 + 14,
+        # a prefill, then a one-token probe and 2 rounds of 7 sizes (1 + step_nodes = 64 rows) and a probe,
+        # trusted at once: 1 + 1 + 2 * 8 forwards. Ticks between the call's own two readings: calibrate_curve's
+        # start, two readings per timed forward, a deadline check before each forward of round 2: 1 + 2 * 17 + 7,
         # and the second reading
-        assert first - dec.stats.target_calls == 1 + 25 and dec.stats.time_calibration == pytest.approx(0.066)
+        assert first - dec.stats.target_calls == 1 + 17 and dec.stats.time_calibration == pytest.approx(0.043)
         calls.clear()
         again = LookaheadDecoder(calibrations=registry, clock=FakeClock())
         model.generate(IDS, custom_generate=again, max_new_tokens=10, eos_token_id=None)
