@@ -1,8 +1,10 @@
 """What the command line and the examples show while they work: the library's log lines, each long phase's
 start and time, and a torch thread count that suits a busy machine.
 
-The library never prints: it logs on the ``"lookahead"`` logger (loading, converting, calibrating).
-:func:`log_to_stderr` shows those INFO lines on stderr, one plain line each::
+The library never prints: it logs on the ``"lookahead"`` logger (loading, converting, calibrating). The one
+thing it draws is a progress bar while a calibration that runs over a second times its steps (once per model;
+``cost.calibration_progress``; transformers' ``disable_progress_bar()`` turns it off as it does transformers'
+own). :func:`log_to_stderr` shows those INFO lines on stderr, one plain line each::
 
     loaded SmolLM2-135M-Instruct from its converted weights in 1.2 s (~/.cache/lookahead/models/...)
     calibrating the cost curve once for this model (about 2 s) ...

@@ -18,6 +18,7 @@ extra tokens is nearly free on a datacenter GPU and costs real time on a CPU, so
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -28,7 +29,8 @@ import platform
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -231,6 +233,47 @@ def capped_curve(times: dict[int, float]) -> dict[int, float]:
     return {k: min(t, k * t1) for k, t in times.items()}
 
 
+PROGRESS_DELAY = 1.0
+"""Seconds a calibration runs before its progress bar appears: a fast one (a small model, a GPU) shows none."""
+_BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
+
+
+@contextlib.contextmanager
+def calibration_progress(desc: str, enabled: bool = True) -> Iterator[object | None]:
+    """While entered, :func:`calibrate_curve` counts its timed runs on a progress bar (``tqdm.auto``: a notebook
+    widget or a line on stderr) labelled ``desc``, shown once it has run :data:`PROGRESS_DELAY` seconds and
+    removed when done. None (no bar) when not ``enabled`` or when transformers' progress bars are switched off
+    (``transformers.utils.logging.disable_progress_bar()``). Yields the bar or None."""
+    bar = None
+    if enabled:
+        from transformers.utils import logging as hf_logging
+
+        if hf_logging.is_progress_bar_enabled():
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc=desc, unit="step", delay=PROGRESS_DELAY, leave=False, dynamic_ncols=True)
+    token = _BAR.set(bar)
+    try:
+        yield bar
+    finally:
+        _BAR.reset(token)
+        if bar is not None:
+            bar.close()
+
+
+def _counted(time_one: Callable[[int], float], bar) -> Callable[[int], float]:
+    """``time_one`` that also advances ``bar`` (None: ``time_one`` itself)."""
+    if bar is None:
+        return time_one
+
+    def timed(k: int) -> float:
+        seconds = time_one(k)
+        bar.update(1)
+        return seconds
+
+    return timed
+
+
 def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callable[[], bool]
            ) -> dict[int, float] | None:
     """One round's timings, ``{k: seconds}`` in ``order``; None when ``over()`` says time is up before the
@@ -262,6 +305,7 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     - A curve still not trusted is returned ``provisional``: every size's fastest timing over every round,
       capped at ``k`` one-token forwards (:func:`capped_curve`). It is the best estimate at hand, not a
       measurement to keep: :class:`Calibrations` neither persists it nor keeps it for long.
+    - Inside :func:`calibration_progress`, each timed run advances its bar.
 
     Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
     2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 2 * 4 calls of ``time_one``.
@@ -275,11 +319,17 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     def over() -> bool:
         return clock() - start > max_seconds
 
+    bar = _BAR.get()  # calibration_progress's, when one is entered
+    if bar is not None:
+        bar.total = 1 + rounds * (len(sizes) + 1)  # a quiet machine's runs: the first probe, then the rounds
+    time_one = _counted(time_one, bar)
     usable: dict[int, list[float]] = {k: [] for k in sizes}
     every: dict[int, list[float]] = {k: [] for k in sizes}
     probe = time_one(1)
     why = None
     for done in range(rounds * attempts):
+        if bar is not None and done >= rounds:  # a round more than a quiet machine's
+            bar.total += len(sizes) + 1
         times = _round(time_one, round_order(sizes, done), over if done else (lambda: False))
         if times is None:  # out of time: the unfinished round is dropped
             why = f"{disagreement(usable, agreement)}; stopped after {max_seconds:.0f} s"
@@ -511,7 +561,8 @@ class Calibrations:
     with ``Calibrations()`` (which then holds only what it measured itself). ``LOOKAHEAD_PERSIST=0`` in the
     environment turns it off everywhere. ``folder``: the cache folder (default
     :func:`lookahead.user_cache.cache_dir`). Each measurement logs an INFO line on the ``"lookahead"``
-    logger when it starts and when it ends, and so does a persisted curve when it is used.
+    logger when it starts and when it ends, and so does a persisted curve when it is used; one that runs longer
+    than :data:`PROGRESS_DELAY` also shows a progress bar.
 
     A decoder uses :data:`DEFAULT_CALIBRATIONS` unless given its own object, so a machine measures each
     model once; tests pass their own or pin a curve, so nothing carries from one test to the next.
@@ -530,10 +581,12 @@ class Calibrations:
         return CurveStore(self.folder) if on and user_cache.persist_enabled() else None
 
     def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = "",
-            persist: bool | None = None) -> CostModel:
+            persist: bool | None = None, progress: bool = True) -> CostModel:
         """``variant``: what else the measurement depends on (``"step"``: whole decoding steps timed, a static
         cache's buckets); a pinned curve applies to every variant. ``persist``: this call's choice over the registry's (False
-        for a measurement that is not the machine's, e.g. one timed with an injected clock)."""
+        for a measurement that is not the machine's, e.g. one timed with an injected clock). ``progress``: a
+        measurement that runs longer than :data:`PROGRESS_DELAY` shows a progress bar
+        (:func:`calibration_progress`)."""
         with self._lock:
             curves = self._curves.get(model, {})
             pinned = curves.get(model_key(model))
@@ -562,7 +615,9 @@ class Calibrations:
                          "the last one was provisional" if entry.curve.provisional
                          else f"for {max_rows} rows (it covered {entry.curve.max_k})", about)
             t = time.perf_counter()
-            curve = measure(sizes)
+            desc = f"lookahead calibration ({variant or 'forwards'}), once per model"
+            with calibration_progress(desc, progress):
+                curve = measure(sizes)
             seconds = time.perf_counter() - t
             again = entry is not None and entry.curve.provisional and curve.provisional
             retries = entry.retries + 1 if again else 0

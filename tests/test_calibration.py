@@ -17,6 +17,7 @@ from lookahead.cost import (
     CostModel,
     CurveStore,
     calibrate_curve,
+    calibration_progress,
     capped_curve,
     curve_fingerprint,
     disagreement,
@@ -120,6 +121,32 @@ def test_a_machine_busy_throughout_gives_a_provisional_capped_curve_after_bounde
     assert times[1] == TRUE[1] and all(times[k] <= k * TRUE[1] + 1e-12 for k in SIZES)
     assert all(times[k] >= TRUE[k] for k in SIZES)  # load only adds time
     assert "stays provisional" in caplog.text
+
+
+def test_a_calibration_counts_every_timed_run_on_its_progress_bar():
+    """Quiet: the bar's total is the 2 rounds it takes; busy for 2 rounds: it grows by a round each time one
+    more is timed, and ends full."""
+    for factor, rounds in ((lambda i, k: 1.0, 2),
+                           (lambda i, k: 1.0 if k == 1 or i > 2 * ROUND else (1.9, 3.1)[(i - 1) // ROUND], 4)):
+        timer = Timer(factor)
+        with calibration_progress("calibrating") as bar:
+            assert bar is not None
+            calibrate_curve(timer, SIZES, clock=Ticks())
+            assert bar.n == bar.total == len(timer.calls) == 1 + rounds * ROUND
+
+
+def test_no_progress_bar_when_switched_off_here_or_in_transformers():
+    from transformers.utils import logging as hf_logging
+
+    with calibration_progress("calibrating", enabled=False) as bar:
+        assert bar is None
+        assert calibrate_curve(Timer(), SIZES, clock=Ticks()).points == tuple(TRUE.items())
+    hf_logging.disable_progress_bar()
+    try:
+        with calibration_progress("calibrating") as bar:
+            assert bar is None
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def test_the_deadline_bounds_a_calibration_on_a_crawling_machine():
