@@ -29,7 +29,6 @@ import statistics
 import sys
 from collections import Counter
 
-FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))
 WORKLOADS = ("chat", "code-editing", "code-completion")
 
 
@@ -102,6 +101,8 @@ def bench(args) -> int:
     from lookahead.bench.workloads import build_workloads
     from lookahead.heads import DraftHeads
     from lookahead.models import load_smollm2
+
+    from .replay import FLAT_CURVE
 
     torch.set_num_threads(args.threads)
     model, tok = load_smollm2(dtype=getattr(torch, args.dtype))

@@ -53,6 +53,8 @@ busy machine inflates far less: time other processes take from the core is not c
 clock_now = time.perf_counter
 NEVER_CURVE = ((1, 0.001), (2, 1.0), (256, 100.0))  # an extra token costs 1000x: always a plain step
 FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))  # 256 rows cost 1.02 one-row steps: a GPU's regime
+# (benchmarks.replay.FLAT_CURVE's values, kept here: this script imports only lookahead's public API, so that it
+# measures an older checkout too)
 GOALS_MS = {"never": 0.1, "always": 0.25}
 
 
