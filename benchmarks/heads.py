@@ -110,11 +110,14 @@ def bench(args) -> int:
     methods = [plain(), decoder_method("lookahead", config)]
     if args.aa:  # the default decoder twice: how far its per-prompt time moves by chance
         methods.append(decoder_method("lookahead-again", config))
+    dtypes = args.heads_dtype.split(",")
     for kind in args.kinds.split(","):
         cost = None if args.heads_cost is None else tuple(float(c) for c in args.heads_cost.split(","))
-        heads = (DraftHeads.load(f"{args.heads}/{kind}", cost=cost) if args.heads else
-                 DraftHeads.bundled(kind, cost=cost))
-        methods.append(heads_method(f"lookahead+heads-{kind}", heads, config))
+        for dtype in dtypes:
+            heads = (DraftHeads.load(f"{args.heads}/{kind}", cost=cost, dtype=dtype) if args.heads else
+                     DraftHeads.bundled(kind, cost=cost, dtype=dtype))
+            name = f"lookahead+heads-{kind}" + (f"-{dtype}" if len(dtypes) > 1 else "")
+            methods.append(heads_method(name, heads, config))
     workloads = build_workloads(list(WORKLOADS), args.prompts)
     result = run_bench(model, tok, workloads, methods, max_new_tokens=args.tokens, progress=not args.no_progress,
                        model_name="SmolLM2-135M-Instruct (bundled)", command="python -m benchmarks.heads "
@@ -175,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="pin the heads' own seconds per step (default: measured on this machine)")
     b.add_argument("--aa", action="store_true", help="also run the default decoder a second time (A/A control)")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    b.add_argument("--heads-dtype", default="auto", metavar="DTYPE[,DTYPE]",
+                   help="what the heads compute in (HeadsSettings.dtype: auto, float32, bfloat16); several, "
+                        "comma-separated: one method each")
     b.add_argument("--out", default=None)
     b.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("plot")

@@ -19,14 +19,17 @@ from scipy.stats import chisquare
 from lookahead import LookaheadDecoder
 from lookahead.context_head import ContextCache, attention_heads, rope, unrolled_features
 from lookahead.cost import CostModel, set_cost_curve
+from lookahead.draft import HEADS
 from lookahead.heads import (
     KINDS,
     DraftHeads,
     HeadsSettings,
     best_first_tree,
+    cheapest,
     confidence_bucket,
     context_propose,
     fingerprint,
+    heads_dtypes,
     select_best,
     tree_reach,
 )
@@ -123,6 +126,8 @@ def test_settings_refuse_bad_values():
         HeadsSettings(max_nodes=0)
     with pytest.raises(ValueError, match="cost"):
         HeadsSettings(cost=(-1.0, 0.0))
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        HeadsSettings(dtype="float16")
     with pytest.raises(ValueError, match="kinds"):
         TrainSettings(kinds=("other",))
     with pytest.raises(ValueError, match="kind"):
@@ -421,6 +426,50 @@ def test_pricing_drafts_on_a_flat_curve_and_not_where_heads_cost_too_much(traine
     depths = [expensive.priced_depth(3, steep, 1.05) for _ in range(40)]
     assert depths[:15] == [0] * 15 and max(depths) <= 2  # nothing, then a short probe now and then
     assert source.priced_depth(3, None, 1.05) == 3  # no budget: as deep as asked
+
+
+def test_the_heads_dtype_choices():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert heads_dtypes("auto", "feature", cpu, True) == (torch.float32, torch.bfloat16)
+    assert heads_dtypes("auto", "medusa", cpu, False) == (torch.float32,)  # a given cost: nothing to compare
+    assert heads_dtypes("auto", "feature", cuda, True) == (torch.float32,)
+    assert heads_dtypes("auto", "context", cpu, True) == heads_dtypes("bfloat16", "context", cpu, True) == (torch.float32,)
+    assert heads_dtypes("bfloat16", "medusa", cuda, False) == (torch.bfloat16,)
+    assert cheapest({"a": (0.0, 0.002), "b": (0.001, 0.0006)}, 6) == "b"
+    assert cheapest({"a": (0.0, 0.002), "b": (0.003, 0.0006)}, 1) == "a"
+    assert cheapest({"a": (0.0, 0.001), "b": (0.0, 0.001)}, 3) == "a"  # the first of equals
+
+
+@pytest.mark.parametrize("kind", ["medusa", "feature"])
+def test_heads_computing_in_bf16_draft_as_well_and_stay_exact(trained, llama, kind):
+    """The heads in bfloat16 (their copy, the LM-head rows, the embeddings; scores in float32) on a float32 model:
+    the output is plain's, and they draft about as well as in float32. (A context head stays float32.)"""
+    heads = trained[kind][0]
+    prompt = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(11))
+    plain = llama.generate(prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)
+    accepted = {}
+    for dtype in ("float32", "bfloat16"):
+        decoder = LookaheadDecoder(heads=heads.with_settings(dtype=dtype), **HEADS_ONLY)
+        ours = llama.generate(prompt, max_new_tokens=40, custom_generate=decoder, pad_token_id=0)
+        assert torch.equal(plain, ours), dtype
+        source = next(s for s in decoder.policy.sources if s.origin == HEADS)
+        assert source.bound.dtype == getattr(torch, dtype) and source.bound.weight.dtype == getattr(torch, dtype)
+        assert source.report()["dtype"] == dtype
+        accepted[dtype] = decoder.stats.accepted_by_origin["heads"]
+    assert accepted["bfloat16"] >= 0.8 * accepted["float32"] > 0
+    assert next(iter(heads.parameters())).dtype == torch.float32  # the heads themselves untouched
+
+
+def test_auto_heads_measure_both_dtypes_on_a_cpu_and_keep_the_cheaper(trained, llama):
+    from lookahead.heads import _COSTS
+
+    heads = trained["feature"][0].with_settings(cost=None)  # measured
+    source = heads.make_source()
+    source.start(np.arange(3, 9), llama)
+    measured = {key[-1]: cost for key, cost in _COSTS[llama].items() if key[0] == "feature"}
+    assert set(measured) == {torch.float32, torch.bfloat16}
+    best = cheapest(measured, source.limits()[1])
+    assert source.bound.dtype == best and source.cost == measured[best]
 
 
 def test_heads_draft_their_wide_tree_only_in_the_widest_steps():
