@@ -3,6 +3,7 @@
     python -m benchmarks.heads bench --curve flat [--kinds medusa,feature] [--heads DIR] [--heads-cost B,L] \
         [--out FILE.json]
     python -m benchmarks.heads bench --curve cpu --kinds medusa [--repeats 3] [--out FILE.json]
+    python -m benchmarks.heads bench --curve cpu --kinds feature --heads-dtype float32,auto  # one method per dtype
     python -m benchmarks.heads plot TRAIN_REPORT.json --out curve.png
 
 ``bench`` runs the benchmark's own runner (``lookahead.bench.runner.run_bench``) on the workloads chat,
