@@ -559,7 +559,7 @@ class Bound:
         return self.embed(ids).to(self.dtype)
 
 
-_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {id(heads): (heads, Bound)}
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(id(heads), dtype): (heads, Bound)}
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: (base, per level) seconds}
 
 
