@@ -239,19 +239,18 @@ _BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
 
 
 @contextlib.contextmanager
-def calibration_progress(desc: str, enabled: bool = True) -> Iterator[object | None]:
+def calibration_progress(desc: str) -> Iterator[object | None]:
     """While entered, :func:`calibrate_curve` counts its timed runs on a progress bar (``tqdm.auto``: a notebook
     widget or a line on stderr) labelled ``desc``, shown once it has run :data:`PROGRESS_DELAY` seconds and
-    removed when done. None (no bar) when not ``enabled`` or when transformers' progress bars are switched off
+    removed when done. None (no bar) when transformers' progress bars are switched off
     (``transformers.utils.logging.disable_progress_bar()``). Yields the bar or None."""
+    from transformers.utils import logging as hf_logging
+
     bar = None
-    if enabled:
-        from transformers.utils import logging as hf_logging
+    if hf_logging.is_progress_bar_enabled():
+        from tqdm.auto import tqdm
 
-        if hf_logging.is_progress_bar_enabled():
-            from tqdm.auto import tqdm
-
-            bar = tqdm(desc=desc, unit="step", delay=PROGRESS_DELAY, leave=False, dynamic_ncols=True)
+        bar = tqdm(desc=desc, unit="step", delay=PROGRESS_DELAY, leave=False, dynamic_ncols=True)
     token = _BAR.set(bar)
     try:
         yield bar
@@ -581,12 +580,12 @@ class Calibrations:
         return CurveStore(self.folder) if on and user_cache.persist_enabled() else None
 
     def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = "",
-            persist: bool | None = None, progress: bool = True) -> CostModel:
+            persist: bool | None = None) -> CostModel:
         """``variant``: what else the measurement depends on (``"step"``: whole decoding steps timed, a static
         cache's buckets); a pinned curve applies to every variant. ``persist``: this call's choice over the registry's (False
-        for a measurement that is not the machine's, e.g. one timed with an injected clock). ``progress``: a
-        measurement that runs longer than :data:`PROGRESS_DELAY` shows a progress bar
-        (:func:`calibration_progress`)."""
+        for a measurement that is not the machine's, e.g. one timed with an injected clock). A measurement that
+        runs longer than :data:`PROGRESS_DELAY` shows a progress bar (:func:`calibration_progress`): one timed on an
+        injected clock takes milliseconds and never does."""
         with self._lock:
             curves = self._curves.get(model, {})
             pinned = curves.get(model_key(model))
@@ -616,7 +615,7 @@ class Calibrations:
                          else f"for {max_rows} rows (it covered {entry.curve.max_k})", about)
             t = time.perf_counter()
             desc = f"lookahead calibration ({variant or 'forwards'}), once per model"
-            with calibration_progress(desc, progress):
+            with calibration_progress(desc):
                 curve = measure(sizes)
             seconds = time.perf_counter() - t
             again = entry is not None and entry.curve.provisional and curve.provisional

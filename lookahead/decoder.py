@@ -191,7 +191,7 @@ class LookaheadDecoder:
         if sync is None or not sync.active:
             # a curve timed on an injected clock is not this machine's: not persisted, not read from disk
             persist = None if self.clock is time.perf_counter else False
-            linear = self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist, progress=persist is None)
+            linear = self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist)
             modules = self._layout_modules(model)
             if not modules:
                 return linear
@@ -201,7 +201,7 @@ class LookaheadDecoder:
                     return measure(sizes, clock)
 
             transposed = self.calibrations.get(model, MAX_ROWS, measure_transposed, STEP_VARIANT + LAYOUT_VARIANT,
-                                               persist=persist, progress=persist is None)
+                                               persist=persist)
             fit = MAX_ROWS if self.config.linear_layout == "transposed" else rows_that_pay(linear, transposed)
             self._transposed_rows = fit
             return combined_curve(linear, transposed, fit)

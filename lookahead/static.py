@@ -261,7 +261,7 @@ class StaticCall(SingleCall):
         variant = f"static/{'compiled' if self.compiled else 'eager'}/{self.columns}"
         persist = None if self.decoder.clock is time.perf_counter else False  # an injected clock: not this machine's
         return self.decoder.calibrations.get(setup.model, max(sizes), lambda _: self._time_buckets(setup, sizes),
-                                             variant, persist=persist, progress=persist is None)
+                                             variant, persist=persist)
 
     def _time_buckets(self, setup: call.CallSetup, sizes: tuple[int, ...]) -> CostModel:
         clock, device = self.decoder.clock, setup.device

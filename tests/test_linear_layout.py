@@ -109,8 +109,7 @@ def test_auto_takes_the_layout_where_the_calibration_timed_it_faster(tiny_models
     curves = {"step": _curve(LINEAR_MS), "step" + layout.VARIANT: _curve(TRANSPOSED_MS)}
     seen = []
 
-    def get(self, model, max_rows, measure, variant="", persist=None, progress=True):
-        assert progress  # a real clock: a long calibration would show its bar
+    def get(self, model, max_rows, measure, variant="", persist=None):
         seen.append(variant)
         return curves[variant]
 
@@ -132,7 +131,7 @@ def test_auto_leaves_a_small_model_alone(tiny_models, monkeypatch):
     model = tiny_models("llama")
     assert layout.weights(linear_modules(model)) < layout.MIN_WEIGHTS
     seen = []
-    monkeypatch.setattr(Calibrations, "get", lambda self, m, rows, measure, variant="", persist=None, progress=True:
+    monkeypatch.setattr(Calibrations, "get", lambda self, m, rows, measure, variant="", persist=None:
                         seen.append(variant) or _curve(LINEAR_MS))
     decoder = LookaheadDecoder(calibrations=Calibrations())
     model.generate(torch.tensor([REPETITIVE]), custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
