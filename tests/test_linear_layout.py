@@ -19,7 +19,7 @@ from lookahead.linear_layout import (
     transposed_linear,
 )
 
-from tiny import TINY_ARCHS
+from tiny import TINY_ARCHS, tiny_model
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 LINEAR_MS = ((1, 80), (2, 126), (4, 126), (8, 116), (16, 142))
@@ -136,6 +136,26 @@ def test_auto_leaves_a_small_model_alone(tiny_models, monkeypatch):
     decoder = LookaheadDecoder(calibrations=Calibrations())
     model.generate(torch.tensor([REPETITIVE]), custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
     assert seen == ["step"] and decoder.stats.transposed_rows == 0  # one calibration, nn.Linear
+
+
+def test_both_layouts_are_timed_after_one_prefill():
+    """A model with no kept curve calibrates both ways on one step timer: its context is prefilled once (an
+    injected clock: nothing persisted, nothing read from disk)."""
+    model = tiny_model("llama")  # no pinned curve: the decoder measures
+    queries = []
+    hook = model.register_forward_pre_hook(lambda m, args, kw: queries.append(kw["input_ids"].shape[1]),
+                                           with_kwargs=True)
+    ticks = iter(range(10**9))
+    decoder = LookaheadDecoder(calibrations=Calibrations(), linear_layout="transposed",
+                               clock=lambda: next(ticks) * 1e-3)
+    try:
+        model.generate(torch.tensor([REPETITIVE]), custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
+    finally:
+        hook.remove()
+    # [128, 1, 1, 2, ..., 64, ...: the linear rounds, then 1, 2, ..., 16, ...: the transposed rounds, then the call
+    assert queries[0] == 128 and queries.count(128) == 1, queries  # one context for both calibrations
+    assert queries.count(16) >= 4 and queries.count(64) >= 2  # two rounds each way (16 rows), two linear (64)
+    assert decoder.stats.time_calibration > 0
 
 
 def test_weights_count_a_shared_weight_once():
