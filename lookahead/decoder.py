@@ -181,16 +181,14 @@ class LookaheadDecoder:
         cache_kwarg, keeps_logits = compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model)
 
         factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache  # a small window cannot break
-        timers = {}  # (clock, rows) -> time_one: the linear and transposed calibrations share one prefill
+        shared = []  # [(clock, rows, time_one)]: the linear and transposed calibrations share one prefilled timer
 
         def measure(sizes, clock=self.clock):  # whole steps: mask, forward, row reads, KV keep (call.step_timer)
             rows = max(sizes)
-            fits = [key for key in timers if key[0] is clock and key[1] >= rows]
-            if not fits:  # the context's prefill, once per clock and at least these rows
-                timers[(clock, rows)] = call.step_timer(model, factory, cache_kwarg, keeps_logits,
-                                                        self.config.recycle_k, clock, max_rows=rows)
-                fits = [(clock, rows)]
-            return calibrate_curve(timers[fits[0]], sizes, clock=clock)
+            if not shared or shared[0][0] is not clock or shared[0][1] < rows:  # its context's prefill, once
+                shared[:] = [(clock, rows, call.step_timer(model, factory, cache_kwarg, keeps_logits,
+                                                           self.config.recycle_k, clock, max_rows=rows))]
+            return calibrate_curve(shared[0][2], sizes, clock=clock)
 
         rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
         if sync is None or not sync.active:
