@@ -164,7 +164,8 @@ class LookaheadConfig:
       (default): the calibration times the steps both ways, ``nn.Linear``'s ``x @ W^T`` and the other way round,
       ``(W @ x^T)^T`` (some BLAS builds are far slower for a few rows than for one), and a call uses the other
       way round up to the most rows where it was faster; nothing changes where a cost curve is given or not
-      measured, or in a model whose linear layers hold fewer than 16M weights. ``"linear"``: always
+      measured, in a model whose linear layers hold fewer than 16M weights, and in a bf16 or fp16 one (their
+      kernels are already fast for a few rows). ``"linear"``: always
       ``nn.Linear``. ``"transposed"``: always the other way round for 2 to 16 rows. One-row steps always go
       through ``nn.Linear``, as in plain ``generate``; only on a CPU.
     """

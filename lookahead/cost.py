@@ -50,6 +50,12 @@ AGREEMENT = 1.2
 DRIFT = 1.5
 ATTEMPTS = 4
 MAX_SECONDS = 10.0
+STOP_RATIO = 6.0
+"""The first round times the sizes from the smallest up and stops at the first one that costs at least this many
+one-token forwards: a step that dear pays only when its draft is expected to yield over 5 tokens, and the larger
+sizes, priced by the curve's last segment (``CostModel``), would cost most of the calibration's time. A bf16 SmolLM2
+on a 2-core CPU without AMX: 16 rows 7.1x, 32 rows 13.2x, 64 rows 25.6x a one-row step; times 1-16 only, and prices
+32 and 64 at 13.5x and 26.3x. A GPU's or an fp32 CPU's curve never gets that steep within 64 rows."""
 
 CURVE_FORMAT = 3  # the version of a persisted curve's file and of what its timing measures (2: whole steps;
 # 3: the points as measured and how they are read, "steps": format 2 kept them made non-decreasing)
@@ -86,11 +92,13 @@ class CostModel:
       Example: ``CostModel([(1, .010), (2, .008), (4, .012)], steps=True)(3)`` -> 0.012; ``(2)`` -> 0.008.
 
     ``provisional``: measured while the machine was busy (see :func:`calibrate_curve`): the best
-    estimate at hand, never persisted, measured again later. Two curves are equal when their points and
-    flags are.
+    estimate at hand, never persisted, measured again later. ``covers``: the most rows the curve was measured
+    for (at least its largest point, the default); a calibration that stopped early (:data:`STOP_RATIO`)
+    covers the larger sizes by extrapolation. Two curves are equal when their points, flags and ``covers`` are.
     """
 
-    def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False, steps: bool = False):
+    def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False, steps: bool = False,
+                 covers: int = 0):
         self.provisional, self.steps = bool(provisional), bool(steps)
         pts = sorted((int(k), float(t)) for k, t in points)
         if not pts or pts[0][0] < 1 or any(not t > 0 or not math.isfinite(t) for _, t in pts):
@@ -102,6 +110,7 @@ class CostModel:
         self._slope = (max((self._ts[-1] - self._ts[-2]) / (self._ks[-1] - self._ks[-2]), 0.0)
                        if len(self._ks) >= 2 else 0.0)
         self.points = tuple(zip(self._ks.astype(int).tolist(), self._ts.tolist()))
+        self.covers = max(int(covers), self.max_k)
 
     @property
     def max_k(self) -> int:
@@ -119,11 +128,11 @@ class CostModel:
     def scaled(self, factors: np.ndarray) -> CostModel:
         """A new curve with each point's seconds multiplied by ``factors`` (float[points]); the flags are kept."""
         return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())), self.provisional,
-                         self.steps)
+                         self.steps, self.covers)
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, CostModel) and self.points == other.points
-                and (self.provisional, self.steps) == (other.provisional, other.steps))
+                and (self.provisional, self.steps, self.covers) == (other.provisional, other.steps, other.covers))
 
     def __repr__(self) -> str:
         return ("CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points)
@@ -273,22 +282,45 @@ def _counted(time_one: Callable[[int], float], bar) -> Callable[[int], float]:
     return timed
 
 
-def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callable[[], bool]
-           ) -> dict[int, float] | None:
+def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callable[[], bool],
+           enough: Callable[[int, float], bool] | None = None) -> dict[int, float] | None:
     """One round's timings, ``{k: seconds}`` in ``order``; None when ``over()`` says time is up before the
-    round ends."""
+    round ends. ``enough(k, seconds)``: True ends the round after timing ``k`` (what was timed is returned)."""
     times = {}
     for k in order:
         if over():
             return None
         times[k] = time_one(k)
+        if enough is not None and enough(k, times[k]):
+            break
     return times
+
+
+def _steep(time_one: Callable[[int], float], probe: float, ratio: float, agreement: float = AGREEMENT,
+           drift: float = DRIFT) -> Callable[[int, float], bool]:
+    """The first round's stop test: ``k`` >= 2 rows took at least ``ratio`` one-token forwards (``probe``), and
+    timed once more beside a new probe, the two timings of ``k`` agree within ``agreement``, the probes within
+    ``drift``, and the lesser of each pair still says so. A machine whose load slows some timings and not others
+    (the pairs disagree) is timed at every size, as before. Tested once: a size that does not pass lets the round
+    go on to every size."""
+    tested = []
+
+    def enough(k: int, seconds: float) -> bool:
+        if tested or k < 2 or seconds < ratio * probe:
+            return False
+        tested.append(k)
+        again, one = time_one(k), time_one(1)
+        return (max(seconds, again) <= agreement * min(seconds, again) and max(probe, one) <= drift * min(probe, one)
+                and min(seconds, again) >= ratio * min(probe, one))
+
+    enough.tested = tested  # the size re-timed, if any (two more runs)
+    return enough
 
 
 def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
                     clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT_ROUNDS,
                     attempts: int = ATTEMPTS, max_seconds: float = MAX_SECONDS, agreement: float = AGREEMENT,
-                    drift: float = DRIFT) -> CostModel:
+                    drift: float = DRIFT, stop_ratio: float | None = STOP_RATIO) -> CostModel:
     """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k``
     new tokens, or a whole decoding step with ``k`` rows), robust to a machine that other work slows.
 
@@ -304,15 +336,22 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     - A curve still not trusted is returned ``provisional``: every size's fastest timing over every round,
       capped at ``k`` one-token forwards (:func:`capped_curve`). It is the best estimate at hand, not a
       measurement to keep: :class:`Calibrations` neither persists it nor keeps it for long.
+    - The first round times the sizes from the smallest up. The first size of 2 or more rows that costs at least
+      ``stop_ratio`` times the probe before it, timed twice alike (:func:`_steep`), ends it, and no larger size is timed
+      in any round (None: every size is): the curve covers them (``CostModel.covers``) by its last segment's slope
+      (:data:`STOP_RATIO`).
     - Inside :func:`calibration_progress`, each timed run advances its bar.
 
     Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
-    2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 2 * 4 calls of ``time_one``.
+    2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 2 * 4 calls of ``time_one``. With ``lambda k: 0.010 * k`` and
+    sizes ``(1, 2, 4, 8, 16)``: 8 rows cost 8x the probe (and again, timed once more), so 16 is never timed:
+    ``CostModel(1: 10.0 ms, 2: 20.0 ms, 4: 40.0 ms, 8: 80.0 ms, steps)`` covering 16 rows (priced 160 ms).
     """
     sizes = tuple(sorted({int(k) for k in sizes} | {1}))
-    if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0:
-        raise ValueError(f"calibrate_curve needs rounds, attempts >= 1 and agreement, drift >= 1; got "
-                         f"{rounds}, {attempts}, {agreement}, {drift}")
+    covers = sizes[-1]
+    if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0 or (stop_ratio is not None and stop_ratio <= 1):
+        raise ValueError(f"calibrate_curve needs rounds, attempts >= 1, agreement, drift >= 1 and stop_ratio > 1 "
+                         f"or None; got {rounds}, {attempts}, {agreement}, {drift}, {stop_ratio}")
     start = clock()
 
     def over() -> bool:
@@ -329,10 +368,20 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     for done in range(rounds * attempts):
         if bar is not None and done >= rounds:  # a round more than a quiet machine's
             bar.total += len(sizes) + 1
-        times = _round(time_one, round_order(sizes, done), over if done else (lambda: False))
+        enough = None
+        if not done and stop_ratio is not None:  # round 0 times the sizes in increasing order
+            enough = _steep(time_one, probe, stop_ratio, agreement, drift)
+        times = _round(time_one, round_order(sizes, done), over if done else (lambda: False), enough)
         if times is None:  # out of time: the unfinished round is dropped
             why = f"{disagreement(usable, agreement)}; stopped after {max_seconds:.0f} s"
             break
+        if bar is not None and enough is not None and enough.tested:
+            bar.total += 2
+        if len(times) < len(sizes):  # stopped early: the sizes above its last are never timed
+            if bar is not None:
+                bar.total -= rounds * (len(sizes) - len(times))
+            sizes = sizes[: len(times)]
+            usable, every = {k: usable[k] for k in sizes}, {k: every[k] for k in sizes}
         after = time_one(1)
         for k, t in times.items():
             every[k].append(t)
@@ -344,13 +393,13 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
             continue
         why = disagreement(usable, agreement)
         if why is None:
-            return CostModel(sorted(fastest(usable).items()), steps=True)
+            return CostModel(sorted(fastest(usable).items()), steps=True, covers=covers)
         if done + 1 == rounds:
             log.info("the machine looks busy (%s): timing more rounds", why)
         if over():
             why += f"; stopped after {max_seconds:.0f} s"
             break
-    curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True, steps=True)
+    curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True, steps=True, covers=covers)
     log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
                 "measured again later in this process, and not saved", why)
     return curve
@@ -499,7 +548,7 @@ class CurveStore:
         path = self.path(fingerprint)
         data = user_cache.read_json(path)
         curve = None if data is None else _parse_curve(data, fingerprint)
-        if curve is None or curve.max_k < max_rows:
+        if curve is None or curve.covers < max_rows:
             return None
         return StoredCurve(curve, path, str(data.get("measured", "")), float(data.get("seconds", 0.0) or 0.0))
 
@@ -510,7 +559,7 @@ class CurveStore:
             return None
         path = self.path(fingerprint)
         data = {"kind": _CURVE_KIND, "format": CURVE_FORMAT, "fingerprint": fingerprint,
-                "points": [[k, t] for k, t in curve.points], "steps": curve.steps,
+                "points": [[k, t] for k, t in curve.points], "steps": curve.steps, "covers": curve.covers,
                 "measured": datetime.datetime.now().isoformat(timespec="seconds"),
                 "seconds": round(seconds, 3)}
         return path if user_cache.write_json_atomic(path, data) else None
@@ -532,7 +581,10 @@ def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
     if (any(not isinstance(k, int) or isinstance(k, bool) for k, _ in points) or ks[0] < 1
             or any(b <= a for a, b in zip(ks, ks[1:])) or any(not 0 < t < math.inf for _, t in pts)):
         return None
-    return CostModel(pts, steps=bool(data.get("steps", False)))
+    covers = data.get("covers", ks[-1])  # absent in a file written before calibrations stopped early
+    if not isinstance(covers, int) or isinstance(covers, bool) or covers < ks[-1]:
+        return None
+    return CostModel(pts, steps=bool(data.get("steps", False)), covers=covers)
 
 
 @dataclass
@@ -593,7 +645,7 @@ class Calibrations:
                 return pinned.curve
             key = model_key(model) + ((variant,) if variant else ())
             entry = curves.get(key)
-            fits = entry is not None and (entry.pinned or entry.curve.max_k >= max_rows)
+            fits = entry is not None and (entry.pinned or entry.curve.covers >= max_rows)
             if fits and not self._retry_due(entry):
                 return entry.curve
             store = self.store(persist)
@@ -612,7 +664,7 @@ class Calibrations:
             else:
                 log.info("measuring the cost curve again, %s (about %.0f s) ...",
                          "the last one was provisional" if entry.curve.provisional
-                         else f"for {max_rows} rows (it covered {entry.curve.max_k})", about)
+                         else f"for {max_rows} rows (it covered {entry.curve.covers})", about)
             t = time.perf_counter()
             desc = f"lookahead calibration ({variant or 'forwards'}), once per model"
             with calibration_progress(desc):

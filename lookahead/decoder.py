@@ -24,7 +24,15 @@ from .config import LookaheadConfig
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibrate_curve, calibration_sizes
 from .distributed import RankSync
 from .kv_cache import new_cache
-from .linear_layout import MAX_ROWS, TransposedLinears, combined_curve, linear_modules, rows_that_pay, weights
+from .linear_layout import (
+    AUTO_DTYPES,
+    MAX_ROWS,
+    TransposedLinears,
+    combined_curve,
+    linear_modules,
+    rows_that_pay,
+    weights,
+)
 from .linear_layout import MIN_WEIGHTS as LAYOUT_MIN_WEIGHTS
 from .linear_layout import VARIANT as LAYOUT_VARIANT
 from .numba_kernels import warn_if_uncompiled
@@ -211,8 +219,8 @@ class LookaheadDecoder:
         # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and
         # prices with rank 0's curve; kept per model in this decoder, whose calls every rank makes alike
         known = self._tp_curves.get(model)
-        sync.check("calibration", known=known is not None and known.max_k >= rows)
-        if known is None or known.max_k < rows:
+        sync.check("calibration", known=known is not None and known.covers >= rows)
+        if known is None or known.covers < rows:
             measured = measure(calibration_sizes(rows), clock=sync.shared_clock(self.clock))
             known = self._tp_curves[model] = sync.broadcast(measured)
         return known
@@ -220,14 +228,16 @@ class LookaheadDecoder:
     def _layout_modules(self, model) -> list:
         """The linear layers this decoder's steps may compute the other way round (``LookaheadConfig.linear_layout``,
         ``linear_layout.py``): none for ``"linear"`` or a model sharded over tensor-parallel ranks, and under
-        ``"auto"`` none for a model too small to be worth a second calibration."""
+        ``"auto"`` none for a model too small to be worth a second calibration or whose weights are bf16 or fp16
+        (``linear_layout.AUTO_DTYPES``)."""
         if self.config.linear_layout == "linear" or RankSync.for_model(model).active:
             return []
         device = getattr(model, "device", None)
         if device is not None and torch.device(device).type != "cpu":  # on a GPU: none, without walking the modules
             return []
         modules = linear_modules(model)
-        if self.config.linear_layout == "auto" and weights(modules) < LAYOUT_MIN_WEIGHTS:
+        if self.config.linear_layout == "auto" and (weights(modules) < LAYOUT_MIN_WEIGHTS
+                                                    or any(m.weight.dtype not in AUTO_DTYPES for m in modules)):
             return []
         return modules
 

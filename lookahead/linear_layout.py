@@ -41,6 +41,12 @@ PAYS_BELOW = 0.95
 MIN_WEIGHTS = 1 << 24
 """``auto`` looks only at models whose linear layers hold at least this many weights together (SmolLM2-135M's:
 134 million): in a smaller one the products are a small part of a step, and the hooks' own cost is not."""
+AUTO_DTYPES = (torch.float32, torch.float64)
+"""``auto`` looks only at models whose linear weights have one of these dtypes, the full-precision ones, whose
+products go through the BLAS: in fp32 a few rows through MKL's ``nn.Linear`` cost far more than one (above). In
+bf16 oneDNN's kernels are already fast for a few rows, and the calibration rejected the other way round (16 rows
+1.5x a one-row step against ``nn.Linear``'s 1.4x), so a bf16 or fp16 model's first call does not time a layout it
+would not take (about 8 s for SmolLM2 in bf16 on a 2-core CPU without AMX)."""
 VARIANT = "+transposed-linears"
 """Added to the calibration's variant for the step curve timed with every linear the other way round."""
 
@@ -148,4 +154,5 @@ def combined_curve(linear: CostModel, transposed: CostModel, rows: int) -> CostM
     scale = float(linear(1)) / float(transposed(1))
     points = ([(k, t * scale) for k, t in transposed.points if k <= rows]
               + [(k, t) for k, t in linear.points if k > rows])
-    return CostModel(points, linear.provisional or transposed.provisional, linear.steps and transposed.steps)
+    return CostModel(points, linear.provisional or transposed.provisional, linear.steps and transposed.steps,
+                     linear.covers)

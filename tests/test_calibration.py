@@ -114,7 +114,7 @@ def test_a_machine_busy_throughout_gives_a_provisional_capped_curve_after_bounde
     """Every timing of a size > 1 is slowed by a different factor, up to 40x: no two agree, ever."""
     timer = Timer(lambda i, k: 1.0 if k == 1 else 1.5 + (i % 13) * 3.0)
     with caplog.at_level(logging.INFO, logger="lookahead"):
-        curve = calibrate_curve(timer, SIZES, clock=Ticks(), attempts=3)
+        curve = calibrate_curve(timer, SIZES, clock=Ticks(), attempts=3, stop_ratio=None)
     assert len(timer.calls) == 1 + 2 * 3 * ROUND  # no more than rounds * attempts rounds
     assert curve.provisional
     times = dict(curve.points)
@@ -150,12 +150,86 @@ def test_no_progress_bar_when_transformers_progress_bars_are_off():
 def test_the_deadline_bounds_a_calibration_on_a_crawling_machine():
     clock = Ticks()
     timer = Timer(lambda i, k: 1.0 if k == 1 else 2.0 + (i % 7), clock=clock, tick=1.0)  # each forward: 1 s
-    curve = calibrate_curve(timer, SIZES, clock=clock, max_seconds=10.0)
+    curve = calibrate_curve(timer, SIZES, clock=clock, max_seconds=10.0, stop_ratio=None)
     assert curve.provisional
     # a probe and the first round (ends at 7 s, always finished), then the second round's forwards while
     # the clock reads at most 10 s: 4 of them; the unfinished round is dropped
     assert len(timer.calls) == 1 + (len(SIZES) + 1) + 4
     assert dict(curve.points)[16] <= 16 * dict(curve.points)[1]
+
+
+STEEP = {1: 0.010, 2: 0.020, 4: 0.040, 8: 0.080, 16: 0.160}  # each row costs a one-token forward (a docstring's)
+
+
+def test_a_steep_curve_stops_timing_sizes_that_cost_too_many_forwards():
+    """8 rows cost 8x the probe, and again when re-timed: 16 is never timed, in any round; the curve covers 16 rows
+    by its last segment, and the progress bar's total is the runs made."""
+    calls = []
+
+    def time_one(k):
+        calls.append(k)
+        return STEEP[k]
+
+    with calibration_progress("calibrating") as bar:
+        curve = calibrate_curve(time_one, SIZES, clock=Ticks())
+        assert bar.n == bar.total == len(calls)
+    assert 16 not in calls
+    assert calls[:7] == [1, 1, 2, 4, 8, 8, 1]  # probe, round 0 from the smallest up, 8 re-timed beside a probe
+    assert len(calls) == 1 + 4 + 2 + 1 + 4 + 1  # then round 0's probe, round 1 and its probe
+    assert curve == CostModel([(k, STEEP[k]) for k in (1, 2, 4, 8)], steps=True, covers=16)
+    assert float(curve(16)) == pytest.approx(0.160) and not curve.provisional
+    assert calibrate_curve(lambda k: STEEP[k], SIZES, clock=Ticks(), stop_ratio=None).points == tuple(STEEP.items())
+    assert calibrate_curve(lambda k: TRUE[k], SIZES, clock=Ticks()).covers == 16  # not steep: every size timed
+    with pytest.raises(ValueError, match="stop_ratio"):
+        calibrate_curve(lambda k: STEEP[k], SIZES, stop_ratio=1.0)
+
+
+@pytest.mark.parametrize("slow", ["size", "probe"])
+def test_one_slowed_timing_cannot_stop_a_calibration(slow):
+    """Round 0 sees 2 rows cost 12x the probe once (load), but re-timed they cost 1.1x (or the re-timed probe was
+    slowed instead, so the two probes disagree): the round goes on to every size, as on a quiet machine."""
+    calls = []
+
+    def time_one(k):
+        calls.append(k)
+        i = len(calls) - 1
+        if slow == "size" and i == 2:  # round 0's first timing of 2 rows
+            return 0.120
+        if slow == "probe" and i in (2, 4):  # 2 rows slowed, then the probe beside its re-timing
+            return 0.120 if i == 2 else 0.040
+        return TRUE[k]
+
+    curve = calibrate_curve(time_one, SIZES, clock=Ticks())
+    assert calls[:5] == [1, 1, 2, 2, 1] and set(calls) == set(SIZES)
+    assert curve.points == tuple(TRUE.items()) and curve.covers == 16
+
+
+def test_a_curve_that_covers_more_than_it_measured_is_kept_and_read_back(tmp_path, llama):
+    store = CurveStore(str(tmp_path))
+    fingerprint = curve_fingerprint(llama)
+    curve = CostModel([(1, 0.010), (2, 0.020), (4, 0.040), (8, 0.080)], steps=True, covers=64)
+    path = store.save(fingerprint, curve, 1.0)
+    assert store.load(fingerprint, 64).curve == curve and store.load(fingerprint, 65) is None
+    with open(path) as f:
+        data = json.load(f)
+    del data["covers"]  # a file written before calibrations stopped early: it covers its largest point
+    with open(path, "w") as f:
+        json.dump(data, f)
+    assert store.load(fingerprint, 8).curve.covers == 8 and store.load(fingerprint, 9) is None
+    for bad in (4, "64", True):
+        data["covers"] = bad
+        with open(path, "w") as f:
+            json.dump(data, f)
+        assert store.load(fingerprint, 8) is None, bad
+    registry = Calibrations()
+    measured = []
+
+    def measure(sizes):
+        measured.append(sizes)
+        return curve
+
+    assert registry.get(llama, 64, measure) is curve and registry.get(llama, 40, measure) is curve
+    assert measured == [(1, 2, 4, 8, 16, 32, 64)]  # covered: not measured again for 40 or 64 rows
 
 
 def test_capped_curve_and_disagreement():

@@ -138,6 +138,23 @@ def test_auto_leaves_a_small_model_alone(tiny_models, monkeypatch):
     assert seen == ["step"] and decoder.stats.transposed_rows == 0  # one calibration, nn.Linear
 
 
+def test_auto_leaves_a_bf16_model_alone_and_transposed_still_forces_it(monkeypatch):
+    """bf16 kernels are already fast for a few rows: ``auto`` times no second layout for a bf16 model, however big;
+    ``"transposed"`` still computes it the other way round."""
+    model = tiny_model("llama").to(torch.bfloat16)
+    seen = []
+    monkeypatch.setattr(Calibrations, "get", lambda self, m, rows, measure, variant="", persist=None:
+                        seen.append(variant) or _curve(LINEAR_MS if variant == "step" else TRANSPOSED_MS))
+    monkeypatch.setattr(decoder_mod, "LAYOUT_MIN_WEIGHTS", 0)  # the tiny model counts as big enough
+    ids = torch.tensor([REPETITIVE])
+    decoder = LookaheadDecoder(calibrations=Calibrations())  # (bf16 output: multi-row rounding may differ from plain)
+    model.generate(ids, custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
+    assert seen == ["step"] and decoder.stats.transposed_rows == 0
+    forced = LookaheadDecoder(calibrations=Calibrations(), linear_layout="transposed")
+    model.generate(ids, custom_generate=forced, max_new_tokens=8, eos_token_id=None)
+    assert forced.stats.transposed_rows == layout.MAX_ROWS
+
+
 def test_both_layouts_are_timed_after_one_prefill():
     """A model with no kept curve calibrates both ways on one step timer: its context is prefilled once (an
     injected clock: nothing persisted, nothing read from disk)."""
