@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import lookahead.policy as policy_module
-from benchmarks.heads import FLAT_CURVE
+from benchmarks.replay import FLAT_CURVE
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.bench.runner import encode
 from lookahead.bench.workloads import build_workloads

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import torch
 
-from benchmarks.heads import FLAT_CURVE
+from benchmarks.replay import FLAT_CURVE
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.bench.runner import encode
 from lookahead.bench.workloads import build_workloads
