@@ -532,6 +532,12 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
 
     Example: on a CPU in fp32, SmolLM2's ``time_one(16)`` is about 1.2x its bare 16-token forward's time at
     4 threads (the mask and the row reads), on a GPU a few hundred microseconds more than the forward.
+
+    One 2-row step runs untimed before ``time_one`` is returned: a process's first multi-row step pays one-time
+    costs (SmolLM2 on a 2-core CPU: 395 ms against 70 ms for the next, in bf16; 444 against 145 in fp32; larger
+    sizes after it pay none). Timed, that first step made the two fastest timings of 2 rows disagree, which costs
+    every calibration one more round of every size, and at 6x a one-row step it looked steep enough to stop the
+    first round (``cost.STOP_RATIO``).
     """
     from .kv_cache import keep_entries
     from .tree import StepMask
@@ -569,4 +575,6 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
             compat.crop_cache(cache, 2 if k > 1 else 1)
         return elapsed
 
+    if max_rows >= 2:  # untimed: a process's first multi-row step pays one-time costs (below)
+        time_one(2)
     return time_one

@@ -71,11 +71,11 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
         assert curve is not None and dec.stats.cost_curve == curve.points
         # a fake clock: every forward "took" one tick, so the measured curve is flat at exactly 1 ms
         assert [t for _, t in curve.points] == pytest.approx([0.001] * len(curve.points))
-        # a prefill, then a one-token probe and 2 rounds of 7 sizes (1 + step_nodes = 64 rows) and a probe,
-        # trusted at once: 1 + 1 + 2 * 8 forwards. Ticks between the call's own two readings: calibrate_curve's
-        # start, two readings per timed forward, a deadline check before each forward of round 2: 1 + 2 * 17 + 7,
-        # and the second reading
-        assert first - dec.stats.target_calls == 1 + 17 and dec.stats.time_calibration == pytest.approx(0.043)
+        # a prefill, an untimed 2-row step (call.step_timer), then a one-token probe and 2 rounds of 7 sizes
+        # (1 + step_nodes = 64 rows) and a probe, trusted at once: 1 + 1 + 1 + 2 * 8 forwards. Ticks between the
+        # call's own two readings: the untimed step's two, calibrate_curve's start, two readings per timed forward,
+        # a deadline check before each forward of round 2: 2 + 1 + 2 * 17 + 7, and the second reading
+        assert first - dec.stats.target_calls == 1 + 1 + 17 and dec.stats.time_calibration == pytest.approx(0.045)
         calls.clear()
         again = LookaheadDecoder(calibrations=registry, clock=FakeClock())
         model.generate(IDS, custom_generate=again, max_new_tokens=10, eos_token_id=None)
@@ -173,3 +173,25 @@ def test_a_step_that_two_rows_make_cheaper_verifies_a_node_however_unlikely():
     assert keep.tolist() == [0] and rate == pytest.approx(1 / 0.008)
     keep, rate = choose_nodes(np.array([0.0, 0.0]), CostModel(steps.points))  # read as 10 ms: not worth it
     assert keep.tolist() == [] and rate == pytest.approx(1 / 0.010)
+
+
+def test_the_step_timer_runs_one_untimed_two_row_step_before_it_times_any(tiny_models):
+    """A process's first multi-row step pays one-time costs (5-7x a one-row step on a CPU); the calibration's first
+    timing of 2 rows must not be that one."""
+    from lookahead import call, compat
+    from lookahead.kv_cache import new_cache
+
+    model = tiny_models("llama")
+    rows = []
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: rows.append(kwargs["input_ids"].shape[1]),
+                                             with_kwargs=True)
+    try:
+        clock = FakeClock()
+        time_one = call.step_timer(model, lambda: new_cache(model), compat.cache_kwarg_name(model),
+                                   compat.supports_logits_to_keep(model), 4, clock, context=16, max_rows=8)
+        assert rows == [16, 2]  # the prefill, then the untimed 2-row step
+        assert time_one(2) == pytest.approx(0.001) and rows == [16, 2, 2]
+        assert call.step_timer(model, lambda: new_cache(model), compat.cache_kwarg_name(model), True, 4, clock,
+                               context=16, max_rows=1) and rows[3:] == [16]  # one row only: nothing to warm
+    finally:
+        handle.remove()
