@@ -536,8 +536,8 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
     One 2-row step runs untimed before ``time_one`` is returned: a process's first multi-row step pays one-time
     costs (SmolLM2 on a 2-core CPU: 395 ms against 70 ms for the next, in bf16; 444 against 145 in fp32; larger
     sizes after it pay none). Timed, that first step made the two fastest timings of 2 rows disagree, which costs
-    every calibration one more round of every size, and at 6x a one-row step it looked steep enough to stop the
-    first round (``cost.STOP_RATIO``).
+    every calibration one more round of every size, and at 6x a one-row step it cost the first round a stop test
+    (``cost.STOP_RATIO``).
     """
     from .kv_cache import keep_entries
     from .tree import StepMask

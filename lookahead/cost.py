@@ -300,21 +300,23 @@ def _steep(time_one: Callable[[int], float], probe: float, ratio: float, agreeme
            drift: float = DRIFT) -> Callable[[int, float], bool]:
     """The first round's stop test: ``k`` >= 2 rows took at least ``ratio`` one-token forwards (``probe``), and
     timed once more beside a new probe, the two timings of ``k`` agree within ``agreement``, the probes within
-    ``drift``, and the lesser of each pair still says so. A machine whose load slows some timings and not others
-    (the pairs disagree) is timed at every size, as before. Tested once: a size that does not pass lets the round
-    go on to every size."""
-    tested = []
+    ``drift``, and the lesser of each pair still says so. A size that does not pass lets the round go on, and the
+    next steep size is tested the same way; a machine whose load slows some timings and not others (the pairs
+    disagree) is timed at every size, as before."""
 
     def enough(k: int, seconds: float) -> bool:
-        if tested or k < 2 or seconds < ratio * probe:
+        if k < 2 or seconds < ratio * probe:
             return False
-        tested.append(k)
         again, one = time_one(k), time_one(1)
-        return (max(seconds, again) <= agreement * min(seconds, again) and max(probe, one) <= drift * min(probe, one)
+        return (_agree(seconds, again, agreement) and _agree(probe, one, drift)
                 and min(seconds, again) >= ratio * min(probe, one))
 
-    enough.tested = tested  # the size re-timed, if any (two more runs)
     return enough
+
+
+def _agree(a: float, b: float, factor: float) -> bool:
+    """Whether two timings of the same thing agree within ``factor`` (the larger at most ``factor`` times the other)."""
+    return max(a, b) <= factor * min(a, b)
 
 
 def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
@@ -375,17 +377,15 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
         if times is None:  # out of time: the unfinished round is dropped
             why = f"{disagreement(usable, agreement)}; stopped after {max_seconds:.0f} s"
             break
-        if bar is not None and enough is not None and enough.tested:
-            bar.total += 2
         if len(times) < len(sizes):  # stopped early: the sizes above its last are never timed
-            if bar is not None:
-                bar.total -= rounds * (len(sizes) - len(times))
             sizes = sizes[: len(times)]
             usable, every = {k: usable[k] for k in sizes}, {k: every[k] for k in sizes}
+        if bar is not None and not done:  # what round 0 ran (2 runs per stop test), then a quiet machine's rest
+            bar.total = bar.n + 1 + (rounds - 1) * (len(sizes) + 1)
         after = time_one(1)
         for k, t in times.items():
             every[k].append(t)
-        if max(probe, after) <= drift * min(probe, after):
+        if _agree(probe, after, drift):
             for k, t in times.items():
                 usable[k].append(t)
         probe = after

@@ -184,6 +184,19 @@ def test_a_steep_curve_stops_timing_sizes_that_cost_too_many_forwards():
         calibrate_curve(lambda k: STEEP[k], SIZES, stop_ratio=1.0)
 
 
+def test_a_steep_size_whose_second_timing_disagrees_lets_the_next_steep_size_stop_the_round():
+    steep = {**STEEP, 32: 0.320}
+    calls = []
+
+    def time_one(k):
+        calls.append(k)
+        return 0.120 if len(calls) == 6 else steep[k]  # 8 rows re-timed slower (1.5x): no stop at 8
+
+    curve = calibrate_curve(time_one, (*SIZES, 32), clock=Ticks())
+    assert calls[:10] == [1, 1, 2, 4, 8, 8, 1, 16, 16, 1] and 32 not in calls
+    assert curve.max_k == 16 and curve.covers == 32
+
+
 @pytest.mark.parametrize("slow", ["size", "probe"])
 def test_one_slowed_timing_cannot_stop_a_calibration(slow):
     """Round 0 sees 2 rows cost 12x the probe once (load), but re-timed they cost 1.1x (or the re-timed probe was
