@@ -38,12 +38,18 @@ def decoder_for(spec: dict, model) -> LookaheadDecoder:
     store = NgramTrie.load(spec["store"]) if spec.get("store") else None
     dec = LookaheadDecoder(LookaheadConfig(**config), heads=heads, trie=store)
     if spec.get("prior"):
-        source = dec.policy.model
-        with open(spec["prior"], "rb") as f:
-            prior = pickle.load(f)
-        source.table.keys[:], source.table.ids[:], source.table.share[:] = prior.keys, prior.ids, prior.share
-        source.keep, source._model = True, weakref.ref(model)
+        start_from_prior(dec, spec["prior"], model)
     return dec
+
+
+def start_from_prior(decoder: LookaheadDecoder, path: str, model) -> None:
+    """The decoder's model source starts from the pickled table at ``path`` (prior_table.py), kept as for a later
+    call of the same model (an experiment's reach into the source: the product has no such option)."""
+    source = decoder.policy.model
+    with open(path, "rb") as f:
+        prior = pickle.load(f)
+    source.table.keys[:], source.table.ids[:], source.table.share[:] = prior.keys, prior.ids, prior.share
+    source.keep, source._model = True, weakref.ref(model)
 
 
 def main() -> None:

@@ -1,11 +1,11 @@
 """Tokens per call on the flat cost curve (the GPU regime) for decoder, heads and store variants, plain outputs cached
 (``context-head/variants.py`` with a ``store`` key: a saved NgramTrie loaded afresh for each prompt, as
 ``LookaheadDecoder(trie=...)``; and a ``prior`` key: a pickled SuccessorTable (prior_table.py) the model source
-starts from, its shares times ``prior_scale``).
+starts from, ``model_eval.start_from_prior``).
 
     PYTHONPATH=. python benchmarks/results/global-store/store_eval.py --workloads code-completion,chat \
-        --variants '[{"name": "ctx", "heads": {"kind": "context", "dir": "/tmp/heads-run"}},
-                     {"name": "sn127", "config": {"step_nodes": 127}, "heads": {}}]'
+        --variants '[{"name": "store", "store": "/tmp/store.trie"}, {"name": "heads+store", "heads": {},
+                     "store": "/tmp/store.trie"}, {"name": "prior", "prior": "/tmp/prior.pkl"}]'
 
 SmolLM2-135M (bundled), fp32, one torch thread, greedy, 128 new tokens, a fresh decoder per prompt, the flat curve
 of ``benchmarks.heads`` and the heads' cost pinned at 0.3 ms + 0.1 ms per level (as ``benchmarks.heads --heads-cost
@@ -20,10 +20,10 @@ import argparse
 import json
 import os
 import pickle
-import weakref
 from collections import Counter
 
 import torch
+from model_eval import start_from_prior  # this folder's (a script's folder is on sys.path)
 
 from benchmarks.replay import FLAT_CURVE
 from lookahead import LookaheadConfig, LookaheadDecoder
@@ -77,13 +77,8 @@ def main() -> None:
                 store = NgramTrie.load(v["store"]) if v.get("store") else None
                 decoder = LookaheadDecoder(LookaheadConfig(**{"cost_curve": FLAT_CURVE, **v.get("config", {})}),
                                            heads=heads, trie=store)
-                if v.get("prior"):  # the model source starts from the prior table (kept: as for a later call)
-                    source = decoder.policy.model
-                    with open(v["prior"], "rb") as f:
-                        prior = pickle.load(f)
-                    source.table.keys[:], source.table.ids[:], source.table.share[:] = (
-                        prior.keys, prior.ids, prior.share * v.get("prior_scale", 1.0))
-                    source.keep, source._model = True, weakref.ref(model)
+                if v.get("prior"):
+                    start_from_prior(decoder, v["prior"], model)
                 out = model.generate(**inputs, max_new_tokens=args.tokens, do_sample=False, custom_generate=decoder)
                 new = out.shape[1] - inputs["input_ids"].shape[1]
                 tokens, calls = tokens + new, calls + decoder.stats.target_calls
