@@ -1,4 +1,4 @@
-"""Command line: python -m lookahead {demo,generate,bench,warmup,train-heads}
+"""Command line: python -m lookahead {demo,generate,bench,warmup,train-heads,build-corpus}
 
   demo      plain generate vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up and identity
   generate  decode one prompt with LookaheadDecoder, streaming the text, then its statistics
@@ -9,6 +9,9 @@
   train-heads
             train draft heads for a model (default: the bundled SmolLM2) on its own answers;
             LookaheadDecoder(heads=DraftHeads.load(DIR)) drafts with them
+  build-corpus
+            write a model's own answers as a draft corpus;
+            LookaheadDecoder(corpus=DraftCorpus.load(DIR/corpus)) drafts from it
 
 python -m lookahead COMMAND --help lists a command's options. Argument errors exit with status 2
 and a message naming the valid choices; they are checked before any model is loaded. What each
@@ -115,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--heads", metavar="DIR", nargs="?", const="bundled", default=None,
                       help="also run lookahead+heads: the decoder with draft heads saved in DIR (bare --heads: "
                            "the heads shipped for the bundled model; default: not run)")
+    demo.add_argument("--corpus", metavar="DIR", nargs="?", const="bundled", default=None,
+                      help="also run lookahead+corpus: the decoder with the draft corpus saved in DIR (bare "
+                           "--corpus: the corpus shipped for the bundled model; default: not run)")
     _add_model_args(demo)
     _add_threads_arg(demo, "auto")
 
@@ -199,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(sub.add_parser(
         "train-heads", help="train draft heads for a model on its own answers (self-distillation)",
         description=train_doc.replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter))
+    from .heads_train import add_corpus_arguments
+
+    add_corpus_arguments(sub.add_parser(
+        "build-corpus", help="write a model's own answers as a draft corpus (LookaheadDecoder(corpus=...))",
+        description="The model answers prompts greedily (by default, questions it writes itself from the package's "
+                    "topic list, and one direct request per topic; every tenth topic held out), and the answers of "
+                    "the training split are saved as OUT/corpus. LookaheadDecoder(corpus=DraftCorpus.load("
+                    "'OUT/corpus')) then drafts the phrases this model tends to write from the first answer on; "
+                    "the output stays exactly that of plain decoding. Resumable: a rerun continues from OUT/work."))
     return parser
 
 
@@ -259,8 +274,8 @@ def _run(parser: argparse.ArgumentParser, args, argv: list[str]) -> int:
         from .demo import run_demo
 
         result = run_demo(args.max_new_tokens, args.prompt, args.model, dtype=args.dtype, device=args.device,
-                          threads=args.threads, heads=args.heads)
-        return 0 if result["identical"] and result.get("heads_identical", True) else 1
+                          threads=args.threads, heads=args.heads, corpus=args.corpus)
+        return 0 if result["identical"] and all(result.get(f"{k}_identical", True) for k in ("heads", "corpus")) else 1
     if args.command == "generate":
         from .cli_generate import run_generate
 
@@ -277,6 +292,10 @@ def _run(parser: argparse.ArgumentParser, args, argv: list[str]) -> int:
         from .heads_train import run_args
 
         return run_args(args)
+    if args.command == "build-corpus":
+        from .heads_train import run_corpus_args
+
+        return run_corpus_args(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

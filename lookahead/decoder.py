@@ -21,6 +21,7 @@ from . import call, compat
 from .batch import BatchCall, ReadOnlyStore
 from .cache import NgramTrie
 from .config import LookaheadConfig
+from .corpus import DraftCorpus
 from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibrate_curve, calibration_sizes
 from .distributed import RankSync
 from .kv_cache import new_cache
@@ -77,6 +78,9 @@ class LookaheadDecoder:
       ``tokenizer=`` on to a custom decoding callable (``lookahead.enable``'s spellings do).
     - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``), one more draft source
       over the model's final hidden state; batch size 1.
+    - ``corpus``: the model's own writing (``lookahead.corpus.DraftCorpus``, e.g. ``DraftCorpus.bundled()`` for
+      the bundled SmolLM2, or one from ``python -m lookahead build-corpus``), drafted from a read-only store
+      (origin ``"corpus"``) beside ``trie=``; refused before the first forward for a model that did not write it.
 
     After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`, the whole call), and for a batch
     ``row_stats`` (one per row) and ``prefill_groups`` (the rows' groups when the prompt's forward ran in
@@ -90,7 +94,8 @@ class LookaheadDecoder:
 
     def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None,
                  calibrations: Calibrations | None = None, clock: Callable[[], float] = time.perf_counter,
-                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, heads=None, **overrides):
+                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, heads=None, corpus=None,
+                 **overrides):
         if config is None:
             config = LookaheadConfig(**overrides)
         elif overrides:
@@ -111,8 +116,14 @@ class LookaheadDecoder:
             check_draft_model(draft_model)
         self.draft_model = draft_model  # proposes greedy chains from its own cache (selfspec.DraftPassSource)
         self.heads = heads  # trained draft heads (heads.DraftHeads): a source over the model's hidden state
+        if corpus is not None and not isinstance(corpus, DraftCorpus):
+            raise TypeError(f"corpus must be a lookahead.corpus.DraftCorpus (DraftCorpus.load(DIR) or "
+                            f"DraftCorpus.bundled()), got {type(corpus).__name__}")
+        self.corpus = corpus  # the model's own writing: a read-only store shared by every user of the corpus
+        self._corpus_store = corpus.shared_store() if corpus is not None else None
         self.tuning = tuning or BudgetTuning()
-        self.policy = DraftPolicy(config, self.trie, self.memory, self.tuning, draft_model, heads)
+        self.policy = DraftPolicy(config, self.trie, self.memory, self.tuning, draft_model, heads,
+                                  corpus=self._corpus_store)
         self.row_policies: list[DraftPolicy] = []  # a batch's, one per row, created on first use (policies_for)
         self.calibrations = calibrations if calibrations is not None else DEFAULT_CALIBRATIONS
         self.clock = clock
@@ -150,6 +161,8 @@ class LookaheadDecoder:
         **model_kwargs,
     ):
         call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
+        if self.corpus is not None:
+            self.corpus.check_model(model)
         warn_if_uncompiled()
         if streamer is None:
             streamer = compat.streamer_of_calling_generate(self)
@@ -245,7 +258,7 @@ class LookaheadDecoder:
         """A batch's per-row draft policies, created on first use and kept across calls: each with its own trie
         (of at most :data:`ROW_TRIE_CAPACITY` nodes: one request's n-grams; past it the least recently used
         make room) and copy index, the decoder's one model-prediction table, a shared ``trie=`` store read-only
-        (``batch.ReadOnlyStore``)."""
+        (``batch.ReadOnlyStore``), the corpus's store (read-only already)."""
         config = replace(self.config, window_width=0, refine_cost=False, self_draft="none",
                          step_nodes=self.config.step_nodes_range[0])
         memory = ReadOnlyStore(self.memory) if self.memory is not None else None
@@ -253,7 +266,8 @@ class LookaheadDecoder:
         while len(self.row_policies) < rows:
             trie = NgramTrie(max_n=config.ngram_size, capacity=min(config.trie_capacity, ROW_TRIE_CAPACITY))
             self.row_policies.append(DraftPolicy(config, trie, memory, self.tuning,
-                                                 successors=None if model is None else model.table))
+                                                 successors=None if model is None else model.table,
+                                                 corpus=self._corpus_store))
         return self.row_policies[:rows]
 
 

@@ -49,13 +49,15 @@ def run_header(model_name: str | None, prompt: str | None, dtype, device, new_to
 
 def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None,
              dtype: str = "float32", device: str = "auto", threads: int | str | None = "auto",
-             heads: str | None = None) -> dict:
+             heads: str | None = None, corpus: str | None = None) -> dict:
     """Plain greedy ``generate`` against the decoder on one prompt, both timed after an untimed warm-up of
     each (which calibrates the cost curve once, if no kept one fits); prints the output, the speed of each
     and what the decoder did and why. Each phase is logged (``"lookahead"``, INFO) when it starts and ends.
 
     ``heads``: also time the decoder with draft heads (``"bundled"``: ``DraftHeads.bundled()``; else a folder
-    for ``DraftHeads.load``), refused before any decoding if they were trained for another model."""
+    for ``DraftHeads.load``), refused before any decoding if they were trained for another model.
+    ``corpus``: also time the decoder with a draft corpus of the model's own writing (``"bundled"``:
+    ``DraftCorpus.bundled()``; else a folder for ``DraftCorpus.load``), refused likewise."""
     from .console import phase, set_threads
     from .decoder import LookaheadDecoder
     from .models import load_model
@@ -70,18 +72,24 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
     inputs = chat_inputs(tok, DEMO_PROMPT if prompt is None else prompt, model.device)
     kw = dict(max_new_tokens=max_new_tokens, do_sample=False)
     decoder = LookaheadDecoder()
-    with_heads = None
+    extras = {}  # name -> (decoder, the origin its extra drafts carry)
     if heads is not None:
         from .heads import DraftHeads
 
         loaded = DraftHeads.bundled() if heads == "bundled" else DraftHeads.load(heads)
         loaded.check_model(model)  # a clear ValueError for another model's heads, before any decoding
-        with_heads = LookaheadDecoder(heads=loaded)
+        extras["heads"] = (LookaheadDecoder(heads=loaded), "heads")
+    if corpus is not None:
+        from .corpus import DraftCorpus
+
+        written = DraftCorpus.bundled() if corpus == "bundled" else DraftCorpus.load(corpus)
+        written.check_model(model)
+        extras["corpus"] = (LookaheadDecoder(corpus=written), "corpus")
     with phase("warming up: 8 tokens plain and 8 with the decoder, not timed"):
         model.generate(**inputs, max_new_tokens=8, do_sample=False)
         model.generate(**inputs, max_new_tokens=8, custom_generate=decoder)
-        if with_heads is not None:
-            model.generate(**inputs, max_new_tokens=8, custom_generate=with_heads)
+        for extra, _ in extras.values():
+            model.generate(**inputs, max_new_tokens=8, custom_generate=extra)
 
     with phase(f"plain generate, up to {max_new_tokens} new tokens"):
         t = time.perf_counter()
@@ -91,11 +99,12 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
         t = time.perf_counter()
         ours = model.generate(**inputs, custom_generate=decoder, max_new_tokens=max_new_tokens)
         t_ours = time.perf_counter() - t
-    if with_heads is not None:
-        with phase(f"LookaheadDecoder with draft heads, up to {max_new_tokens} new tokens"):
+    timed = {}
+    for name, (extra, _) in extras.items():
+        with phase(f"LookaheadDecoder with the {name}, up to {max_new_tokens} new tokens"):
             t = time.perf_counter()
-            ours_heads = model.generate(**inputs, custom_generate=with_heads, max_new_tokens=max_new_tokens)
-            t_heads = time.perf_counter() - t
+            out = model.generate(**inputs, custom_generate=extra, max_new_tokens=max_new_tokens)
+            timed[name] = (out, time.perf_counter() - t)
 
     n_prompt = inputs["input_ids"].shape[1]
     n_plain, n_ours = plain.shape[1] - n_prompt, ours.shape[1] - n_prompt
@@ -111,13 +120,15 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
     print(f"speed-up           : {t_plain / t_ours:.2f}x")
     print(f"identical output   : {'yes' if identical else 'NO'}")
     result = {"t_plain": t_plain, "t_ours": t_ours, "identical": identical, "stats": s.as_dict()}
-    if with_heads is not None:
-        h = with_heads.stats
-        n_heads = ours_heads.shape[1] - n_prompt
-        result.update(t_heads=t_heads, heads_identical=torch.equal(plain, ours_heads), heads_stats=h.as_dict())
-        print(f"lookahead+heads    : {n_heads / t_heads:7.1f} tokens/s  ({h.target_calls} target calls, "
-              f"{h.tokens_per_call:.2f} tokens/call, {h.accepted_by_origin.get('heads', 0)} tokens from the heads)")
-        print(f"speed-up (heads)   : {t_plain / t_heads:.2f}x")
-        print(f"identical (heads)  : {'yes' if result['heads_identical'] else 'NO'}")
+    for name, (extra, origin) in extras.items():
+        out, seconds = timed[name]
+        h, n = extra.stats, out.shape[1] - n_prompt
+        same = torch.equal(plain, out)
+        result.update({f"t_{name}": seconds, f"{name}_identical": same, f"{name}_stats": h.as_dict()})
+        label = f"lookahead+{name}"
+        print(f"{label:<19}: {n / seconds:7.1f} tokens/s  ({h.target_calls} target calls, "
+              f"{h.tokens_per_call:.2f} tokens/call, {h.accepted_by_origin.get(origin, 0)} tokens from the {name})")
+        print(f"{'speed-up (' + name + ')':<19}: {t_plain / seconds:.2f}x")
+        print(f"{'identical (' + name + ')':<19}: {'yes' if same else 'NO'}")
     print(s.explain())
     return result

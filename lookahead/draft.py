@@ -26,15 +26,15 @@ from . import kernels as K
 from .tree import tree_depth_rank
 
 ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model", "heads",
-           "frequent")
+           "frequent", "corpus")
 """Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store,
 the longest-match copy of the context (``cache.SuffixIndex``), the model's own earlier predictions
 (``recycle.py``), the draft passes of ``selfspec.py`` (the target with layers skipped, its first layers
 then its head, its low-rank approximation, a user's draft model), trained draft heads over the model's
-hidden state (``heads.py``), and the context's most frequent tokens, drafted on a step no other source drafts
-for (``proposer.FrequentSource``)."""
+hidden state (``heads.py``), the context's most frequent tokens, drafted on a step no other source drafts
+for (``proposer.FrequentSource``), and the model's own writing (``corpus.py``, read-only)."""
 TRIE, WINDOW, MEMORY, COPY, MODEL = range(5)
-LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL, HEADS, FREQUENT = range(5, 11)
+LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL, HEADS, FREQUENT, CORPUS = range(5, 12)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY8 = np.zeros(0, dtype=np.int8)

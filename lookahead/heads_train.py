@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .context_head import unrolled_features
+from .corpus import DraftCorpus
 from .heads import KINDS, DraftHeads
 
 TOPICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "topics.txt")
@@ -672,9 +673,24 @@ def write_prompts(model, tok, topics: list[tuple[str, str]], settings: TrainSett
     return items
 
 
+def corpus_of(store: ShardStore, split: str, model, described: dict) -> DraftCorpus:
+    """The answers (shards ``answers-*``) of ``split`` as a :class:`~lookahead.corpus.DraftCorpus` of ``model``,
+    one stream per answer."""
+    streams = []
+    for name in store.names("answers"):
+        tokens = np.load(os.path.join(store.folder, f"{name}.tokens.npy"), mmap_mode="r")
+        at = 0
+        for m in store.meta(name):
+            if m["split"] == split:
+                streams.append(np.array(tokens[at: at + m["length"]]))
+            at += m["length"]
+    return DraftCorpus.from_streams(streams, model, described)
+
+
 def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None = None,
-        topics_file: str | None = None, progress: bool = True, model_name: str = "") -> dict:
-    """Every stage (see the module docstring), resuming from ``out/work``; returns the report."""
+        topics_file: str | None = None, progress: bool = True, model_name: str = "", train: bool = True) -> dict:
+    """Every stage (see the module docstring), resuming from ``out/work``; returns the report. Writes the
+    training split's answers as ``out/corpus`` (``DraftCorpus.save``); ``train=False`` stops there (no heads)."""
     work = os.path.join(out, "work")
     os.makedirs(work, exist_ok=True)
     store = ShardStore(os.path.join(work, "shards"))
@@ -711,6 +727,19 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
         _atomic_json(items, prompts_path)
     timed("answers", lambda: _generate_stage(model, tok, store, "answers", items, settings.max_new_tokens,
                                              settings.batch_size, True, progress, eos, pad))
+    corpus = corpus_of(store, "train", model, {
+        "data": "the model's own greedy answers (one stream per answer), bfloat16 or float32 as the model ran, "
+                + (f"to the prompts of {os.path.basename(prompts_file)}" if prompts_file else
+                   f"to prompts written from {os.path.basename(topics_file or TOPICS)} (chat and code topics): per "
+                   f"topic {settings.questions} questions the model wrote itself and a direct request"),
+        "model": model_name, "split": f"train (every {HELD_OUT_EVERY}th topic/prompt held out)",
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "max_new_tokens": settings.max_new_tokens, "seed": settings.seed})
+    corpus.save(os.path.join(out, "corpus"))
+    if not train:
+        report = {"times": times, "prompts": len(items), "corpus": {"streams": corpus.streams, "tokens": len(corpus)}}
+        _atomic_json(report, os.path.join(out, "report.json"))
+        return report
     if settings.raw_tokens:
         raw = []
         for name in store.names("answers"):
@@ -802,13 +831,40 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--batch-rows", type=int, default=d.batch_rows, help="rows per step (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
+    _add_run_arguments(p)
+    return p
+
+
+def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``python -m lookahead build-corpus``: the answer-writing stages of a training run."""
+    d = TrainSettings()
+    p.add_argument("--out", required=True, help="output folder (corpus/, report, and work/ for resuming)")
+    p.add_argument("--model", default=None, help="a local causal LM folder (default: the bundled SmolLM2-135M)")
+    p.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: written by the model "
+                   "from the package's topic list)")
+    p.add_argument("--topics", default=None, help="a topics file ('chat: ...' / 'code: ...' lines; default: the "
+                   "package's lookahead/data/topics.txt)")
+    p.add_argument("--questions", type=int, default=CORPUS_QUESTIONS,
+                   help="questions the model writes per topic, beside the direct request (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="answer length (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per generate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
+    _add_run_arguments(p)
+    return p
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="cpu, cuda, ...; auto: cuda if present (default: %(default)s)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="the model's dtype; auto: bfloat16 on a CPU with AMX-BF16 or on CUDA, else float32 "
                         "(default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (default: off, bars are shown)")
-    return p
+
+
+CORPUS_QUESTIONS = 2
+"""``build-corpus``'s questions per topic: more of the model's writing drafts more (with 2, about 100k tokens
+for the bundled model and the package's topics, in about 10 minutes on a 2-core CPU with AMX-BF16)."""
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -842,6 +898,19 @@ def run_args(args: argparse.Namespace) -> int:
                              vocab=args.vocab, questions=args.questions, max_new_tokens=args.max_new_tokens, raw_tokens=args.raw_tokens,
                              batch_size=args.batch_size, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
                              seed=args.seed)
+    model, tok, name = _load(args)
+    t = time.perf_counter()
+    report = run(args.out, model, tok, settings, args.prompts, args.topics, not args.no_progress, name)
+    for kind, r in report["results"].items():
+        acc = r["accuracy"]
+        print(f"{kind}: held-out top-1 {acc.get('top1')}, top-{settings.topk} {acc.get(f'top{settings.topk}')}, "
+              f"top-1 chain {acc.get('chain')}")
+    print(f"wrote {args.out} (default: {report['default']}) in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    """The model, tokenizer and name ``--model``, ``--device``, ``--dtype`` and ``--threads`` ask for."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -853,14 +922,19 @@ def run_args(args: argparse.Namespace) -> int:
     print(f"loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ({str(dtype).replace('torch.', '')}, "
           f"{device}) ...", file=sys.stderr, flush=True)
     model, tok = load_model(args.model, dtype=dtype, device=device)
-    name = args.model or "SmolLM2-135M-Instruct (bundled)"
+    return model, tok, args.model or "SmolLM2-135M-Instruct (bundled)"
+
+
+def run_corpus_args(args: argparse.Namespace) -> int:
+    """``build-corpus`` from parsed :func:`add_corpus_arguments` options: the model's answers as ``OUT/corpus``."""
+    settings = TrainSettings(questions=args.questions, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                             seed=args.seed)
+    model, tok, name = _load(args)
     t = time.perf_counter()
-    report = run(args.out, model, tok, settings, args.prompts, args.topics, not args.no_progress, name)
-    for kind, r in report["results"].items():
-        acc = r["accuracy"]
-        print(f"{kind}: held-out top-1 {acc.get('top1')}, top-{settings.topk} {acc.get(f'top{settings.topk}')}, "
-              f"top-1 chain {acc.get('chain')}")
-    print(f"wrote {args.out} (default: {report['default']}) in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    report = run(args.out, model, tok, settings, args.prompts, args.topics, not args.no_progress, name, train=False)
+    c = report["corpus"]
+    print(f"wrote {os.path.join(args.out, 'corpus')}: {c['streams']} answers, {c['tokens']} tokens, in "
+          f"{time.perf_counter() - t:.0f} s; use it as LookaheadDecoder(corpus=DraftCorpus.load(...))", file=sys.stderr)
     return 0
 
 

@@ -27,7 +27,15 @@ from .cache import NgramTrie
 from .config import STEP_NODES_LEVELS, STEP_NODES_WIDE_COST, WINDOW_AUTO_COST, LookaheadConfig
 from .cost import CostModel
 from .draft import MEMORY, TRIE, Draft
-from .proposer import CopySource, FrequentSource, ModelSource, TrieSource, WindowSource, merge_proposals
+from .proposer import (
+    CopySource,
+    CorpusSource,
+    FrequentSource,
+    ModelSource,
+    TrieSource,
+    WindowSource,
+    merge_proposals,
+)
 from .selfspec import make_draft_sources
 from .source import DraftSource
 from .tuning import BudgetTuning
@@ -60,10 +68,11 @@ class DraftPolicy:
     """
 
     def __init__(self, config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None = None,
-                 tuning: BudgetTuning | None = None, draft_model=None, heads=None, successors=None):
+                 tuning: BudgetTuning | None = None, draft_model=None, heads=None, successors=None,
+                 corpus: NgramTrie | None = None):
         self.config = config
         self.tuning = tuning or BudgetTuning()
-        self.sources = make_sources(config, trie, memory, draft_model, heads, successors)
+        self.sources = make_sources(config, trie, memory, draft_model, heads, successors, corpus)
         self.wants_hidden = any(s.wants_hidden for s in self.sources)
         self._lazy = [s for s in self.sources if s.learns_lazily]
         self._eager = [s for s in self.sources if not s.learns_lazily]
@@ -238,12 +247,12 @@ class DraftPolicy:
 
 
 def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | None, draft_model=None,
-                 heads=None, successors=None) -> list[DraftSource]:
-    """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model`` and trained
-    ``heads``: an object whose ``make_source(config)`` returns their :class:`DraftSource`) ask for, in merge
-    order; the draft passes (``selfspec.py``) and the heads after the others, then the frequent tokens (asked only
-    when no other source drafts), the window last. ``successors``:
-    the model-prediction source's table, when it is shared (a batch's rows)."""
+                 heads=None, successors=None, corpus: NgramTrie | None = None) -> list[DraftSource]:
+    """The sources a :class:`~lookahead.config.LookaheadConfig` (and a user's ``draft_model``, trained
+    ``heads``: an object whose ``make_source(config)`` returns their :class:`DraftSource`, and ``corpus``: the
+    read-only store of a ``corpus.DraftCorpus``) ask for, in merge order; the draft passes (``selfspec.py``) and
+    the heads after the others, then the frequent tokens (asked only when no other source drafts), the window
+    last. ``successors``: the model-prediction source's table, when it is shared (a batch's rows)."""
     sources: list[DraftSource] = [TrieSource(trie, TRIE, config.max_match, per_request=True,
                                              max_nodes=config.tree_nodes, max_depth=config.tree_depth)]
     if config.copy_nodes:  # after the trie: a node both draft keeps the trie's estimates (replayed: better)
@@ -251,6 +260,8 @@ def make_sources(config: LookaheadConfig, trie: NgramTrie, memory: NgramTrie | N
     if memory is not None:
         sources.append(TrieSource(memory, MEMORY, config.max_match, per_request=False, max_nodes=config.tree_nodes,
                                   max_depth=config.tree_depth))
+    if corpus is not None:
+        sources.append(CorpusSource(corpus, config.max_match, max_nodes=config.tree_nodes, max_depth=config.tree_depth))
     if config.recycle_k:
         sources.append(ModelSource(config.recycle_k, config.recycle_nodes, config.recycle_depth, config.recycle_keep,
                                    successors))

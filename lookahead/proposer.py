@@ -7,6 +7,8 @@ Every source follows the protocol of ``source.py`` (:class:`~lookahead.source.Dr
 - :class:`TrieSource` over a shared store (``"memory"``, ``LookaheadDecoder(trie=NgramTrie(...))``):
   it learns only *output* tokens, so the n-grams of earlier answers persist while a finished
   request's prompt n-grams fade with it; its node capacity bounds its memory (LRU eviction).
+- :class:`CorpusSource` (``"corpus"``): a store of the model's own writing (``corpus.DraftCorpus``),
+  built once and shared read-only by every decoder and batch row that uses it.
 - :class:`WindowSource` (``"window"``): n-grams grown by the Jacobi lookahead window (``window.py``),
   which also contributes the window's own rows to each forward.
 - :class:`CopySource` (``"copy"``): the continuation of the context's longest earlier match, as deep as
@@ -31,7 +33,7 @@ from numba import njit
 
 from . import kernels as K
 from .cache import NgramTrie, SuffixIndex
-from .draft import COPY, FREQUENT, MODEL, WINDOW, Draft, WindowRows
+from .draft import COPY, CORPUS, FREQUENT, MODEL, WINDOW, Draft, WindowRows
 from .recycle import SuccessorTable
 from .source import DraftSource, Proposal
 from .window import LookaheadWindow
@@ -69,6 +71,22 @@ class TrieSource(DraftSource):
 
     def learn(self, emitted: np.ndarray) -> None:
         self.trie.insert(emitted)
+
+
+class CorpusSource(TrieSource):
+    """Drafts from a read-only store (``corpus.DraftCorpus.shared_store``): it learns nothing, so one store
+    serves every decoder, thread and batch row at once (``NgramTrie.propose`` holds the store's lock)."""
+
+    learns_lazily = False
+
+    def __init__(self, store: NgramTrie, max_match: int, max_nodes: int = 16, max_depth: int = 10):
+        super().__init__(store, CORPUS, max_match, per_request=False, max_nodes=max_nodes, max_depth=max_depth)
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        pass
+
+    def learn(self, emitted: np.ndarray) -> None:
+        pass
 
 
 class WindowSource(DraftSource):

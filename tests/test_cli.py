@@ -148,7 +148,7 @@ def test_help_is_plain_text():
     assert "warmup    compile the Numba kernels" in parser.format_help()
 
 
-@pytest.mark.parametrize("command", ["demo", "generate", "bench", "warmup", "train-heads"])
+@pytest.mark.parametrize("command", ["demo", "generate", "bench", "warmup", "train-heads", "build-corpus"])
 def test_every_option_has_a_help_text_with_its_default(command):
     parser = _subparsers()[1][command]
     options = [a for a in parser._actions if a.option_strings and a.dest != "help" and not a.required]
@@ -292,12 +292,42 @@ def test_train_heads_command_trains_saves_and_the_demo_drafts_with_them(chat_fol
     assert header["target"]["vocab_size"] == 96 and header["num_heads"] == 2
     heads = DraftHeads.load(str(out), model=model)
     assert heads.kind == default
+    assert (out / "corpus" / "corpus.json").exists()  # the answers it trained on, as a draft corpus too
 
     monkeypatch.setattr(models, "load_model", lambda name=None, **kw: (model, tok))
     assert main(["demo", "--max-new-tokens", "12", "--prompt", "abc1 abc1 def1 abc", "--heads", str(out),
                  "--threads", str(torch.get_num_threads())]) == 0
     shown = capsys.readouterr().out
     assert "lookahead+heads" in shown and "identical (heads)  : yes" in shown
+
+
+def test_build_corpus_command_writes_the_training_answers_and_the_demo_drafts_from_them(chat_folder, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """``python -m lookahead build-corpus`` on a prompts file: the training split's greedy answers (every tenth
+    prompt held out), bound to the model; ``demo --corpus DIR`` decodes with them, identically to plain."""
+    from lookahead import models
+    from lookahead.corpus import DraftCorpus
+
+    folder, model, tok = chat_folder
+    lines = [f"abc{i} abc{i} def{i % 3} abc" for i in range(20)]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "written"
+    argv = ["build-corpus", "--out", str(out), "--model", folder, "--prompts", str(prompts), "--max-new-tokens", "16",
+            "--batch-size", "8", "--dtype", "float32", "--device", "cpu", "--no-progress"]
+    assert main(argv) == 0
+    assert not (out / "default.txt").exists()  # no heads trained
+    corpus = DraftCorpus.load(str(out / "corpus"), model=model)
+    assert corpus.streams == 18 and 0 < corpus.lengths.max() <= 16  # prompts 9 and 19 are held out
+    assert (out / "work" / "prompts.json").exists()  # a rerun resumes from here
+    assert corpus.described["split"].startswith("train")
+
+    monkeypatch.setattr(models, "load_model", lambda name=None, **kw: (model, tok))
+    capsys.readouterr()
+    assert main(["demo", "--max-new-tokens", "12", "--prompt", lines[1], "--corpus", str(out / "corpus"),
+                 "--threads", str(torch.get_num_threads())]) == 0
+    shown = capsys.readouterr().out
+    assert "lookahead+corpus" in shown and "identical (corpus) : yes" in shown
 
 
 def test_demo_refuses_heads_trained_for_another_model(tiny_folder, monkeypatch):

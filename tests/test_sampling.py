@@ -69,10 +69,10 @@ def _exact_two_token_distribution(model, kw) -> np.ndarray:
     return (p1[:, None] * p2).double().numpy()
 
 
-def _draw(model, kw, n) -> tuple[np.ndarray, int, int]:
+def _draw(model, kw, n, dec=None) -> tuple[np.ndarray, int, int]:
     counts = np.zeros((VOCAB, VOCAB))
     # the full tree every step: this tests the acceptance rule, not the budget's choices
-    dec = LookaheadDecoder(trie_capacity=4096, adaptive=False)
+    dec = dec or LookaheadDecoder(trie_capacity=4096, adaptive=False)
     ids = torch.tensor([PROMPT])
     drafted = accepted = 0
     for _ in range(n):
@@ -107,6 +107,21 @@ def test_sampled_distribution_is_exact(model, name):
     assert 0 < accepted < drafted, "the test must exercise both acceptance and rejection"
     p = _pvalue(counts, _exact_two_token_distribution(model, kw))
     assert p > LEVEL, f"{name}: samples do not follow the target distribution (p={p:.2e})"
+
+
+def test_sampling_with_a_corpus_is_exact(model):
+    """Drafts from a corpus of the model's writing (``corpus.DraftCorpus``) beside the prompt's: the same check."""
+    from lookahead.corpus import DraftCorpus
+
+    corpus = DraftCorpus.from_streams([[2, 2, 5, 2], [2, 2, 9, 1], [2, 2, 7, 7], [2, 2, 4], [2, 2, 12, 12]], model)
+    dec = LookaheadDecoder(trie_capacity=4096, adaptive=False, corpus=corpus)
+    kw = SETTINGS["temperature"]
+    torch.manual_seed(7)
+    counts, drafted, accepted = _draw(model, kw, N_SAMPLES, dec)
+    assert 0 < accepted < drafted
+    assert dec.stats.drafted_by_origin["corpus"] > 0
+    p = _pvalue(counts, _exact_two_token_distribution(model, kw))
+    assert p > LEVEL, f"samples with a corpus do not follow the target distribution (p={p:.2e})"
 
 
 _exact_choose = verify_mod._choose_sampled

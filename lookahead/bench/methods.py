@@ -151,6 +151,17 @@ def _lookahead_heads() -> Method:
                   settings=settings, decoder=LookaheadDecoder(config, heads=heads))
 
 
+def _lookahead_corpus() -> Method:
+    from lookahead import LookaheadConfig, LookaheadDecoder
+    from lookahead.corpus import DraftCorpus
+
+    corpus = DraftCorpus.bundled()  # one per process: its store is built once for the whole bench
+    config = LookaheadConfig()
+    settings = {**dataclasses.asdict(config), "corpus": repr(corpus)}
+    return Method("lookahead+corpus", f"LookaheadDecoder(corpus=DraftCorpus.bundled()), default config; {corpus!r}",
+                  settings=settings, decoder=LookaheadDecoder(config, corpus=corpus))
+
+
 def _lookahead_linear() -> Method:
     from lookahead import LookaheadConfig
 
@@ -195,6 +206,8 @@ METHODS: dict[str, Callable[[], Method]] = {
     "self-low-rank": _self_draft("low-rank"),  # truncated-SVD weights,
     "draft-model": _draft_model,  # a separate (truncated) draft model
     "lookahead+heads": _lookahead_heads,  # the default decoder plus the bundled SmolLM2 draft heads (heads.py)
+    # the default decoder plus the bundled SmolLM2's own writing as drafts (corpus.py)
+    "lookahead+corpus": _lookahead_corpus,
     # the default decoder with every linear layer through nn.Linear (linear_layout.py): what the layout adds
     "lookahead-linear": _lookahead_linear,
     # the default decoder without the frequent tokens on steps nothing else drafts for (proposer.FrequentSource)

@@ -1,0 +1,209 @@
+"""A model's own writing as a draft store: :class:`DraftCorpus`.
+
+A corpus is token streams the model wrote itself: its greedy answers to prompts written from a topic list
+(``python -m lookahead build-corpus``; ``train-heads`` writes one too). ``LookaheadDecoder(corpus=...)``
+drafts from an n-gram store of it (the ``"corpus"`` source: built once per process, read-only, beside
+``trie=``), so that the first answer of a process can already draft the phrases this model tends to write
+(``"Here is a Python function that"``, ``"def __init__(self"``, list markup) before the request itself has
+repeated anything.
+
+Example: a corpus of the two streams ``[5, 6, 7]`` and ``[5, 6, 9]`` gives the store the n-grams of each
+stream (never one spanning both), so after the context ``... 5, 6`` it drafts ``7`` and ``9`` side by side.
+
+Drafts only propose; the exact acceptance core decides, so a corpus changes speed, never the output. A
+corpus is bound to its model by the fingerprint of :mod:`lookahead.heads` (architecture, vocabulary,
+a hash of the LM head): a decoder refuses it for another model before the first forward.
+
+Files: ``DIR/corpus.npz`` (``tokens``: every stream back to back, uint16 when the vocabulary fits, else
+int32; ``lengths``: int64 per stream) and ``DIR/corpus.json`` (format, version, target fingerprint, what the
+streams are, the arrays' sha256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+
+import numpy as np
+
+from .cache import NgramTrie
+
+FORMAT = "lookahead-draft-corpus"
+VERSION = 1
+DATA_FILE, HEADER_FILE = "corpus.npz", "corpus.json"
+BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus-smollm2")
+"""The folder of the corpus shipped for the bundled SmolLM2-135M-Instruct."""
+STORE_NGRAM = 8
+"""Longest n-gram of a corpus's store (``NgramTrie.max_n``): matches of up to 7 tokens, drafts to 7 deep."""
+
+
+def store_capacity(tokens: int, max_n: int = STORE_NGRAM) -> int:
+    """Nodes of a store that holds ``tokens`` corpus tokens' n-grams without evicting, with room left for
+    outputs: ``tokens * (max_n - 1)`` (an upper bound: text repeats, and a corpus's distinct n-grams are about
+    4 per token at ``max_n`` 8) rounded up to a power of two, at least 2**16.
+
+    Example: ``store_capacity(1000)`` -> 65536; ``store_capacity(100_000)`` -> 1048576."""
+    need = max(1 << 16, max(int(tokens), 1) * (max_n - 1))
+    return 1 << (need - 1).bit_length()
+
+
+class DraftCorpus:
+    """Token streams of a model's own writing, for one model.
+
+    - ``tokens``: int[T], every stream back to back; ``lengths``: int[S], tokens per stream (sum T).
+    - ``target``: the model's fingerprint (``heads.fingerprint``), None for a corpus not bound to a model;
+    - ``described``: what the streams are (free-form, JSON-safe: prompts, split, model, settings).
+    """
+
+    def __init__(self, tokens, lengths, target: dict | None = None, described: dict | None = None):
+        tokens = np.asarray(tokens)
+        lengths = np.asarray(lengths)
+        if tokens.ndim != 1 or (tokens.size and (not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 0)):
+            raise ValueError(f"tokens: expected a 1-D array of non-negative token ids, got shape {tokens.shape} "
+                             f"dtype {tokens.dtype}")
+        if lengths.ndim != 1 or (lengths.size and (not np.issubdtype(lengths.dtype, np.integer)
+                                                   or lengths.min() < 0)):
+            raise ValueError(f"lengths: expected a 1-D array of non-negative stream lengths, got {lengths!r}")
+        if int(lengths.sum()) != tokens.size:
+            raise ValueError(f"lengths: they sum to {int(lengths.sum())}, but tokens holds {tokens.size}")
+        if target is not None and not isinstance(target, dict):
+            raise ValueError(f"target: expected a fingerprint dict (heads.fingerprint) or None, got {target!r}")
+        self.tokens = tokens.astype(np.int64)  # int64[T]
+        self.lengths = lengths.astype(np.int64)  # int64[S]
+        self.target = target
+        self.described = dict(described or {})
+        self._stores: dict[int, NgramTrie] = {}  # max_n -> the built store every decoder reads
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_streams(cls, streams, model=None, described: dict | None = None) -> DraftCorpus:
+        """A corpus of ``streams`` (sequences of token ids), bound to ``model``'s fingerprint when given."""
+        arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in streams]
+        target = None
+        if model is not None:
+            from .heads import fingerprint
+
+            target = fingerprint(model)
+        tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        return cls(tokens, [len(a) for a in arrays], target, described)
+
+    def __len__(self) -> int:
+        """Tokens in all streams."""
+        return int(self.tokens.size)
+
+    @property
+    def streams(self) -> int:
+        return int(self.lengths.size)
+
+    def __repr__(self) -> str:
+        arch = (self.target or {}).get("architecture")
+        return f"DraftCorpus({self.streams} streams, {len(self)} tokens, target={arch})"
+
+    def __getstate__(self) -> dict:  # copy / pickle: built stores and the lock do not travel
+        return {k: v for k, v in self.__dict__.items() if k not in ("_stores", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._stores, self._lock = {}, threading.Lock()
+
+    # ------------------------------------------------------------------------------------------- use
+    def check_model(self, model) -> None:
+        """Raise ValueError unless this corpus was written by ``model`` (its fingerprint)."""
+        if self.target is None:
+            return
+        from .heads import fingerprint_mismatch
+
+        why = fingerprint_mismatch(self.target, model)
+        if why is not None:
+            t = self.target
+            raise ValueError(
+                f"this draft corpus was written by another model ({t.get('architecture')}, {t.get('model_type')}, "
+                f"vocabulary {t.get('vocab_size')}): for this {type(model).__name__}, {why}. Build one for this "
+                "model with `python -m lookahead build-corpus --model PATH --out DIR` and load that."
+            )
+
+    def insert_into(self, trie: NgramTrie) -> None:
+        """Add every stream's n-grams to ``trie`` (one stream each: no n-gram spans two streams)."""
+        if not isinstance(trie, NgramTrie):
+            raise TypeError(f"trie: expected a lookahead.cache.NgramTrie, got {type(trie).__name__}")
+        at = 0
+        for n in self.lengths:
+            trie.reset_stream()
+            if n:
+                trie.insert(self.tokens[at: at + n])
+            at += int(n)
+        trie.reset_stream()
+
+    def shared_store(self, max_n: int = STORE_NGRAM) -> NgramTrie:
+        """The ``NgramTrie`` of the corpus that decoders draft from (``proposer.CorpusSource``), built on the first
+        call and then shared: callers only read it (``propose``). For a store of your own to extend, make one
+        and :meth:`insert_into` it."""
+        with self._lock:
+            built = self._stores.get(int(max_n))
+            if built is None:
+                built = NgramTrie(max_n=max_n, capacity=store_capacity(len(self), max_n))
+                self.insert_into(built)
+                self._stores[int(max_n)] = built
+            return built
+
+    # ------------------------------------------------------------------------------------------- files
+    def save(self, folder: str) -> None:
+        """``folder/corpus.npz`` and ``folder/corpus.json`` (each written to a temporary name, then renamed)."""
+        os.makedirs(folder, exist_ok=True)
+        small = not self.tokens.size or int(self.tokens.max()) < (1 << 16)
+        tokens = self.tokens.astype(np.uint16 if small else np.int32)
+        tmp = os.path.join(folder, DATA_FILE + ".tmp.npz")
+        np.savez_compressed(tmp, tokens=tokens, lengths=self.lengths)
+        os.replace(tmp, os.path.join(folder, DATA_FILE))
+        header = {"format": FORMAT, "version": VERSION, "target": self.target, "described": self.described,
+                  "streams": self.streams, "tokens": len(self), "sha256": _digest(self.tokens, self.lengths)}
+        tmp = os.path.join(folder, HEADER_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(header, f, indent=1)
+        os.replace(tmp, os.path.join(folder, HEADER_FILE))
+
+    @classmethod
+    def load(cls, folder: str, model=None) -> DraftCorpus:
+        """The corpus saved in ``folder``; with ``model``, refused (ValueError) unless that model wrote it."""
+        head_path, data_path = os.path.join(folder, HEADER_FILE), os.path.join(folder, DATA_FILE)
+        for path in (head_path, data_path):
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"no draft corpus in {folder!r}: {os.path.basename(path)} is missing "
+                                        "(write one with `python -m lookahead build-corpus --out DIR`)")
+        with open(head_path, encoding="utf-8") as f:
+            header = json.load(f)
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{head_path}: format {header.get('format')!r}, expected {FORMAT!r}")
+        if not isinstance(header.get("version"), int) or header["version"] > VERSION:
+            raise ValueError(f"{head_path}: version {header.get('version')!r}; this lookahead reads up to {VERSION} "
+                             "(upgrade lookahead)")
+        with np.load(data_path) as data:
+            tokens, lengths = data["tokens"].astype(np.int64), data["lengths"].astype(np.int64)
+        if header.get("sha256") != _digest(tokens, lengths):
+            raise ValueError(f"{data_path}: its contents do not match {HEADER_FILE} (damaged or replaced)")
+        corpus = cls(tokens, lengths, header.get("target"), header.get("described"))
+        if model is not None:
+            corpus.check_model(model)
+        return corpus
+
+    @classmethod
+    def bundled(cls) -> DraftCorpus:
+        """The corpus shipped for the bundled SmolLM2-135M-Instruct (``lookahead.models.load_smollm2``): one
+        object per process, so that its store is built once."""
+        global _BUNDLED
+        with _BUNDLED_LOCK:
+            if _BUNDLED is None:
+                _BUNDLED = cls.load(BUNDLED)
+            return _BUNDLED
+
+
+_BUNDLED: DraftCorpus | None = None
+_BUNDLED_LOCK = threading.Lock()
+
+
+def _digest(tokens: np.ndarray, lengths: np.ndarray) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(tokens, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(lengths, dtype="<i8").tobytes())
+    return h.hexdigest()
