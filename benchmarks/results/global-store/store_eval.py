@@ -1,7 +1,8 @@
 """Tokens per call on the flat cost curve (the GPU regime) for decoder, heads and store variants, plain outputs cached
 (``context-head/variants.py`` with a ``store`` key: a saved NgramTrie loaded afresh for each prompt, as
 ``LookaheadDecoder(trie=...)``; and a ``prior`` key: a pickled SuccessorTable (prior_table.py) the model source
-starts from, ``model_eval.start_from_prior``).
+starts from, ``model_eval.start_from_prior``); and a ``corpus`` key: a ``DraftCorpus`` folder, or ``"bundled"``
+(``LookaheadDecoder(corpus=...)``, the product's read-only corpus source).
 
     PYTHONPATH=. python benchmarks/results/global-store/store_eval.py --workloads code-completion,chat \
         --variants '[{"name": "store", "store": "/tmp/store.trie"}, {"name": "heads+store", "heads": {},
@@ -30,6 +31,7 @@ from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead.bench.runner import encode
 from lookahead.bench.workloads import build_workloads
 from lookahead.cache import NgramTrie
+from lookahead.corpus import DraftCorpus
 from lookahead.heads import DraftHeads
 from lookahead.models import load_smollm2
 
@@ -75,8 +77,11 @@ def main() -> None:
                     heads = (DraftHeads.load(f"{folder}/{kind}", cost=HEADS_COST, **h) if folder else
                              DraftHeads.bundled(kind, cost=HEADS_COST, **h))
                 store = NgramTrie.load(v["store"]) if v.get("store") else None
+                corpus = None
+                if v.get("corpus"):  # a DraftCorpus folder, or "bundled": the product's corpus source
+                    corpus = DraftCorpus.bundled() if v["corpus"] == "bundled" else DraftCorpus.load(v["corpus"])
                 decoder = LookaheadDecoder(LookaheadConfig(**{"cost_curve": FLAT_CURVE, **v.get("config", {})}),
-                                           heads=heads, trie=store)
+                                           heads=heads, trie=store, corpus=corpus)
                 if v.get("prior"):
                     start_from_prior(decoder, v["prior"], model)
                 out = model.generate(**inputs, max_new_tokens=args.tokens, do_sample=False, custom_generate=decoder)
