@@ -728,7 +728,7 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
     timed("answers", lambda: _generate_stage(model, tok, store, "answers", items, settings.max_new_tokens,
                                              settings.batch_size, True, progress, eos, pad))
     corpus = corpus_of(store, "train", model, {
-        "data": "the model's own greedy answers (one stream per answer), bfloat16 or float32 as the model ran, "
+        "data": "the model's own greedy answers (one stream per answer) "
                 + (f"to the prompts of {os.path.basename(prompts_file)}" if prompts_file else
                    f"to prompts written from {os.path.basename(topics_file or TOPICS)} (chat and code topics): per "
                    f"topic {settings.questions} questions the model wrote itself and a direct request"),
