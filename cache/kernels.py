@@ -49,7 +49,10 @@ STAT_COLUMNS = 3
 # slots of ``state``
 S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE, S_HIGH = range(9)
 S_OPEN = 9  # state[S_OPEN + k]: node of the open path of length k + 1
-# S_HIGH: the highest node slot or group id used since the last reset (the rows above it are as reset left them)
+# S_HIGH: the rows up to it may hold nodes or group ids (rows written since the last reset: every node slot or group
+# id used, and a few hundred free rows past them). The rows above it are those of a new trie (``fresh_rows``: free,
+# chained to the next row) whatever they hold: they are written only when a free list reaches them (``_reach``), so
+# a new or reset trie touches no memory it does not use.
 
 # kernel status codes
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
@@ -110,17 +113,59 @@ def _init_node(nodes, stats, x, token, parent, count, last_used):
 # -- whole-trie operations -------------------------------------------------------------------------
 
 
+@njit(cache=True, inline="always")
+def fresh_rows(nodes, stats, cap, lo, hi):
+    """Write rows ``lo .. hi`` (inclusive, ``1 <= lo``, ``hi <= cap``) as a new trie's: free node slots and free
+    group ids, each chained to the next row (0 in the row of the capacity), token -1, every other column 0."""
+    for v in range(lo, hi + 1):
+        link = v + 1 if v < cap else 0
+        nodes[v, TOKEN] = -1
+        nodes[v, PARENT] = 0
+        nodes[v, FIRST_CHILD] = 0
+        nodes[v, LAST_CHILD] = 0
+        nodes[v, NEXT_SIBLING] = link
+        nodes[v, PREV_SIBLING] = 0
+        nodes[v, GROUP] = 0
+        nodes[v, GROUP_HEAD] = link
+        stats[v, COUNT] = 0
+        stats[v, LAST_USED] = 0
+        stats[v, CHILD_SUM] = 0
+
+
+REACH_ROWS = 512
+"""Rows :func:`_write_ahead` writes at least when it writes (28 kB): once per so many new nodes."""
+
+
+@njit(cache=True)
+def _write_ahead(nodes, stats, state, v):
+    """Rows ``S_HIGH + 1`` to ``v``, or to ``REACH_ROWS`` past ``S_HIGH`` (at most the capacity), written as a new
+    trie's; ``S_HIGH`` raised to the last of them."""
+    high = state[S_HIGH]
+    last = min(max(v, high + REACH_ROWS), state[S_CAPACITY])
+    fresh_rows(nodes, stats, state[S_CAPACITY], high + 1, last)
+    state[S_HIGH] = last
+
+
+@njit(cache=True, inline="always")
+def _reach(nodes, stats, state, v):
+    """Before row ``v`` is read: the rows above ``S_HIGH`` up to ``v`` written as a new trie's (they may never have
+    been: see ``S_HIGH``), a few hundred at a time (:func:`_write_ahead`)."""
+    if v > state[S_HIGH]:
+        _write_ahead(nodes, stats, state, v)
+
+
 @njit(cache=True)
 def reset(nodes, stats, table, state):
     """Empty trie: every node slot but the root free (free list 1, 2, ..., capacity), step 0.
 
-    O(slots used since the last reset), not O(capacity): only rows up to ``state[S_HIGH]`` were ever written
-    (allocation takes the lowest free slot of a fresh list), so only they, and the hash-table entries of the live
-    nodes among them, are restored; a trie used past a quarter of its capacity is reset whole."""
+    O(live nodes), not O(capacity): the rows above ``S_HIGH`` count as a new trie's whether or not they were
+    written, so a reset writes the root's row and the state, and zeroes the hash-table entries of the live nodes
+    (all of the table when more than a quarter of the capacity was in use). New arrays (``NgramTrie``'s
+    ``_empty_arrays``: a zeroed table, node rows never written) need only this, so a new trie writes a few hundred
+    bytes, however large its capacity, and its memory is touched as nodes are made."""
     cap = state[S_CAPACITY]
-    high = state[S_HIGH]
-    if 4 * high >= cap:  # (new arrays come with ``S_HIGH`` = capacity: everything is written)
-        high = cap
+    high = min(state[S_HIGH], cap)
+    if 4 * high >= cap:
         table[:] = 0
     else:  # the live nodes' entries: find them all first (probing needs the table intact), then zero them
         mask = table.shape[0] - 1
@@ -135,17 +180,10 @@ def reset(nodes, stats, table, state):
                 n_found += 1
         for j in range(n_found):
             table[found[j]] = 0
-    rows = min(high, cap) + 1
-    nodes[:rows, :] = 0
-    nodes[:rows, TOKEN] = -1
+    nodes[0, :] = 0
+    nodes[0, TOKEN] = -1
     nodes[0, PARENT] = -1
-    for v in range(1, min(rows, cap)):
-        nodes[v, NEXT_SIBLING] = v + 1
-        nodes[v, GROUP_HEAD] = v + 1
-    if rows > cap:  # the last slot ends both free lists
-        nodes[cap, NEXT_SIBLING] = 0
-        nodes[cap, GROUP_HEAD] = 0
-    stats[:rows, :] = 0
+    stats[0, :] = 0
     state[S_HIGH] = 0
     state[S_N_LIVE] = 0
     state[S_FREE_HEAD] = 1
@@ -245,6 +283,7 @@ def evict(nodes, stats, table, state):
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
     s = state[S_STEP]
+    _reach(nodes, stats, state, cap)  # the passes below read every row (a full trie has written nearly all)
     # 1. threshold (table as scratch)
     scratch = table.view(np.int64)
     n = 0
@@ -346,6 +385,12 @@ def insert(nodes, stats, table, state, tokens):
             return ERR_TOKEN
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
+    # The rows this call can take, written first (see S_HIGH), so the loop below never checks: a node slot is freed
+    # only by an eviction, which writes every row, so until one the free list's head is the first row never used,
+    # and the call takes at most n * max_n rows from it; group ids, fewer than the live nodes, stay below them.
+    reach = state[S_FREE_HEAD] + n * max_n
+    if state[S_HIGH] < cap and state[S_FREE_HEAD] != 0 and reach > state[S_HIGH]:
+        _write_ahead(nodes, stats, state, reach)
     mask = table.shape[0] - 1
     for j in range(n):
         t = tokens[j]
@@ -411,8 +456,6 @@ def insert(nodes, stats, table, state, tokens):
                     elif others:  # a new group of its own, just before g
                         g2 = state[S_GROUP_FREE]
                         state[S_GROUP_FREE] = nodes[g2, GROUP_HEAD]
-                        if g2 > state[S_HIGH]:
-                            state[S_HIGH] = g2
                         nodes[g2, GROUP_HEAD] = x
                         nodes[x, GROUP] = g2
                     # else: x, alone in g, stays in place and g now holds count c + 1
@@ -425,8 +468,6 @@ def insert(nodes, stats, table, state, tokens):
                 x = state[S_FREE_HEAD]
                 state[S_FREE_HEAD] = nodes[x, NEXT_SIBLING]
                 state[S_N_LIVE] += 1
-                if x > state[S_HIGH]:
-                    state[S_HIGH] = x
                 table[i] = x
                 _init_node(nodes, stats, x, t, parent, 1, s)
                 stats[parent, CHILD_SUM] += 1
@@ -454,8 +495,6 @@ def insert(nodes, stats, table, state, tokens):
                     nodes[parent, LAST_CHILD] = x
                     g = state[S_GROUP_FREE]
                     state[S_GROUP_FREE] = nodes[g, GROUP_HEAD]
-                    if g > state[S_HIGH]:
-                        state[S_HIGH] = g
                     nodes[g, GROUP_HEAD] = x
                     nodes[x, GROUP] = g
             state[S_OPEN + k] = x
@@ -693,6 +732,7 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
     cap = state[S_CAPACITY]
     if n > cap:
         return TOO_MANY, n
+    _reach(nodes, stats, state, n)  # the slots and group ids the nodes take
     mask = table.shape[0] - 1
     depth = np.zeros(n + 1, np.int64)
     g_next = 1
@@ -742,7 +782,8 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
             nodes[g_next, GROUP_HEAD] = v
             nodes[v, GROUP] = g_next
             g_next += 1
-    # free slots n + 1 .. cap and group ids g_next .. cap are still chained as ``reset`` left them
+    # free slots n + 1 .. cap and group ids g_next .. cap: chained as a new trie's (rows up to n written above,
+    # the rest above S_HIGH)
     state[S_N_LIVE] = n
     state[S_FREE_HEAD] = n + 1 if n < cap else 0
     state[S_GROUP_FREE] = g_next if g_next <= cap else 0

@@ -35,6 +35,7 @@ def _warm_up() -> None:
     t.insert_rows(toks[:4].reshape(2, 2))
     t.ngrams()
     K.kth_smallest(np.array([3, 1, 2], np.int64), 3, 1)
+    K.fresh_rows(t._nodes, t._stats, 16, 17, 16)  # (writes nothing: an older pickle's rows use it)
     # persistence and stream switching (a thread that compiles these would hold the trie's lock)
     n = len(t)
     out = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64))
@@ -79,7 +80,7 @@ class NgramTrie:
 
     ``max_n``: the longest n-gram recorded (>= 2). ``capacity``: the most nodes kept (root not
     counted), >= ``4 * max_n**2``; least-recently-used n-grams are evicted beyond it. All memory
-    is allocated here: 64 to 72 bytes per node of capacity.
+    is allocated here: 64 to 72 bytes per node of capacity, touched as nodes are made.
     """
 
     def __init__(self, max_n: int = 8, capacity: int = 1 << 20):
@@ -135,11 +136,10 @@ class NgramTrie:
     def __getstate__(self) -> dict:
         """Only what is used: a trie of capacity 2**18 preallocates 17 MB, nearly all of it free slots.
 
-        Node rows from the last one that differs from what :func:`kernels.reset` leaves (the
-        high-water mark of the pool) to the end are dropped, and so are the hash table's empty
-        entries; :meth:`__setstate__` rebuilds a fresh pool of the full capacity and writes the
-        kept rows and entries back, so the arrays are bit for bit the original's (same slots, free
-        lists and group ids: the copy proposes, inserts and evicts exactly as the original would).
+        Node rows above the high-water mark of the pool (``S_HIGH``: rows a new trie's would be) are
+        dropped, and so are the hash table's empty entries; :meth:`__setstate__` makes new arrays of the
+        full capacity and writes the kept rows and entries back, so the arrays are the original's (same
+        slots, free lists and group ids: the copy proposes, inserts and evicts exactly as the original would).
         E.g. an empty ``NgramTrie(max_n=12, capacity=1 << 18)`` pickles to about 1 kB; one holding
         2 000 nodes to about 2 000 * (32 + 24 + 12) bytes.
         """
@@ -147,7 +147,7 @@ class NgramTrie:
             state = {k: v for k, v in self.__dict__.items()
                      if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview",
                                   "_whole")}
-            used = _used_rows(self._nodes, self._stats)
+            used = _high(self._state) + 1
             entries = np.flatnonzero(self._table)
             state.update(_state=self._state.copy(), _pool_rows=used, _nodes_used=self._nodes[:used].copy(),
                          _stats_used=self._stats[:used].copy(), _table_entries=entries,
@@ -162,6 +162,9 @@ class NgramTrie:
                                                    int(state["_state"][K.S_CAPACITY]))
             nodes[:used] = state.pop("_nodes_used")
             stats[:used] = state.pop("_stats_used")
+            high = _high(state["_state"])
+            if high >= used:  # older pickles dropped the new trie's rows below the high-water mark too
+                K.fresh_rows(nodes, stats, int(state["_state"][K.S_CAPACITY]), used, high)
             table[state.pop("_table_entries")] = state.pop("_table_values")
             state.update(_nodes=nodes, _stats=stats, _table=table)
         _warm_up()
@@ -195,7 +198,7 @@ class NgramTrie:
     def max_token(self) -> int:
         """The largest token id the trie holds, -1 when it is empty (free slots hold -1)."""
         with self._lock:
-            return int(self._nodes[:, K.TOKEN].max())
+            return int(self._nodes[: _high(self._state) + 1, K.TOKEN].max())
 
     def __repr__(self) -> str:
         return f"NgramTrie(max_n={self._max_n}, capacity={self._capacity}, nodes={len(self)}, step={self.step})"
@@ -315,7 +318,8 @@ class NgramTrie:
     def ngrams(self) -> dict[tuple[int, ...], tuple[int, int]]:
         """``{path: (count, last_used)}`` for every live node (tests and debugging; not fast)."""
         with self._lock:
-            rows = K.live_nodes(self._nodes, self._stats)
+            high = _high(self._state) + 1
+            rows = K.live_nodes(self._nodes[:high], self._stats[:high])
         rows = rows.tolist()
         by_slot = {r[0]: r for r in rows}
         paths: dict[int, tuple[int, ...]] = {0: ()}
@@ -446,38 +450,23 @@ _BUILD_ERRORS = {
 
 
 def _empty_arrays(max_n: int, capacity: int):
-    """``(nodes, stats, table, state)`` of an empty trie."""
+    """``(nodes, stats, table, state)`` of an empty trie. Only the root's row, the state and (lazily, by the
+    OS) the zeroed table are written: the node rows above ``S_HIGH`` count as free whatever they hold and are
+    written as nodes are made (``kernels._reach``), so a new trie costs microseconds, not a write of its whole
+    capacity (17 MB for 2**18 nodes)."""
     nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
     stats = np.empty((capacity + 1, K.STAT_COLUMNS), np.int64)
-    table = np.empty(K.table_size(capacity), np.int32)
+    table = np.zeros(K.table_size(capacity), np.int32)
     state = np.zeros(K.S_OPEN + max_n, np.int64)
     state[K.S_MAX_N] = max_n
     state[K.S_CAPACITY] = capacity
-    state[K.S_HIGH] = capacity  # uninitialised memory: reset all of it
     K.reset(nodes, stats, table, state)
     return nodes, stats, table, state
 
 
-def _used_rows(nodes: np.ndarray, stats: np.ndarray, block: int = 8192) -> int:
-    """1 + the last row of ``nodes`` / ``stats`` that differs from what :func:`kernels.reset` leaves
-    there (at least 1: the root row is always kept). Rows past it are exactly a fresh pool's: free
-    slots ``v`` whose free-list and free-group links point to ``v + 1`` (0 in the last row), token
-    -1, every other column and stat 0. Scans from the end, a block of rows at a time."""
-    last = len(nodes) - 1  # the capacity
-    end = last + 1
-    while end > 1:
-        start = max(1, end - block)
-        rows = np.arange(start, end)
-        link = np.where(rows < last, rows + 1, 0)
-        fresh = np.zeros((end - start, K.NODE_COLUMNS), np.int32)
-        fresh[:, K.TOKEN] = -1
-        fresh[:, K.NEXT_SIBLING] = link
-        fresh[:, K.GROUP_HEAD] = link
-        differs = (nodes[start:end] != fresh).any(axis=1) | (stats[start:end] != 0).any(axis=1)
-        if differs.any():
-            return start + int(np.flatnonzero(differs)[-1]) + 1
-        end = start
-    return 1
+def _high(state: np.ndarray) -> int:
+    """The last row that holds more than a new trie's (``S_HIGH``, at most the capacity)."""
+    return int(min(state[K.S_HIGH], state[K.S_CAPACITY]))
 
 
 def _positive_int(value, field: str) -> int:

@@ -47,8 +47,9 @@ STEP_VARIANT = "step"
 """What the decoder's calibration times (``Calibrations`` keeps curves per variant): whole decoding steps."""
 
 ROW_TRIE_CAPACITY = 1 << 16
-"""Nodes of a batch row's own trie at most (3.7 MB each): one request's n-grams, about 12 per token; a row's
-policy lives as long as the decoder, so a batch of 64 rows holds 64 of them."""
+"""Nodes of a batch row's own trie at most (3.7 MB allocated each, of which only the rows its nodes use are ever
+touched): one request's n-grams, about 12 per token; a row's policy lives as long as the decoder, so a batch of 64 rows
+holds 64 of them."""
 
 
 class LookaheadDecoder:

@@ -3,6 +3,8 @@ pygtrie reference in ``trie_reference.py``."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,11 +33,22 @@ def _trie(max_n, stream_parts, capacity=None):
     return trie
 
 
+def _written(trie: NgramTrie) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of the trie's ``nodes`` and ``stats`` with the rows above ``S_HIGH`` written as a new trie's, which is
+    what they count as (``kernels.S_HIGH``): the arrays as the kernels see them."""
+    nodes, stats = trie._nodes.copy(), trie._stats.copy()
+    high = int(trie._state[K.S_HIGH])
+    K.fresh_rows(nodes, stats, trie.capacity, high + 1, trie.capacity)
+    return nodes, stats
+
+
 def _check_invariants(trie: NgramTrie) -> None:
     """The array-level invariants the kernels rely on (see ``cache/kernels.py``)."""
-    nodes, stats = trie._nodes.tolist(), trie._stats.tolist()
+    written_nodes, written_stats = _written(trie)
+    nodes, stats = written_nodes.tolist(), written_stats.tolist()
     table, state = trie._table, trie._state.tolist()
     cap = trie.capacity
+    assert 0 <= state[K.S_HIGH] <= cap
     live = [v for v in range(1, cap + 1) if nodes[v][K.TOKEN] >= 0]
     assert len(live) == state[K.S_N_LIVE] == len(trie)
     # the hash table holds exactly the live nodes, in the slots in use (a power of two, at most half full, at least
@@ -431,28 +444,65 @@ def test_table_in_use_grows_then_becomes_whole_before_evictions(seed):
 
 
 @pytest.mark.parametrize("capacity, tokens", [(1 << 12, 300), (1 << 12, 3000), (256, 2000)])
-def test_clear_restores_a_fresh_tries_arrays_bit_for_bit(capacity, tokens):
-    """``clear`` restores only the rows used since the last reset (a quarter of the capacity or less), or all:
-    either way the arrays are a new trie's, and it then behaves as one."""
+def test_clear_leaves_a_new_tries_arrays(capacity, tokens):
+    """``clear`` writes the root's row and the state, and zeroes the live nodes' hash entries (all of the table past
+    a quarter of the capacity): the arrays are then a new trie's as the kernels read them (the rows above ``S_HIGH``
+    count as a new trie's), and it behaves as one."""
     from lookahead.cache.trie import _empty_arrays
 
     rng = np.random.default_rng(capacity + tokens)
     trie = NgramTrie(max_n=6, capacity=capacity)
+    new = NgramTrie(max_n=6, capacity=capacity)
     for _ in range(2):
         trie.insert(rng.integers(0, 50, tokens))
         trie.clear()
         fresh = _empty_arrays(6, capacity)
-        for got, want in zip((trie._nodes, trie._stats, trie._table), fresh[:3]):
+        assert np.array_equal(trie._state[:K.S_OPEN], fresh[3][:K.S_OPEN]) and trie._state[K.S_HIGH] == 0  # (no open path)
+        for got, want in zip(_written(trie) + (trie._table,), _written(new) + (fresh[2],)):
             assert np.array_equal(got, want)
-        assert np.array_equal(trie._state[:K.S_HIGH], fresh[3][:K.S_HIGH]) and trie._state[K.S_HIGH] == 0
         assert trie._used == min(T.MIN_TABLE, len(trie._table))  # the table in use is a new trie's again
     seq = rng.integers(0, 50, 200)
-    again, new = NgramTrie(max_n=6, capacity=capacity), NgramTrie(max_n=6, capacity=capacity)
+    again = NgramTrie(max_n=6, capacity=capacity)
     again.insert(rng.integers(0, 50, tokens))
     again.clear()
     again.insert(seq)
     new.insert(seq)
     assert [a.tolist() for a in again.propose(seq[-3:], 16, 6)] == [b.tolist() for b in new.propose(seq[-3:], 16, 6)]
+
+
+@pytest.mark.parametrize("capacity", [64, 300, 4096])  # 64 and 300: evicting
+def test_rows_above_the_high_water_mark_are_never_read(capacity):
+    """A new trie writes only its root's row: every row above ``S_HIGH`` counts as a new trie's, whatever it holds.
+    Filled with garbage there (as a reused or never-written allocation is), a trie inserts, proposes, evicts, clears
+    and pickles exactly as one whose rows all hold a new trie's values."""
+    rng = np.random.default_rng(capacity)
+    dirty, clean = NgramTrie(max_n=4, capacity=capacity), NgramTrie(max_n=4, capacity=capacity)
+    K.fresh_rows(clean._nodes, clean._stats, capacity, 1, capacity)
+
+    def soil():  # garbage in every row above the high-water mark
+        high = int(dirty._state[K.S_HIGH])
+        dirty._nodes[high + 1:] = rng.integers(-5, capacity + 5, dirty._nodes[high + 1:].shape)
+        dirty._stats[high + 1:] = rng.integers(-5, 1000, dirty._stats[high + 1:].shape)
+
+    for round_ in range(6):
+        soil()
+        for _ in range(8):
+            part = rng.integers(0, 30, int(rng.integers(1, 60)))
+            dirty.insert(part)
+            clean.insert(part)
+            ctx = rng.integers(0, 30, 3)
+            assert [a.tolist() for a in dirty.propose(ctx, 12, 4)] == [b.tolist() for b in clean.propose(ctx, 12, 4)]
+        assert dirty.ngrams() == clean.ngrams() and dirty.max_token() == clean.max_token()
+        assert dirty.n_evictions == clean.n_evictions
+        _check_invariants(dirty)
+        copied = pickle.loads(pickle.dumps(dirty))
+        assert copied.ngrams() == clean.ngrams()
+        _check_invariants(copied)
+        if round_ == 3:
+            dirty.clear()
+            clean.clear()
+    if capacity == 64:
+        assert clean.n_evictions > 0
 
 
 def test_insert_rows_docstring_example():
@@ -491,6 +541,9 @@ def test_insert_rows_equals_a_reset_and_an_insert_per_row(max_n, capacity, seed,
             t.insert(tail)
         assert batched.ngrams() == looped.ngrams()
         assert batched.step == looped.step and batched.n_evictions == looped.n_evictions
-        for a, b in zip((batched._nodes, batched._stats, batched._table, batched._state),
-                        (looped._nodes, looped._stats, looped._table, looped._state)):
+        for a, b in zip(_written(batched) + (batched._state,), _written(looped) + (looped._state,)):
             assert np.array_equal(a, b)
+        # the same entries; the hash table's prefix in use may differ in size (one insert_rows grows it once for all
+        # its rows, the loop row by row), and so may where an entry sits in it
+        assert sorted(batched._table[batched._table != 0]) == sorted(looped._table[looped._table != 0])
+        _check_invariants(batched)
