@@ -309,7 +309,7 @@ class SuffixIndex:
     """The suffix automaton of one request's context (see the module docstring).
 
     ``capacity``: the most context tokens held (>= 4); past it the index is rebuilt over the last
-    ``capacity // 2``. All memory (about 110 bytes per token of capacity) is allocated here.
+    ``capacity // 2``. All memory (about 110 bytes per token of capacity) is allocated here, touched as it is used.
     """
 
     def __init__(self, capacity: int = 1 << 16):
@@ -321,9 +321,11 @@ class SuffixIndex:
         self._allocate(int(capacity))
 
     def _allocate(self, cap: int) -> None:
-        self._tokens = np.zeros(cap, np.int64)
-        self._states = np.zeros((2 * cap + 2, 5), np.int32)
-        self._edges = np.zeros((3 * cap + 4, 4), np.int32)
+        # tokens, states and edges are written before they are read (a state or edge as it is made), so they are
+        # left unwritten: a new index touches only the memory its context uses (a reused allocation is not filled)
+        self._tokens = np.empty(cap, np.int64)
+        self._states = np.empty((2 * cap + 2, 5), np.int32)
+        self._edges = np.empty((3 * cap + 4, 4), np.int32)
         self._table = np.zeros(1 << (2 * (3 * cap + 4) - 1).bit_length(), np.int32)
         self._info = np.zeros(INFO_SLOTS, np.int64)
         self._info[I_CAPACITY] = cap

@@ -284,6 +284,31 @@ def test_long_sequences_match_the_brute_force(seed, vocab):
     _check_invariants(index)
 
 
+@pytest.mark.parametrize("capacity", [64, 1 << 12])  # 64: rebuilt over its last half again and again
+def test_unwritten_memory_is_never_read(capacity):
+    """A new index leaves its tokens, states and edges unwritten: each is written as it is made. With garbage in
+    every one of them, an index extends, proposes, rebuilds and clears exactly as a clean one."""
+    rng = np.random.default_rng(capacity)
+    dirty, clean = SuffixIndex(capacity), SuffixIndex(capacity)
+    for arr in (clean._tokens, clean._states, clean._edges):
+        arr[...] = 0
+    for arr in (dirty._tokens, dirty._states, dirty._edges):
+        arr[...] = rng.integers(-3, 2 * capacity, arr.shape)
+    dirty._states[0] = clean._states[0]  # the root, which a new index writes
+    for step in range(40):
+        part = rng.integers(0, 12, int(rng.integers(1, 40)))
+        dirty.extend(part)
+        clean.extend(part)
+        assert dirty.tokens.tolist() == clean.tokens.tolist() and dirty.rebuilds == clean.rebuilds
+        for args in ((16, 8, 2), (6, 12, 1), (30, 6, 3)):
+            assert [a.tolist() for a in dirty.propose(*args)] == [b.tolist() for b in clean.propose(*args)]
+        if step == 20:
+            dirty.clear()
+            clean.clear()
+    if capacity == 64:
+        assert clean.rebuilds > 0
+
+
 def test_clear_leaves_the_table_empty_whatever_was_indexed():
     """``clear`` zeroes only the entries of the edges made (or the whole table past an eighth of it): either way
     the table is empty after it, and the index then proposes as a new one."""
