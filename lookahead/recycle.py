@@ -182,7 +182,7 @@ class SuccessorTable:
             raise ValueError(f"SuccessorTable needs k >= 1 and rows a power of two, got k={k}, rows={rows}")
         self.k, self.rows, self.calibration = k, rows, calibration
         self.keys = np.full(2 * rows, -1, np.int64)
-        self.ids = np.zeros((2 * rows, k), np.int32)  # read only in rows whose key is set (written with it)
+        self.ids = np.full((2 * rows, k), -1, np.int32)
         self.share = np.zeros((2 * rows, k), np.float32)
 
     def clear(self) -> None:
