@@ -114,22 +114,28 @@ def _init_node(nodes, stats, x, token, parent, count, last_used):
 
 
 @njit(cache=True, inline="always")
+def _free_node(nodes, stats, v, next_free):
+    """Slot ``v`` as a free one, ``next_free`` the next in the free list (its group-id column is not touched)."""
+    nodes[v, TOKEN] = -1
+    nodes[v, PARENT] = 0
+    nodes[v, FIRST_CHILD] = 0
+    nodes[v, LAST_CHILD] = 0
+    nodes[v, NEXT_SIBLING] = next_free
+    nodes[v, PREV_SIBLING] = 0
+    nodes[v, GROUP] = 0
+    stats[v, COUNT] = 0
+    stats[v, LAST_USED] = 0
+    stats[v, CHILD_SUM] = 0
+
+
+@njit(cache=True, inline="always")
 def fresh_rows(nodes, stats, cap, lo, hi):
     """Write rows ``lo .. hi`` (inclusive, ``1 <= lo``, ``hi <= cap``) as a new trie's: free node slots and free
     group ids, each chained to the next row (0 in the row of the capacity), token -1, every other column 0."""
     for v in range(lo, hi + 1):
         link = v + 1 if v < cap else 0
-        nodes[v, TOKEN] = -1
-        nodes[v, PARENT] = 0
-        nodes[v, FIRST_CHILD] = 0
-        nodes[v, LAST_CHILD] = 0
-        nodes[v, NEXT_SIBLING] = link
-        nodes[v, PREV_SIBLING] = 0
-        nodes[v, GROUP] = 0
+        _free_node(nodes, stats, v, link)
         nodes[v, GROUP_HEAD] = link
-        stats[v, COUNT] = 0
-        stats[v, LAST_USED] = 0
-        stats[v, CHILD_SUM] = 0
 
 
 REACH_ROWS = 512
@@ -347,16 +353,7 @@ def evict(nodes, stats, table, state):
     freed = 0
     for v in range(cap, 0, -1):
         if nodes[v, TOKEN] >= 0 and table[v] == 0:
-            nodes[v, TOKEN] = -1
-            nodes[v, PARENT] = 0
-            nodes[v, FIRST_CHILD] = 0
-            nodes[v, LAST_CHILD] = 0
-            nodes[v, PREV_SIBLING] = 0
-            nodes[v, GROUP] = 0
-            nodes[v, NEXT_SIBLING] = head
-            stats[v, COUNT] = 0
-            stats[v, LAST_USED] = 0
-            stats[v, CHILD_SUM] = 0
+            _free_node(nodes, stats, v, head)
             head = v
             freed += 1
     state[S_FREE_HEAD] = head
