@@ -20,9 +20,12 @@ Worked example: the table knows ``5 -> [6 (share 0.9), 7 (0.1)]`` and ``6 -> [8 
 parents ``[-1, 0, -1]`` (best-first: a parent always before its children).
 
 Slots: ``rows`` for single tokens, addressed by ``token & (rows - 1)`` (every token its own slot up
-to a vocabulary of ``rows``), and ``rows`` for pairs, addressed by a hash; each slot keeps its key,
-and a later row for another key in the same slot replaces it. Memory: ``2 rows * (8 + 8 k)`` bytes
-(9.4 MB with the defaults, ``rows = 65536`` and ``k = 8``).
+to a vocabulary of ``rows``), and ``rows`` for pairs, addressed by a hash; each slot keeps its key (a
+token's id + 1, or the pair's hash, never 0; 0: an empty slot), and a later row for another key in the
+same slot replaces it. Memory: ``2 rows * (8 + 8 k)`` bytes (9.4 MB with the defaults, ``rows = 65536`` and
+``k = 8``), one zeroed allocation in which a slot's key, ids and shares lie side by side
+(:func:`slot_arrays`): a new table writes nothing, and a slot's first use touches one page of memory, not
+three.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def _row(keys, rows, prev, token):
         if keys[s] == key:
             return s
     s = token & (rows - 1)
-    return s if keys[s] == token else -1
+    return s if keys[s] == token + 1 else -1
 
 
 @njit(cache=True)
@@ -84,7 +87,7 @@ def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
         for which in range(2):
             if which == 0:
                 s = t & (rows - 1)
-                keys[s] = t
+                keys[s] = t + 1
             else:
                 if prevs[i] < 0:
                     continue
@@ -181,16 +184,14 @@ class SuccessorTable:
         if k < 1 or rows < 2 or rows & (rows - 1):
             raise ValueError(f"SuccessorTable needs k >= 1 and rows a power of two, got k={k}, rows={rows}")
         self.k, self.rows, self.calibration = k, rows, calibration
-        self.keys = np.full(2 * rows, -1, np.int64)
-        self.ids = np.full((2 * rows, k), -1, np.int32)
-        self.share = np.zeros((2 * rows, k), np.float32)
+        self.keys, self.ids, self.share = slot_arrays(2 * rows, k)
 
     def clear(self) -> None:
-        self.keys[:] = -1
+        self.keys[np.flatnonzero(self.keys)] = 0  # (writing every key would touch every page of the table)
 
     def __len__(self) -> int:
         """Keys (tokens and pairs) with a row."""
-        return int(np.count_nonzero(self.keys >= 0))
+        return int(np.count_nonzero(self.keys))
 
     def update(self, prevs: np.ndarray, inputs: np.ndarray, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
         """Rows ``i``: input token ``inputs[i]`` after ``prevs[i]`` (-1: none), its top-k successor ids
@@ -218,14 +219,29 @@ class SuccessorTable:
 
     # pickling: only the slots in use
     def __getstate__(self) -> dict:
-        used = np.flatnonzero(self.keys >= 0)
-        return {"k": self.k, "rows": self.rows, "calibration": self.calibration, "used": used,
+        used = np.flatnonzero(self.keys)
+        return {"k": self.k, "rows": self.rows, "calibration": self.calibration, "used": used, "token_keys": "id+1",
                 "keys": self.keys[used], "ids": self.ids[used], "share": self.share[used]}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["k"], state["rows"], state["calibration"])
-        used = state["used"]
-        self.keys[used], self.ids[used], self.share[used] = state["keys"], state["ids"], state["share"]
+        used, keys = state["used"], np.array(state["keys"], np.int64)
+        if state.get("token_keys") != "id+1":  # pickled when a token's slot kept its id (and -1 marked empty slots)
+            keys[used < self.rows] += 1
+        self.keys[used], self.ids[used], self.share[used] = keys, state["ids"], state["share"]
+
+
+def slot_arrays(slots: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(keys int64[slots], ids int32[slots, k], shares float32[slots, k])``: strided views of one zeroed buffer
+    in which slot ``s``'s key, ids and shares lie side by side (``8 + 8 k`` bytes). A new table so writes nothing
+    (the OS hands out zeroed pages as they are first touched), and a slot's first use touches one page, where three
+    arrays would touch three. Example: ``k = 8``: slot ``s`` is bytes ``72 s`` to ``72 s + 71``."""
+    width = 8 + 8 * k
+    buf = np.zeros(slots * width, np.uint8)
+    keys = np.ndarray((slots,), np.int64, buf, 0, (width,))
+    ids = np.ndarray((slots, k), np.int32, buf, 8, (width, 4))
+    shares = np.ndarray((slots, k), np.float32, buf, 8 + 4 * k, (width, 4))
+    return keys, ids, shares
 
 
 _EMPTY = np.zeros(0, np.int64)

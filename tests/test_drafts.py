@@ -291,6 +291,27 @@ def test_successor_table_pairs_first_later_rows_replace_unknown_rows_skipped():
     assert len(pickle.dumps(SuccessorTable(8))) < 2_000
 
 
+def test_successor_table_slots_lie_side_by_side_token_zero_and_older_pickles():
+    """A slot's key, ids and shares are views of one zeroed buffer, a slot's bytes side by side; an empty slot's key
+    is 0, so token 0 (key 1) has a row like any other; a pickle from when a token's key was its id still loads."""
+    table = SuccessorTable(2, rows=64)
+    assert table.keys.base is table.ids.base is table.share.base and table.keys.strides == (8 + 8 * 2,)
+    assert len(table) == 0 and not table.keys.any()
+    table.update(np.array([-1, 0]), np.array([0, 5]), np.array([[7, 8], [9, 10]]),
+                 np.array([[1.0, 0.0], [2.0, 0.0]], np.float32))
+    assert table.propose(-1, 0, 1, 1)[0].tolist() == [7] and len(table) == 3  # token 0's row, 5's, the pair (0, 5)
+    state = table.__getstate__()
+    old = dict(state, keys=np.where(state["used"] < 64, state["keys"] - 1, state["keys"]))  # a token's key: its id
+    del old["token_keys"]
+    for copy in (pickle.loads(pickle.dumps(table)), SuccessorTable.__new__(SuccessorTable)):
+        if not len(copy.__dict__):
+            copy.__setstate__(old)
+        assert copy.keys.tolist() == table.keys.tolist()
+        assert copy.propose(0, 5, 4, 4)[0].tolist() == table.propose(0, 5, 4, 4)[0].tolist() == [9, 10]
+    table.clear()
+    assert len(table) == 0 and table.propose(-1, 0, 1, 1)[0].tolist() == []
+
+
 def test_model_source_learns_rows_with_their_contexts_the_accepted_path_last():
     src = ModelSource(k=2, max_nodes=8, max_depth=4)
     src.start(np.array([1, 2, 3]))
