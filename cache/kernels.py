@@ -154,8 +154,8 @@ def _write_ahead(nodes, stats, state, v):
 
 @njit(cache=True, inline="always")
 def _reach(nodes, stats, state, v):
-    """Before row ``v`` is read: the rows above ``S_HIGH`` up to ``v`` written as a new trie's (they may never have
-    been: see ``S_HIGH``), a few hundred at a time (:func:`_write_ahead`)."""
+    """Before row ``v`` (at most the capacity) is read: the rows above ``S_HIGH`` up to ``v`` written as a new
+    trie's (they may never have been: see ``S_HIGH``), a few hundred at a time (:func:`_write_ahead`)."""
     if v > state[S_HIGH]:
         _write_ahead(nodes, stats, state, v)
 
@@ -170,7 +170,7 @@ def reset(nodes, stats, table, state):
     ``_empty_arrays``: a zeroed table, node rows never written) need only this, so a new trie writes a few hundred
     bytes, however large its capacity, and its memory is touched as nodes are made."""
     cap = state[S_CAPACITY]
-    high = min(state[S_HIGH], cap)
+    high = state[S_HIGH]
     if 4 * high >= cap:
         table[:] = 0
     else:  # the live nodes' entries: find them all first (probing needs the table intact), then zero them
@@ -385,9 +385,8 @@ def insert(nodes, stats, table, state, tokens):
     # The rows this call can take, written first (see S_HIGH), so the loop below never checks: a node slot is freed
     # only by an eviction, which writes every row, so until one the free list's head is the first row never used,
     # and the call takes at most n * max_n rows from it; group ids, fewer than the live nodes, stay below them.
-    reach = state[S_FREE_HEAD] + n * max_n
-    if state[S_HIGH] < cap and state[S_FREE_HEAD] != 0 and reach > state[S_HIGH]:
-        _write_ahead(nodes, stats, state, reach)
+    if state[S_FREE_HEAD] != 0:
+        _reach(nodes, stats, state, min(state[S_FREE_HEAD] + n * max_n, cap))
     mask = table.shape[0] - 1
     for j in range(n):
         t = tokens[j]
@@ -784,8 +783,7 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
     state[S_N_LIVE] = n
     state[S_FREE_HEAD] = n + 1 if n < cap else 0
     state[S_GROUP_FREE] = g_next if g_next <= cap else 0
-    state[S_HIGH] = max(n, g_next - 1)
-    state[S_STEP] = step
+    state[S_STEP] = step  # (S_HIGH: set by the _reach above, past the rows and group ids used)
     state[S_N_OPEN] = 0
     state[S_N_EVICTIONS] = n_evictions
     return BUILD_OK, n

@@ -465,8 +465,8 @@ def _empty_arrays(max_n: int, capacity: int):
 
 
 def _high(state: np.ndarray) -> int:
-    """The last row that holds more than a new trie's (``S_HIGH``, at most the capacity)."""
-    return int(min(state[K.S_HIGH], state[K.S_CAPACITY]))
+    """The last row that may hold more than a new trie's (``S_HIGH``, never above the capacity)."""
+    return int(state[K.S_HIGH])
 
 
 def _positive_int(value, field: str) -> int:
