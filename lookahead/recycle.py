@@ -176,6 +176,14 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
     return m
 
 
+@njit(cache=True)
+def _clear_keys(keys):
+    """Zero the nonzero entries of ``keys`` int64[slots] (any stride) in place."""
+    for s in range(keys.shape[0]):
+        if keys[s]:
+            keys[s] = 0
+
+
 class SuccessorTable:
     """Per input token, and per (previous token, input token), the top-``k`` successors of the latest
     verified row with that input (see the module docstring). ``rows``: a power of two."""
@@ -185,9 +193,15 @@ class SuccessorTable:
             raise ValueError(f"SuccessorTable needs k >= 1 and rows a power of two, got k={k}, rows={rows}")
         self.k, self.rows, self.calibration = k, rows, calibration
         self.keys, self.ids, self.share = slot_arrays(2 * rows, k)
+        self.written = False  # whether a row was learned since the table was made or cleared
 
     def clear(self) -> None:
-        self.keys[np.flatnonzero(self.keys)] = 0  # (writing every key would touch every page of the table)
+        """Empty every slot. A table learned nothing since it was made or cleared is empty already: nothing is
+        read (a new decoder's first call so touches no page of its table); else only the keys are read and the
+        ones in use zeroed, in place (a copy of the strided keys would read every slot's page)."""
+        if self.written:
+            _clear_keys(self.keys)
+            self.written = False
 
     def __len__(self) -> int:
         """Keys (tokens and pairs) with a row."""
@@ -197,6 +211,7 @@ class SuccessorTable:
         """Rows ``i``: input token ``inputs[i]`` after ``prevs[i]`` (-1: none), its top-k successor ids
         ``top_ids[i]`` (likeliest first; -1 in column 0: row unknown, skipped) and their logits; a later
         row of the same key replaces an earlier one."""
+        self.written = True
         _update(self.keys, self.ids, self.share, self.rows, np.ascontiguousarray(prevs, dtype=np.int64),
                 np.ascontiguousarray(inputs, dtype=np.int64), np.ascontiguousarray(top_ids, dtype=np.int64),
                 np.ascontiguousarray(top_logits, dtype=np.float32))
@@ -205,6 +220,7 @@ class SuccessorTable:
                    top_ids: np.ndarray, top_logits: np.ndarray) -> None:
         """One verified step in one call: row 0 (input ``last`` after ``prev``), then the rows of draft nodes
         ``tokens`` int64[n] / ``parents`` int64[n]; ``path`` int64[a]: the accepted rows (0 and 1 + node)."""
+        self.written = True
         _learn_step(self.keys, self.ids, self.share, self.rows, int(prev), int(last), tokens, parents, path,
                     np.ascontiguousarray(top_ids, dtype=np.int64), np.ascontiguousarray(top_logits, dtype=np.float32))
 
@@ -229,6 +245,7 @@ class SuccessorTable:
         if state.get("token_keys") != "id+1":  # pickled when a token's slot kept its id (and -1 marked empty slots)
             keys[used < self.rows] += 1
         self.keys[used], self.ids[used], self.share[used] = keys, state["ids"], state["share"]
+        self.written = bool(len(used))
 
 
 def slot_arrays(slots: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

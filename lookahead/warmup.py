@@ -109,10 +109,12 @@ def decode(model, settings: dict, generate: dict, rows: int) -> None:
 
 
 def exercise_store() -> None:
-    """The n-gram store's own paths a decode does not take: eviction, saving, loading, listing."""
+    """The stores' own paths a decode does not take: eviction, saving, loading, listing; a model-prediction
+    table cleared after use (a kept decoder's next call on another model)."""
     import numpy as np
 
     from .cache import NgramTrie, SuffixIndex
+    from .recycle import SuccessorTable
 
     trie = NgramTrie(max_n=4, capacity=64)
     trie.insert(np.random.default_rng(0).integers(0, 50, 400))  # far more than fits: evicts
@@ -125,6 +127,9 @@ def exercise_store() -> None:
     index = SuffixIndex(8)
     index.extend(np.array([1, 2, 1, 2, 3, 1, 2, 1, 2, 3] * 3, np.int64))  # grows past its capacity
     index.propose(4, 4, 2, 2)
+    table = SuccessorTable(2, rows=64)
+    table.update(np.array([-1]), np.array([3]), np.array([[4, 5]]), np.zeros((1, 2), np.float32))
+    table.clear()
 
 
 def exercise_trees() -> None:

@@ -312,6 +312,27 @@ def test_successor_table_slots_lie_side_by_side_token_zero_and_older_pickles():
     assert len(table) == 0 and table.propose(-1, 0, 1, 1)[0].tolist() == []
 
 
+def test_successor_table_clear_empties_what_every_way_of_learning_wrote():
+    """``clear`` skips a table nothing was learned into since it was made or cleared; each way of writing rows
+    (``update``, ``learn_step``, a loaded pickle) leaves a table that ``clear`` empties."""
+    rows = (np.array([-1, 3]), np.array([3, 5]), np.array([[4, 6], [7, 8]]), np.zeros((2, 2), np.float32))
+    table = SuccessorTable(2, rows=64)
+    table.clear()  # a new table: nothing to do
+    assert len(table) == 0
+    table.update(*rows)
+    twin = pickle.loads(pickle.dumps(table))
+    stepped = SuccessorTable(2, rows=64)
+    stepped.learn_step(-1, 3, np.array([5]), np.array([-1]), np.array([0, 1]), rows[2], rows[3])
+    for t in (table, twin, stepped):
+        assert len(t) == 3 and t.propose(3, 5, 1, 1)[0].tolist() == [7]
+        t.clear()
+        assert len(t) == 0 and t.propose(3, 5, 1, 1)[0].tolist() == [] and t.propose(-1, 3, 1, 1)[0].tolist() == []
+        t.update(*rows)  # a cleared table learns again, and clears again
+        assert len(t) == 3
+        t.clear()
+        assert len(t) == 0
+
+
 def test_model_source_learns_rows_with_their_contexts_the_accepted_path_last():
     src = ModelSource(k=2, max_nodes=8, max_depth=4)
     src.start(np.array([1, 2, 3]))
