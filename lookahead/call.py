@@ -30,6 +30,7 @@ from .cost import CostModel
 from .distributed import RankSync
 from .draft import Draft
 from .kv_cache import PLAIN_LAYERS, CacheNotRollbackable, cache_layers, grow_in_place, new_cache
+from .sliding import SlidingWindow
 from .verify import PositionUniforms, Verdict, verify
 
 HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", *compat.CACHE_KWARGS}
@@ -154,9 +155,11 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
         )
 
 
-def check_cache_layers(cache, max_length: int) -> int | None:
+def check_cache_layers(cache, max_length: int, past_window: bool = False) -> int | None:
     """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the
-    smallest sliding window of its layers (every forward must stay below it), or None."""
+    smallest sliding window of its layers, or None. A call that may reach past it is refused unless
+    ``past_window`` (one row on a dynamic cache: :mod:`lookahead.sliding` keeps its sliding layers whole through
+    each step); else every forward must stay below it."""
     _, sliding = compat.rollbackable_layer_types()
     window = None
     for layer in cache_layers(cache):
@@ -167,11 +170,11 @@ def check_cache_layers(cache, max_length: int) -> int | None:
                 "exactly; use plain generate() for it."
             )
         if isinstance(layer, sliding):
-            if max_length > layer.sliding_window:
+            if max_length > layer.sliding_window and not past_window:
                 raise CacheNotRollbackable(
                     f"the model attends over a sliding window of {layer.sliding_window} tokens and this call may "
-                    f"reach {max_length}; LookaheadDecoder cannot roll back past the window. Use max_length <= "
-                    f"{layer.sliding_window} or plain generate()."
+                    f"reach {max_length}; LookaheadDecoder decodes past the window one unpadded row at a time, not "
+                    f"a batch. Use max_length <= {layer.sliding_window}, one row per call, or plain generate()."
                 )
             window = layer.sliding_window if window is None else min(window, layer.sliding_window)
     return window
@@ -242,7 +245,8 @@ class CallSetup:
       tensors); ``pads``: whether some criterion is an EOS one (then plain ``generate`` pads a stopped row).
     - ``cache``: the call's cache (the one ``generate`` made or the caller passed, its plain layers growing in
       place); ``forward_kwargs``: what every forward passes besides ids, positions and mask; ``kv_window``: the
-      smallest sliding window of its layers, or None.
+      smallest sliding window of its layers, which every forward stays below, or None; ``sliding``: how one row
+      decodes past that window (:class:`~lookahead.sliding.SlidingWindow`), or None.
     - ``processors``: per row, the logits processors as one function, or None; ``sampling``; ``bans``: the
       processors as token bans (:class:`TokenBans`), when they are all of that kind; ``argmax_verdicts``: greedy,
       no scores kept, and no processors or only token bans: a verdict needs only every row's (processed)
@@ -266,6 +270,7 @@ class CallSetup:
     keeps_logits: bool
     forward_kwargs: dict
     kv_window: int | None
+    sliding: SlidingWindow | None
     device: torch.device
     on_cpu: bool
     argmax_by_max: bool
@@ -300,7 +305,11 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
     max_length = stop_length if stop_length is not None else gen.max_length
     cache = compat.cache_of(model_kwargs)
     cache = new_cache(model) if cache is None else grow_in_place(cache)
-    kv_window = None if static else check_cache_layers(cache, gen.max_length)
+    mask = model_kwargs.get("attention_mask")
+    one_row = b == 1 and not static and (mask is None or bool((mask == 1).all()))  # no padding column to hide
+    window = None if static else check_cache_layers(cache, gen.max_length, past_window=one_row)
+    sliding = SlidingWindow.of(model, cache) if window is not None and gen.max_length > window else None
+    kv_window = None if sliding is not None else window  # past it, every step's entries are kept until the verdict
     past = int(cache.get_seq_length())
     if b > 1 and past:
         raise ValueError(f"LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds {past} "
@@ -324,7 +333,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         model=model, gen=gen, max_length=max_length, eos=eos, eos_ids=np.array(sorted(eos), dtype=np.int64),
         other_stops=other_stops, pads=any(hasattr(c, "eos_token_id") for c in stopping_criteria or ()),
         cache=cache, cache_kwarg=cache_kwarg, keeps_logits=compat.supports_logits_to_keep(model),
-        forward_kwargs={"use_cache": True, cache_kwarg: cache}, kv_window=kv_window, device=device, on_cpu=on_cpu,
+        forward_kwargs={"use_cache": True, cache_kwarg: cache}, kv_window=kv_window, sliding=sliding, device=device,
+        on_cpu=on_cpu,
         # on a CPU ``max`` finds the argmax 2.5x faster than ``argmax`` from a vocabulary of 4096 up (its indices are
         # argmax's, first maximal value first); slower below 1024
         argmax_by_max=on_cpu and getattr(model.config, "vocab_size", 0) >= 1024, dtype=model.dtype,
@@ -335,7 +345,7 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
     setup.sync = RankSync.for_model(model)
     if decoder.config.adaptive and not static:
         t = decoder.clock()
-        setup.cost = decoder.cost_curve(model, kv_window, setup.sync)
+        setup.cost = decoder.cost_curve(model, window, setup.sync)
         decoder.stats.time_calibration = decoder.clock() - t
         decoder.stats.cost_curve = setup.cost.points
         decoder.stats.cost_steps, decoder.stats.cost_provisional = setup.cost.steps, setup.cost.provisional

@@ -76,12 +76,17 @@ class SingleCall:
             # first among the head's pre-hooks: it sees the rows the model hands the head (linear_layout's hooks
             # hand nn.Linear none)
             handle = self.model.get_output_embeddings().register_forward_pre_hook(keep_hidden, prepend=True)
+        sliding = self.setup.sliding
+        if sliding is not None:  # past a sliding window: its layers keep every entry until the step's verdict
+            sliding.start(self.cache)
         try:
             return self.loop()
         finally:
             self.policy.finish()  # the lazy sources (a shared store) learn the whole output; estimates are kept
             if handle is not None:
                 handle.remove()
+            if sliding is not None:
+                sliding.finish(self.cache)
 
     def loop(self):
         """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
@@ -93,6 +98,8 @@ class SingleCall:
             draft = self.fit(policy.draft(self.length, self.past_len + p, int(self.pending_pos[-1])))
             rows, n = draft.rows, len(draft)
             ids, pos, mask = self.pack(draft)
+            if mask is not None and setup.sliding is not None:  # the sliding layers' own mask beside it
+                mask = setup.sliding.masks(mask, pos, self.past_len)
             t1 = clock()
             k = policy.recycle_k
             warm = p - 1 if p > 1 and policy.prompt_rows and k else 0  # the prompt's rows, for the model's predictions
@@ -217,6 +224,8 @@ class SingleCall:
         """Keep the pending tokens' and the accepted nodes' KV entries; the last emitted token becomes pending."""
         if draft.rows:  # else every entry of the step stays
             keep_entries(self.cache, p + draft.rows, list(range(p)) + [p + j for j in accepted])
+        if self.setup.sliding is not None:
+            self.setup.sliding.restrict(self.cache)
         self.past_len += p + len(accepted)
         last_pos = int(self.pending_pos[-1]) + len(accepted) + 1
         self.pending, self.pending_pos = self._last_token, self._last_pos  # int64[1] each, reused every step

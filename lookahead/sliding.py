@@ -1,0 +1,120 @@
+"""One row decoded past a sliding window: the window's layers kept whole through each step, and their masks.
+
+A sliding-window layer of a dynamic cache (transformers' ``DynamicSlidingWindowLayer``) keeps the keys and values
+of the last ``window - 1`` tokens. A step that verifies ``q`` rows would push up to ``q`` cached tokens out before the
+verdict, and a rejected row's entries could not be undone. transformers' own way out, used by its assisted
+decoding, is the layer's *past recording* (``activate_past_recording``): an update keeps every entry until the next
+``crop``, which drops the rejected ones and restricts the layer to its window again. :class:`SlidingWindow` turns it
+on for the call (:meth:`~SlidingWindow.start`), restricts the layers after each step (:meth:`~SlidingWindow.restrict`;
+a step that drops rows crops them first) and turns it off when the call ends, the layers restricted
+(:meth:`~SlidingWindow.finish`): the cache the call returns is one plain ``generate`` could continue.
+
+**Masks.** A step whose draft is one chain passes no mask: the model builds its own, a sliding one for those
+layers. A step with a tree (or the lookahead window's rows) passes its own additive 4D mask over every column
+(``tree.py``). A sliding layer sees only the keys of the last ``seen = min(past, window - 1)`` cached tokens and the
+step's ``q`` rows, and a row at position ``P`` attends to a key at position ``k`` only if ``P - k < window``. So its
+mask is the full mask's last ``seen + q`` columns, with every column at a position ``window`` or more before the row's
+own hidden (:meth:`SlidingWindow.masks`). Models that tell their layers apart (``config.layer_types``) take the masks
+per layer type, a dict; a model without ``layer_types`` slides in every layer (Mistral) and takes the sliding one.
+
+Worked example: window 4, 5 tokens cached (positions 0-4), a step of the pending token (position 5) and a node
+under it (position 6). The sliding layers see positions 2, 3, 4, then 5 and 6 (``seen`` = 3). The pending row sees
+2-5; the node sees 3-6, so its mask row hides position 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import compat
+from .kv_cache import CacheNotRollbackable, cache_layers
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+"""The layer types (``config.layer_types``) whose masks :meth:`SlidingWindow.masks` makes."""
+
+
+_SLIDING_LAYER = compat.rollbackable_layer_types()[1]
+
+
+def is_sliding(layer) -> bool:
+    """Whether a cache layer is a dynamic cache's sliding-window layer (its entries past the window dropped)."""
+    return isinstance(layer, _SLIDING_LAYER)
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """How a call of one row decodes past the ``window`` of its cache's sliding layers (see the module docstring).
+    ``layer_types``: the model's ``config.layer_types`` (the masks go per type, a dict), or None (every layer slides:
+    one mask)."""
+
+    window: int
+    layer_types: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.window < 2:
+            raise ValueError(f"SlidingWindow window={self.window!r} is invalid: must be at least 2")
+        unknown = sorted(set(self.layer_types or ()) - {SLIDING, FULL})
+        if unknown:
+            raise ValueError(f"SlidingWindow layer_types holds {unknown}: only {SLIDING!r} and {FULL!r} are known")
+
+    @classmethod
+    def of(cls, model, cache) -> SlidingWindow:
+        """The plan for ``model`` and its ``cache``, whose sliding layers must share one window; raises
+        :class:`~lookahead.kv_cache.CacheNotRollbackable` for a model whose layers it cannot tell apart, or whose
+        layer types it does not know."""
+        sliding = [layer for layer in cache_layers(cache) if is_sliding(layer)]
+        if not all(hasattr(layer, "activate_past_recording") for layer in sliding):
+            raise CacheNotRollbackable("this transformers version's sliding-window cache layers cannot keep their past "
+                                       "entries (no activate_past_recording); LookaheadDecoder cannot roll back past "
+                                       "the window. Use a newer transformers, max_length <= the window, or plain "
+                                       "generate().")
+        windows = {layer.sliding_window for layer in sliding}
+        if len(windows) != 1:
+            raise CacheNotRollbackable(f"the model's sliding layers have windows {sorted(windows)}; LookaheadDecoder "
+                                       "decodes past one window only. Use plain generate() for this model.")
+        types = getattr(model.config, "layer_types", None)
+        if types is None and not all(is_sliding(layer) for layer in cache_layers(cache)):
+            raise CacheNotRollbackable("the model mixes sliding and full attention layers without naming them "
+                                       "(config.layer_types), so their masks cannot be told apart; LookaheadDecoder "
+                                       "cannot decode it past its window. Use plain generate() for this model.")
+        unknown = sorted(set(types or ()) - {SLIDING, FULL})
+        if unknown:
+            raise CacheNotRollbackable(f"the model's layer types {unknown} are not known to LookaheadDecoder past a "
+                                       "sliding window. Use plain generate() for this model.")
+        return cls(windows.pop(), None if types is None else tuple(types))
+
+    def masks(self, mask: torch.Tensor, positions: torch.Tensor, past: int):
+        """The attention masks of a step, from its full-attention ``mask`` [1, 1, q, past + q] (additive: 0 or the
+        dtype's minimum; not changed), its rows' ``positions`` long[1, q] and the ``past`` tokens cached before it
+        (at positions 0 .. past - 1): the sliding layers' mask [1, 1, q, seen + q], a new tensor (alone, or in a dict
+        per layer type beside ``mask``)."""
+        seen = min(past, self.window - 1)
+        rows = positions[0]  # long[q]
+        columns = torch.cat([torch.arange(past - seen, past, device=rows.device), rows])  # long[seen + q]
+        hidden = columns[None, :] <= rows[:, None] - self.window  # [q, seen + q]: too far behind the row
+        sliding = mask[..., past - seen:].masked_fill(hidden, torch.finfo(mask.dtype).min)
+        if self.layer_types is None:
+            return sliding
+        return {SLIDING: sliding, **({FULL: mask} if FULL in self.layer_types else {})}
+
+    def start(self, cache) -> None:
+        """Keep every entry of the sliding layers until each step's crop (before the call's first forward)."""
+        for layer in cache_layers(cache):
+            if is_sliding(layer):
+                layer.activate_past_recording()
+
+    def restrict(self, cache) -> None:
+        """After a step's entries are kept: each sliding layer back to its last ``window - 1`` tokens."""
+        for layer in cache_layers(cache):
+            if (is_sliding(layer) and layer.is_initialized and layer.get_seq_length() >= layer.sliding_window
+                    and layer.keys.shape[-2] > layer.sliding_window - 1):
+                layer.crop(0)  # (past the window a sliding layer's crop(0) restricts it; it drops nothing)
+
+    def finish(self, cache) -> None:
+        """The call ended: the layers restricted and recording no more, as plain ``generate`` leaves them."""
+        self.restrict(cache)
+        for layer in cache_layers(cache):
+            if is_sliding(layer):
+                layer.record_past = False

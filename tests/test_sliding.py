@@ -1,0 +1,145 @@
+"""One row decoded past a sliding attention window (``lookahead/sliding.py``): the same tokens as plain ``generate`` on
+models that slide in every layer (Mistral), that name their layers' kinds (Gemma 3, Qwen2 with a window), trees,
+the lookahead window and the sampled path included; the cache it returns continues as plain's; what is still
+refused (a batch, a padded row) is refused before any forward; the masks on a hand-made example."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+
+from lookahead import LookaheadDecoder
+from lookahead.compat import cache_kwarg_name
+from lookahead.kv_cache import CacheNotRollbackable
+from lookahead.sliding import FULL, SLIDING, SlidingWindow, is_sliding
+
+from tiny import TINY_COST_CURVE
+
+WINDOW = 16
+COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=512)
+
+
+def _model(arch: str):
+    """A tiny float64 model whose sliding layers see ``WINDOW`` tokens."""
+    if arch == "mistral":  # every layer slides; no config.layer_types: one mask for all
+        cfg, cls = tf.MistralConfig(sliding_window=WINDOW, num_hidden_layers=2, **COMMON), tf.MistralForCausalLM
+    elif arch == "gemma3":  # sliding and full layers, named in config.layer_types: masks per layer type
+        cfg = tf.Gemma3TextConfig(sliding_window=WINDOW, head_dim=8, num_hidden_layers=3,
+                                  layer_types=[SLIDING, FULL, SLIDING], **COMMON)
+        cls = tf.Gemma3ForCausalLM
+    elif arch == "qwen2":  # the first layer full, the second sliding
+        cfg = tf.Qwen2Config(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, num_hidden_layers=2,
+                             **COMMON)
+        cls = tf.Qwen2ForCausalLM
+    else:
+        raise KeyError(arch)
+    torch.manual_seed(1234)
+    model = cls(cfg).eval().to(torch.float64)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="module")
+def models():
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            cache[arch] = _model(arch)
+        return cache[arch]
+
+    return get
+
+
+def _prompt(length: int) -> torch.Tensor:
+    """long[1, length]: 12 random ids repeated, so that the n-gram sources draft trees."""
+    base = torch.randint(3, 96, (12,), generator=torch.Generator().manual_seed(0))
+    return base.repeat(length // 12 + 1)[:length][None]
+
+
+DECODERS = {
+    "default": dict(cost_curve=TINY_COST_CURVE),
+    "full trees and the window": dict(adaptive=False, tree_nodes=40, tree_depth=12, window_width=4),
+}
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2"])
+@pytest.mark.parametrize("settings", list(DECODERS))
+@pytest.mark.parametrize("prompt_length", [30, 9])  # longer than the window; shorter, the answer crossing it
+def test_greedy_past_the_window_is_plain_generate(models, arch, settings, prompt_length):
+    model, ids = models(arch), _prompt(prompt_length)
+    kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None)
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder(**DECODERS[settings])
+    ours = model.generate(ids, custom_generate=decoder, **kw)
+    assert ours.tolist() == plain.tolist()
+    assert decoder.stats.target_calls < 50 and sum(b[0] for b in decoder.stats.budgets) > 0  # trees were verified
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_the_sampled_path_past_the_window(models, arch):
+    """Sampling with ``top_k=1`` picks the argmax through the sampled verification (processed scores, the sampling
+    acceptance rule): the same tokens as plain greedy decoding."""
+    model, ids = models(arch), _prompt(30)
+    plain = model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    ours = model.generate(ids, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE), max_new_tokens=40,
+                          do_sample=True, top_k=1, eos_token_id=None)
+    assert ours.tolist() == plain.tolist()
+
+
+def test_the_returned_cache_is_restricted_and_continues_as_plain(models):
+    model, ids = models("gemma3"), _prompt(30)
+    kw = dict(max_new_tokens=30, do_sample=False, eos_token_id=None, return_dict_in_generate=True)
+    plain = model.generate(ids, **kw)
+    ours = model.generate(ids, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE), **kw)
+    assert ours.sequences.tolist() == plain.sequences.tolist()
+    for layer in ours.past_key_values.layers:
+        if is_sliding(layer):  # as plain generate leaves it: its window's last tokens, recording nothing more
+            assert not layer.record_past and layer.keys.shape[-2] == WINDOW - 1
+    more = torch.cat([plain.sequences, _prompt(5)], dim=1)
+    then = [model.generate(more, max_new_tokens=20, do_sample=False, eos_token_id=None,
+                           **{cache_kwarg_name(model): out.past_key_values}).tolist() for out in (plain, ours)]
+    assert then[0] == then[1]
+
+
+def test_a_batch_or_a_padded_row_past_the_window_is_refused_before_any_forward(models):
+    model = models("mistral")
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        with pytest.raises(CacheNotRollbackable, match="one unpadded row at a time"):
+            model.generate(_prompt(30).repeat(2, 1), custom_generate=LookaheadDecoder(), max_new_tokens=5)
+        ids = _prompt(30)
+        mask = torch.ones_like(ids)
+        mask[0, 0] = 0
+        with pytest.raises(CacheNotRollbackable, match="one unpadded row at a time"):
+            model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_masks_worked_example():
+    """The module docstring's example: window 4, 5 tokens cached, the pending token (position 5) and a node under
+    it (position 6). Only the sliding layers' mask hides position 2 from the node."""
+    neg = torch.finfo(torch.float32).min
+    full = torch.zeros((1, 1, 2, 7))
+    full[0, 0, 0, 6] = neg  # the pending row does not see the node
+    sliding = SlidingWindow(4).masks(full, torch.tensor([[5, 6]]), past=5)
+    assert sliding.shape == (1, 1, 2, 5)  # positions 2, 3, 4 cached, then 5 and 6
+    assert (sliding[0, 0] == neg).tolist() == [[False, False, False, False, True], [True, False, False, False, False]]
+    assert (full == 0).sum() == 13  # not changed
+    both = SlidingWindow(4, (SLIDING, FULL)).masks(full, torch.tensor([[5, 6]]), past=5)
+    assert both[FULL] is full and torch.equal(both[SLIDING], sliding)
+    assert set(SlidingWindow(4, (SLIDING,)).masks(full, torch.tensor([[5, 6]]), past=5)) == {SLIDING}
+    early = SlidingWindow(4).masks(torch.zeros((1, 1, 1, 3)), torch.tensor([[2]]), past=2)  # inside the window
+    assert early.shape == (1, 1, 1, 3) and not (early == neg).any()
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(window=1), "window"),
+                                           (dict(window=8, layer_types=("chunked_attention",)), "layer_types")])
+def test_sliding_window_config_is_validated(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SlidingWindow(**kwargs)
