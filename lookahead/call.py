@@ -253,6 +253,8 @@ class CallSetup:
       argmax, which the host reads in one pass.
     - ``cost``: the cost curve the budget prices with, or None (``adaptive=False``).
     - ``runner``: what runs a step's forward (the model, or its compiled call on a static cache), None: the model.
+    - ``chains``: the model takes no 4D mask (:func:`compat.takes_tree_masks`): every step's draft is one chain,
+      verified causally.
     - ``sync``: the ranks of a tensor-parallel model (``distributed.RankSync``; inactive on one process): every
       rank prices with rank 0's curve and samples with rank 0's seeds, and every forward's inputs are checked
       to be the same on every rank before the forward runs.
@@ -285,6 +287,7 @@ class CallSetup:
     cost: CostModel | None = None
     sync: RankSync | None = None
     runner: object = None
+    chains: bool = False
 
 
 def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
@@ -309,6 +312,13 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
     one_row = b == 1 and not static and (mask is None or bool((mask == 1).all()))  # no padding column to hide
     window = None if static else check_cache_layers(cache, gen.max_length, past_window=one_row)
     sliding = SlidingWindow.of(model, cache) if window is not None and gen.max_length > window else None
+    chains = not compat.takes_tree_masks(model)
+    if chains and not one_row:
+        raise ValueError(
+            f"this {model.config.model_type} model builds its attention from a 2D mask (ALiBi), so it cannot take a "
+            "draft tree's 4D mask: LookaheadDecoder decodes it one unpadded row at a time on a dynamic cache, one "
+            "chain of drafts per step. Use plain generate() for a batch, a padded row or a static cache."
+        )
     kv_window = None if sliding is not None else window  # past it, every step's entries are kept until the verdict
     past = int(cache.get_seq_length())
     if b > 1 and past:
@@ -339,7 +349,7 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         # argmax's, first maximal value first); slower below 1024
         argmax_by_max=on_cpu and getattr(model.config, "vocab_size", 0) >= 1024, dtype=model.dtype,
         processors=processors, sampling=sampling, keep_scores=keep_scores, keep_raw=keep_raw,
-        return_dict=bool(gen.return_dict_in_generate),
+        return_dict=bool(gen.return_dict_in_generate), chains=chains,
         argmax_verdicts=greedy_argmax and (all(p is None for p in processors) or rules is not None),
         bans=TokenBans.of(rules) if greedy_argmax and rules else None)
     setup.sync = RankSync.for_model(model)
@@ -532,7 +542,7 @@ def other_stop(setup: CallSetup, ids: torch.Tensor, scores) -> bool:
 
 
 def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k: int, clock,
-               context: int = 128, max_rows: int = 64):
+               context: int = 128, max_rows: int = 64, masks: bool = True):
     """``time_one(k) -> seconds``: the end-to-end time of one decoding step with ``k`` query rows after a
     ``context``-token prefix (the calibration prices drafts with it, ``cost.calibrate_curve``): for ``k`` > 1 the
     step's 4D mask written into its buffer (``tree.StepMask``), the forward with it (a mask loses the causal fast
@@ -548,6 +558,9 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
     sizes after it pay none). Timed, that first step made the two fastest timings of 2 rows disagree, which costs
     every calibration one more round of every size, and at 6x a one-row step it cost the first round a stop test
     (``cost.STOP_RATIO``).
+
+    ``masks=False`` (a model that takes no 4D mask, :func:`compat.takes_tree_masks`): every step causal, as its
+    steps are.
     """
     from .kv_cache import keep_entries
     from .tree import StepMask
@@ -573,7 +586,7 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
         with torch.no_grad():
             sync()
             t = clock()
-            m = None if k == 1 else mask(context, 1, np.arange(-1, k - 2))  # a chain of k - 1 nodes
+            m = None if k == 1 or not masks else mask(context, 1, np.arange(-1, k - 2))  # a chain of k - 1 nodes
             logits = model(input_ids=ids[:, context : context + k], position_ids=pos, attention_mask=m,
                            **kwargs).logits[:, -k:].float()
             rows = np.array([k])

@@ -84,6 +84,15 @@ def supports_logits_to_keep(model) -> bool:
     return bool(probe()) if probe is not None else "logits_to_keep" in forward_parameters(model)
 
 
+def takes_tree_masks(model) -> bool:
+    """Whether ``model``'s forward takes an additive 4D attention mask (a draft tree's). Bloom, and Falcon with
+    ALiBi, build their position biases from the shape of a 2D padding mask (transformers 5.25), so they take only
+    causal steps: no mask, or a 2D one."""
+    config = model.config
+    model_type = getattr(config, "model_type", "")
+    return not (model_type == "bloom" or (model_type == "falcon" and getattr(config, "alibi", False)))
+
+
 def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool, keep: int):
     """One forward of ``model``; the float logits of its last ``keep`` input positions, [b, keep, V] (with
     ``logits_to_keep=keep`` when the model takes it, so only those rows get the LM head)."""

@@ -209,7 +209,8 @@ class LookaheadDecoder:
             rows = max(sizes)
             if not shared or shared[0][0] is not clock or shared[0][1] < rows:  # its context's prefill, once
                 shared[:] = [(clock, rows, call.step_timer(model, factory, cache_kwarg, keeps_logits,
-                                                           self.config.recycle_k, clock, max_rows=rows))]
+                                                           self.config.recycle_k, clock, max_rows=rows,
+                                                           masks=compat.takes_tree_masks(model)))]
             return calibrate_curve(shared[0][2], sizes, clock=clock)
 
         rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured

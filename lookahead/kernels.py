@@ -45,6 +45,36 @@ def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
 
 
 @njit(cache=True)
+def best_chain(parents, weights):
+    """The nodes (sorted) of the root-to-node path of a parent-first tree whose summed ``weights`` float[n] is the
+    largest (equal sums: the node met first); empty for an empty tree. With acceptance probabilities as weights
+    (a node's includes its ancestors') the sum is the path's expected accepted tokens; with ones, its depth.
+
+    Example: parents ``[-1, 0, -1, 2, 3]``, weights ``[0.9, 0.1, 0.5, 0.4, 0.3]`` -> path sums ``[0.9, 1.0, 0.5,
+    0.9, 1.2]`` -> ``[2, 3, 4]``.
+    """
+    n = parents.shape[0]
+    total = np.empty(n)
+    best = -1
+    for i in range(n):
+        p = parents[i]
+        total[i] = weights[i] + (total[p] if p >= 0 else 0.0)
+        if best < 0 or total[i] > total[best]:
+            best = i
+    count = 0
+    j = best
+    while j >= 0:
+        count += 1
+        j = parents[j]
+    out = np.empty(count, np.int64)
+    j = best
+    for c in range(count - 1, -1, -1):
+        out[c] = j
+        j = parents[j]
+    return out
+
+
+@njit(cache=True)
 def shallowest_nodes(depth, count):
     """int64[min(count, n)]: the ``count`` shallowest nodes of depths ``depth`` int64[n] (equal depths: the earlier
     first), in increasing order: what ``np.sort(np.argsort(depth, kind="stable")[:count])`` gives, in linear time.

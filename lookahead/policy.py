@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernels as K
 from .budget import Budget
 from .cache import NgramTrie
 from .config import STEP_NODES_LEVELS, STEP_NODES_WIDE_COST, WINDOW_AUTO_COST, LookaheadConfig
@@ -47,12 +48,14 @@ PROMPT_ROWS_COST = 2.0
 @dataclass(frozen=True)
 class Limits:
     """Bounds one call puts on every step: ``max_length`` (prompt + new tokens, as ``generate``'s),
-    ``kv_window``, the smallest sliding window of the model's cache layers, or None, and ``max_rows``, the most
-    rows a step's forward can take (a static cache's largest bucket), or None."""
+    ``kv_window``, the smallest sliding window of the model's cache layers, or None, ``max_rows``, the most
+    rows a step's forward can take (a static cache's largest bucket), or None, and ``chains``: every step's draft is
+    one chain and no window rows run (a model that takes no 4D mask)."""
 
     max_length: int
     kv_window: int | None = None
     max_rows: int | None = None
+    chains: bool = False
 
 
 class DraftPolicy:
@@ -132,7 +135,7 @@ class DraftPolicy:
         self.prompt_rows = self.model is not None and (cost is None or float(cost(64) / cost(1)) <= PROMPT_ROWS_COST)
         narrow, wide = self.config.step_nodes_range
         self.step_nodes = narrow
-        self.window_on = self.window is not None and (
+        self.window_on = self.window is not None and not limits.chains and (
             self.config.window_width != "auto"
             or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= WINDOW_AUTO_COST))
         if wide > narrow and cost is not None:  # "auto": the widest step the curve is flat that far for
@@ -193,6 +196,9 @@ class DraftPolicy:
             draft = self.budget.plan(draft, self.step_nodes)
         if draft.window is not None and last_pos + int(draft.window.offsets.max()) > limits.max_length - 2:
             draft = draft.without_window()  # no row beyond the last position plain generate would feed
+        if limits.chains:  # one chain, verified causally: the path expected to accept the most (else the deepest)
+            weights = self.budget.probabilities_of(draft) if self.budget is not None else np.ones(len(draft))
+            draft = draft.without_window().keep(K.best_chain(draft.parents, weights))
         if limits.kv_window is not None:  # stay below the sliding window, where rollback still works
             spare = limits.kv_window - 1 - cached
             if draft.rows > spare:

@@ -64,7 +64,7 @@ class SingleCall:
 
     def limits(self) -> Limits:
         """What bounds every step's draft: the call's length, and a sliding window's room."""
-        return Limits(self.max_length, self.setup.kv_window)
+        return Limits(self.max_length, self.setup.kv_window, chains=self.setup.chains)
 
     def run(self):
         """The decode loop; with a source that learns from hidden states, a hook keeps the LM head's input."""

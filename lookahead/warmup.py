@@ -134,12 +134,14 @@ def exercise_store() -> None:
 
 def exercise_trees() -> None:
     """The tree helpers a decode reaches only on some paths (a draft built from bare parents, the heads'
-    reach): depth and rank of a small parent-first tree."""
+    reach, a model that takes no tree mask): depth and rank of a small parent-first tree, its best chain."""
     import numpy as np
 
+    from .kernels import best_chain
     from .tree import tree_depth_rank
 
     tree_depth_rank(np.array([-1, -1, 0, 0, 1], dtype=np.int64))
+    best_chain(np.array([-1, 0, -1], dtype=np.int64), np.ones(3))  # a model that takes no tree mask
 
 
 def compile_kernels(progress: bool = False) -> dict:
