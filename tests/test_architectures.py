@@ -1,0 +1,66 @@
+"""The same tokens as plain greedy ``generate`` on architectures beyond the six of ``tiny.py``: tiny random models
+built from configs (no download), 30-token prompts, 40 new tokens, the default decoder on the pinned test curve.
+Among them models with QK norms (Qwen3, OLMo 2), sliding-window layers beside full ones past the window (GPT-OSS,
+Cohere 2), local attention (GPT-Neo), multi-head latent attention with experts (DeepSeek V3), experts (Mixtral),
+learned absolute positions (GPT-BigCode, OPT) and parallel blocks (GPT-NeoX, Phi, CodeGen)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+
+from lookahead import LookaheadDecoder
+
+from tiny import TINY_COST_CURVE
+
+V, H = 96, 32
+COMMON = dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=512)
+IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+WINDOW = dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+EXPERTS = dict(num_experts_per_tok=2)
+
+ARCHS = {  # name: (config, model class, dtype); experts run in float32 (grouped products take no float64)
+    "qwen3": (lambda: tf.Qwen3Config(num_key_value_heads=2, head_dim=8, **COMMON), tf.Qwen3ForCausalLM, torch.float64),
+    "olmo2": (lambda: tf.Olmo2Config(num_key_value_heads=2, **IDS, **COMMON), tf.Olmo2ForCausalLM, torch.float64),
+    "gpt-neox": (lambda: tf.GPTNeoXConfig(**COMMON), tf.GPTNeoXForCausalLM, torch.float64),
+    "phi": (lambda: tf.PhiConfig(**COMMON), tf.PhiForCausalLM, torch.float64),
+    "codegen": (lambda: tf.CodeGenConfig(vocab_size=V, n_embd=H, n_layer=2, n_head=4, rotary_dim=4, n_positions=512,
+                                         n_ctx=512), tf.CodeGenForCausalLM, torch.float64),
+    "gpt-bigcode": (lambda: tf.GPTBigCodeConfig(vocab_size=V, n_embd=H, n_layer=2, n_head=4, n_positions=512),
+                    tf.GPTBigCodeForCausalLM, torch.float64),
+    "opt": (lambda: tf.OPTConfig(vocab_size=V, hidden_size=H, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                 word_embed_proj_dim=H, max_position_embeddings=512), tf.OPTForCausalLM, torch.float64),
+    "gpt-neo (local attention)": (lambda: tf.GPTNeoConfig(vocab_size=V, hidden_size=H, num_layers=2, num_heads=4,
+                                                          attention_types=[[["global", "local"], 1]], window_size=16,
+                                                          max_position_embeddings=512),
+                                  tf.GPTNeoForCausalLM, torch.float64),
+    "cohere2 (past its window)": (lambda: tf.Cohere2Config(num_key_value_heads=2, **WINDOW, **IDS, **COMMON),
+                                  tf.Cohere2ForCausalLM, torch.float64),
+    "gpt-oss (past its window)": (lambda: tf.GptOssConfig(num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                                                          **WINDOW, **EXPERTS, **COMMON),
+                                  tf.GptOssForCausalLM, torch.float32),
+    "mixtral": (lambda: tf.MixtralConfig(num_key_value_heads=2, num_local_experts=4, **EXPERTS, **COMMON),
+                tf.MixtralForCausalLM, torch.float32),
+    "deepseek-v3": (lambda: tf.DeepseekV3Config(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                                                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=4,
+                                                moe_intermediate_size=16, first_k_dense_replace=1, n_group=1,
+                                                topk_group=1, **EXPERTS, **IDS, **COMMON),
+                    tf.DeepseekV3ForCausalLM, torch.float32),
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_greedy_is_plain_generate(arch):
+    config, cls, dtype = ARCHS[arch]
+    torch.manual_seed(1234)
+    model = cls(config()).eval().to(dtype)
+    model.generation_config.pad_token_id = 0
+    base = torch.randint(3, V, (12,), generator=torch.Generator().manual_seed(0))
+    ids = base.repeat(3)[:30][None]
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.accepted > 0  # drafts were verified and kept, not only plain steps
