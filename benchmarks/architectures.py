@@ -5,8 +5,10 @@ Each model has a vocabulary of 96, width 32 and 2-3 layers, and sliding-window m
 run in float32 (their grouped products take no float64), the rest in float64. The prompt is 12 random ids
 repeated to 30 tokens, and 40 new tokens follow (past every window). The decoder is the default one on a pinned
 cost curve (``TINY_COST_CURVE``), so tokens per call do not depend on the machine. Per architecture it prints
-whether the output is identical to plain's, the target calls and tokens per call, or the error it refused with.
-Plain ``generate`` runs first: an architecture it cannot run here is reported as such.
+whether the output is identical to plain's, the target calls and tokens per call, or the error the call raised (a
+refusal before any forward, or a failure). Plain ``generate`` runs first: an architecture it cannot run here is
+reported as such. Run it from outside the repository with ``PYTHONPATH=<checkout>`` to sweep another checkout's
+plugin.
 
     python -m benchmarks.architectures [NAME ...] [--out results.txt]
 """
@@ -132,7 +134,7 @@ def check(name: str, factory, cls, dtype) -> str:
     try:
         ours = model.generate(ids, custom_generate=decoder, **kw)
     except Exception as err:  # noqa: BLE001 (the refusal, or a failure: both reported)
-        return f"| {name} | refused: {type(err).__name__}: {str(err).splitlines()[0]} | | |"
+        return f"| {name} | raised {type(err).__name__}: {str(err).splitlines()[0]} | | |"
     same = "identical" if ours.tolist() == plain.tolist() else "**DIFFERS**"
     return f"| {name} | {same} | {decoder.stats.target_calls} | {decoder.stats.tokens_per_call:.2f} |"
 
