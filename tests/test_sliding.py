@@ -104,6 +104,20 @@ def test_the_returned_cache_is_restricted_and_continues_as_plain(models):
     assert then[0] == then[1]
 
 
+def test_a_call_continuing_a_cache_already_past_the_window(models):
+    """The cache of an earlier call holds the window's last tokens only (and the full layers everything): the
+    decoder continues it as plain ``generate`` does."""
+    import copy
+
+    model, ids = models("gemma3"), _prompt(30)
+    first = model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None, return_dict_in_generate=True)
+    more = torch.cat([first.sequences, _prompt(7)], dim=1)
+    outs = [model.generate(more, max_new_tokens=40, do_sample=False, eos_token_id=None,
+                           **{cache_kwarg_name(model): copy.deepcopy(first.past_key_values)}, **extra).tolist()
+            for extra in ({}, {"custom_generate": LookaheadDecoder(cost_curve=TINY_COST_CURVE)})]
+    assert outs[0] == outs[1]
+
+
 def test_a_batch_or_a_padded_row_past_the_window_is_refused_before_any_forward(models):
     model = models("mistral")
     calls = []
