@@ -39,7 +39,7 @@ from .linear_layout import VARIANT as LAYOUT_VARIANT
 from .numba_kernels import warn_if_uncompiled
 from .policy import DraftPolicy
 from .single import SingleCall
-from .static import StaticCall, static_layers
+from .static import StaticCall, static_cache
 from .stats import DecodeStats
 from .tuning import BudgetTuning
 
@@ -277,6 +277,6 @@ def _static(generation_config, model_kwargs: dict) -> bool:
     """Whether the call decodes on a static cache (``cache_implementation="static"`` or a ``StaticCache`` given)."""
     if getattr(generation_config, "cache_implementation", None) == "static":
         return True
-    return static_layers(compat.cache_of(model_kwargs)) if compat.cache_of(model_kwargs) is not None else False
+    return static_cache(compat.cache_of(model_kwargs)) if compat.cache_of(model_kwargs) is not None else False
 
 

@@ -17,6 +17,10 @@ mask is the full mask's last ``seen + q`` columns, with every column at a positi
 own hidden (:meth:`SlidingWindow.masks`). Models that tell their layers apart (``config.layer_types``) take the masks
 per layer type, a dict; a model without ``layer_types`` slides in every layer (Mistral) and takes the sliding one.
 
+On a static cache (``static.py``) the sliding layers are given the cache's whole length instead, so that a step's
+entries can be dropped as in every other layer, and their mask is the full one with the out-of-window columns hidden
+(:meth:`SlidingWindow.static_masks`).
+
 Worked example: window 4, 5 tokens cached (positions 0-4), a step of the pending token (position 5) and a node
 under it (position 6). The sliding layers see positions 2, 3, 4, then 5 and 6 (``seen`` = 3). The pending row sees
 2-5; the node sees 3-6, so its mask row hides position 2.
@@ -95,6 +99,20 @@ class SlidingWindow:
         columns = torch.cat([torch.arange(past - seen, past, device=rows.device), rows])  # long[seen + q]
         hidden = columns[None, :] <= rows[:, None] - self.window  # [q, seen + q]: too far behind the row
         sliding = mask[..., past - seen:].masked_fill(hidden, torch.finfo(mask.dtype).min)
+        if self.layer_types is None:
+            return sliding
+        return {SLIDING: sliding, **({FULL: mask} if FULL in self.layer_types else {})}
+
+    def static_masks(self, mask: torch.Tensor, positions: torch.Tensor):
+        """The masks of a step on a static cache whose sliding layers hold every column, as its full ones do
+        (``static.full_length_layers``): ``mask`` [1, 1, q, columns] over all of them (column ``c`` holds position
+        ``c``; not changed), ``positions`` long[1, q]. The sliding layers' mask is ``mask`` with the columns ``window``
+        or more positions before each row hidden, a new tensor (alone, or in a dict per layer type beside ``mask``).
+
+        Example: window 4, a row at position 5 over 8 columns sees columns 2-5 of what ``mask`` lets it see."""
+        columns = torch.arange(mask.shape[-1], device=positions.device)
+        sliding = mask.masked_fill(columns[None, :] <= positions[0][:, None] - self.window,
+                                   torch.finfo(mask.dtype).min)
         if self.layer_types is None:
             return sliding
         return {SLIDING: sliding, **({FULL: mask} if FULL in self.layer_types else {})}

@@ -36,6 +36,7 @@ import weakref
 
 import numpy as np
 import torch
+from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
 from . import call
 from . import kernels as K
@@ -44,6 +45,7 @@ from .draft import Draft
 from .kv_cache import CacheNotRollbackable, cache_layers, move_kept
 from .policy import Limits
 from .single import SingleCall
+from .sliding import SlidingWindow
 from .tree import MASK_BITS, pack_step, step_inputs
 
 _RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -56,12 +58,56 @@ shapes, so a compiled forward has one graph each; the ones above the policy's mo
 
 
 def static_layers(cache) -> bool:
-    """Whether ``cache`` is a static one the decoder can roll back: every layer a plain ``StaticLayer`` (sliding-
-    window or offloaded static layers are not: their columns are not the sequence's)."""
-    from transformers.cache_utils import StaticLayer
-
+    """Whether ``cache`` is a static one the decoder can roll back: every layer a plain ``StaticLayer`` or one
+    :func:`full_length_layers` made (sliding-window or offloaded static layers are not: their columns are not the
+    sequence's)."""
     layers = cache_layers(cache)
-    return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+    return bool(layers) and all(type(layer) in (StaticLayer, FullLengthSlidingLayer) for layer in layers)
+
+
+class FullLengthSlidingLayer(StaticLayer):
+    """A static sliding-window layer given its cache's whole length (:func:`full_length_layers`): a plain
+    ``StaticLayer`` that keeps its ``sliding_window``, so that every later call on the cache masks it so."""
+
+    def __init__(self, max_cache_len: int, sliding_window: int, **kwargs):
+        super().__init__(max_cache_len=max_cache_len, **kwargs)
+        self.sliding_window = sliding_window
+
+
+def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
+    """Before any forward: ``cache``'s static sliding-window layers (which keep a window's columns in a ring, so a
+    step's entries cannot be dropped past it) replaced, in place, by :class:`FullLengthSlidingLayer`s: plain static
+    layers of the cache's length (its full layers', else ``length``) that remember their window. Returns how the
+    sliding layers' masks are made (the window and the model's layer types) for a cache that has such layers (given
+    now, or by an earlier call), else None; also None when a sliding layer was written already (then the static
+    check refuses it). A sliding layer so holds every column, as a full one does: more memory than plain static
+    ``generate``'s (the cache's length in place of the window, per sliding layer), the same attention."""
+    layers = cache_layers(cache)
+    windows = {layer.sliding_window for layer in layers if type(layer) is FullLengthSlidingLayer}
+    if any(type(layer) is StaticSlidingWindowLayer for layer in layers):
+        if any(layer.is_initialized for layer in layers) or getattr(model.config, "sliding_window", None) is None:
+            return None
+        full = [layer.max_cache_len for layer in layers if type(layer) is not StaticSlidingWindowLayer]
+        columns = max(full) if full else length
+        window = int(model.config.sliding_window)
+        cache.layers[:] = [FullLengthSlidingLayer(max_cache_len=columns, sliding_window=window)
+                           if type(layer) is StaticSlidingWindowLayer else layer for layer in layers]
+        windows.add(window)
+    if not windows:
+        return None
+    if len(windows) > 1:
+        raise CacheNotRollbackable(f"the static cache's sliding layers have windows {sorted(windows)}; "
+                                   "LookaheadDecoder decodes one window only. Use plain generate() for this model.")
+    types = getattr(model.config, "layer_types", None)
+    return SlidingWindow(windows.pop(), None if types is None else tuple(types))
+
+
+def static_cache(cache) -> bool:
+    """Whether ``cache`` is a static one this loop takes: every layer a ``StaticLayer``, a static sliding-window layer
+    (:func:`full_length_layers` gives those the cache's length; one written already is refused) or one it made."""
+    layers = cache_layers(cache)
+    return bool(layers) and all(type(layer) in (StaticLayer, StaticSlidingWindowLayer, FullLengthSlidingLayer)
+                                for layer in layers)
 
 
 def cache_length(cache) -> int:
@@ -213,6 +259,11 @@ class StaticCall(SingleCall):
                 model_kwargs) -> call.CallSetup:
         setup = call.prepare(decoder, model, input_ids, logits_processor, stopping_criteria, generation_config,
                              model_kwargs, static=True)
+        self.sliding = full_length_layers(model, setup.cache, setup.gen.max_length)
+        mask = model_kwargs.get("attention_mask")
+        if self.sliding is not None and mask is not None and not bool((mask == 1).all()):
+            raise CacheNotRollbackable("a static cache with sliding-window layers decodes an unpadded row only (its "
+                                       "columns are the row's positions); drop the padding, or use plain generate().")
         if not static_layers(setup.cache):
             raise CacheNotRollbackable(
                 f"LookaheadDecoder rolls back a static cache whose layers are all StaticLayer; this one has "
@@ -274,8 +325,8 @@ class StaticCall(SingleCall):
 
         def run(k: int) -> None:  # a chain of k - 1 nodes after one pending token
             m = mask(past, 1, np.arange(-1, k - 2), None, k)
-            pos = torch.arange(past, past + k, device=device)[None]
-            self._forward(setup, _canonical(ids[:, :k]), _canonical(pos), m, k)
+            pos = _canonical(torch.arange(past, past + k, device=device)[None])
+            self._forward(setup, _canonical(ids[:, :k]), pos, self.masks(m, pos), k)
             for layer in cache_layers(setup.cache):
                 layer.crop(-k)
 
@@ -339,7 +390,7 @@ class StaticCall(SingleCall):
             full = torch.full((*mask.shape[:3], self.columns), torch.finfo(self.setup.dtype).min,
                               dtype=self.setup.dtype, device=self.device)
             full[..., : mask.shape[-1]] = mask
-            return ids, pos, full
+            return ids, pos, self.masks(full, pos)
         q = bucket_of(1 + draft.rows, self.buckets, self.columns - self.past_len)
         window = draft.window
         ids, pos = step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, window, self.device)
@@ -350,7 +401,12 @@ class StaticCall(SingleCall):
         ids, pos = _canonical(ids), _canonical(pos)  # the strides a bucket's graph was compiled for
         mask = self.static_mask(self.past_len, 1, draft.parents, None if window is None else window.visible, q)
         self.bucket = q
-        return ids, pos, mask
+        return ids, pos, self.masks(mask, pos)
+
+    def masks(self, mask: torch.Tensor, pos: torch.Tensor):
+        """A step's attention masks from its full one [1, 1, q, columns]: itself, or with the sliding layers' beside
+        it (:meth:`SlidingWindow.static_masks`)."""
+        return mask if self.sliding is None else self.sliding.static_masks(mask, pos)
 
     def forward(self, ids, pos, mask, keep: int) -> torch.Tensor:
         """The prompt's forward eagerly; a bucket's through the runner (its first run compiles it)."""

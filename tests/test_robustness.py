@@ -195,14 +195,23 @@ def test_cache_implementation_that_generate_maps_to_dynamic_decodes(tiny_models)
     assert plain[0] == "ok" and ours == plain  # transformers 5 turns "hybrid" into a DynamicCache
 
 
-def test_a_sliding_window_static_cache_object_is_refused_before_any_forward(tiny_models):
-    """A static cache of sliding-window layers (mistral's) holds a window's columns, not the sequence's: refused.
-    (A static cache of plain ``StaticLayer``s decodes: ``tests/test_static.py``.)"""
+def test_a_sliding_window_static_cache_decodes_and_one_written_already_is_refused(tiny_models):
+    """A new static cache of sliding-window layers (mistral's) decodes: its layers are given the cache's length
+    before the first forward (``tests/test_sliding.py``). One an earlier call wrote into holds a window's columns in a
+    ring, not the sequence's: refused before any forward."""
     model = tiny_models("mistral")
+    kw = cache_kwarg_name(model)  # `cache` or (5.17) `past_key_values`
+    plain = model.generate(IDS, max_new_tokens=5, do_sample=False, **{kw: StaticCache(config=model.config,
+                                                                                       max_cache_len=64)})
+    ours = model.generate(IDS, custom_generate=LookaheadDecoder(), max_new_tokens=5,
+                          **{kw: StaticCache(config=model.config, max_cache_len=64)})
+    assert ours.tolist() == plain.tolist()
+    written = StaticCache(config=model.config, max_cache_len=64)
+    model.generate(IDS, max_new_tokens=2, do_sample=False, **{kw: written})
     with _CountForwards(model) as fw:
         with pytest.raises(CacheNotRollbackable, match="StaticSlidingWindowLayer"):
-            model.generate(IDS, custom_generate=LookaheadDecoder(), max_new_tokens=5,  # `cache` or (5.17) `past_key_values`
-                           **{cache_kwarg_name(model): StaticCache(config=model.config, max_cache_len=64)})
+            model.generate(torch.cat([IDS, IDS], 1), custom_generate=LookaheadDecoder(), max_new_tokens=5,
+                           **{kw: written})
     assert fw.n == 0
 
 

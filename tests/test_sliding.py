@@ -1,7 +1,8 @@
 """One row decoded past a sliding attention window (``lookahead/sliding.py``): the same tokens as plain ``generate`` on
 models that slide in every layer (Mistral), that name their layers' kinds (Gemma 3, Qwen2 with a window), trees,
-the lookahead window and the sampled path included; the cache it returns continues as plain's; what is still
-refused (a batch, a padded row) is refused before any forward; the masks on a hand-made example."""
+the lookahead window and the sampled path included; the cache it returns continues as plain's; on a static cache,
+eager and compiled, as plain static ``generate``; what is still refused (a batch, a padded row) is refused before
+any forward; the masks on a hand-made example."""
 
 from __future__ import annotations
 
@@ -118,6 +119,56 @@ def test_a_call_continuing_a_cache_already_past_the_window(models):
     assert outs[0] == outs[1]
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2"])
+@pytest.mark.parametrize("settings", list(DECODERS))
+def test_a_static_cache_past_the_window_is_plain_static_generate(models, arch, settings):
+    """The static cache's sliding layers are given its whole length before the first forward, the same attention
+    through their own masks."""
+    model, ids = models(arch), _prompt(30)
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, cache_implementation="static")
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder(**DECODERS[settings])
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.target_calls < 40
+
+
+def test_a_static_cache_given_twice_keeps_its_sliding_layers_masked(models):
+    """A ``StaticCache`` passed to two calls: the first gives its sliding layers the cache's length (they remember
+    their window), the second continues it and still masks them by the window."""
+    from transformers import StaticCache
+
+    from lookahead.static import FullLengthSlidingLayer
+
+    model, ids = models("gemma3"), _prompt(30)
+    cache = StaticCache(config=model.config, max_cache_len=120)
+    kw = dict(do_sample=False, eos_token_id=None, **{cache_kwarg_name(model): cache})
+    first = model.generate(ids, max_new_tokens=30, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE), **kw)
+    assert [type(layer) is FullLengthSlidingLayer for layer in cache.layers] == [True, False, True]
+    more = torch.cat([first, _prompt(7)], dim=1)
+    second = model.generate(more, max_new_tokens=30, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE),
+                            **kw)
+    assert second.tolist() == model.generate(more, max_new_tokens=30, do_sample=False, eos_token_id=None).tolist()
+
+
+def test_compiled_static_steps_past_the_window_reuse_their_graphs(models):
+    from transformers import CompileConfig, GenerationConfig
+
+    model, ids = models("gemma3"), _prompt(30)
+    config = CompileConfig(fullgraph=True, backend="aot_eager", dynamic=False)
+    config._compile_all_devices = True  # a CPU: compile as a CUDA user's generate would
+    gen = GenerationConfig(max_new_tokens=40, do_sample=False, cache_implementation="static", compile_config=config,
+                           eos_token_id=None, pad_token_id=0)
+    # the reference runs eagerly: plain compiled generate recompiles its step at every token here (it guards on the
+    # sliding layers' Python length; transformers 5.25), past fullgraph's recompile limit
+    plain = model.generate(ids, max_new_tokens=40, do_sample=False, cache_implementation="static", eos_token_id=None)
+    torch._dynamo.reset()
+    assert model.generate(ids, generation_config=gen, custom_generate=LookaheadDecoder(adaptive=False)).tolist() \
+        == plain.tolist()
+    with torch.compiler.set_stance("fail_on_recompile"):  # every bucket's graph, its masks a dict, is reused
+        assert model.generate(ids, generation_config=gen, custom_generate=LookaheadDecoder(adaptive=False)).tolist() \
+            == plain.tolist()
+
+
 def test_a_batch_or_a_padded_row_past_the_window_is_refused_before_any_forward(models):
     model = models("mistral")
     calls = []
@@ -130,6 +181,9 @@ def test_a_batch_or_a_padded_row_past_the_window_is_refused_before_any_forward(m
         mask[0, 0] = 0
         with pytest.raises(CacheNotRollbackable, match="one unpadded row at a time"):
             model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5)
+        with pytest.raises(CacheNotRollbackable, match="unpadded row only"):
+            model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5,
+                           cache_implementation="static")
     finally:
         handle.remove()
     assert not calls
