@@ -137,6 +137,14 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, v
                          "tokenizer.padding_side = 'left' before tokenizing the batch")
 
 
+def _given(value) -> bool:
+    """Whether a model input holds something: not None, nor a mapping of nothing (``generate`` hands a multimodal
+    model's text-only call ``mm_encoder_outputs={}``)."""
+    if isinstance(value, dict):
+        return any(v is not None for v in value.values())
+    return value is not None
+
+
 def check_model_kwargs(model_kwargs: dict, gen) -> None:
     """Refuse model inputs and outputs the decoder would not handle exactly as plain generate does."""
     wanted = sorted(k for k in ("output_attentions", "output_hidden_states")
@@ -147,7 +155,7 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
             "the draft rows of each forward would make them differ from plain generate's. Use plain "
             "generate() for them."
         )
-    unknown = {k for k, v in model_kwargs.items() if v is not None and k not in HANDLED_KWARGS}
+    unknown = {k for k, v in model_kwargs.items() if _given(v) and k not in HANDLED_KWARGS}
     if unknown:
         raise ValueError(
             f"LookaheadDecoder does not support these model inputs: {sorted(unknown)}. "

@@ -84,6 +84,13 @@ def supports_logits_to_keep(model) -> bool:
     return bool(probe()) if probe is not None else "logits_to_keep" in forward_parameters(model)
 
 
+def text_config(model):
+    """The config of ``model``'s text decoder: its own, or a multimodal model's text part (``get_text_config``)."""
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    return get() if get is not None else config
+
+
 def takes_tree_masks(model) -> bool:
     """Whether ``model``'s forward takes an additive 4D attention mask (a draft tree's). Bloom, and Falcon with
     ALiBi, build their position biases from the shape of a 2D padding mask (transformers 5.25), so they take only

@@ -78,7 +78,7 @@ class SlidingWindow:
         if len(windows) != 1:
             raise CacheNotRollbackable(f"the model's sliding layers have windows {sorted(windows)}; LookaheadDecoder "
                                        "decodes past one window only. Use plain generate() for this model.")
-        types = getattr(model.config, "layer_types", None)
+        types = getattr(compat.text_config(model), "layer_types", None)
         if types is None and not all(is_sliding(layer) for layer in cache_layers(cache)):
             raise CacheNotRollbackable("the model mixes sliding and full attention layers without naming them "
                                        "(config.layer_types), so their masks cannot be told apart; LookaheadDecoder "

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
-from . import call
+from . import call, compat
 from . import kernels as K
 from .cost import CostModel, calibrate_curve
 from .draft import Draft
@@ -85,11 +85,12 @@ def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
     layers = cache_layers(cache)
     windows = {layer.sliding_window for layer in layers if type(layer) is FullLengthSlidingLayer}
     if any(type(layer) is StaticSlidingWindowLayer for layer in layers):
-        if any(layer.is_initialized for layer in layers) or getattr(model.config, "sliding_window", None) is None:
+        config = compat.text_config(model)
+        if any(layer.is_initialized for layer in layers) or getattr(config, "sliding_window", None) is None:
             return None
         full = [layer.max_cache_len for layer in layers if type(layer) is not StaticSlidingWindowLayer]
         columns = max(full) if full else length
-        window = int(model.config.sliding_window)
+        window = int(config.sliding_window)
         cache.layers[:] = [FullLengthSlidingLayer(max_cache_len=columns, sliding_window=window)
                            if type(layer) is StaticSlidingWindowLayer else layer for layer in layers]
         windows.add(window)
@@ -98,7 +99,7 @@ def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
     if len(windows) > 1:
         raise CacheNotRollbackable(f"the static cache's sliding layers have windows {sorted(windows)}; "
                                    "LookaheadDecoder decodes one window only. Use plain generate() for this model.")
-    types = getattr(model.config, "layer_types", None)
+    types = getattr(compat.text_config(model), "layer_types", None)
     return SlidingWindow(windows.pop(), None if types is None else tuple(types))
 
 

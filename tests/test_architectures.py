@@ -64,3 +64,39 @@ def test_greedy_is_plain_generate(arch):
     decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
     assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
     assert decoder.stats.accepted > 0  # drafts were verified and kept, not only plain steps
+
+
+def _gemma3_with_vision():
+    text = tf.Gemma3TextConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=16,
+                               layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512)
+    vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                   image_size=28, patch_size=14)
+    torch.manual_seed(0)
+    model = tf.Gemma3ForConditionalGeneration(tf.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299, boi_token_index=297,
+        eoi_token_index=298)).eval().to(torch.float64)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_multimodal_model_on_text_alone_is_plain_generate(cache):
+    """Gemma 3 with its vision tower (``Gemma3ForConditionalGeneration``, the 4B-27B models' class), text only:
+    ``generate`` hands it an empty ``mm_encoder_outputs``, and its sliding layers are named in its text config."""
+    model = _gemma3_with_vision()
+    ids = torch.randint(3, 290, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30][None]
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None,
+              **({"cache_implementation": "static"} if cache == "static" else {}))
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.accepted > 0
+
+
+def test_a_multimodal_model_with_an_image_is_refused():
+    model = _gemma3_with_vision()
+    ids = torch.tensor([[5, 297] + [299] * 4 + [298, 7, 8, 9]])
+    with pytest.raises(ValueError, match="multimodal"):
+        model.generate(ids, pixel_values=torch.randn(1, 3, 28, 28, dtype=torch.float64), max_new_tokens=5,
+                       custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE))

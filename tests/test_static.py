@@ -22,7 +22,7 @@ from tiny import peaky_llama
 
 FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
-STATIC_ARCHS = ["llama", "qwen2", "gpt2", "phi3", "gemma"]  # mistral's static layers are sliding-window ones
+STATIC_ARCHS = ["llama", "qwen2", "gpt2", "phi3", "gemma"]  # sliding-window static layers: tests/test_sliding.py
 
 
 class FakeClock:
