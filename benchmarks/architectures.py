@@ -31,6 +31,8 @@ COMMON = dict(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_l
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 MIXED = dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])
 EXPERTS = dict(num_experts_per_tok=2)
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=28,
+              patch_size=14)  # a vision tower beside the text decoder; the prompts are text alone
 
 
 def configs() -> dict:
@@ -110,6 +112,23 @@ def configs() -> dict:
         "llama4 (chunked attention)": (lambda: tf.Llama4TextConfig(
             num_key_value_heads=2, head_dim=8, attention_chunk_size=16, num_local_experts=2,
             interleave_moe_layer_step=1, intermediate_size_mlp=64, **IDS, **COMMON), tf.Llama4ForCausalLM, f32),
+        "llava, text only": (lambda: tf.LlavaConfig(
+            text_config=tf.LlamaConfig(num_key_value_heads=2, **COMMON), image_token_index=V - 1,
+            vision_config=tf.CLIPVisionConfig(**VISION)), tf.LlavaForConditionalGeneration, f64),
+        "qwen2-vl (mrope), text only": (lambda: tf.Qwen2VLConfig(
+            text_config=dict(num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
+                             **COMMON),
+            vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=4, patch_size=14,
+                               spatial_merge_size=2), image_token_id=V - 1, video_token_id=V - 2,
+            vision_start_token_id=V - 3), tf.Qwen2VLForConditionalGeneration, f64),
+        "gemma3 with vision, text only": (lambda: tf.Gemma3Config(
+            text_config=tf.Gemma3TextConfig(num_key_value_heads=2, head_dim=8, **MIXED, **COMMON),
+            vision_config=tf.SiglipVisionConfig(**VISION), mm_tokens_per_image=4, image_token_index=V - 1,
+            boi_token_index=V - 3, eoi_token_index=V - 2), tf.Gemma3ForConditionalGeneration, f64),
+        "paligemma, text only": (lambda: tf.PaliGemmaConfig(
+            text_config=tf.GemmaConfig(num_key_value_heads=2, head_dim=8, **COMMON),
+            vision_config=tf.SiglipVisionConfig(**VISION), image_token_index=V - 1, projection_dim=32),
+                                 tf.PaliGemmaForConditionalGeneration, f64),
         "mamba (recurrent)": (lambda: tf.MambaConfig(vocab_size=V, hidden_size=16, num_hidden_layers=1, state_size=4,
                                                      expand=2, conv_kernel=2), tf.MambaForCausalLM, f64),
     }
@@ -123,7 +142,7 @@ def check(name: str, factory, cls, dtype) -> str:
     except Exception as err:  # noqa: BLE001 (a config this transformers version does not build: reported)
         return f"| {name} | model not built: {type(err).__name__}: {err} | | |"
     model.generation_config.pad_token_id = 0
-    base = torch.randint(3, V, (12,), generator=torch.Generator().manual_seed(0))
+    base = torch.randint(3, V - 3, (12,), generator=torch.Generator().manual_seed(0))  # (the top ids: image tokens)
     ids = base.repeat(3)[:30][None]
     kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
     try:
