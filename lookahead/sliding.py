@@ -14,7 +14,8 @@ layers. A step with a tree (or the lookahead window's rows) passes its own addit
 (``tree.py``). A sliding layer sees only the keys of the last ``seen = min(past, window - 1)`` cached tokens and the
 step's ``q`` rows, and a row at position ``P`` attends to a key at position ``k`` only if ``P - k < window``. So its
 mask is the full mask's last ``seen + q`` columns, with every column at a position ``window`` or more before the row's
-own hidden (:meth:`SlidingWindow.masks`). Models that tell their layers apart (``config.layer_types``) take the masks
+own hidden (:meth:`SlidingWindow.masks`). Llama 4's chunked layers work the same way, a row seeing only the keys of
+its own chunk of ``window`` positions. Models that tell their layers apart (``config.layer_types``) take the masks
 per layer type, a dict; a model without ``layer_types`` slides in every layer (Mistral) and takes the sliding one.
 
 On a static cache (``static.py``) the sliding layers are given the cache's whole length instead, so that a step's
@@ -35,8 +36,10 @@ import torch
 from . import compat
 from .kv_cache import CacheNotRollbackable, cache_layers
 
-SLIDING, FULL = "sliding_attention", "full_attention"
-"""The layer types (``config.layer_types``) whose masks :meth:`SlidingWindow.masks` makes."""
+SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
+"""The layer types (``config.layer_types``) whose masks :meth:`SlidingWindow.masks` makes: a sliding layer's row at
+position ``P`` sees the keys at positions ``k`` with ``P - k < window``; a chunked layer's (Llama 4) those in its own
+chunk of ``window`` positions, ``k // window == P // window``; a full layer's all of them."""
 
 
 _SLIDING_LAYER = compat.rollbackable_layer_types()[1]
@@ -59,9 +62,10 @@ class SlidingWindow:
     def __post_init__(self):
         if self.window < 2:
             raise ValueError(f"SlidingWindow window={self.window!r} is invalid: must be at least 2")
-        unknown = sorted(set(self.layer_types or ()) - {SLIDING, FULL})
+        unknown = sorted(set(self.layer_types or ()) - {SLIDING, CHUNKED, FULL})
         if unknown:
-            raise ValueError(f"SlidingWindow layer_types holds {unknown}: only {SLIDING!r} and {FULL!r} are known")
+            raise ValueError(f"SlidingWindow layer_types holds {unknown}: only {SLIDING!r}, {CHUNKED!r} and {FULL!r} "
+                             "are known")
 
     @classmethod
     def of(cls, model, cache) -> SlidingWindow:
@@ -83,7 +87,7 @@ class SlidingWindow:
             raise CacheNotRollbackable("the model mixes sliding and full attention layers without naming them "
                                        "(config.layer_types), so their masks cannot be told apart; LookaheadDecoder "
                                        "cannot decode it past its window. Use plain generate() for this model.")
-        unknown = sorted(set(types or ()) - {SLIDING, FULL})
+        unknown = sorted(set(types or ()) - {SLIDING, CHUNKED, FULL})
         if unknown:
             raise CacheNotRollbackable(f"the model's layer types {unknown} are not known to LookaheadDecoder past a "
                                        "sliding window. Use plain generate() for this model.")
@@ -97,25 +101,38 @@ class SlidingWindow:
         seen = min(past, self.window - 1)
         rows = positions[0]  # long[q]
         columns = torch.cat([torch.arange(past - seen, past, device=rows.device), rows])  # long[seen + q]
-        hidden = columns[None, :] <= rows[:, None] - self.window  # [q, seen + q]: too far behind the row
-        sliding = mask[..., past - seen:].masked_fill(hidden, torch.finfo(mask.dtype).min)
-        if self.layer_types is None:
-            return sliding
-        return {SLIDING: sliding, **({FULL: mask} if FULL in self.layer_types else {})}
+        return self._per_type(mask, mask[..., past - seen:], columns, rows)
 
-    def static_masks(self, mask: torch.Tensor, positions: torch.Tensor):
+    def _per_type(self, full: torch.Tensor, part: torch.Tensor, columns: torch.Tensor, rows: torch.Tensor):
+        """The masks per layer type: ``full`` for full layers; ``part`` (the columns those layers see, at positions
+        ``columns`` long[c]) with each row's (at ``rows`` long[q]) keys outside its window or chunk hidden for the
+        others: one tensor when the model does not name its layer types (every layer slides), else a dict."""
+        neg = torch.finfo(full.dtype).min
+        types = self.layer_types or (SLIDING,)
+        out = {}
+        if SLIDING in types:  # [q, c]: too far behind the row
+            out[SLIDING] = part.masked_fill(columns[None, :] <= rows[:, None] - self.window, neg)
+        if CHUNKED in types:  # [q, c]: in another chunk than the row's
+            out[CHUNKED] = part.masked_fill(columns[None, :] // self.window != rows[:, None] // self.window, neg)
+        if self.layer_types is None:
+            return out[SLIDING]
+        if FULL in types:
+            out[FULL] = full
+        return out
+
+    def static_masks(self, mask: torch.Tensor, positions: torch.Tensor, past: int):
         """The masks of a step on a static cache whose sliding layers hold every column, as its full ones do
-        (``static.full_length_layers``): ``mask`` [1, 1, q, columns] over all of them (column ``c`` holds position
-        ``c``; not changed), ``positions`` long[1, q]. The sliding layers' mask is ``mask`` with the columns ``window``
-        or more positions before each row hidden, a new tensor (alone, or in a dict per layer type beside ``mask``).
+        (``static.full_length_layers``): ``mask`` [1, 1, q, columns] over all of them (not changed), ``positions``
+        long[1, q] of the step's rows, written at columns ``past .. past + q - 1`` after ``past`` cached ones (column
+        ``c < past`` holds position ``c``). The sliding (or chunked) layers' mask is ``mask`` with each row's keys
+        outside its window (or chunk) hidden, a new tensor (alone, or in a dict per layer type beside ``mask``).
 
-        Example: window 4, a row at position 5 over 8 columns sees columns 2-5 of what ``mask`` lets it see."""
+        Example: window 4, past 5, a row at position 5 and a node under it at 6 (columns 5 and 6): the row sees
+        columns 2-5 of what ``mask`` lets it see, the node 3-6."""
         columns = torch.arange(mask.shape[-1], device=positions.device)
-        sliding = mask.masked_fill(columns[None, :] <= positions[0][:, None] - self.window,
-                                   torch.finfo(mask.dtype).min)
-        if self.layer_types is None:
-            return sliding
-        return {SLIDING: sliding, **({FULL: mask} if FULL in self.layer_types else {})}
+        q = positions.shape[1]
+        columns[past : past + q] = positions[0]  # a step's columns hold its rows' positions (a node's: by depth)
+        return self._per_type(mask, mask, columns, positions[0])
 
     def start(self, cache) -> None:
         """Keep every entry of the sliding layers until each step's crop (before the call's first forward)."""

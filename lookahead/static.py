@@ -85,12 +85,13 @@ def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
     layers = cache_layers(cache)
     windows = {layer.sliding_window for layer in layers if type(layer) is FullLengthSlidingLayer}
     if any(type(layer) is StaticSlidingWindowLayer for layer in layers):
-        config = compat.text_config(model)
-        if any(layer.is_initialized for layer in layers) or getattr(config, "sliding_window", None) is None:
+        config = compat.text_config(model)  # the window of its sliding layers, or the chunk of its chunked ones
+        window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+        if any(layer.is_initialized for layer in layers) or window is None:
             return None
         full = [layer.max_cache_len for layer in layers if type(layer) is not StaticSlidingWindowLayer]
         columns = max(full) if full else length
-        window = int(config.sliding_window)
+        window = int(window)
         cache.layers[:] = [FullLengthSlidingLayer(max_cache_len=columns, sliding_window=window)
                            if type(layer) is StaticSlidingWindowLayer else layer for layer in layers]
         windows.add(window)
@@ -327,7 +328,7 @@ class StaticCall(SingleCall):
         def run(k: int) -> None:  # a chain of k - 1 nodes after one pending token
             m = mask(past, 1, np.arange(-1, k - 2), None, k)
             pos = _canonical(torch.arange(past, past + k, device=device)[None])
-            self._forward(setup, _canonical(ids[:, :k]), pos, self.masks(m, pos), k)
+            self._forward(setup, _canonical(ids[:, :k]), pos, self.masks(m, pos, past), k)
             for layer in cache_layers(setup.cache):
                 layer.crop(-k)
 
@@ -404,10 +405,13 @@ class StaticCall(SingleCall):
         self.bucket = q
         return ids, pos, self.masks(mask, pos)
 
-    def masks(self, mask: torch.Tensor, pos: torch.Tensor):
-        """A step's attention masks from its full one [1, 1, q, columns]: itself, or with the sliding layers' beside
-        it (:meth:`SlidingWindow.static_masks`)."""
-        return mask if self.sliding is None else self.sliding.static_masks(mask, pos)
+    def masks(self, mask: torch.Tensor, pos: torch.Tensor, past: int | None = None):
+        """A step's attention masks from its full one [1, 1, q, columns] (its rows at positions ``pos`` written after
+        ``past`` cached columns; None: the call's): itself, or with the sliding layers' beside it
+        (:meth:`SlidingWindow.static_masks`)."""
+        if self.sliding is None:
+            return mask
+        return self.sliding.static_masks(mask, pos, self.past_len if past is None else past)
 
     def forward(self, ids, pos, mask, keep: int) -> torch.Tensor:
         """The prompt's forward eagerly; a bucket's through the runner (its first run compiles it)."""

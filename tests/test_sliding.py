@@ -1,5 +1,6 @@
 """One row decoded past a sliding attention window (``lookahead/sliding.py``): the same tokens as plain ``generate`` on
-models that slide in every layer (Mistral), that name their layers' kinds (Gemma 3, Qwen2 with a window), trees,
+models that slide in every layer (Mistral), that name their layers' kinds (Gemma 3, Qwen2 with a window; Llama 4's
+chunked attention), trees,
 the lookahead window and the sampled path included; the cache it returns continues as plain's; on a static cache,
 eager and compiled, as plain static ``generate``; what is still refused (a batch, a padded row) is refused before
 any forward; the masks on a hand-made example."""
@@ -13,7 +14,7 @@ import transformers as tf
 from lookahead import LookaheadDecoder
 from lookahead.compat import cache_kwarg_name
 from lookahead.kv_cache import CacheNotRollbackable
-from lookahead.sliding import FULL, SLIDING, SlidingWindow, is_sliding
+from lookahead.sliding import CHUNKED, FULL, SLIDING, SlidingWindow, is_sliding
 
 from tiny import TINY_COST_CURVE
 
@@ -34,10 +35,15 @@ def _model(arch: str):
         cfg = tf.Qwen2Config(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, num_hidden_layers=2,
                              **COMMON)
         cls = tf.Qwen2ForCausalLM
+    elif arch == "llama4":  # chunked attention (chunks of WINDOW positions) beside a full layer; experts: float32
+        cfg = tf.Llama4TextConfig(attention_chunk_size=WINDOW, head_dim=8, num_hidden_layers=4, num_local_experts=2,
+                                  interleave_moe_layer_step=1, intermediate_size_mlp=64, pad_token_id=0,
+                                  bos_token_id=1, eos_token_id=2, **COMMON)
+        cls = tf.Llama4ForCausalLM
     else:
         raise KeyError(arch)
     torch.manual_seed(1234)
-    model = cls(cfg).eval().to(torch.float64)
+    model = cls(cfg).eval().to(torch.float32 if arch == "llama4" else torch.float64)
     model.generation_config.pad_token_id = 0
     return model
 
@@ -66,7 +72,7 @@ DECODERS = {
 }
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2", "llama4"])
 @pytest.mark.parametrize("settings", list(DECODERS))
 @pytest.mark.parametrize("prompt_length", [30, 9])  # longer than the window; shorter, the answer crossing it
 def test_greedy_past_the_window_is_plain_generate(models, arch, settings, prompt_length):
@@ -119,7 +125,7 @@ def test_a_call_continuing_a_cache_already_past_the_window(models):
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2"])
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2", "llama4"])
 @pytest.mark.parametrize("settings", list(DECODERS))
 def test_a_static_cache_past_the_window_is_plain_static_generate(models, arch, settings):
     """The static cache's sliding layers are given its whole length before the first forward, the same attention
@@ -191,7 +197,8 @@ def test_a_batch_or_a_padded_row_past_the_window_is_refused_before_any_forward(m
 
 def test_masks_worked_example():
     """The module docstring's example: window 4, 5 tokens cached, the pending token (position 5) and a node under
-    it (position 6). Only the sliding layers' mask hides position 2 from the node."""
+    it (position 6). Only the sliding layers' mask hides position 2 from the node; a chunked layer's (chunks of 4:
+    positions 4-7) hides 2 and 3 from both."""
     neg = torch.finfo(torch.float32).min
     full = torch.zeros((1, 1, 2, 7))
     full[0, 0, 0, 6] = neg  # the pending row does not see the node
@@ -202,12 +209,31 @@ def test_masks_worked_example():
     both = SlidingWindow(4, (SLIDING, FULL)).masks(full, torch.tensor([[5, 6]]), past=5)
     assert both[FULL] is full and torch.equal(both[SLIDING], sliding)
     assert set(SlidingWindow(4, (SLIDING,)).masks(full, torch.tensor([[5, 6]]), past=5)) == {SLIDING}
+    chunked = SlidingWindow(4, (CHUNKED, FULL)).masks(full, torch.tensor([[5, 6]]), past=5)[CHUNKED]
+    assert (chunked[0, 0] == neg).tolist() == [[True, True, False, False, True], [True, True, False, False, False]]
     early = SlidingWindow(4).masks(torch.zeros((1, 1, 1, 3)), torch.tensor([[2]]), past=2)  # inside the window
     assert early.shape == (1, 1, 1, 3) and not (early == neg).any()
 
 
+def test_static_masks_read_a_step_columns_positions():
+    """On a static cache a step's columns hold its rows' positions, by depth: chunks of 4, 2 tokens cached, the
+    pending token (position 2, column 2) and two sibling nodes (position 3, columns 3 and 4). The second sibling's
+    column is in chunk 0 by its position, so it sees itself (and the pending token, and the cached ones)."""
+    neg = torch.finfo(torch.float32).min
+    full = torch.zeros((1, 1, 3, 6))
+    full[0, 0, 0, 3:] = neg  # the pending row sees columns 0-2
+    full[0, 0, 1, 4:] = neg  # the first sibling: 0-3
+    full[0, 0, 2, 3] = full[0, 0, 2, 5] = neg  # the second: 0-2 and itself (column 4)
+    masks = SlidingWindow(4, (CHUNKED, FULL)).static_masks(full, torch.tensor([[2, 3, 3]]), past=2)
+    assert masks[FULL] is full and torch.equal(masks[CHUNKED], full)  # every visible key is in the row's chunk
+    sliding = SlidingWindow(3).static_masks(full, torch.tensor([[2, 3, 3]]), past=2)  # a window of 3
+    assert (sliding[0, 0] == neg).tolist() == [[False, False, False, True, True, True],
+                                               [True, False, False, False, True, True],
+                                               [True, False, False, True, False, True]]
+
+
 @pytest.mark.parametrize("kwargs, field", [(dict(window=1), "window"),
-                                           (dict(window=8, layer_types=("chunked_attention",)), "layer_types")])
+                                           (dict(window=8, layer_types=("linear_attention",)), "layer_types")])
 def test_sliding_window_config_is_validated(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SlidingWindow(**kwargs)
