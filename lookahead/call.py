@@ -403,7 +403,7 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> t
     kwargs = setup.forward_kwargs if cache is None else {**setup.forward_kwargs, setup.cache_kwarg: cache}
     if setup.sync.active:  # the same forward on every rank, or a clear error before its collectives break
         setup.sync.check(stats.target_calls, ids=ids, positions=pos, keep=keep,
-                         mask=None if mask is None else tuple(mask.shape),
+                         mask=_mask_shapes(mask),
                          cached=(cache if cache is not None else setup.cache).get_seq_length())
     stats.target_calls += 1
     runner = setup.model if setup.runner is None or cache is not None else setup.runner
@@ -411,6 +411,15 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> t
     # layers spread over devices (device_map): the logits come out on the last one; read them where the ids
     # are, as plain generate does
     return logits if logits.device == setup.device else logits.to(setup.device)
+
+
+def _mask_shapes(mask) -> tuple | dict | None:
+    """A step's mask as its shape (per layer type for a dict of masks, ``sliding.py``): what the ranks compare."""
+    if mask is None:
+        return None
+    if isinstance(mask, dict):
+        return {kind: tuple(m.shape) for kind, m in sorted(mask.items())}
+    return tuple(mask.shape)
 
 
 def finish(setup: CallSetup, stats) -> None:
