@@ -236,7 +236,9 @@ class ModelDrafter:
     def new_cache(self):
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        # plain layers, lazily grown: a sliding-window drafter's own layers could not be cropped past the window
+        # (its model still masks them by the window: its mask function reads the config)
+        return DynamicCache()
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, past: int, cache, all_rows: bool = False) -> torch.Tensor:
@@ -394,7 +396,7 @@ def measure_cost_ratio(target, drafter, context: int = 32, repeats: int = 3) -> 
     from transformers import DynamicCache
 
     with torch.no_grad():
-        tc = DynamicCache(config=target.config)
+        tc = DynamicCache()  # plain layers: a sliding-window target's could not be cropped past the window
         target(input_ids=ids[:, :context], use_cache=True, **{kw: tc})
         pos = torch.tensor([[context]], device=device)
 

@@ -111,6 +111,19 @@ def test_the_returned_cache_is_restricted_and_continues_as_plain(models):
     assert then[0] == then[1]
 
 
+@pytest.mark.parametrize("drafter", ["draft model", "early exit"])
+def test_draft_passes_past_the_window(models, drafter):
+    """A draft pass keeps a cache of its own (plain layers: a sliding one could not be cropped past the window)."""
+    model, ids = models("mistral"), _prompt(30)
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    plain = model.generate(ids, **kw)
+    settings = dict(draft_model=model) if drafter == "draft model" else dict(self_draft="early-exit",
+                                                                             self_draft_size=0.5)
+    decoder = LookaheadDecoder(adaptive=False, **settings)
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.accepted_by_origin["draft-model" if drafter == "draft model" else "early-exit"] > 0
+
+
 def test_a_call_continuing_a_cache_already_past_the_window(models):
     """The cache of an earlier call holds the window's last tokens only (and the full layers everything): the
     decoder continues it as plain ``generate`` does."""
