@@ -5,10 +5,10 @@ without branches, and each candidate's place is the count of candidates ahead of
 
     PYTHONPATH=. python benchmarks/results/host-step/readout_rank.py
 """
-import time
 
 import numpy as np
 from numba import njit
+from rows_top_speed import per_call_us  # (this script's folder is on sys.path)
 
 from lookahead import kernels as K
 
@@ -93,18 +93,7 @@ def rows_new(logits, argmax_rows, top_rows, k, argmax, ids, vals):
                 argmax[i, j] = K._row_argmax(row, maxima)
     return argmax
 
-ROWS, CALLS = 65, 200  # rows per call (a 64-node step), timed calls
-
-
-def per_call_us(f, pool) -> float:
-    f(pool[0])
-    total = 0.0
-    for r in range(CALLS):
-        x = pool[r % len(pool)]
-        t = time.perf_counter()
-        f(x)
-        total += time.perf_counter() - t
-    return total / CALLS * 1e6
+ROWS = 65  # rows per call (a 64-node step)
 
 
 def outputs(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
