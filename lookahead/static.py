@@ -26,6 +26,12 @@ attends over in full. :class:`StaticCall` is the one-row decode loop (``decoder.
 - **A full cache.** Every step fits in the cache (its bucket is at most the room left); a cache too short for
   the call (``max_cache_len < max_length - 1``, the columns plain static ``generate`` needs) is refused up front.
 
+- **Sliding-window layers.** A static sliding layer keeps its window's columns in a ring, whose rejected entries
+  could not be dropped. Before the first forward :func:`full_length_layers` gives each one the cache's length (a
+  :class:`FullLengthSlidingLayer`, which remembers its window), and every step passes those layers their own mask,
+  the full one with each row's keys outside its window (or chunk) hidden (``sliding.SlidingWindow.static_masks``).
+  The same attention as plain static ``generate``'s, with more memory for those layers.
+
 Batch size 1; batches with a static cache are refused (``call.check_supported``).
 """
 
