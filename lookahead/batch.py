@@ -361,6 +361,8 @@ class BatchCall:
         self._dead_cost = 0.0  # forward seconds finished rows have cost since the last drop
         self._copy_seconds_per_byte = COPY_SECONDS_PER_BYTE
 
+        if setup.sliding is not None:  # past a sliding window: those layers keep every column, masked by the window
+            setup.sliding.widen(self.cache)
         limits = Limits(self.max_length, setup.kv_window)
         self.rows: list[Row] = []
         for i, (policy, uniforms) in enumerate(zip(decoder.policies_for(b), call.uniforms(setup, b))):
@@ -397,6 +399,9 @@ class BatchCall:
                 col_visible = np.concatenate([self.vis[: len(rows), : self.T], self.pending_vis], axis=1)
                 ids, pos, mask = pack_batch(self.pending, self.pending_pos, col_visible, drafts, width,
                                             self.setup.dtype, self.device)
+                if self.setup.sliding is not None:  # the sliding layers' masks, by each row's positions
+                    cached = np.cumsum(self.vis[: len(rows), : self.T], axis=1) - 1  # int64[b, T]
+                    mask = self.setup.sliding.batch_masks(mask, pos, torch.from_numpy(cached).to(self.device))
                 t1 = clock()
                 logits = call.forward(self.setup, stats, ids, pos, mask, width + 1)  # [b, 1 + w, V]
             if not checked:
@@ -440,7 +445,7 @@ class BatchCall:
         forward (the prefill is not grouped with a pinned flat curve, a sliding-window or shared-KV cache,
         ``batch_prefill="padded"``, or when the groups would not pay)."""
         if (self.T or self.cost is None or self.decoder.config.batch_prefill == "padded"
-                or self.setup.kv_window is not None):
+                or self.setup.kv_window is not None or self.setup.sliding is not None):
             return None
         if not _plain_layers(self.cache):
             return None

@@ -166,8 +166,8 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
 def check_cache_layers(cache, max_length: int, past_window: bool = False) -> int | None:
     """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the
     smallest sliding window of its layers, or None. A call that may reach past it is refused unless
-    ``past_window`` (one row on a dynamic cache: :mod:`lookahead.sliding` keeps its sliding layers whole through
-    each step); else every forward must stay below it."""
+    ``past_window`` (an unpadded row or a batch on a dynamic cache: :mod:`lookahead.sliding` keeps its sliding layers'
+    entries through each step); else every forward must stay below it."""
     _, sliding = compat.rollbackable_layer_types()
     window = None
     for layer in cache_layers(cache):
@@ -181,8 +181,8 @@ def check_cache_layers(cache, max_length: int, past_window: bool = False) -> int
             if max_length > layer.sliding_window and not past_window:
                 raise CacheNotRollbackable(
                     f"the model attends over a sliding window of {layer.sliding_window} tokens and this call may "
-                    f"reach {max_length}; LookaheadDecoder decodes past the window one unpadded row at a time, not "
-                    f"a batch. Use max_length <= {layer.sliding_window}, one row per call, or plain generate()."
+                    f"reach {max_length}; LookaheadDecoder decodes one row past the window only when it is unpadded. "
+                    f"Use max_length <= {layer.sliding_window}, drop the padding, or use plain generate()."
                 )
             window = layer.sliding_window if window is None else min(window, layer.sliding_window)
     return window
@@ -318,7 +318,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
     cache = new_cache(model) if cache is None else grow_in_place(cache)
     mask = model_kwargs.get("attention_mask")
     one_row = b == 1 and not static and (mask is None or bool((mask == 1).all()))  # no padding column to hide
-    window = None if static else check_cache_layers(cache, gen.max_length, past_window=one_row)
+    # past a window: one unpadded row (its sliding layers record a step's entries), or a batch (they keep all)
+    window = None if static else check_cache_layers(cache, gen.max_length, past_window=one_row or b > 1)
     sliding = SlidingWindow.of(model, cache) if window is not None and gen.max_length > window else None
     chains = not compat.takes_tree_masks(model)
     if chains and not one_row:

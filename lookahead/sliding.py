@@ -20,7 +20,9 @@ per layer type, a dict; a model without ``layer_types`` slides in every layer (M
 
 On a static cache (``static.py``) the sliding layers are given the cache's whole length instead, so that a step's
 entries can be dropped as in every other layer, and their mask is the full one with the out-of-window columns hidden
-(:meth:`SlidingWindow.static_masks`).
+(:meth:`SlidingWindow.static_masks`). A batch (``batch.py``) does the same on its dynamic cache
+(:meth:`SlidingWindow.widen`): its rows keep different numbers of columns (holes), so a window's last columns are
+not every row's last tokens; the masks hide keys by each row's positions (:meth:`SlidingWindow.batch_masks`).
 
 Worked example: window 4, 5 tokens cached (positions 0-4), a step of the pending token (position 5) and a node
 under it (position 6). The sliding layers see positions 2, 3, 4, then 5 and 6 (``seen`` = 3). The pending row sees
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from . import compat
-from .kv_cache import CacheNotRollbackable, cache_layers
+from .kv_cache import CacheNotRollbackable, GrowingLayer, cache_layers
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 """The layer types (``config.layer_types``) whose masks :meth:`SlidingWindow.masks` makes: a sliding layer's row at
@@ -101,19 +103,21 @@ class SlidingWindow:
         seen = min(past, self.window - 1)
         rows = positions[0]  # long[q]
         columns = torch.cat([torch.arange(past - seen, past, device=rows.device), rows])  # long[seen + q]
-        return self._per_type(mask, mask[..., past - seen:], columns, rows)
+        return self._per_type(mask, mask[..., past - seen:], columns[None, :], rows[:, None])
 
     def _per_type(self, full: torch.Tensor, part: torch.Tensor, columns: torch.Tensor, rows: torch.Tensor):
         """The masks per layer type: ``full`` for full layers; ``part`` (the columns those layers see, at positions
-        ``columns`` long[c]) with each row's (at ``rows`` long[q]) keys outside its window or chunk hidden for the
-        others: one tensor when the model does not name its layer types (every layer slides), else a dict."""
+        ``columns``) with each row's (at positions ``rows``) keys outside its window or chunk hidden for the others:
+        one tensor when the model does not name its layer types (every layer slides), else a dict. ``columns`` and
+        ``rows`` are shaped to broadcast to ``part``'s last two dimensions: [1, c] and [q, 1], or for a batch
+        [b, 1, 1, c] and [b, 1, q, 1]."""
         neg = torch.finfo(full.dtype).min
         types = self.layer_types or (SLIDING,)
         out = {}
-        if SLIDING in types:  # [q, c]: too far behind the row
-            out[SLIDING] = part.masked_fill(columns[None, :] <= rows[:, None] - self.window, neg)
-        if CHUNKED in types:  # [q, c]: in another chunk than the row's
-            out[CHUNKED] = part.masked_fill(columns[None, :] // self.window != rows[:, None] // self.window, neg)
+        if SLIDING in types:  # too far behind the row
+            out[SLIDING] = part.masked_fill(columns <= rows - self.window, neg)
+        if CHUNKED in types:  # in another chunk than the row's
+            out[CHUNKED] = part.masked_fill(columns // self.window != rows // self.window, neg)
         if self.layer_types is None:
             return out[SLIDING]
         if FULL in types:
@@ -132,7 +136,23 @@ class SlidingWindow:
         columns = torch.arange(mask.shape[-1], device=positions.device)
         q = positions.shape[1]
         columns[past : past + q] = positions[0]  # a step's columns hold its rows' positions (a node's: by depth)
-        return self._per_type(mask, mask, columns, positions[0])
+        return self._per_type(mask, mask, columns[None, :], positions[0][:, None])
+
+    def batch_masks(self, mask: torch.Tensor, positions: torch.Tensor, cached: torch.Tensor):
+        """The masks of a batched step whose cache's sliding layers hold every column, as its full ones do
+        (:meth:`widen`): ``mask`` [b, 1, q, T + q] (padding and holes hidden; not changed), ``positions`` long[b, q]
+        of the step's rows (its columns' too), ``cached`` long[b, T] of each row's cached columns (a hidden
+        column's: any). The sliding (or chunked) layers' mask is ``mask`` with each row's keys outside its window (or
+        chunk) hidden, by position: a row's padding and holes do not count (plain batched ``generate``'s window is
+        over its columns, whose distance within a left-padded row is the positions')."""
+        columns = torch.cat([cached, positions], dim=1)  # long[b, T + q]
+        return self._per_type(mask, mask, columns[:, None, None, :], positions[:, None, :, None])
+
+    def widen(self, cache) -> None:
+        """A batch's cache, before its first forward: each sliding layer replaced by a plain one, which keeps every
+        column (a batch's rows keep different numbers of columns, so a window's last columns are not every row's
+        last tokens); :meth:`batch_masks` masks them by the window."""
+        cache.layers[:] = [GrowingLayer() if is_sliding(layer) else layer for layer in cache_layers(cache)]
 
     def start(self, cache) -> None:
         """Keep every entry of the sliding layers until each step's crop (before the call's first forward)."""

@@ -12,7 +12,7 @@ Decisions pinned here:
   plain (learned positions, GPT-2); window rows never reach positions plain ``generate`` would not.
 - Caches that cannot be rolled back (``cache_implementation="static"`` or any other non-dynamic one, a
   ``StaticCache`` passed in, quantized layers, recurrent state such as Mamba, a sliding window shorter
-  than ``max_length`` in a batch or a padded row; one unpadded row decodes past it, ``tests/test_sliding.py``)
+  than ``max_length`` in one padded row; an unpadded row or a batch decodes past it, ``tests/test_sliding.py``)
   and encoder-decoder models: a clear ``ValueError``
   (``CacheNotRollbackable`` for caches) before any forward pass. An explicit decoder never silently
   falls back; ``lookahead.enable(model, default=...)`` falls back to plain ``generate`` with one warning.
@@ -288,13 +288,17 @@ def test_sliding_window_up_to_its_length_is_exact(windowed, kw):
     assert plain[0] == "ok" and ours == plain
 
 
-def test_sliding_window_shorter_than_max_length_decodes_one_row_and_refuses_a_batch(windowed):
-    """Past the window one row decodes exactly (``tests/test_sliding.py``); a batch is refused before any forward."""
+def test_sliding_window_shorter_than_max_length_decodes_and_a_padded_row_is_refused(windowed):
+    """Past the window one row and a batch decode exactly (``tests/test_sliding.py``); one padded row is refused
+    before any forward."""
     plain, ours = _plain_and_ours(windowed, max_new_tokens=60 - len(PROMPT), eos_token_id=None)
     assert plain[0] == "ok" and ours == plain
+    mask = torch.ones_like(IDS)
+    mask[0, 0] = 0
     with _CountForwards(windowed) as fw:
         with pytest.raises(CacheNotRollbackable, match="sliding window of 40 tokens"):
-            windowed.generate(IDS.repeat(2, 1), custom_generate=LookaheadDecoder(), max_new_tokens=41 - len(PROMPT))
+            windowed.generate(IDS, attention_mask=mask, custom_generate=LookaheadDecoder(),
+                              max_new_tokens=41 - len(PROMPT))
     assert fw.n == 0
 
 

@@ -2,8 +2,8 @@
 models that slide in every layer (Mistral), that name their layers' kinds (Gemma 3, Qwen2 with a window; Llama 4's
 chunked attention), trees,
 the lookahead window and the sampled path included; the cache it returns continues as plain's; on a static cache,
-eager and compiled, as plain static ``generate``; what is still refused (a batch, a padded row) is refused before
-any forward; the masks on a hand-made example."""
+eager and compiled, as plain static ``generate``; a left-padded batch as plain batched ``generate``; what is still
+refused (one padded row) is refused before any forward; the masks on hand-made examples."""
 
 from __future__ import annotations
 
@@ -188,17 +188,40 @@ def test_compiled_static_steps_past_the_window_reuse_their_graphs(models):
             == plain.tolist()
 
 
-def test_a_batch_or_a_padded_row_past_the_window_is_refused_before_any_forward(models):
+def _left_padded(*rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids long[b, L], attention mask long[b, L]) of ``rows``, left-padded with 0 to the longest."""
+    length = max(len(r) for r in rows)
+    ids, mask = torch.zeros((len(rows), length), dtype=torch.long), torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, length - len(r):], mask[i, length - len(r):] = r, 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "qwen2", "llama4"])
+@pytest.mark.parametrize("sample", [False, True])
+def test_a_batch_past_the_window_is_plain_batched_generate(models, arch, sample):
+    """Three left-padded rows of 30, 21 and 9 tokens, 40 new ones each: the sliding layers keep every column (the
+    rows' holes differ), masked by each row's positions. Sampled: ``top_k=1`` through the sampled verification."""
+    model = models(arch)
+    ids, mask = _left_padded(_prompt(30)[0], _prompt(21)[0] + 1, _prompt(9)[0] + 2)
+    kw = dict(max_new_tokens=40, eos_token_id=None, attention_mask=mask, pad_token_id=0)
+    plain = model.generate(ids, do_sample=False, **kw)
+    decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
+    ours = model.generate(ids, custom_generate=decoder, **kw, **(dict(do_sample=True, top_k=1) if sample else
+                                                                 dict(do_sample=False)))
+    assert ours.tolist() == plain.tolist()
+    assert decoder.stats.target_calls < 40
+
+
+def test_a_padded_row_past_the_window_is_refused_before_any_forward(models):
     model = models("mistral")
     calls = []
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
-        with pytest.raises(CacheNotRollbackable, match="one unpadded row at a time"):
-            model.generate(_prompt(30).repeat(2, 1), custom_generate=LookaheadDecoder(), max_new_tokens=5)
         ids = _prompt(30)
         mask = torch.ones_like(ids)
         mask[0, 0] = 0
-        with pytest.raises(CacheNotRollbackable, match="one unpadded row at a time"):
+        with pytest.raises(CacheNotRollbackable, match="one row past the window only when it is unpadded"):
             model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5)
         with pytest.raises(CacheNotRollbackable, match="unpadded row only"):
             model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5,
