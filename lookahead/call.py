@@ -163,11 +163,9 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
         )
 
 
-def check_cache_layers(cache, max_length: int, past_window: bool = False) -> int | None:
-    """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the
-    smallest sliding window of its layers, or None. A call that may reach past it is refused unless
-    ``past_window`` (an unpadded row or a batch on a dynamic cache: :mod:`lookahead.sliding` keeps its sliding layers'
-    entries through each step); else every forward must stay below it."""
+def check_cache_layers(cache) -> int | None:
+    """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the smallest
+    sliding window of its layers, or None (a call may reach past it: :mod:`lookahead.sliding`)."""
     _, sliding = compat.rollbackable_layer_types()
     window = None
     for layer in cache_layers(cache):
@@ -178,12 +176,6 @@ def check_cache_layers(cache, max_length: int, past_window: bool = False) -> int
                 "exactly; use plain generate() for it."
             )
         if isinstance(layer, sliding):
-            if max_length > layer.sliding_window and not past_window:
-                raise CacheNotRollbackable(
-                    f"the model attends over a sliding window of {layer.sliding_window} tokens and this call may "
-                    f"reach {max_length}; LookaheadDecoder decodes one row past the window only when it is unpadded. "
-                    f"Use max_length <= {layer.sliding_window}, drop the padding, or use plain generate()."
-                )
             window = layer.sliding_window if window is None else min(window, layer.sliding_window)
     return window
 
@@ -318,8 +310,7 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
     cache = new_cache(model) if cache is None else grow_in_place(cache)
     mask = model_kwargs.get("attention_mask")
     one_row = b == 1 and not static and (mask is None or bool((mask == 1).all()))  # no padding column to hide
-    # past a window: one unpadded row (its sliding layers record a step's entries), or a batch (they keep all)
-    window = None if static else check_cache_layers(cache, gen.max_length, past_window=one_row or b > 1)
+    window = None if static else check_cache_layers(cache)
     sliding = SlidingWindow.of(model, cache) if window is not None and gen.max_length > window else None
     chains = not compat.takes_tree_masks(model)
     if chains and not one_row:

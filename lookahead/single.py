@@ -50,6 +50,11 @@ class SingleCall:
         self._last_token, self._last_pos = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self.limit = np.array([self.max_length], np.int64)
         self.step_mask: StepMask | None = None  # the masks of the steps after the prompt's, made on first use
+        # past a sliding window with padding: its layers keep every column, masked by position (as a batch's)
+        self.widened = setup.sliding is not None and self.col_visible is not None
+        if self.widened:
+            setup.sliding.widen(self.cache)
+            self.col_pos = np.maximum(np.cumsum(self.col_visible) - 1, 0)  # int64[columns]: each column's position
         self.refine = decoder.config.refine_cost and setup.cost is not None
         self.policy.start(prompt, self.limits(), setup.cost, model)
         self.stats.step_nodes = self.policy.step_nodes
@@ -76,7 +81,7 @@ class SingleCall:
             # first among the head's pre-hooks: it sees the rows the model hands the head (linear_layout's hooks
             # hand nn.Linear none)
             handle = self.model.get_output_embeddings().register_forward_pre_hook(keep_hidden, prepend=True)
-        sliding = self.setup.sliding
+        sliding = None if self.widened else self.setup.sliding
         if sliding is not None:  # past a sliding window: its layers keep every entry until the step's verdict
             sliding.start(self.cache)
         try:
@@ -99,7 +104,7 @@ class SingleCall:
             rows, n = draft.rows, len(draft)
             ids, pos, mask = self.pack(draft)
             if mask is not None and setup.sliding is not None:  # the sliding layers' own mask beside it
-                mask = setup.sliding.masks(mask, pos, self.past_len)
+                mask = self.sliding_masks(mask, pos)
             t1 = clock()
             k = policy.recycle_k
             warm = p - 1 if p > 1 and policy.prompt_rows and k else 0  # the prompt's rows, for the model's predictions
@@ -150,6 +155,15 @@ class SingleCall:
         col_visible = None if self.col_visible is None else self.col_visible[: self.length]
         return pack_step(self.pending, self.pending_pos, draft.tokens, draft.parents, col_visible, self.past_len,
                          self.setup.dtype, draft.window, self.device, draft.depth)
+
+    def sliding_masks(self, mask: torch.Tensor, pos: torch.Tensor):
+        """A step's masks past a sliding window (``sliding.py``), from its full one ``mask`` [1, 1, q, past + q] and its
+        rows' positions ``pos`` long[1, q]: the sliding layers' over the keys they return; with padding, over every
+        column, by position."""
+        if not self.widened:
+            return self.setup.sliding.masks(mask, pos, self.past_len)
+        cached = torch.from_numpy(self.col_pos[None, : self.past_len]).to(self.device)
+        return self.setup.sliding.batch_masks(mask, pos, cached)
 
     def forward(self, ids, pos, mask, keep: int) -> torch.Tensor:
         """One forward; the float logits [keep, V] of its last ``keep`` query rows."""
@@ -224,7 +238,7 @@ class SingleCall:
         """Keep the pending tokens' and the accepted nodes' KV entries; the last emitted token becomes pending."""
         if draft.rows:  # else every entry of the step stays
             keep_entries(self.cache, p + draft.rows, list(range(p)) + [p + j for j in accepted])
-        if self.setup.sliding is not None:
+        if self.setup.sliding is not None and not self.widened:
             self.setup.sliding.restrict(self.cache)
         self.past_len += p + len(accepted)
         last_pos = int(self.pending_pos[-1]) + len(accepted) + 1

@@ -22,7 +22,8 @@ On a static cache (``static.py``) the sliding layers are given the cache's whole
 entries can be dropped as in every other layer, and their mask is the full one with the out-of-window columns hidden
 (:meth:`SlidingWindow.static_masks`). A batch (``batch.py``) does the same on its dynamic cache
 (:meth:`SlidingWindow.widen`): its rows keep different numbers of columns (holes), so a window's last columns are
-not every row's last tokens; the masks hide keys by each row's positions (:meth:`SlidingWindow.batch_masks`).
+not every row's last tokens; the masks hide keys by each row's positions (:meth:`SlidingWindow.batch_masks`). So does
+one row with padding, whose columns are not its positions.
 
 Worked example: window 4, 5 tokens cached (positions 0-4), a step of the pending token (position 5) and a node
 under it (position 6). The sliding layers see positions 2, 3, 4, then 5 and 6 (``seen`` = 3). The pending row sees

@@ -2,8 +2,8 @@
 models that slide in every layer (Mistral), that name their layers' kinds (Gemma 3, Qwen2 with a window; Llama 4's
 chunked attention), trees,
 the lookahead window and the sampled path included; the cache it returns continues as plain's; on a static cache,
-eager and compiled, as plain static ``generate``; a left-padded batch as plain batched ``generate``; what is still
-refused (one padded row) is refused before any forward; the masks on hand-made examples."""
+eager and compiled, as plain static ``generate``; a left-padded batch, or row, as plain ``generate``; what is still
+refused (a padded row on a static cache) is refused before any forward; the masks on hand-made examples."""
 
 from __future__ import annotations
 
@@ -213,7 +213,21 @@ def test_a_batch_past_the_window_is_plain_batched_generate(models, arch, sample)
     assert decoder.stats.target_calls < 40
 
 
-def test_a_padded_row_past_the_window_is_refused_before_any_forward(models):
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_one_padded_row_past_the_window_is_plain_generate(models, arch):
+    """A row with left padding (batch size 1): its sliding layers keep every column, masked by its positions, as a
+    batch's."""
+    model = models(arch)
+    ids, mask = _left_padded(_prompt(30)[0], _prompt(26)[0])
+    ids, mask = ids[1:], mask[1:]  # the second row alone, with its four columns of padding
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, attention_mask=mask, pad_token_id=0)
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.target_calls < 40
+
+
+def test_a_padded_row_on_a_static_cache_past_the_window_is_refused_before_any_forward(models):
     model = models("mistral")
     calls = []
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
@@ -221,8 +235,6 @@ def test_a_padded_row_past_the_window_is_refused_before_any_forward(models):
         ids = _prompt(30)
         mask = torch.ones_like(ids)
         mask[0, 0] = 0
-        with pytest.raises(CacheNotRollbackable, match="one row past the window only when it is unpadded"):
-            model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5)
         with pytest.raises(CacheNotRollbackable, match="unpadded row only"):
             model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5,
                            cache_implementation="static")
