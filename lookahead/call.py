@@ -321,6 +321,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         )
     kv_window = None if sliding is not None else window  # past it, every step's entries are kept until the verdict
     past = int(cache.get_seq_length())
+    if sliding is not None and not one_row:  # a batch's or a padded row's sliding layers will keep every column
+        sliding.check_widenable(cache)
     if b > 1 and past:
         raise ValueError(f"LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds {past} "
                          "tokens. Pass no cache, or use plain generate().")

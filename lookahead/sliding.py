@@ -150,10 +150,21 @@ class SlidingWindow:
         return self._per_type(mask, mask, columns[:, None, None, :], positions[:, None, :, None])
 
     def widen(self, cache) -> None:
-        """A batch's cache, before its first forward: each sliding layer replaced by a plain one, which keeps every
-        column (a batch's rows keep different numbers of columns, so a window's last columns are not every row's
-        last tokens); :meth:`batch_masks` masks them by the window."""
+        """A batch's cache (or a padded row's), before its first forward: each sliding layer replaced by a plain one,
+        which keeps every column (a batch's rows keep different numbers of columns, so a window's last columns are
+        not every row's last tokens); :meth:`batch_masks` masks them by the window. A cache whose sliding layers hold
+        tokens already is refused (:meth:`check_widenable`)."""
+        self.check_widenable(cache)
         cache.layers[:] = [GrowingLayer() if is_sliding(layer) else layer for layer in cache_layers(cache)]
+
+    @staticmethod
+    def check_widenable(cache) -> None:
+        """Raise :class:`~lookahead.kv_cache.CacheNotRollbackable` when ``cache``'s sliding layers hold tokens already
+        (:meth:`widen` needs them empty: their earlier columns are gone)."""
+        if any(is_sliding(layer) and layer.is_initialized for layer in cache_layers(cache)):
+            raise CacheNotRollbackable("the cache's sliding layers hold a window's last tokens already; a batch or a "
+                                       "padded row past the window starts from an empty cache. Pass no cache, drop "
+                                       "the padding, or use plain generate().")
 
     def start(self, cache) -> None:
         """Keep every entry of the sliding layers until each step's crop (before the call's first forward)."""

@@ -227,6 +227,26 @@ def test_one_padded_row_past_the_window_is_plain_generate(models, arch):
     assert decoder.stats.target_calls < 40
 
 
+def test_a_padded_row_continuing_a_cache_past_the_window_is_refused_before_any_forward(models):
+    """Its sliding layers hold only the window's last tokens: the earlier columns a padded row's masks need are
+    gone."""
+    model = models("mistral")
+    first = model.generate(_prompt(30), max_new_tokens=5, do_sample=False, eos_token_id=None,
+                           return_dict_in_generate=True)
+    ids = torch.cat([torch.zeros((1, 1), dtype=torch.long), first.sequences, _prompt(3)], dim=1)
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        with pytest.raises(CacheNotRollbackable, match="starts from an empty cache"):
+            model.generate(ids, attention_mask=mask, custom_generate=LookaheadDecoder(), max_new_tokens=5,
+                           **{cache_kwarg_name(model): first.past_key_values})
+    finally:
+        handle.remove()
+    assert not calls
+
+
 def test_a_padded_row_on_a_static_cache_past_the_window_is_refused_before_any_forward(models):
     model = models("mistral")
     calls = []
