@@ -17,6 +17,7 @@ from . import call, compat
 from .draft import Draft
 from .kv_cache import check_rollbackable, keep_entries
 from .policy import Limits
+from .sliding import SlidingWindow
 from .tree import StepMask, pack_step, step_inputs
 from .verify import Verdict
 
@@ -52,6 +53,7 @@ class SingleCall:
         self.step_mask: StepMask | None = None  # the masks of the steps after the prompt's, made on first use
         # past a sliding window with padding: its layers keep every column, masked by position (as a batch's)
         self.widened = setup.sliding is not None and self.col_visible is not None
+        self.recording: list = []  # the sliding layers recording a step's entries past the window (run)
         if self.widened:
             setup.sliding.widen(self.cache)
             self.col_pos = np.maximum(np.cumsum(self.col_visible) - 1, 0)  # int64[columns]: each column's position
@@ -81,17 +83,16 @@ class SingleCall:
             # first among the head's pre-hooks: it sees the rows the model hands the head (linear_layout's hooks
             # hand nn.Linear none)
             handle = self.model.get_output_embeddings().register_forward_pre_hook(keep_hidden, prepend=True)
-        sliding = None if self.widened else self.setup.sliding
-        if sliding is not None:  # past a sliding window: its layers keep every entry until the step's verdict
-            sliding.start(self.cache)
+        if self.setup.sliding is not None and not self.widened:  # past a window: its layers keep every entry
+            self.recording = self.setup.sliding.start(self.cache)  # until the step's verdict
         try:
             return self.loop()
         finally:
             self.policy.finish()  # the lazy sources (a shared store) learn the whole output; estimates are kept
             if handle is not None:
                 handle.remove()
-            if sliding is not None:
-                sliding.finish(self.cache)
+            if self.recording:
+                SlidingWindow.finish(self.recording)
 
     def loop(self):
         """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
@@ -238,8 +239,8 @@ class SingleCall:
         """Keep the pending tokens' and the accepted nodes' KV entries; the last emitted token becomes pending."""
         if draft.rows:  # else every entry of the step stays
             keep_entries(self.cache, p + draft.rows, list(range(p)) + [p + j for j in accepted])
-        if self.setup.sliding is not None and not self.widened:
-            self.setup.sliding.restrict(self.cache)
+        if self.recording:
+            SlidingWindow.restrict(self.recording)
         self.past_len += p + len(accepted)
         last_pos = int(self.pending_pos[-1]) + len(accepted) + 1
         self.pending, self.pending_pos = self._last_token, self._last_pos  # int64[1] each, reused every step

@@ -152,9 +152,8 @@ class SlidingWindow:
     def widen(self, cache) -> None:
         """A batch's cache (or a padded row's), before its first forward: each sliding layer replaced by a plain one,
         which keeps every column (a batch's rows keep different numbers of columns, so a window's last columns are
-        not every row's last tokens); :meth:`batch_masks` masks them by the window. A cache whose sliding layers hold
-        tokens already is refused (:meth:`check_widenable`)."""
-        self.check_widenable(cache)
+        not every row's last tokens); :meth:`batch_masks` masks them by the window. The layers must be empty: the
+        call's set-up checked it (:meth:`check_widenable`, before any forward)."""
         cache.layers[:] = [GrowingLayer() if is_sliding(layer) else layer for layer in cache_layers(cache)]
 
     @staticmethod
@@ -166,22 +165,27 @@ class SlidingWindow:
                                        "padded row past the window starts from an empty cache. Pass no cache, drop "
                                        "the padding, or use plain generate().")
 
-    def start(self, cache) -> None:
-        """Keep every entry of the sliding layers until each step's crop (before the call's first forward)."""
-        for layer in cache_layers(cache):
-            if is_sliding(layer):
-                layer.activate_past_recording()
+    @staticmethod
+    def start(cache) -> list:
+        """Keep every entry of the sliding layers until each step's crop (before the call's first forward); returns
+        those layers, which :meth:`restrict` and :meth:`finish` take (found once, not at every step)."""
+        layers = [layer for layer in cache_layers(cache) if is_sliding(layer)]
+        for layer in layers:
+            layer.activate_past_recording()
+        return layers
 
-    def restrict(self, cache) -> None:
-        """After a step's entries are kept: each sliding layer back to its last ``window - 1`` tokens."""
-        for layer in cache_layers(cache):
-            if (is_sliding(layer) and layer.is_initialized and layer.get_seq_length() >= layer.sliding_window
+    @staticmethod
+    def restrict(layers: list) -> None:
+        """After a step's entries are kept: each of the sliding ``layers`` back to its last ``window - 1`` tokens."""
+        for layer in layers:
+            if (layer.is_initialized and layer.get_seq_length() >= layer.sliding_window
                     and layer.keys.shape[-2] > layer.sliding_window - 1):
                 layer.crop(0)  # (past the window a sliding layer's crop(0) restricts it; it drops nothing)
 
-    def finish(self, cache) -> None:
-        """The call ended: the layers restricted and recording no more, as plain ``generate`` leaves them."""
-        self.restrict(cache)
-        for layer in cache_layers(cache):
-            if is_sliding(layer):
-                layer.record_past = False
+    @staticmethod
+    def finish(layers: list) -> None:
+        """The call ended: the sliding ``layers`` restricted and recording no more, as plain ``generate`` leaves
+        them."""
+        SlidingWindow.restrict(layers)
+        for layer in layers:
+            layer.record_past = False
