@@ -54,8 +54,9 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
                 f"LookaheadDecoder does not do beam search (num_beams={gen.num_beams}). "
                 "Remove num_beams or use plain generate()."
             )
-        if getattr(gen, "num_assistant_tokens", None) and getattr(gen, "prompt_lookup_num_tokens", None):
+        if getattr(gen, "prompt_lookup_num_tokens", None):
             raise ValueError("LookaheadDecoder cannot be combined with prompt_lookup_num_tokens; pick one.")
+        check_generation_mode(gen)
     if synced_gpus:
         raise ValueError("LookaheadDecoder does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
     if decoder is not None and (decoder.draft_model is not None or decoder.config.self_draft != "none") \
@@ -86,6 +87,40 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
         if decoder is not None and decoder.policy.wants_hidden:
             raise ValueError("LookaheadDecoder(heads=...) decodes batch size 1 only; call generate once per prompt, "
                              "or use a decoder without heads for batches.")
+
+
+_OTHER_MODES = {
+    "contrastive_search": ("contrastive search", "penalty_alpha and top_k > 1"),
+    "dola_generation": ("DoLa decoding", "dola_layers"),
+    "constrained_beam_search": ("constrained beam search", "force_words_ids or constraints"),
+    "group_beam_search": ("diverse beam search", "num_beam_groups"),
+    "assisted_generation": ("assisted decoding", "prompt_lookup_num_tokens"),
+}
+"""Generation modes (``GenerationMode`` values) other than greedy search and sampling: what each is, and the flags
+of a generation config that ask for it."""
+
+
+def check_generation_mode(gen) -> None:
+    """Refuse a generation config whose flags ask ``generate`` for another decoding method than greedy search or
+    multinomial sampling (``GenerationConfig.get_generation_mode``): the decoder would otherwise decode greedily
+    or by sampling and drop them without a word.
+
+    Example: ``GenerationConfig(penalty_alpha=0.6, top_k=4)`` raises "... contrastive search (penalty_alpha and
+    top_k > 1) ..."; ``GenerationConfig(penalty_alpha=0.6, top_k=1)``, which plain ``generate`` decodes greedily,
+    passes."""
+    mode = getattr(gen.get_generation_mode(), "value", None) if hasattr(gen, "get_generation_mode") else None
+    if mode in _OTHER_MODES:
+        what, flags = _OTHER_MODES[mode]
+        raise ValueError(f"LookaheadDecoder decodes greedily or by sampling; this generation config asks for {what} "
+                         f"({flags}). Drop those settings, or use plain generate() for {what}.")
+
+
+def check_no_assistant(assistant_model) -> None:
+    """Refuse an ``assistant_model=`` passed to ``generate`` beside the decoder: ``generate`` does not hand it to a
+    callable ``custom_generate``, so it would be dropped without a word."""
+    if assistant_model is not None:
+        raise ValueError("LookaheadDecoder cannot be combined with assistant_model= (assisted decoding); give the draft "
+                         "model to the decoder instead, LookaheadDecoder(draft_model=...), or drop custom_generate.")
 
 
 def vocabulary_size(model) -> int:

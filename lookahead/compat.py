@@ -48,9 +48,17 @@ def streamer_of_calling_generate(custom_generate, depth: int = 2):
 
     ``generate`` puts the prompt into its streamer but does not hand the streamer to a callable
     ``custom_generate``: without this, the streamer would get the prompt and then nothing (a
-    ``TextIteratorStreamer`` would wait forever). Only a frame named ``generate`` whose
-    ``custom_generate`` is this very object counts. ``depth``: frames between here and the caller of
-    the decoder (2: this function's caller is the decoder's ``__call__``).
+    ``TextIteratorStreamer`` would wait forever). ``depth``: as :func:`argument_of_calling_generate`'s, plus one.
+    """
+    return argument_of_calling_generate(custom_generate, "streamer", depth + 1)
+
+
+def argument_of_calling_generate(custom_generate, name: str, depth: int = 2):
+    """The argument ``name`` of the ``generate(custom_generate=custom_generate, ...)`` call running the caller, or
+    None: what ``generate`` takes but does not hand to a callable ``custom_generate`` (``streamer``,
+    ``assistant_model``). Only a frame named ``generate`` whose ``custom_generate`` is this very object counts.
+    ``depth``: frames between here and the caller of the decoder (2: this function's caller is the decoder's
+    ``__call__``).
     """
     frame = sys._getframe(depth)
     try:
@@ -58,7 +66,7 @@ def streamer_of_calling_generate(custom_generate, depth: int = 2):
             if frame is None:
                 return None
             if frame.f_code.co_name == "generate" and frame.f_locals.get("custom_generate") is custom_generate:
-                return frame.f_locals.get("streamer")
+                return frame.f_locals.get(name)
             frame = frame.f_back
         return None
     finally:

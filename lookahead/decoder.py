@@ -162,6 +162,7 @@ class LookaheadDecoder:
         **model_kwargs,
     ):
         call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
+        call.check_no_assistant(compat.argument_of_calling_generate(self, "assistant_model"))
         if self.corpus is not None:
             self.corpus.check_model(model)
         warn_if_uncompiled()

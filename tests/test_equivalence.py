@@ -133,12 +133,30 @@ def test_left_padded_and_all_ones_attention_mask(tiny_models):
     [
         (dict(num_beams=2), "num_beams"),
         (dict(num_beams=2, do_sample=True), "num_beams"),
+        (dict(penalty_alpha=0.6, top_k=4), r"contrastive search \(penalty_alpha and top_k > 1\)"),
+        (dict(dola_layers="high"), r"DoLa decoding \(dola_layers\)"),
+        (dict(force_words_ids=[[5]]), r"constrained beam search \(force_words_ids"),
+        (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens"),
+        (dict(assistant_model="tiny"), r"assistant_model= \(assisted decoding\)"),
     ],
 )
 def test_unsupported_modes_are_refused(tiny_models, kw, match):
+    """Flags that ask generate for another decoding method are refused, not dropped: with a callable
+    custom_generate, generate picks no method itself (and does not hand assistant_model= to it at all)."""
     model = tiny_models("llama")
+    if kw.get("assistant_model") == "tiny":
+        kw = dict(kw, assistant_model=tiny_models("qwen2"))
     with pytest.raises(ValueError, match=match):
         model.generate(torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(), max_new_tokens=5, **kw)
+
+
+def test_flags_plain_generate_decodes_greedily_are_kept(tiny_models):
+    """penalty_alpha with top_k=1 is greedy search in plain generate (not contrastive search): decoded, the same."""
+    model = tiny_models("llama")
+    kw = dict(penalty_alpha=0.6, top_k=1, max_new_tokens=20, eos_token_id=None)
+    plain = model.generate(torch.tensor([REPETITIVE]), **kw)
+    ours = model.generate(torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(), **kw)
+    assert ours.tolist() == plain.tolist()
 
 
 def test_batch_size_above_one_is_decoded_row_by_row(tiny_models):
