@@ -6,7 +6,10 @@ linear-attention cache layer croppable, recurrent state included; :func:`rollbac
 list of plain key/value layer classes, so hybrid layers are still refused before any forward.)
 
 - :func:`streamer_of_calling_generate`: ``generate`` does not hand ``streamer=`` to a callable
-  ``custom_generate``; we read it, read-only, from the calling ``generate`` frame.
+  ``custom_generate``; we read it, read-only, from the calling ``generate`` frame
+  (:func:`argument_of_calling_generate`; ``assistant_model=`` too, which is dropped the same way).
+- :func:`forward_is_compiled`: torch's (not transformers') ``_torchdynamo_orig_callable`` attribute of a function
+  ``torch.compile`` made.
 - :func:`supports_logits_to_keep`: the private ``_supports_logits_to_keep`` of generating models.
 - :func:`generation_config_for_call`: the private ``_prepare_generation_config`` (the config a
   ``generate`` call with these kwargs would use).
@@ -35,6 +38,7 @@ import inspect
 import sys
 
 import numpy as np
+import torch
 
 TESTED_TRANSFORMERS = ("5.17", "5.24", "5.25")  # str.startswith takes the tuple
 
@@ -71,6 +75,19 @@ def argument_of_calling_generate(custom_generate, name: str, depth: int = 2):
         return None
     finally:
         del frame
+
+
+def forward_is_compiled(model) -> bool:
+    """Whether ``model.forward`` is a function ``torch.compile`` made (``model.forward = torch.compile(model.forward)``,
+    the pattern transformers' documentation gives for compiled decoding)."""
+    return getattr(model.forward, "_torchdynamo_orig_callable", None) is not None
+
+
+def eager_stance():
+    """A context in which every ``torch.compile``d function runs as the code it was made from
+    (``torch.compiler.set_stance("force_eager")``, torch >= 2.6), or None where torch has no such switch."""
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    return None if set_stance is None else set_stance("force_eager")
 
 
 def forward_parameters(model) -> frozenset[str]:
@@ -225,8 +242,6 @@ def token_bans(processors) -> tuple[tuple[np.ndarray, int, int], ...] | None:
     from transformers.generation import logits_process as lp
 
     def ids(value) -> np.ndarray:
-        import torch
-
         return np.unique(torch.as_tensor(value).reshape(-1).cpu().numpy().astype(np.int64))
 
     rules = []

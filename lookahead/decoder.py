@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -39,7 +40,7 @@ from .linear_layout import VARIANT as LAYOUT_VARIANT
 from .numba_kernels import warn_if_uncompiled
 from .policy import DraftPolicy
 from .single import SingleCall
-from .static import StaticCall, static_cache
+from .static import StaticCall, compile_settings, static_cache
 from .stats import DecodeStats
 from .tuning import BudgetTuning
 
@@ -50,6 +51,32 @@ ROW_TRIE_CAPACITY = 1 << 16
 """Nodes of a batch row's own trie at most (3.7 MB allocated each, of which only the rows its nodes use are ever
 touched): one request's n-grams, about 12 per token; a row's policy lives as long as the decoder, so a batch of 64 rows
 holds 64 of them."""
+
+
+COMPILED_FORWARD_NOTE = (
+    "lookahead: model.forward is compiled (torch.compile), and the decoder runs it as the code it was compiled from. "
+    "A step's number of rows and its mask change from step to step, so the compiled forward would be compiled again "
+    "for each new shape, for minutes, up to torch's recompilation limit; plain generate() keeps its compiled graphs. "
+    "For compiled steps, pass cache_implementation='static' (on CUDA the decoder compiles one graph per step size)."
+)
+
+
+def _eager_steps(model, compiles_itself: bool):
+    """The context a call's forwards run in: where ``model.forward`` is ``torch.compile``d and the call does not
+    compile its own steps (``compiles_itself``: a static cache's steps on CUDA, ``static.compile_settings``), torch's
+    ``force_eager`` stance, with :data:`COMPILED_FORWARD_NOTE` said once (a warning); else nothing.
+
+    Why: the decoder's steps take a new shape or mask type at almost every step. On SmolLM2 on a CPU, a forward the
+    user compiled cost the first decoder call 21-62 s on a dynamic cache and 126 s on a static one (calibration
+    included), and the calls after it ran 0.79-0.81 s against 0.71-0.73 s eagerly
+    (``benchmarks/results/compiled-forward.md``)."""
+    if compiles_itself or not compat.forward_is_compiled(model):
+        return contextlib.nullcontext()
+    stance = compat.eager_stance()
+    if stance is None:  # torch < 2.6: the compiled forward runs as before
+        return contextlib.nullcontext()
+    warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=3)
+    return stance
 
 
 class LookaheadDecoder:
@@ -187,11 +214,12 @@ class LookaheadDecoder:
             # off for a static cache's compiled forward (whose set-up prices its steps without cost_curve)
             modules = [] if loop is StaticCall else self._layout_modules(model)
             self._transposed_rows = MAX_ROWS if modules and self.config.linear_layout == "transposed" else 0
-            runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                          model_kwargs)
-            rows = self.stats.transposed_rows = self._transposed_rows
-            with TransposedLinears(modules, rows) if rows else contextlib.nullcontext():
-                return runner.run()
+            with _eager_steps(model, loop is StaticCall and compile_settings(model, generation_config) is not None):
+                runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                              streamer, model_kwargs)
+                rows = self.stats.transposed_rows = self._transposed_rows
+                with TransposedLinears(modules, rows) if rows else contextlib.nullcontext():
+                    return runner.run()
         finally:
             self._busy.release()
 

@@ -7,6 +7,8 @@ tokens (greedy) and its distribution (sampled), eagerly and compiled (``backend=
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from lookahead.cost import CostModel
 from lookahead.static import StaticMask, bucket_of, bucketed_curve, buckets_for, keep_static
 from lookahead.tree import pack_step
 
-from tiny import peaky_llama
+from tiny import TINY_COST_CURVE, peaky_llama, tiny_model
 
 FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
@@ -143,6 +145,40 @@ def test_compiled_buckets_are_exact_with_no_graph_break_and_no_recompile(tiny_mo
     with torch.compiler.set_stance("fail_on_recompile"):  # every bucket's graph is reused
         assert model.generate(ids, generation_config=gen, custom_generate=again).tolist() == plain.tolist()
     assert again.stats.time_compile == 0.0
+
+
+
+@pytest.mark.parametrize("cache", [None, "static"])
+def test_a_forward_the_user_compiled_runs_eagerly_and_the_decoder_says_so(cache):
+    """model.forward = torch.compile(model.forward): the decoder's steps (a new shape or mask at almost every step)
+    compile nothing (each would be a new graph, for minutes on a real model), the output is plain's, and a warning
+    says why and what compiles steps instead."""
+    from lookahead.cost import set_cost_curve
+
+    model = tiny_model("llama")  # its own: the shared tiny models keep their plain forward
+    set_cost_curve(model, TINY_COST_CURVE)
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()  # compiled code is kept per code object: no graph, and no recompilation count, left over
+    model.forward = torch.compile(model.forward, backend=counting_backend)
+    ids = torch.tensor([REPETITIVE])
+    kw = dict(max_new_tokens=30, do_sample=False, eos_token_id=None, cache_implementation=cache)
+    plain = model.generate(ids, **kw)
+    assert graphs  # plain generate compiled its steps
+    compiled = len(graphs)
+    decoder = LookaheadDecoder(adaptive=False)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ours = model.generate(ids, custom_generate=decoder, **kw)
+    assert ours.tolist() == plain.tolist()
+    assert decoder.stats.target_calls < 30  # drafts were verified
+    assert len(graphs) == compiled
+    assert any("model.forward is compiled" in str(w.message) for w in said)
+    torch._dynamo.reset()
 
 
 def test_sampling_on_a_static_cache_follows_the_target_distribution():
