@@ -57,7 +57,8 @@ COMPILED_FORWARD_NOTE = (
     "lookahead: model.forward is compiled (torch.compile), and the decoder runs it as the code it was compiled from. "
     "A step's number of rows and its mask change from step to step, so the compiled forward would be compiled again "
     "for each new shape, for minutes, up to torch's recompilation limit; plain generate() keeps its compiled graphs. "
-    "For compiled steps, pass cache_implementation='static' (on CUDA the decoder compiles one graph per step size)."
+    "For compiled steps, pass cache_implementation='static' on CUDA (or a generation_config.compile_config that asks "
+    "for every device): the decoder then compiles one graph per step size itself."
 )
 
 
@@ -75,7 +76,7 @@ def _eager_steps(model, compiles_itself: bool):
     stance = compat.eager_stance()
     if stance is None:  # torch < 2.6: the compiled forward runs as before
         return contextlib.nullcontext()
-    warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=3)
+    warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=4)  # the user's generate()
     return stance
 
 
