@@ -80,6 +80,40 @@ def _eager_steps(model, compiles_itself: bool):
     return stance
 
 
+_ROW_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per model, the class names of its row-dependent layers (:func:`row_dependent_layers`), found once."""
+
+
+def row_dependent_layers(model) -> tuple[str, ...]:
+    """The class names of ``model``'s layers whose output for one row depends on the other rows of the forward:
+    dynamically quantized linear layers (``torch.ao.quantization.quantize_dynamic``), which quantize a forward's
+    activations with one scale taken from all of its rows. A forward that verifies drafts then computes the
+    accepted rows a little differently from plain ``generate``'s one-row forward. Empty for other models.
+
+    Example: ``quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`` -> ``("Linear",)`` (the class of
+    ``torch.ao.nn.quantized.dynamic``)."""
+    try:
+        return _ROW_DEPENDENT[model]
+    except (KeyError, TypeError):
+        pass
+    found = tuple(sorted({type(m).__name__ for m in model.modules()
+                          if type(m).__module__.startswith(("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic"))}))
+    with contextlib.suppress(TypeError):
+        _ROW_DEPENDENT[model] = found
+    return found
+
+
+def _warn_if_row_dependent(model) -> None:
+    """Say (a warning, once per call site) that a model with :func:`row_dependent_layers` can decode differently."""
+    found = row_dependent_layers(model)
+    if found:
+        warnings.warn(f"lookahead: this model has dynamically quantized layers ({', '.join(found)}, from "
+                      "torch.ao.quantization.quantize_dynamic), whose output for a row depends on the other rows of "
+                      "the forward. The decoder verifies drafts in multi-row forwards, so its output can differ from "
+                      "plain generate()'s (prompt lookup's can too). For identical output, decode the float model, or "
+                      "quantize the weights only.", UserWarning, stacklevel=4)
+
+
 class LookaheadDecoder:
     """Exact speculative decoding without a draft model, for ``model.generate``.
 
@@ -191,6 +225,7 @@ class LookaheadDecoder:
     ):
         call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
         call.check_no_assistant(compat.argument_of_calling_generate(self, "assistant_model"))
+        _warn_if_row_dependent(model)
         if self.corpus is not None:
             self.corpus.check_model(model)
         warn_if_uncompiled()

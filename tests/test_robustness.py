@@ -568,3 +568,29 @@ def test_interleaved_streams_at_minimum_capacity(seed, max_n):
     ref = _counts(reference)
     for gram, count in _counts(trie).items():  # only real n-grams of one stream, never over-counted
         assert gram in ref and count <= ref[gram], gram
+
+
+def test_a_dynamically_quantized_model_is_said_to_decode_differently():
+    """quantize_dynamic's linear layers scale a forward's activations by all of its rows, so a verified draft's rows
+    come out a little differently from plain's one-row forwards: the decoder says so (a warning naming the layers);
+    a float model gets no such warning."""
+    from tiny import tiny_model
+
+    from lookahead.decoder import row_dependent_layers
+
+    model = tiny_model("llama").float()
+    ids = torch.tensor([PROMPT])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=4)
+    assert not any("dynamically quantized" in str(w.message) for w in said)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own deprecation of its quantized tensors
+        quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    assert row_dependent_layers(quantized) == ("Linear",) and row_dependent_layers(model) == ()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        out = quantized.generate(ids, custom_generate=LookaheadDecoder(), max_new_tokens=4)
+    assert out.shape == (1, len(PROMPT) + 4)
+    messages = [str(w.message) for w in said if "dynamically quantized" in str(w.message)]
+    assert len(messages) == 1 and "(Linear, from torch.ao.quantization.quantize_dynamic)" in messages[0]
