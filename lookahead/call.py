@@ -190,12 +190,59 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
             "the draft rows of each forward would make them differ from plain generate's. Use plain "
             "generate() for them."
         )
-    unknown = {k for k, v in model_kwargs.items() if _given(v) and k not in HANDLED_KWARGS}
+    unknown = {k for k, v in model_kwargs.items() if _given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG}
     if unknown:
         raise ValueError(
             f"LookaheadDecoder does not support these model inputs: {sorted(unknown)}. "
             "Use plain generate() for multimodal or other extra inputs."
         )
+
+
+MEDIA_KWARG = "mm_encoder_outputs"
+"""The model input under which ``generate`` hands a multimodal model its images' (videos', audio's) encoded features,
+``{modality: features}``: a model reads them in its prompt's forward only (its later steps are text)."""
+
+
+def media_token_ids(config) -> set[int]:
+    """The ids of the placeholder tokens a multimodal model's config names for its media (``image_token_id``,
+    ``video_token_index``, ...): the prompt positions whose embeddings its encoded features replace."""
+    names = [f"{kind}_token_{suffix}" for kind in ("image", "video", "audio") for suffix in ("id", "index")]
+    return {int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)}
+
+
+def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cache_kwarg: str, stats,
+                  static: bool) -> None:
+    """Run the prompt's forward of a multimodal call (``model_kwargs[MEDIA_KWARG]`` holds features) for every prompt
+    token but the last, into ``cache``, as plain ``generate``'s first forward runs it: the features go to this one
+    forward. The decode loop then continues that cache from the last prompt token on, as it continues any cache that
+    holds a prefix of ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are.
+
+    Refused with a clear error: a batch or a padded row, a static cache, a cache that holds tokens already, positions
+    with more than one section (Qwen2-VL's multimodal RoPE, ``position_ids`` [3, b, L]) and a prompt whose last token
+    is a media placeholder.
+
+    Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
+    with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
+    mask = model_kwargs.get("attention_mask")
+    positions = model_kwargs.get("position_ids")
+    why = None
+    if input_ids.shape[0] > 1 or (mask is not None and not bool((mask == 1).all())):
+        why = "decodes one unpadded row with images; call generate once per prompt"
+    elif static:
+        why = "decodes images on a dynamic cache; drop cache_implementation='static'"
+    elif cache.get_seq_length():
+        why = "decodes images from an empty cache (their features belong to the prompt's first forward)"
+    elif positions is not None and positions.dim() != 2:
+        why = (f"takes one position per token; this model's positions with images have {positions.shape[0]} sections "
+               "(multimodal RoPE)")
+    elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in media_token_ids(model.config):
+        why = "needs a prompt that ends in a text token after its images (a chat template's assistant turn does)"
+    if why is not None:
+        raise ValueError(f"LookaheadDecoder {why}. Use plain generate() for this call.")
+    model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
+          position_ids=None if positions is None else positions[:, :-1], use_cache=True,
+          **{cache_kwarg: cache, MEDIA_KWARG: model_kwargs[MEDIA_KWARG]})
+    stats.target_calls += 1
 
 
 def check_cache_layers(cache) -> int | None:
@@ -355,6 +402,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
             "chain of drafts per step. Use plain generate() for a batch, a padded row or a static cache."
         )
     kv_window = None if sliding is not None else window  # past it, every step's entries are kept until the verdict
+    if _given(model_kwargs.get(MEDIA_KWARG)):  # images: their prompt forward, then a continued cache
+        prefill_media(model, input_ids, model_kwargs, cache, compat.cache_kwarg_name(model), decoder.stats, static)
     past = int(cache.get_seq_length())
     if sliding is not None and not one_row:  # a batch's or a padded row's sliding layers will keep every column
         sliding.check_widenable(cache)

@@ -94,12 +94,56 @@ def test_a_multimodal_model_on_text_alone_is_plain_generate(cache):
     assert decoder.stats.accepted > 0
 
 
-def test_a_multimodal_model_with_an_image_is_refused():
+def _tiny_llava():
+    vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 image_size=32, patch_size=8, projection_dim=32)
+    text = tf.LlamaConfig(num_key_value_heads=2, **dict(COMMON, vocab_size=120))
+    torch.manual_seed(0)
+    model = tf.LlavaForConditionalGeneration(tf.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_id=100, vision_feature_layer=-1,
+        vision_feature_select_strategy="default")).eval().to(torch.float64)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+IMAGE_CASES = {  # name: (model, a prompt with the model's image placeholders, pixel values)
+    "llava": (_tiny_llava, lambda text: [1] + [100] * 16 + text, lambda: torch.randn(1, 3, 32, 32)),
+    "gemma3": (_gemma3_with_vision, lambda text: [5, 297] + [299] * 4 + [298] + text, lambda: torch.randn(1, 3, 28, 28)),
+}
+
+
+@pytest.mark.parametrize("name", list(IMAGE_CASES))
+def test_a_multimodal_model_with_an_image_is_plain_generate(name):
+    """An image's features go to the prompt's forward (every prompt token but the last); the decoder continues that
+    cache with text-only steps, as plain generate's later steps are: the same tokens, with drafts accepted."""
+    make, prompt, pixels = IMAGE_CASES[name]
+    model = make()
+    text = torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30].tolist()
+    ids = torch.tensor([prompt(text)])
+    torch.manual_seed(1)
+    pixel_values = pixels().to(torch.float64)
+    kw = dict(pixel_values=pixel_values, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    plain = model.generate(ids, **kw)
+    without = {k: v for k, v in kw.items() if k != "pixel_values"}  # the placeholders' own embeddings instead
+    assert plain.tolist() != model.generate(ids, **without).tolist()  # the image's features were read
+    decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.accepted > 0
+
+
+def test_what_an_image_call_cannot_decode_is_refused_before_its_forward():
     model = _gemma3_with_vision()
     ids = torch.tensor([[5, 297] + [299] * 4 + [298, 7, 8, 9]])
-    with pytest.raises(ValueError, match="multimodal"):
-        model.generate(ids, pixel_values=torch.randn(1, 3, 28, 28, dtype=torch.float64), max_new_tokens=5,
-                       custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE))
+    pixel_values = torch.randn(1, 3, 28, 28, dtype=torch.float64)
+    cases = [
+        (dict(input_ids=ids[:, :-4]), "ends in a text token"),
+        (dict(input_ids=ids, cache_implementation="static"), "dynamic cache"),
+        (dict(input_ids=ids.repeat(2, 1), pixel_values=pixel_values.repeat(2, 1, 1, 1)), "one unpadded row"),
+    ]
+    for kw, match in cases:
+        kw = {"pixel_values": pixel_values, **kw}
+        with pytest.raises(ValueError, match=match):
+            model.generate(**kw, max_new_tokens=5, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE))
 
 
 def test_qwen2_vl_on_text_alone_is_plain_generate():

@@ -574,9 +574,9 @@ def test_a_dynamically_quantized_model_is_said_to_decode_differently():
     """quantize_dynamic's linear layers scale a forward's activations by all of its rows, so a verified draft's rows
     come out a little differently from plain's one-row forwards: the decoder says so (a warning naming the layers);
     a float model gets no such warning."""
-    from tiny import tiny_model
-
     from lookahead.decoder import row_dependent_layers
+
+    from tiny import tiny_model
 
     model = tiny_model("llama").float()
     ids = torch.tensor([PROMPT])
