@@ -217,9 +217,10 @@ def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cac
     forward. The decode loop then continues that cache from the last prompt token on, as it continues any cache that
     holds a prefix of ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are.
 
-    Refused with a clear error: a batch or a padded row, a static cache, a cache that holds tokens already, positions
-    with more than one section (Qwen2-VL's multimodal RoPE, ``position_ids`` [3, b, L]) and a prompt whose last token
-    is a media placeholder.
+    Positions in sections (Qwen2-VL's multimodal RoPE, ``position_ids`` [sections, 1, L]) are taken when every
+    section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position per
+    token. Refused with a clear error: a batch or a padded row, a static cache, a cache that holds tokens already,
+    sections that differ, and a prompt whose last token is a media placeholder.
 
     Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
     with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
@@ -232,15 +233,15 @@ def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cac
         why = "decodes images on a dynamic cache; drop cache_implementation='static'"
     elif cache.get_seq_length():
         why = "decodes images from an empty cache (their features belong to the prompt's first forward)"
-    elif positions is not None and positions.dim() != 2:
-        why = (f"takes one position per token; this model's positions with images have {positions.shape[0]} sections "
+    elif positions is not None and positions.dim() != 2 and not bool((positions == positions[:1]).all()):
+        why = (f"takes one position per token; this call's positions have {positions.shape[0]} sections that differ "
                "(multimodal RoPE)")
     elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in media_token_ids(model.config):
         why = "needs a prompt that ends in a text token after its images (a chat template's assistant turn does)"
     if why is not None:
         raise ValueError(f"LookaheadDecoder {why}. Use plain generate() for this call.")
     model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
-          position_ids=None if positions is None else positions[:, :-1], use_cache=True,
+          position_ids=None if positions is None else positions[..., :-1], use_cache=True,
           **{cache_kwarg: cache, MEDIA_KWARG: model_kwargs[MEDIA_KWARG]})
     stats.target_calls += 1
 

@@ -106,9 +106,24 @@ def _tiny_llava():
     return model
 
 
-IMAGE_CASES = {  # name: (model, a prompt with the model's image placeholders, pixel values)
-    "llava": (_tiny_llava, lambda text: [1] + [100] * 16 + text, lambda: torch.randn(1, 3, 32, 32)),
-    "gemma3": (_gemma3_with_vision, lambda text: [5, 297] + [299] * 4 + [298] + text, lambda: torch.randn(1, 3, 28, 28)),
+def _tiny_qwen2_vl():
+    torch.manual_seed(0)
+    model = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(
+        text_config=dict(num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, **COMMON),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=4, patch_size=14, spatial_merge_size=2),
+        image_token_id=V - 1, video_token_id=V - 2, vision_start_token_id=V - 3)).eval().to(torch.float64)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+IMAGE_CASES = {  # name: (model, a prompt with the model's image placeholders, the image's inputs)
+    "llava": (_tiny_llava, lambda text: [1] + [100] * 16 + text,
+              lambda: dict(pixel_values=torch.randn(1, 3, 32, 32, dtype=torch.float64))),
+    "gemma3": (_gemma3_with_vision, lambda text: [5, 297] + [299] * 4 + [298] + text,
+               lambda: dict(pixel_values=torch.randn(1, 3, 28, 28, dtype=torch.float64))),
+    "qwen2-vl": (_tiny_qwen2_vl, lambda text: [5, V - 3] + [V - 1] * 4 + [7] + text,  # 4 x 4 patches, merged 2 x 2
+                 lambda: dict(pixel_values=torch.randn(16, 3 * 2 * 14 * 14, dtype=torch.float64),
+                              image_grid_thw=torch.tensor([[1, 4, 4]]))),
 }
 
 
@@ -116,15 +131,16 @@ IMAGE_CASES = {  # name: (model, a prompt with the model's image placeholders, p
 def test_a_multimodal_model_with_an_image_is_plain_generate(name):
     """An image's features go to the prompt's forward (every prompt token but the last); the decoder continues that
     cache with text-only steps, as plain generate's later steps are: the same tokens, with drafts accepted."""
-    make, prompt, pixels = IMAGE_CASES[name]
+    make, prompt, media = IMAGE_CASES[name]
     model = make()
     text = torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30].tolist()
     ids = torch.tensor([prompt(text)])
     torch.manual_seed(1)
-    pixel_values = pixels().to(torch.float64)
-    kw = dict(pixel_values=pixel_values, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    image = media()
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    without = dict(kw)  # the placeholders' own embeddings instead
+    kw.update(image)
     plain = model.generate(ids, **kw)
-    without = {k: v for k, v in kw.items() if k != "pixel_values"}  # the placeholders' own embeddings instead
     assert plain.tolist() != model.generate(ids, **without).tolist()  # the image's features were read
     decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
     assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
