@@ -193,8 +193,8 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
     unknown = {k for k, v in model_kwargs.items() if _given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG}
     if unknown:
         raise ValueError(
-            f"LookaheadDecoder does not support these model inputs: {sorted(unknown)}. "
-            "Use plain generate() for multimodal or other extra inputs."
+            f"LookaheadDecoder does not support these model inputs: {sorted(unknown)} (it decodes from token ids, with "
+            "images given as generate() encodes them). Use plain generate() for them."
         )
 
 
