@@ -190,7 +190,9 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
             "the draft rows of each forward would make them differ from plain generate's. Use plain "
             "generate() for them."
         )
-    unknown = {k for k, v in model_kwargs.items() if _given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG}
+    media = _given(model_kwargs.get(MEDIA_KWARG))
+    unknown = {k for k, v in model_kwargs.items()
+               if _given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG and not (media and k in MEDIA_TYPE_KWARGS)}
     if unknown:
         raise ValueError(
             f"LookaheadDecoder does not support these model inputs: {sorted(unknown)} (it decodes from token ids, with "
@@ -201,6 +203,12 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
 MEDIA_KWARG = "mm_encoder_outputs"
 """The model input under which ``generate`` hands a multimodal model its images' (videos', audio's) encoded features,
 ``{modality: features}``: a model reads them in its prompt's forward only (its later steps are text)."""
+
+
+MEDIA_TYPE_KWARGS = ("token_type_ids", "mm_token_type_ids")
+"""Beside images, the per-token types a vision-language model's processor gives. Where they mark the image placeholders
+alone (0: text; Gemma 3's attention among an image's tokens reads them), only the prompt's forward reads them, and
+its later, text-only steps do not (:func:`prefill_media` checks that they do so)."""
 
 
 def media_token_ids(config) -> set[int]:
@@ -217,6 +225,7 @@ def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cac
     forward. The decode loop then continues that cache from the last prompt token on, as it continues any cache that
     holds a prefix of ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are.
 
+    Token types (:data:`MEDIA_TYPE_KWARGS`) go to that forward too, when they mark the image placeholders alone.
     Positions in sections (Qwen2-VL's multimodal RoPE, ``position_ids`` [sections, 1, L]) are taken when every
     section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position per
     token. Refused with a clear error: a batch or a padded row, a static cache, a cache that holds tokens already,
@@ -226,6 +235,11 @@ def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cac
     with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
+    placeholders = media_token_ids(model.config)
+    is_media = torch.isin(input_ids[0], torch.tensor(sorted(placeholders), dtype=input_ids.dtype,
+                                                     device=input_ids.device))
+    typed = [k for k in MEDIA_TYPE_KWARGS
+             if _given(model_kwargs.get(k)) and not torch.equal(model_kwargs[k][0] != 0, is_media)]
     why = None
     if input_ids.shape[0] > 1 or (mask is not None and not bool((mask == 1).all())):
         why = "decodes one unpadded row with images; call generate once per prompt"
@@ -236,12 +250,16 @@ def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cac
     elif positions is not None and positions.dim() != 2 and not bool((positions == positions[:1]).all()):
         why = (f"takes one position per token; this call's positions have {positions.shape[0]} sections that differ "
                "(multimodal RoPE)")
-    elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in media_token_ids(model.config):
+    elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in placeholders:
         why = "needs a prompt that ends in a text token after its images (a chat template's assistant turn does)"
+    elif typed:
+        why = (f"reads {typed[0]} only where they mark the image placeholders (Gemma 3's); these mark other tokens "
+               "(a prefix-LM's types, PaliGemma's, which its text steps would also need)")
     if why is not None:
         raise ValueError(f"LookaheadDecoder {why}. Use plain generate() for this call.")
     model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
           position_ids=None if positions is None else positions[..., :-1], use_cache=True,
+          **{k: model_kwargs[k][:, :-1] for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))},
           **{cache_kwarg: cache, MEDIA_KWARG: model_kwargs[MEDIA_KWARG]})
     stats.target_calls += 1
 

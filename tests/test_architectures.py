@@ -147,6 +147,34 @@ def test_a_multimodal_model_with_an_image_is_plain_generate(name):
     assert decoder.stats.accepted > 0
 
 
+
+def test_an_images_token_types_go_to_its_prompt_forward():
+    """Gemma 3's processor gives token_type_ids (1 on image tokens), which its prompt's forward reads (attention among
+    an image's tokens) and its text steps do not: the decoder's prompt forward gets them, its steps get none, and the
+    tokens are plain's."""
+    model = _gemma3_with_vision()
+    text = torch.randint(3, 290, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30].tolist()
+    ids = torch.tensor([[5, 297] + [299] * 4 + [298] + text])
+    types = (ids == 299).long()
+    torch.manual_seed(1)
+    kw = dict(pixel_values=torch.randn(1, 3, 28, 28, dtype=torch.float64), token_type_ids=types, max_new_tokens=40,
+              do_sample=False, eos_token_id=None)
+    plain = model.generate(ids, **kw)
+    seen = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("token_type_ids")),
+                                           with_kwargs=True)
+    try:
+        ours = model.generate(ids, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE), **kw)
+    finally:
+        hook.remove()
+    assert ours.tolist() == plain.tolist()
+    assert seen[0].tolist() == types[:, :-1].tolist() and all(t is None for t in seen[1:]) and len(seen) > 2
+    for other in (torch.zeros_like(types), torch.ones_like(types)):  # types that mark other tokens: a prefix LM's
+        with pytest.raises(ValueError, match="only where they mark the image placeholders"):
+            model.generate(ids, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE),
+                           **dict(kw, token_type_ids=other))
+
+
 def test_what_an_image_call_cannot_decode_is_refused_before_its_forward():
     model = _gemma3_with_vision()
     ids = torch.tensor([[5, 297] + [299] * 4 + [298, 7, 8, 9]])
