@@ -19,6 +19,7 @@ Terms (pending tokens, draft tree, step) are defined in ``config.py``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,26 @@ HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep
 """The model kwargs that ``generate`` prepares and that the decode loops handle themselves."""
 
 # -- checks ---------------------------------------------------------------------------------------------------
+
+
+REFUSAL = "lookahead_refusal"
+"""The attribute (True) of an error the decoder raised in its checks and set-up, before its first decoding step:
+``lookahead.enable``'s implicit default then runs plain ``generate`` instead (:func:`is_refusal`)."""
+
+
+@contextlib.contextmanager
+def refusals():
+    """Mark every ``ValueError`` raised inside as a refusal (:data:`REFUSAL`), and let it go on."""
+    try:
+        yield
+    except ValueError as err:
+        setattr(err, REFUSAL, True)
+        raise
+
+
+def is_refusal(err: BaseException) -> bool:
+    """Whether ``err`` is a refusal of the decoder's (:func:`refusals`), raised before its first decoding step."""
+    return bool(getattr(err, REFUSAL, False))
 
 
 def check_supported(model, batch: int, generation_config, synced_gpus: bool = False, decoder=None) -> None:

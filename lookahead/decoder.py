@@ -223,11 +223,12 @@ class LookaheadDecoder:
         tokenizer=None,
         **model_kwargs,
     ):
-        call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
-        call.check_no_assistant(compat.argument_of_calling_generate(self, "assistant_model"))
+        with call.refusals():  # before any decoding step: an implicit default (lookahead.enable) runs plain instead
+            call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
+            call.check_no_assistant(compat.argument_of_calling_generate(self, "assistant_model"))
+            if self.corpus is not None:
+                self.corpus.check_model(model)
         _warn_if_row_dependent(model)
-        if self.corpus is not None:
-            self.corpus.check_model(model)
         warn_if_uncompiled()
         if streamer is None:
             streamer = compat.streamer_of_calling_generate(self)
@@ -251,8 +252,9 @@ class LookaheadDecoder:
             modules = [] if loop is StaticCall else self._layout_modules(model)
             self._transposed_rows = MAX_ROWS if modules and self.config.linear_layout == "transposed" else 0
             with _eager_steps(model, loop is StaticCall and compile_settings(model, generation_config) is not None):
-                runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
-                              streamer, model_kwargs)
+                with call.refusals():  # the call's checks and set-up
+                    runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  streamer, model_kwargs)
                 rows = self.stats.transposed_rows = self._transposed_rows
                 with TransposedLinears(modules, rows) if rows else contextlib.nullcontext():
                     return runner.run()

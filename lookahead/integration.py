@@ -54,7 +54,10 @@ How it works (the decisions):
   flag that the decoder would refuse (beam search, scores of a batch, anything else its own check
   rejects) or that asks for another method (``assistant_model=``,
   ``prompt_lookup_num_tokens=``, ``custom_generate=``) runs plain ``generate``, with a warning naming
-  the reason, so that adding the default never breaks an existing call. An explicit ``assistant=`` /
+  the reason, so that adding the default never breaks an existing call. What only the decoder's set-up
+  can tell (a batch of an ALiBi model, a padded row on a static cache past a sliding window, images in a
+  batch) is refused there, before any decoding step (``call.is_refusal``), and the call then runs plain
+  ``generate`` the same way (a streamer gets the prompt once). An explicit ``assistant=`` /
   ``lookahead=True`` raises the decoder's error instead.
 - **Shared state.** A decoder holds its trie and its last call's ``stats``: use one decoder per
   concurrent stream. The default decoder of an enabled model is ``model.generate.decoder``.
@@ -102,6 +105,8 @@ class LookaheadGenerate:
     def __call__(self, *args, assistant: LookaheadDecoder | None = None, lookahead: bool | None = None,
                  **kwargs):
         decoder = self._choose(assistant, lookahead, args, kwargs)
+        implicit = decoder is not None and assistant is None and lookahead is None  # the default, unasked for
+        given = dict(kwargs)
         if decoder is None and isinstance(kwargs.get("custom_generate"), LookaheadDecoder):
             decoder = kwargs.pop("custom_generate")
         if decoder is not None:
@@ -117,7 +122,18 @@ class LookaheadGenerate:
                                                             or self.model.generation_config)
                 kwargs["generation_config"].stop_strings = None
             kwargs["custom_generate"] = functools.partial(decoder, **bound) if bound else decoder
-        return type(self.model).generate(self.model, *args, **kwargs)
+        if not implicit:
+            return type(self.model).generate(self.model, *args, **kwargs)
+        try:
+            return type(self.model).generate(self.model, *args, **kwargs)
+        except ValueError as err:  # refused in the decoder's own set-up (what _why_not_default cannot see ahead)
+            if not call.is_refusal(err):
+                raise
+            warnings.warn(f"lookahead: this call runs plain generate(), not the default LookaheadDecoder: {err}",
+                          UserWarning, stacklevel=2)
+            if given.get("streamer") is not None:  # generate() has put the prompt into it once already
+                given["streamer"] = _AfterPrompt(given["streamer"])
+            return type(self.model).generate(self.model, *args, **given)
 
     def _choose(self, assistant, lookahead, args, kwargs) -> LookaheadDecoder | None:
         """The decoder this call uses, or None for plain generate()."""
@@ -170,6 +186,23 @@ class LookaheadGenerate:
         except ValueError as err:
             return str(err)
         return None
+
+
+class _AfterPrompt:
+    """A streamer for a plain ``generate`` that follows a refused one: the refused call's ``generate`` put the prompt
+    into ``streamer`` already, so the first ``put`` (the prompt again) is dropped; every later one, and ``end``,
+    reach ``streamer``."""
+
+    def __init__(self, streamer):
+        self.streamer, self.prompt_put = streamer, False
+
+    def put(self, value) -> None:
+        if self.prompt_put:
+            self.streamer.put(value)
+        self.prompt_put = True
+
+    def end(self) -> None:
+        self.streamer.end()
 
 
 def _model_of(target):

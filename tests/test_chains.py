@@ -118,3 +118,38 @@ def test_the_calibration_times_causal_steps(models):
     time_one = call.step_timer(model, DynamicCache, compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model),
                                8, lambda: 0.0, context=16, max_rows=4, masks=False)
     assert time_one(4) == 0.0 and time_one(1) == 0.0  # (the injected clock) steps of 4 and 1 rows ran
+
+
+class _Puts:
+    """A streamer that records each put()."""
+
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ends += 1
+
+
+def test_an_enabled_default_runs_plain_generate_where_the_set_up_refuses(models):
+    """lookahead.enable(model, default=...): a call only the decoder's set-up can refuse (a batch of an ALiBi model)
+    runs plain generate with a warning, its streamer getting the prompt once; an explicit flag raises instead."""
+    import lookahead
+
+    model = _model("bloom")  # its own: enable() changes the instance
+    batch = _prompt().repeat(2, 1)
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=None)
+    plain = _Puts()
+    expected = model.generate(batch, **kw)
+    lookahead.enable(model, default=LookaheadDecoder())
+    with pytest.warns(UserWarning, match="runs plain generate.*one unpadded row at a time"):
+        assert model.generate(batch, **kw).tolist() == expected.tolist()
+    with pytest.warns(UserWarning, match="runs plain generate"):
+        model.generate(batch[:1], attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 29)], 1).long(),
+                       streamer=plain, **kw)
+    assert plain.puts[0] == batch[0].tolist() and sum(len(p) for p in plain.puts[1:]) == 8 and plain.ends == 1
+    with pytest.raises(ValueError, match="one unpadded row at a time"):
+        model.generate(batch, lookahead=True, **kw)
+    lookahead.disable(model)
