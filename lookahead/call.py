@@ -40,6 +40,12 @@ HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep
 # -- checks ---------------------------------------------------------------------------------------------------
 
 
+STATIC_IMPLEMENTATIONS = ("static", "sliding_window", "hybrid", "hybrid_chunked")
+"""The ``cache_implementation`` values for which ``generate`` makes a ``StaticCache`` the decoder rolls back: "static",
+and the older names transformers still takes for it (a static cache whose layer types it infers); the offloaded ones
+are refused."""
+
+
 REFUSAL = "lookahead_refusal"
 """The attribute (True) of an error the decoder raised in its checks and set-up, before its first decoding step:
 ``lookahead.enable``'s implicit default then runs plain ``generate`` instead (:func:`is_refusal`)."""
@@ -86,13 +92,13 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
                          "parallelism (their forwards would be sharded and timed per rank); use the default "
                          "draft sources, which every rank computes alike.")
     impl = getattr(gen, "cache_implementation", None) if gen is not None else None
-    if impl not in (None, "dynamic", "static"):
+    if impl not in (None, "dynamic", *STATIC_IMPLEMENTATIONS):
         raise CacheNotRollbackable(
             f"LookaheadDecoder needs a dynamic or static KV cache it can roll back; cache_implementation={impl!r} "
             "is neither. Remove cache_implementation (or use 'static') or use plain generate()."
         )
-    if batch > 1 and impl == "static":
-        raise ValueError("LookaheadDecoder with a static cache (cache_implementation='static') decodes batch size 1; "
+    if batch > 1 and impl in STATIC_IMPLEMENTATIONS:
+        raise ValueError(f"LookaheadDecoder with a static cache (cache_implementation={impl!r}) decodes batch size 1; "
                          "for a batch drop cache_implementation (the default dynamic cache), or call generate once "
                          "per prompt.")
     if batch > 1:

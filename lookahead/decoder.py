@@ -341,8 +341,9 @@ class LookaheadDecoder:
 
 
 def _static(generation_config, model_kwargs: dict) -> bool:
-    """Whether the call decodes on a static cache (``cache_implementation="static"`` or a ``StaticCache`` given)."""
-    if getattr(generation_config, "cache_implementation", None) == "static":
+    """Whether the call decodes on a static cache (``cache_implementation="static"``, or an older name of it, or a
+    ``StaticCache`` given)."""
+    if getattr(generation_config, "cache_implementation", None) in call.STATIC_IMPLEMENTATIONS:
         return True
     return static_cache(compat.cache_of(model_kwargs)) if compat.cache_of(model_kwargs) is not None else False
 

@@ -215,3 +215,27 @@ def test_smollm2_on_a_static_cache_is_plain_static_generate(smollm):
     dec = LookaheadDecoder(cost_curve=FLAT)
     assert model.generate(**inputs, **kw, custom_generate=dec).tolist() == plain.tolist()
     assert dec.stats.target_calls < 48
+
+
+@pytest.mark.parametrize("impl", ["sliding_window", "hybrid_chunked"])
+def test_the_older_names_of_a_static_cache_decode_on_it(impl):
+    """transformers still takes "sliding_window" and "hybrid_chunked" (and "hybrid" where a call asks for it) for a
+    static cache whose layer types it infers: the decoder decodes on it, plain's tokens, where it refused them."""
+    import transformers as tf
+
+    from lookahead.cost import set_cost_curve
+
+    torch.manual_seed(0)
+    model = tf.Gemma2ForCausalLM(tf.Gemma2Config(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=16, max_position_embeddings=512)).eval().to(torch.float64)
+    model.generation_config.pad_token_id = 0
+    set_cost_curve(model, TINY_COST_CURVE)
+    ids = torch.randint(3, 96, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30][None]
+    kw = dict(max_new_tokens=30, do_sample=False, eos_token_id=None, cache_implementation=impl,
+              return_dict_in_generate=True)
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder()
+    ours = model.generate(ids, custom_generate=decoder, **kw)
+    assert ours.sequences.tolist() == plain.sequences.tolist()
+    assert isinstance(ours.past_key_values, StaticCache) and decoder.stats.accepted > 0
