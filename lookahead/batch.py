@@ -375,6 +375,7 @@ class BatchCall:
         self.T = 0  # cache columns
         self.vis = np.zeros((b, cap + HOLE_SLACK + 2 * (self.max_nodes + 1) + length), dtype=bool)
         self.streamed = length  # columns handed to the streamer so far
+        self.media = call.media_of(model_kwargs)  # the images' features: the prompt's step reads them, no later one
 
     # -- the loop ----------------------------------------------------------------------------------------
 
@@ -394,6 +395,8 @@ class BatchCall:
                 logits = self.prefill(groups)  # [b, 1, V]
             else:
                 drafts, k = self.draft(rows, p)
+                if self.media is not None:  # the prompt's step, with its images' features: no drafts beside them
+                    drafts = [Draft.empty()] * len(rows)
                 width = max((len(d) for d in drafts), default=0)
                 width = self.fit_kv_window(p, width, drafts)
                 col_visible = np.concatenate([self.vis[: len(rows), : self.T], self.pending_vis], axis=1)
@@ -403,7 +406,9 @@ class BatchCall:
                     cached = np.cumsum(self.vis[: len(rows), : self.T], axis=1) - 1  # int64[b, T]
                     mask = self.setup.sliding.batch_masks(mask, pos, torch.from_numpy(cached).to(self.device))
                 t1 = clock()
-                logits = call.forward(self.setup, stats, ids, pos, mask, width + 1)  # [b, 1 + w, V]
+                media = None if self.media is None else {call.MEDIA_KWARG: self.media}
+                self.media = None
+                logits = call.forward(self.setup, stats, ids, pos, mask, width + 1, extra=media)  # [b, 1 + w, V]
             if not checked:
                 check_rollbackable(self.cache)
                 checked = True
@@ -444,7 +449,7 @@ class BatchCall:
         """At the prompt's step: the rows' prefill groups (:func:`prefill_groups`), or None for one padded
         forward (the prefill is not grouped with a pinned flat curve, a sliding-window or shared-KV cache,
         ``batch_prefill="padded"``, or when the groups would not pay)."""
-        if (self.T or self.cost is None or self.decoder.config.batch_prefill == "padded"
+        if (self.T or self.cost is None or self.decoder.config.batch_prefill == "padded" or self.media is not None
                 or self.setup.kv_window is not None or self.setup.sliding is not None):
             return None
         if not _plain_layers(self.cache):

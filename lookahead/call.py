@@ -245,45 +245,63 @@ def media_token_ids(config) -> set[int]:
     return {int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)}
 
 
-def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cache_kwarg: str, stats,
-                  static: bool) -> None:
-    """Run the prompt's forward of a multimodal call (``model_kwargs[MEDIA_KWARG]`` holds features) for every prompt
-    token but the last, into ``cache``, as plain ``generate``'s first forward runs it: the features go to this one
-    forward. The decode loop then continues that cache from the last prompt token on, as it continues any cache that
-    holds a prefix of ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are.
+def media_of(model_kwargs: dict):
+    """The encoded media features ``generate`` handed the call (``model_kwargs[MEDIA_KWARG]``), or None."""
+    media = model_kwargs.get(MEDIA_KWARG)
+    return media if _given(media) else None
 
-    Token types (:data:`MEDIA_TYPE_KWARGS`) go to that forward too, when they mark the image placeholders alone.
-    Positions in sections (Qwen2-VL's multimodal RoPE, ``position_ids`` [sections, 1, L]) are taken when every
-    section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position per
-    token. Refused with a clear error: a batch or a padded row, a static cache, a cache that holds tokens already,
-    sections that differ, and a prompt whose last token is a media placeholder.
 
-    Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
-    with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
+def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool) -> None:
+    """Before any forward: refuse a call with media features (:func:`media_of`) the decoder would not decode as plain
+    ``generate`` does, with the reason.
+
+    Refused: a static cache, a cache that holds tokens already (the features belong to the prompt's first forward),
+    positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
+    every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
+    per token). One row (:func:`prefill_media`): a padded row, a prompt whose last token is a media placeholder, and
+    token types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens than the placeholders. A batch: token types."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
     placeholders = media_token_ids(model.config)
-    is_media = torch.isin(input_ids[0], torch.tensor(sorted(placeholders), dtype=input_ids.dtype,
-                                                     device=input_ids.device))
-    typed = [k for k in MEDIA_TYPE_KWARGS
-             if _given(model_kwargs.get(k)) and not torch.equal(model_kwargs[k][0] != 0, is_media)]
+    types = [k for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))]
     why = None
-    if input_ids.shape[0] > 1 or (mask is not None and not bool((mask == 1).all())):
-        why = "decodes one unpadded row with images; call generate once per prompt"
-    elif static:
+    if static:
         why = "decodes images on a dynamic cache; drop cache_implementation='static'"
     elif cache.get_seq_length():
         why = "decodes images from an empty cache (their features belong to the prompt's first forward)"
     elif positions is not None and positions.dim() != 2 and not bool((positions == positions[:1]).all()):
         why = (f"takes one position per token; this call's positions have {positions.shape[0]} sections that differ "
                "(multimodal RoPE)")
+    elif input_ids.shape[0] > 1:
+        if types:
+            why = (f"decodes a batch with images without {types[0]} (its 4D masks would override the attention they "
+                   "ask for); call generate once per prompt")
+    elif mask is not None and not bool((mask == 1).all()):
+        why = "decodes one row with images unpadded; drop its padding"
     elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in placeholders:
         why = "needs a prompt that ends in a text token after its images (a chat template's assistant turn does)"
-    elif typed:
-        why = (f"reads {typed[0]} only where they mark the image placeholders (Gemma 3's); these mark other tokens "
-               "(a prefix-LM's types, PaliGemma's, which its text steps would also need)")
+    else:
+        is_media = torch.isin(input_ids[0], torch.tensor(sorted(placeholders), dtype=input_ids.dtype,
+                                                         device=input_ids.device))
+        typed = [k for k in types if not torch.equal(model_kwargs[k][0] != 0, is_media)]
+        if typed:
+            why = (f"reads {typed[0]} only where they mark the image placeholders (Gemma 3's); these mark other "
+                   "tokens (a prefix-LM's types, PaliGemma's, which its text steps would also need)")
     if why is not None:
         raise ValueError(f"LookaheadDecoder {why}. Use plain generate() for this call.")
+
+
+def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cache_kwarg: str, stats) -> None:
+    """One row with media features (checked by :func:`check_media`): run the prompt's forward for every prompt token
+    but the last, into ``cache``, with the features, as plain ``generate``'s first forward runs it. The decode loop
+    then continues that cache from the last prompt token on, as it continues any cache that holds a prefix of
+    ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are. Token types go to this forward
+    too. (A batch passes the features to its prompt's step instead: ``batch.BatchCall``.)
+
+    Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
+    with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
+    mask = model_kwargs.get("attention_mask")
+    positions = model_kwargs.get("position_ids")
     model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
           position_ids=None if positions is None else positions[..., :-1], use_cache=True,
           **{k: model_kwargs[k][:, :-1] for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))},
@@ -448,8 +466,10 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
             "chain of drafts per step. Use plain generate() for a batch, a padded row or a static cache."
         )
     kv_window = None if sliding is not None else window  # past it, every step's entries are kept until the verdict
-    if _given(model_kwargs.get(MEDIA_KWARG)):  # images: their prompt forward, then a continued cache
-        prefill_media(model, input_ids, model_kwargs, cache, compat.cache_kwarg_name(model), decoder.stats, static)
+    if media_of(model_kwargs) is not None:  # images: one row's prompt forward here, then a continued cache
+        check_media(model, input_ids, model_kwargs, cache, static)
+        if b == 1:
+            prefill_media(model, input_ids, model_kwargs, cache, compat.cache_kwarg_name(model), decoder.stats)
     past = int(cache.get_seq_length())
     if sliding is not None and not one_row:  # a batch's or a padded row's sliding layers will keep every column
         sliding.check_widenable(cache)
@@ -521,10 +541,13 @@ def prompt_positions(attention_mask, length: int, max_length: int) -> tuple[np.n
 # -- one step's pieces ------------------------------------------------------------------------------------------
 
 
-def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None) -> torch.Tensor:
-    """One forward of the target model (into ``cache`` when given, else the call's); the float logits
-    [b, keep, V] of its last ``keep`` query rows."""
+def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None, extra: dict | None = None) -> torch.Tensor:
+    """One forward of the target model (into ``cache`` when given, else the call's; with the model inputs ``extra``
+    besides, a batch's media features at its prompt's step); the float logits [b, keep, V] of its last ``keep`` query
+    rows."""
     kwargs = setup.forward_kwargs if cache is None else {**setup.forward_kwargs, setup.cache_kwarg: cache}
+    if extra:
+        kwargs = {**kwargs, **extra}
     if setup.sync.active:  # the same forward on every rank, or a clear error before its collectives break
         setup.sync.check(stats.target_calls, ids=ids, positions=pos, keep=keep,
                          mask=_mask_shapes(mask),

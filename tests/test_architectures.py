@@ -148,6 +148,29 @@ def test_a_multimodal_model_with_an_image_is_plain_generate(name):
 
 
 
+
+@pytest.mark.parametrize("name", list(IMAGE_CASES))
+def test_a_batch_with_images_is_plain_generate(name):
+    """Two rows, each with its image, the second left-padded: the images' features go to the batch's prompt step
+    (one padded forward, no drafts beside them), its later steps are text: plain's tokens, drafts accepted."""
+    make, prompt, media = IMAGE_CASES[name]
+    model = make()
+    first, second = (prompt(torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(seed))
+                            .repeat(3)[:n].tolist()) for seed, n in ((0, 30), (1, 26)))
+    pad = len(first) - len(second)
+    ids = torch.tensor([first, [0] * pad + second])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    torch.manual_seed(1)
+    images = [media(), media()]
+    kw = {k: torch.cat([image[k] for image in images]) for k in images[0]}
+    kw.update(attention_mask=mask, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.accepted > 0
+
+
 def test_an_images_token_types_go_to_its_prompt_forward():
     """Gemma 3's processor gives token_type_ids (1 on image tokens), which its prompt's forward reads (attention among
     an image's tokens) and its text steps do not: the decoder's prompt forward gets them, its steps get none, and the
@@ -182,7 +205,10 @@ def test_what_an_image_call_cannot_decode_is_refused_before_its_forward():
     cases = [
         (dict(input_ids=ids[:, :-4]), "ends in a text token"),
         (dict(input_ids=ids, cache_implementation="static"), "dynamic cache"),
-        (dict(input_ids=ids.repeat(2, 1), pixel_values=pixel_values.repeat(2, 1, 1, 1)), "one unpadded row"),
+        (dict(input_ids=ids, attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 9)], 1).long()),
+         "one row with images unpadded"),
+        (dict(input_ids=ids.repeat(2, 1), pixel_values=pixel_values.repeat(2, 1, 1, 1),
+              token_type_ids=(ids == 299).long().repeat(2, 1)), "a batch with images without token_type_ids"),
     ]
     for kw, match in cases:
         kw = {"pixel_values": pixel_values, **kw}
