@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers.cache_utils import StaticLayer
 
 from . import compat
 from . import kernels as K
@@ -255,7 +256,8 @@ def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, stati
     """Before any forward: refuse a call with media features (:func:`media_of`) the decoder would not decode as plain
     ``generate`` does, with the reason.
 
-    Refused: a static cache, a cache that holds tokens already (the features belong to the prompt's first forward),
+    Refused: a static cache with other layers than full-attention ``StaticLayer``s (a sliding one's prompt forward
+    would need the decoder's own masks, ``static.py``), a cache that holds tokens already (the features belong to the prompt's first forward),
     positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
     every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
     per token). One row (:func:`prefill_media`): a padded row, a prompt whose last token is a media placeholder, and
@@ -265,8 +267,9 @@ def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, stati
     placeholders = media_token_ids(model.config)
     types = [k for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))]
     why = None
-    if static:
-        why = "decodes images on a dynamic cache; drop cache_implementation='static'"
+    if static and any(type(layer) is not StaticLayer for layer in cache_layers(cache)):
+        why = ("decodes images on a static cache of full-attention layers only (a sliding layer's prompt forward would "
+               "need the decoder's own masks); drop cache_implementation='static'")
     elif cache.get_seq_length():
         why = "decodes images from an empty cache (their features belong to the prompt's first forward)"
     elif positions is not None and positions.dim() != 2 and not bool((positions == positions[:1]).all()):
@@ -295,8 +298,8 @@ def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cac
     """One row with media features (checked by :func:`check_media`): run the prompt's forward for every prompt token
     but the last, into ``cache``, with the features, as plain ``generate``'s first forward runs it. The decode loop
     then continues that cache from the last prompt token on, as it continues any cache that holds a prefix of
-    ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are. Token types go to this forward
-    too. (A batch passes the features to its prompt's step instead: ``batch.BatchCall``.)
+    ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are (a static cache's too). Token
+    types go to this forward too. (A batch passes the features to its prompt's step instead: ``batch.BatchCall``.)
 
     Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
     with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""

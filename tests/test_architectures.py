@@ -127,17 +127,20 @@ IMAGE_CASES = {  # name: (model, a prompt with the model's image placeholders, t
 }
 
 
-@pytest.mark.parametrize("name", list(IMAGE_CASES))
-def test_a_multimodal_model_with_an_image_is_plain_generate(name):
+@pytest.mark.parametrize("name, cache", [(name, "dynamic") for name in IMAGE_CASES]
+                         + [("llava", "static"), ("qwen2-vl", "static")])
+def test_a_multimodal_model_with_an_image_is_plain_generate(name, cache):
     """An image's features go to the prompt's forward (every prompt token but the last); the decoder continues that
-    cache with text-only steps, as plain generate's later steps are: the same tokens, with drafts accepted."""
+    cache with text-only steps, as plain generate's later steps are: the same tokens, with drafts accepted. On a static
+    cache too, where every layer is a full-attention one (Gemma 3's sliding layers are refused there)."""
     make, prompt, media = IMAGE_CASES[name]
     model = make()
     text = torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30].tolist()
     ids = torch.tensor([prompt(text)])
     torch.manual_seed(1)
     image = media()
-    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None,
+              **({"cache_implementation": "static"} if cache == "static" else {}))
     without = dict(kw)  # the placeholders' own embeddings instead
     kw.update(image)
     plain = model.generate(ids, **kw)
@@ -204,7 +207,7 @@ def test_what_an_image_call_cannot_decode_is_refused_before_its_forward():
     pixel_values = torch.randn(1, 3, 28, 28, dtype=torch.float64)
     cases = [
         (dict(input_ids=ids[:, :-4]), "ends in a text token"),
-        (dict(input_ids=ids, cache_implementation="static"), "dynamic cache"),
+        (dict(input_ids=ids, cache_implementation="static"), "static cache of full-attention layers only"),
         (dict(input_ids=ids, attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 9)], 1).long()),
          "one row with images unpadded"),
         (dict(input_ids=ids.repeat(2, 1), pixel_values=pixel_values.repeat(2, 1, 1, 1),
