@@ -147,8 +147,9 @@ def check_no_assistant(assistant_model) -> None:
     """Refuse an ``assistant_model=`` passed to ``generate`` beside the decoder: ``generate`` does not hand it to a
     callable ``custom_generate``, so it would be dropped without a word."""
     if assistant_model is not None:
-        raise ValueError("LookaheadDecoder cannot be combined with assistant_model= (assisted decoding); give the draft "
-                         "model to the decoder instead, LookaheadDecoder(draft_model=...), or drop custom_generate.")
+        raise ValueError("LookaheadDecoder cannot be combined with assistant_model= (assisted decoding); give the "
+                         "draft model to the decoder instead, LookaheadDecoder(draft_model=...), or drop "
+                         "custom_generate.")
 
 
 def vocabulary_size(model) -> int:
@@ -236,7 +237,7 @@ MEDIA_KWARG = "mm_encoder_outputs"
 MEDIA_TYPE_KWARGS = ("token_type_ids", "mm_token_type_ids")
 """Beside images, the per-token types a vision-language model's processor gives. Where they mark the image placeholders
 alone (0: text; Gemma 3's attention among an image's tokens reads them), only the prompt's forward reads them, and
-its later, text-only steps do not (:func:`prefill_media` checks that they do so)."""
+its later, text-only steps do not (:func:`check_media` checks that they do so)."""
 
 
 def media_token_ids(config) -> set[int]:
@@ -256,12 +257,17 @@ def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, stati
     """Before any forward: refuse a call with media features (:func:`media_of`) the decoder would not decode as plain
     ``generate`` does, with the reason.
 
-    Refused: a static cache with other layers than full-attention ``StaticLayer``s (a sliding one's prompt forward
-    would need the decoder's own masks, ``static.py``), a cache that holds tokens already (the features belong to the prompt's first forward),
-    positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
-    every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
-    per token). One row (:func:`prefill_media`): a padded row, a prompt whose last token is a media placeholder, and
-    token types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens than the placeholders. A batch: token types."""
+    Refused:
+
+    - a static cache with other layers than full-attention ``StaticLayer``s (a sliding one's prompt forward would need
+      the decoder's own masks, ``static.py``);
+    - a cache that holds tokens already (the features belong to the prompt's first forward);
+    - positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
+      every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
+      per token);
+    - one row (:func:`prefill_media`): a padded row, a prompt whose last token is a media placeholder, and token
+      types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens than the placeholders;
+    - a batch: token types."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
     placeholders = media_token_ids(model.config)
@@ -544,7 +550,8 @@ def prompt_positions(attention_mask, length: int, max_length: int) -> tuple[np.n
 # -- one step's pieces ------------------------------------------------------------------------------------------
 
 
-def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None, extra: dict | None = None) -> torch.Tensor:
+def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None,
+            extra: dict | None = None) -> torch.Tensor:
     """One forward of the target model (into ``cache`` when given, else the call's; with the model inputs ``extra``
     besides, a batch's media features at its prompt's step); the float logits [b, keep, V] of its last ``keep`` query
     rows."""

@@ -96,8 +96,8 @@ def row_dependent_layers(model) -> tuple[str, ...]:
         return _ROW_DEPENDENT[model]
     except (KeyError, TypeError):
         pass
-    found = tuple(sorted({type(m).__name__ for m in model.modules()
-                          if type(m).__module__.startswith(("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic"))}))
+    dynamic = ("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")  # the modules' packages, old and new
+    found = tuple(sorted({type(m).__name__ for m in model.modules() if type(m).__module__.startswith(dynamic)}))
     with contextlib.suppress(TypeError):
         _ROW_DEPENDENT[model] = found
     return found

@@ -56,8 +56,8 @@ How it works (the decisions):
   ``prompt_lookup_num_tokens=``, ``custom_generate=``) runs plain ``generate``, with a warning naming
   the reason, so that adding the default never breaks an existing call. What only the decoder's set-up
   can tell (a batch of an ALiBi model, a padded row on a static cache past a sliding window, images on a
-  static cache with sliding layers) is refused there, before any decoding step (``call.is_refusal``), and the call then runs plain
-  ``generate`` the same way (a streamer gets the prompt once). An explicit ``assistant=`` /
+  static cache with sliding layers) is refused there, before any decoding step (``call.is_refusal``), and
+  the call then runs plain ``generate`` the same way (a streamer gets the prompt once). An explicit ``assistant=`` /
   ``lookahead=True`` raises the decoder's error instead.
 - **Shared state.** A decoder holds its trie and its last call's ``stats``: use one decoder per
   concurrent stream. The default decoder of an enabled model is ``model.generate.decoder``.
