@@ -222,12 +222,7 @@ def test_what_an_image_call_cannot_decode_is_refused_before_its_forward():
 def test_qwen2_vl_on_text_alone_is_plain_generate():
     """Qwen2-VL's rotary positions have three sections (multimodal RoPE); on text alone all three are the token's
     position, which the decoder's position ids give."""
-    torch.manual_seed(0)
-    model = tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(
-        text_config=dict(num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, **COMMON),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=4, patch_size=14, spatial_merge_size=2),
-        image_token_id=V - 1, video_token_id=V - 2, vision_start_token_id=V - 3)).eval().to(torch.float64)
-    model.generation_config.pad_token_id = 0
+    model = _tiny_qwen2_vl()
     ids = torch.randint(3, V - 3, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30][None]
     kw = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
     plain = model.generate(ids, **kw)
