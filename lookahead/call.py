@@ -253,7 +253,7 @@ def media_of(model_kwargs: dict):
     return media if _given(media) else None
 
 
-def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool) -> None:
+def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool, windowed: bool) -> None:
     """Before any forward: refuse a call with media features (:func:`media_of`) the decoder would not decode as plain
     ``generate`` does, with the reason.
 
@@ -265,8 +265,9 @@ def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, stati
     - positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
       every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
       per token);
-    - one row (:func:`prefill_media`): a padded row, a prompt whose last token is a media placeholder, and token
-      types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens than the placeholders;
+    - one row (:func:`prefill_media`): a padded row with sliding layers past their window (``windowed``), a prompt
+      whose last token is a media placeholder, and token types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens
+      than the placeholders;
     - a batch: token types."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
@@ -285,8 +286,9 @@ def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, stati
         if types:
             why = (f"decodes a batch with images without {types[0]} (its 4D masks would override the attention they "
                    "ask for); call generate once per prompt")
-    elif mask is not None and not bool((mask == 1).all()):
-        why = "decodes one row with images unpadded; drop its padding"
+    elif windowed and mask is not None and not bool((mask == 1).all()):
+        why = ("decodes one padded row with images only where no sliding window is shorter than the call (its sliding "
+               "layers' prompt columns would have to be widened after the prompt's forward); drop the padding")
     elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in placeholders:
         why = "needs a prompt that ends in a text token after its images (a chat template's assistant turn does)"
     else:
@@ -476,7 +478,7 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         )
     kv_window = None if sliding is not None else window  # past it, every step's entries are kept until the verdict
     if media_of(model_kwargs) is not None:  # images: one row's prompt forward here, then a continued cache
-        check_media(model, input_ids, model_kwargs, cache, static)
+        check_media(model, input_ids, model_kwargs, cache, static, sliding is not None)
         if b == 1:
             prefill_media(model, input_ids, model_kwargs, cache, compat.cache_kwarg_name(model), decoder.stats)
     past = int(cache.get_seq_length())

@@ -152,6 +152,26 @@ def test_a_multimodal_model_with_an_image_is_plain_generate(name, cache):
 
 
 
+
+@pytest.mark.parametrize("name, cache", [("llava", "dynamic"), ("llava", "static"), ("qwen2-vl", "dynamic")])
+def test_one_padded_row_with_an_image_is_plain_generate(name, cache):
+    """A row with three padding columns before its image: the prompt's forward takes the padding mask, and the row
+    continues as any padded row does."""
+    make, prompt, media = IMAGE_CASES[name]
+    model = make()
+    text = torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30].tolist()
+    ids = torch.tensor([[0, 0, 0] + prompt(text)])
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    torch.manual_seed(1)
+    kw = dict(media(), attention_mask=mask, max_new_tokens=30, do_sample=False, eos_token_id=None,
+              **({"cache_implementation": "static"} if cache == "static" else {}))
+    plain = model.generate(ids, **kw)
+    decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE)
+    assert model.generate(ids, custom_generate=decoder, **kw).tolist() == plain.tolist()
+    assert decoder.stats.accepted > 0
+
+
 @pytest.mark.parametrize("name", list(IMAGE_CASES))
 def test_a_batch_with_images_is_plain_generate(name):
     """Two rows, each with its image, the second left-padded: the images' features go to the batch's prompt step
@@ -208,15 +228,15 @@ def test_what_an_image_call_cannot_decode_is_refused_before_its_forward():
     cases = [
         (dict(input_ids=ids[:, :-4]), "ends in a text token"),
         (dict(input_ids=ids, cache_implementation="static"), "static cache of full-attention layers only"),
-        (dict(input_ids=ids, attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 9)], 1).long()),
-         "one row with images unpadded"),
+        (dict(input_ids=ids, attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 9)], 1).long(),
+              max_new_tokens=30), "one padded row with images only where no sliding window is shorter than the call"),
         (dict(input_ids=ids.repeat(2, 1), pixel_values=pixel_values.repeat(2, 1, 1, 1),
               token_type_ids=(ids == 299).long().repeat(2, 1)), "a batch with images without token_type_ids"),
     ]
     for kw, match in cases:
-        kw = {"pixel_values": pixel_values, **kw}
+        kw = {"pixel_values": pixel_values, "max_new_tokens": 5, **kw}
         with pytest.raises(ValueError, match=match):
-            model.generate(**kw, max_new_tokens=5, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE))
+            model.generate(**kw, custom_generate=LookaheadDecoder(cost_curve=TINY_COST_CURVE))
 
 
 def test_qwen2_vl_on_text_alone_is_plain_generate():
