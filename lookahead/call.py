@@ -121,11 +121,10 @@ _OTHER_MODES = {
     "contrastive_search": ("contrastive search", "penalty_alpha and top_k > 1"),
     "dola_generation": ("DoLa decoding", "dola_layers"),
     "constrained_beam_search": ("constrained beam search", "force_words_ids or constraints"),
-    "group_beam_search": ("diverse beam search", "num_beam_groups"),
-    "assisted_generation": ("assisted decoding", "prompt_lookup_num_tokens"),
 }
-"""Generation modes (``GenerationMode`` values) other than greedy search and sampling: what each is, and the flags
-of a generation config that ask for it."""
+"""Generation modes (``GenerationMode`` values) other than greedy search and sampling that :func:`check_supported`
+has not refused by then (beam searches by ``num_beams``, assisted decoding by ``prompt_lookup_num_tokens``): what
+each is, and the flags of a generation config that ask for it."""
 
 
 def check_generation_mode(gen) -> None:

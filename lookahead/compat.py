@@ -7,7 +7,7 @@ list of plain key/value layer classes, so hybrid layers are still refused before
 
 - :func:`streamer_of_calling_generate`: ``generate`` does not hand ``streamer=`` to a callable
   ``custom_generate``; we read it, read-only, from the calling ``generate`` frame
-  (:func:`argument_of_calling_generate`; ``assistant_model=`` too, which is dropped the same way).
+  (:func:`arguments_of_calling_generate`; ``assistant_model=`` too, which is dropped the same way).
 - :func:`forward_is_compiled`: torch's (not transformers') ``_torchdynamo_orig_callable`` attribute of a function
   ``torch.compile`` made.
 - :func:`supports_logits_to_keep`: the private ``_supports_logits_to_keep`` of generating models.
@@ -52,27 +52,27 @@ def streamer_of_calling_generate(custom_generate, depth: int = 2):
 
     ``generate`` puts the prompt into its streamer but does not hand the streamer to a callable
     ``custom_generate``: without this, the streamer would get the prompt and then nothing (a
-    ``TextIteratorStreamer`` would wait forever). ``depth``: as :func:`argument_of_calling_generate`'s, plus one.
+    ``TextIteratorStreamer`` would wait forever). ``depth``: as :func:`arguments_of_calling_generate`'s, plus one.
     """
-    return argument_of_calling_generate(custom_generate, "streamer", depth + 1)
+    return arguments_of_calling_generate(custom_generate, ("streamer",), depth + 1)[0]
 
 
-def argument_of_calling_generate(custom_generate, name: str, depth: int = 2):
-    """The argument ``name`` of the ``generate(custom_generate=custom_generate, ...)`` call running the caller, or
-    None: what ``generate`` takes but does not hand to a callable ``custom_generate`` (``streamer``,
-    ``assistant_model``). Only a frame named ``generate`` whose ``custom_generate`` is this very object counts.
-    ``depth``: frames between here and the caller of the decoder (2: this function's caller is the decoder's
-    ``__call__``).
+def arguments_of_calling_generate(custom_generate, names: tuple[str, ...], depth: int = 2) -> tuple:
+    """The arguments ``names`` of the ``generate(custom_generate=custom_generate, ...)`` call running the caller (None
+    for each, outside such a call), read in one walk up the stack: what ``generate`` takes but does not hand to a
+    callable ``custom_generate`` (``streamer``, ``assistant_model``). Only a frame named ``generate`` whose
+    ``custom_generate`` is this very object counts. ``depth``: frames between here and the caller of the decoder (2:
+    this function's caller is the decoder's ``__call__``).
     """
     frame = sys._getframe(depth)
     try:
         for _ in range(3):
             if frame is None:
-                return None
+                break
             if frame.f_code.co_name == "generate" and frame.f_locals.get("custom_generate") is custom_generate:
-                return frame.f_locals.get(name)
+                return tuple(frame.f_locals.get(name) for name in names)
             frame = frame.f_back
-        return None
+        return (None,) * len(names)
     finally:
         del frame
 

@@ -223,15 +223,17 @@ class LookaheadDecoder:
         tokenizer=None,
         **model_kwargs,
     ):
+        # what generate() takes but does not hand to a callable custom_generate, read from its frame
+        given_streamer, assistant = compat.arguments_of_calling_generate(self, ("streamer", "assistant_model"))
         with call.refusals():  # before any decoding step: an implicit default (lookahead.enable) runs plain instead
             call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
-            call.check_no_assistant(compat.argument_of_calling_generate(self, "assistant_model"))
+            call.check_no_assistant(assistant)
             if self.corpus is not None:
                 self.corpus.check_model(model)
         _warn_if_row_dependent(model)
         warn_if_uncompiled()
         if streamer is None:
-            streamer = compat.streamer_of_calling_generate(self)
+            streamer = given_streamer
         if stop_strings:
             stopping_criteria = call.with_stop_strings(stopping_criteria, stop_strings, tokenizer or self.tokenizer)
         if not self._busy.acquire(blocking=False):

@@ -116,6 +116,11 @@ def _tiny_qwen2_vl():
     return model
 
 
+def _text(seed: int = 0, length: int = 30) -> list[int]:
+    """The text after an image: 12 random ids (below every placeholder id), repeated, ``length`` of them."""
+    return torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(seed)).repeat(3)[:length].tolist()
+
+
 IMAGE_CASES = {  # name: (model, a prompt with the model's image placeholders, the image's inputs)
     "llava": (_tiny_llava, lambda text: [1] + [100] * 16 + text,
               lambda: dict(pixel_values=torch.randn(1, 3, 32, 32, dtype=torch.float64))),
@@ -135,7 +140,7 @@ def test_a_multimodal_model_with_an_image_is_plain_generate(name, cache):
     cache too, where every layer is a full-attention one (Gemma 3's sliding layers are refused there)."""
     make, prompt, media = IMAGE_CASES[name]
     model = make()
-    text = torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30].tolist()
+    text = _text()
     ids = torch.tensor([prompt(text)])
     torch.manual_seed(1)
     image = media()
@@ -159,7 +164,7 @@ def test_one_padded_row_with_an_image_is_plain_generate(name, cache):
     continues as any padded row does."""
     make, prompt, media = IMAGE_CASES[name]
     model = make()
-    text = torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(0)).repeat(3)[:30].tolist()
+    text = _text()
     ids = torch.tensor([[0, 0, 0] + prompt(text)])
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
@@ -178,8 +183,7 @@ def test_a_batch_with_images_is_plain_generate(name):
     (one padded forward, no drafts beside them), its later steps are text: plain's tokens, drafts accepted."""
     make, prompt, media = IMAGE_CASES[name]
     model = make()
-    first, second = (prompt(torch.randint(3, 90, (12,), generator=torch.Generator().manual_seed(seed))
-                            .repeat(3)[:n].tolist()) for seed, n in ((0, 30), (1, 26)))
+    first, second = prompt(_text()), prompt(_text(seed=1, length=26))
     pad = len(first) - len(second)
     ids = torch.tensor([first, [0] * pad + second])
     mask = torch.ones_like(ids)
