@@ -695,19 +695,26 @@ def first_stops(setup: CallSetup, tokens: list[list[int]], starts: np.ndarray, l
     ``limits``, EOS ids), in one Numba pass: (index int64[b], -1 for none; by_limit bool[b]); see
     ``kernels.first_stops``. The other criteria are :func:`other_stop`'s."""
     if len(tokens) == 1:  # one row of a few tokens: a Python loop beats the kernel's call
-        start, limit, eos = int(starts[0]), int(limits[0]), setup.eos
-        for i, t in enumerate(tokens[0]):
-            if start + i + 1 >= limit:
-                return np.array([i]), np.array([True])
-            if t in eos:
-                return np.array([i]), np.array([False])
-        return np.array([-1]), np.array([False])
+        i, by_limit = first_stop(setup, tokens[0], int(starts[0]), int(limits[0]))
+        return np.array([i]), np.array([by_limit])
     sizes = [len(t) for t in tokens]
     offsets = np.zeros(len(tokens) + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
     flat = np.fromiter((x for t in tokens for x in t), np.int64, int(offsets[-1]))
     return K.first_stops(flat, offsets, starts.astype(np.int64, copy=False), limits.astype(np.int64, copy=False),
                          setup.eos_ids)
+
+
+def first_stop(setup: CallSetup, tokens: list[int], start: int, limit: int) -> tuple[int, bool]:
+    """:func:`first_stops` of one row (``tokens`` emitted after ``start`` tokens, ``limit`` its max length), as
+    Python numbers: (index, -1 for none; by the limit). Example: tokens ``[5, 2, 7]``, EOS 2 -> (1, False)."""
+    eos = setup.eos
+    for i, t in enumerate(tokens):
+        if start + i + 1 >= limit:
+            return i, True
+        if t in eos:
+            return i, False
+    return -1, False
 
 
 def other_stop(setup: CallSetup, ids: torch.Tensor, scores) -> bool:

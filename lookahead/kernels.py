@@ -432,23 +432,53 @@ def _insert_top(row, a, b, low, k, ids, vals, m):
     return m
 
 
+RANKED = 64
+""":func:`_one_top` ranks at most this many values by counting (branch-free, O(n^2)); more, it inserts them."""
+
+
 @njit(cache=True, nogil=True)
 def _top_scratch(v, k):
-    """:func:`_one_top`'s scratch arrays for rows of ``v`` logits: (block maxima, and the top ``k`` of them)."""
-    return np.empty((v + _BLOCK - 1) // _BLOCK, np.float32), np.empty(k, np.int64), np.empty(k, np.float32)
+    """:func:`_one_top`'s scratch arrays for rows of ``v`` logits: (block maxima, the top ``k`` of them (ids,
+    values), the candidates (values, ids), the blocks offered)."""
+    nb = (v + _BLOCK - 1) // _BLOCK
+    return (np.empty(nb, np.float32), np.empty(k, np.int64), np.empty(k, np.float32), np.empty(v, np.float32),
+            np.empty(v, np.int64), np.empty(nb, np.int64))
 
 
 @njit(cache=True, nogil=True)
-def _one_top(row, k, ids, vals, maxima, low_ids, low_vals):
+def _kth_largest(x, n, k, ids, vals):
+    """The ``k``-th largest of ``x[:n]`` (``n >= k``), counted with multiplicity; ``ids`` / ``vals``: scratch of
+    ``k``. Few values are ranked by counting: value ``t``'s rank is how many come before it (larger, or equal
+    and earlier), and the k-th largest is the least of those ranked below ``k`` (no branch on the data, which a
+    fresh row's logits would mispredict); many are inserted into a top ``k``.
+
+    Example: ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
+    if n <= RANKED:
+        low = np.inf
+        for t in range(n):
+            v = x[t]
+            r = 0
+            for u in range(n):
+                r += (x[u] > v) | ((x[u] == v) & (u < t))
+            low = min(low, v) if r < k else low
+        return low
+    _insert_top(x, 0, n, -np.inf, k, ids, vals, 0)
+    return vals[k - 1]
+
+
+@njit(cache=True, nogil=True)
+def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, blocks):
     """One row ``row`` float32[V]: its argmax (returned) and its ``k`` largest entries into ``ids`` int64[k] /
-    ``vals`` float32[k], largest first (``maxima``, ``low_*``: :func:`_top_scratch`'s).
+    ``vals`` float32[k], largest first (the other arguments: :func:`_top_scratch`'s).
 
     The argmax is exactly ``torch.argmax``'s: the first maximal index, or the first NaN's index when the
-    row holds a NaN. Among equal values the earlier index comes first. Two passes over a row: every block's
-    maximum (branch-free), then the k-th largest of those maxima is a lower bound of the k-th largest entry
-    (k blocks each hold an entry that large), and only the blocks whose maximum reaches it are offered, in
-    order, to the top k; a row with a NaN is offered whole. On a CPU this is several times faster than
-    ``argmax`` plus ``topk``.
+    row holds a NaN. Among equal values the earlier index comes first. Every block's maximum (branch-free),
+    then the k-th largest of those maxima is a lower bound of the k-th largest entry (k blocks each hold an
+    entry that large): the entries of the blocks whose maximum reaches it that reach it too are the
+    candidates, gathered in order without a branch on their values, and ranked by counting
+    (:func:`_kth_largest`'s way; many, as in a row of ``-inf``, are inserted). A row with a NaN is offered
+    whole. On a CPU this is several times faster than ``argmax`` plus ``topk``; the branch-free steps matter
+    because each step's rows are new data, on which a branch on their values is mispredicted.
 
     Example: ``[1., 5., 5., 2.]``, k=2 -> argmax 1, ids ``[1, 2]``, vals ``[5., 5.]``.
     """
@@ -461,14 +491,42 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals):
         _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
         return _first_nan(row)
     _block_maxima(row, maxima)
-    low = -np.inf
-    if nb >= k:  # the k-th largest block maximum (nb >= k of them offered: every slot is written)
-        _insert_top(maxima, 0, nb, -np.inf, k, low_ids, low_vals, 0)
-        low = low_vals[k - 1]
-    m = 0
+    low = _kth_largest(maxima, nb, k, low_ids, low_vals) if nb >= k else -np.inf
+    q = 0  # the blocks to offer, in order: each written, kept when its maximum reaches low
     for t in range(nb):
-        if maxima[t] >= low:
-            m = _insert_top(row, t * _BLOCK, min(t * _BLOCK + _BLOCK, v), low, k, ids, vals, m)
+        blocks[q] = t
+        q += maxima[t] >= low
+    c = 0  # their entries of at least low, in order, gathered the same way
+    for s in range(q):
+        t = blocks[s]
+        for j in range(t * _BLOCK, min(t * _BLOCK + _BLOCK, v)):
+            x = row[j]
+            cand_v[c] = x
+            cand_i[c] = j
+            c += x >= low
+    if c <= RANKED:  # c >= k when nb >= k; else fewer entries than k in all, the rest of the slots stay unset
+        for e in range(c):
+            x = cand_v[e]
+            r = 0
+            for f in range(c):
+                r += (cand_v[f] > x) | ((cand_v[f] == x) & (f < e))
+            if r < k:
+                vals[r] = x
+                ids[r] = cand_i[e]
+        return ids[0]
+    m = 0  # many candidates (ties at low, as in a row of -inf): a top k by insertion
+    for e in range(c):
+        x = cand_v[e]
+        if m < k or x > vals[k - 1]:
+            p = m if m < k else k - 1
+            while p > 0 and vals[p - 1] < x:  # strict: an equal earlier value stays ahead
+                vals[p] = vals[p - 1]
+                ids[p] = ids[p - 1]
+                p -= 1
+            vals[p] = x
+            ids[p] = cand_i[e]
+            if m < k:
+                m += 1
     return ids[0]
 
 
@@ -513,12 +571,13 @@ def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
     ``[[1, 0]]``, ids ``[[[1], [unset]]]``.
     """
     b, q, v = logits.shape
-    maxima, low_ids, low_vals = _top_scratch(v, max(k, 1))
+    scratch = _top_scratch(v, max(k, 1))
+    maxima = scratch[0]
     for i in range(b):
         for j in range(argmax_rows[i]):
             row = logits[i, j]
             if k and j < top_rows[i]:
-                argmax[i, j] = _one_top(row, k, ids[i, j], vals[i, j], maxima, low_ids, low_vals)
+                argmax[i, j] = _one_top(row, k, ids[i, j], vals[i, j], *scratch)
             else:
                 argmax[i, j] = _row_argmax(row, maxima)
     return argmax

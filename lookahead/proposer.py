@@ -313,13 +313,15 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
         tokens[a:b], parents[a:b], match[a:b], origin[a:b] = p.tokens, p.parents, p.match, o  # a match: per node, or one
         a = b
     starts[-1] = a
-    return Draft(*_merge(tokens, parents, origin, match, starts, total if limit is None else limit), window)
+    ints, origin = _merge(tokens, parents, origin, match, starts, total if limit is None else limit)
+    return Draft(ints[0], ints[1], origin, ints[2], ints[3], ints[4], ints[5], window)
 
 
 @njit(cache=True)
 def _merge(tokens, parents, origin, match, starts, limit):
-    """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first seven arrays (tokens,
-    parents, origin, match, depth, rank, agreement), of its ``m`` nodes: the first node of each path, in
+    """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first seven arrays, of its ``m``
+    nodes, in two (a returned array costs its boxing): int64[6, m] (tokens, parents, match, depth, rank, agreement)
+    and origin int8[m]. Per node: the first node of each path, in
     depth-first order (each node's children right after it, before its next sibling; siblings in the order first
     drafted), with its origin and match, its depth, its rank in its own tree (0: an only child, else 1 + its
     place among its siblings there), and how many later trees hold the same path. ``parents`` are per tree
@@ -394,21 +396,16 @@ def _merge(tokens, parents, origin, match, starts, limit):
     for j in range(order.shape[0]):
         new_index[order[j]] = j
     m = order.shape[0]
-    new_parents = np.empty(m, np.int64)
-    new_depth = np.empty(m, np.int64)
-    rank = np.empty(m, np.int64)
-    new_tokens = np.empty(m, np.int64)
+    out = np.empty((6, m), np.int64)  # tokens, parents, match, depth, rank, agreement
     new_origin = np.empty(m, np.int8)
-    new_match = np.empty(m, np.int64)
-    new_agreement = np.empty(m, np.int64)
     for j in range(m):
         i = order[j]
         p = parents[i]
-        new_parents[j] = new_index[merged[starts[tree[i]] + p]] if p >= 0 else -1
-        new_depth[j] = depth[i]
-        rank[j] = place[i]
-        new_tokens[j] = tokens[i]
+        out[0, j] = tokens[i]
+        out[1, j] = new_index[merged[starts[tree[i]] + p]] if p >= 0 else -1
+        out[2, j] = match[i]
+        out[3, j] = depth[i]
+        out[4, j] = place[i]
+        out[5, j] = agreement[i]
         new_origin[j] = origin[i]
-        new_match[j] = match[i]
-        new_agreement[j] = agreement[i]
-    return new_tokens, new_parents, new_origin, new_match, new_depth, rank, new_agreement
+    return out, new_origin

@@ -49,7 +49,6 @@ class SingleCall:
         # host int64[p] each: the tokens not in the KV cache yet, and their positions
         self.pending, self.pending_pos = prompt[self.past_len :], prompt_pos[self.past_len :]
         self._last_token, self._last_pos = np.zeros(1, np.int64), np.zeros(1, np.int64)
-        self.limit = np.array([self.max_length], np.int64)
         self.step_mask: StepMask | None = None  # the masks of the steps after the prompt's, made on first use
         # past a sliding window with padding: its layers keep every column, masked by position (as a batch's)
         self.widened = setup.sliding is not None and self.col_visible is not None
@@ -218,13 +217,13 @@ class SingleCall:
             self.seq_host[0, start : start + len(tokens)] = tokens
         else:
             self.seq[0, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        stop, _ = call.first_stops(self.setup, [tokens], np.array([start]), self.limit)
-        n_emit = len(tokens) if stop[0] < 0 else int(stop[0]) + 1
+        stop, _ = call.first_stop(self.setup, tokens, start, self.max_length)
+        n_emit = len(tokens) if stop < 0 else stop + 1
         if self.setup.other_stops:  # criteria on tensors, token by token up to the host's stop
             for i in range(n_emit):
                 if call.other_stop(self.setup, self.seq[:, : start + i + 1], verdict.scores[i] if verdict.scores else None):
                     n_emit = i + 1
-                    stop[0] = i
+                    stop = i
                     break
         self.length = start + n_emit
         if verdict.scores is not None:
@@ -233,7 +232,7 @@ class SingleCall:
             self.raw.extend(verdict.raw[:n_emit])
         if self.streamer is not None:
             self.streamer.put(self.seq[0, start : self.length].cpu().clone())
-        return n_emit, bool(stop[0] >= 0)
+        return n_emit, stop >= 0
 
     def keep_kv(self, p: int, draft: Draft, accepted: list[int], last_token: int) -> None:
         """Keep the pending tokens' and the accepted nodes' KV entries; the last emitted token becomes pending."""

@@ -47,8 +47,11 @@ class DecodeStats:
 
     target_calls: int = 0
     new_tokens: int = 0
-    drafted_by_origin: Counter = field(default_factory=Counter)
-    accepted_by_origin: Counter = field(default_factory=Counter)
+    _drafted_by_origin: Counter = field(default_factory=Counter, repr=False)
+    _accepted_by_origin: Counter = field(default_factory=Counter, repr=False)
+    _untallied: list = field(default_factory=list, repr=False)
+    """Drafted steps' (origin int8[n], accepted nodes) not yet counted into the two counters: a step stores them,
+    and the counters count them when read (a step's own host work stays a list append)."""
     budgets: list = field(default_factory=list)
     accepted_per_step: list = field(default_factory=list)
     cost_curve: tuple | None = None
@@ -69,17 +72,37 @@ class DecodeStats:
         self.budgets.append((n, draft.n_window_rows))
         self.accepted_per_step.append(len(accepted))
         if n:
-            for o, count in enumerate(np.bincount(draft.origin).tolist()):
-                if count:
-                    self.drafted_by_origin[ORIGINS[o]] += count
-            if len(accepted):
-                for o in draft.origin[accepted].tolist():
-                    self.accepted_by_origin[ORIGINS[o]] += 1
+            self._untallied.append((draft.origin, accepted))
         self.new_tokens += emitted
         self.time_propose += t_propose
         self.time_forward += t_forward
         self.time_verify += t_verify
         self.time_bookkeeping += t_bookkeeping
+
+    def _tally(self) -> None:
+        """Count the stored steps' nodes by origin into the two counters."""
+        drafted, accepted = self._drafted_by_origin, self._accepted_by_origin
+        for origin, nodes in self._untallied:
+            for o, count in enumerate(np.bincount(origin).tolist()):
+                if count:
+                    drafted[ORIGINS[o]] += count
+            for o in origin[nodes].tolist():
+                accepted[ORIGINS[o]] += 1
+        self._untallied = []
+
+    @property
+    def drafted_by_origin(self) -> Counter:
+        """Draft-tree tokens verified, by origin (a counter the caller may update)."""
+        if self._untallied:
+            self._tally()
+        return self._drafted_by_origin
+
+    @property
+    def accepted_by_origin(self) -> Counter:
+        """Draft-tree tokens accepted, by origin (a counter the caller may update)."""
+        if self._untallied:
+            self._tally()
+        return self._accepted_by_origin
 
     @property
     def drafted(self) -> int:

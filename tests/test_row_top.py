@@ -64,6 +64,23 @@ def test_matches_torch(rows, vocab, k, seed, levels):
         assert ids[r][:kk] == order
 
 
+@settings(max_examples=60, deadline=None)
+@given(vocab=st.integers(1025, 4000), k=st.integers(1, 9), seed=st.integers(0, 2**31 - 1),
+       levels=st.integers(2, 400), masked=st.sampled_from([0.05, 0.99, 1.0]))
+def test_long_rows_and_many_candidates_match_torch(vocab, k, seed, levels, masked):
+    """More than ``kernels.RANKED`` block maxima (so they are inserted, not ranked), and rows nearly or all masked:
+    more than ``RANKED`` candidates tie at the bound (inserted too)."""
+    gen = np.random.default_rng(seed)
+    logits = gen.integers(0, levels, size=(2, vocab)).astype(np.float32)
+    logits[gen.random((2, vocab)) < masked] = -np.inf
+    arg, ids, vals = run(logits, k)
+    t = torch.from_numpy(logits)
+    assert arg == t.argmax(-1).tolist()
+    assert np.array_equal(np.array(vals), t.topk(k, -1).values.numpy())
+    for r in range(2):
+        assert ids[r] == sorted(range(vocab), key=lambda j: (-logits[r, j], j))[:k]
+
+
 @pytest.mark.parametrize("vocab", [64, 49152])
 def test_random_rows_like_a_model(vocab):
     logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
