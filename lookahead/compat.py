@@ -129,8 +129,10 @@ def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool,
     """One forward of ``model``; the float logits of its last ``keep`` input positions, [b, keep, V] (with
     ``logits_to_keep=keep`` when the model takes it, so only those rows get the LM head)."""
     kwargs = {**forward_kwargs, "logits_to_keep": keep} if keeps_logits else forward_kwargs
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs)
-    return out.logits[:, -keep:].float()
+    logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs).logits
+    if logits.shape[1] != keep:
+        logits = logits[:, -keep:]
+    return logits if logits.dtype == torch.float32 else logits.float()
 
 
 def generation_config_for_call(model, generation_config, kwargs: dict):

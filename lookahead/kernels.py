@@ -432,8 +432,11 @@ def _insert_top(row, a, b, low, k, ids, vals, m):
     return m
 
 
-RANKED = 64
-""":func:`_one_top` ranks at most this many values by counting (branch-free, O(n^2)); more, it inserts them."""
+RANKED_MAXIMA = 24
+""":func:`_one_top` finds the k-th largest of at most this many block maxima by counting (branch-free, O(n^2):
+a vocabulary of up to 384); more, it inserts them into a top k."""
+RANKED = 32
+""":func:`_one_top` places at most this many candidates by counting; more (ties at the bound), one by one."""
 
 
 @njit(cache=True, nogil=True)
@@ -448,12 +451,12 @@ def _top_scratch(v, k):
 @njit(cache=True, nogil=True)
 def _kth_largest(x, n, k, ids, vals):
     """The ``k``-th largest of ``x[:n]`` (``n >= k``), counted with multiplicity; ``ids`` / ``vals``: scratch of
-    ``k``. Few values are ranked by counting: value ``t``'s rank is how many come before it (larger, or equal
-    and earlier), and the k-th largest is the least of those ranked below ``k`` (no branch on the data, which a
-    fresh row's logits would mispredict); many are inserted into a top ``k``.
+    ``k``. Few values (:data:`RANKED_MAXIMA`) are ranked by counting: value ``t``'s rank is how many come before
+    it (larger, or equal and earlier), and the k-th largest is the least of those ranked below ``k`` (no branch on
+    the data, which a fresh row's logits would mispredict); many are inserted into a top ``k``.
 
     Example: ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
-    if n <= RANKED:
+    if n <= RANKED_MAXIMA:
         low = np.inf
         for t in range(n):
             v = x[t]
@@ -476,9 +479,11 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
     then the k-th largest of those maxima is a lower bound of the k-th largest entry (k blocks each hold an
     entry that large): the entries of the blocks whose maximum reaches it that reach it too are the
     candidates, gathered in order without a branch on their values, and ranked by counting
-    (:func:`_kth_largest`'s way; many, as in a row of ``-inf``, are inserted). A row with a NaN is offered
-    whole. On a CPU this is several times faster than ``argmax`` plus ``topk``; the branch-free steps matter
-    because each step's rows are new data, on which a branch on their values is mispredicted.
+    (:func:`_kth_largest`'s way; more than :data:`RANKED`, as in a row of ``-inf``, are inserted). A row with a
+    NaN, or of fewer than ``k`` blocks, is offered whole; ``k`` = 1 is the argmax. On a CPU this is several times
+    faster than ``argmax`` plus ``topk``; the branch-free steps matter because each step's rows are new data, on
+    which a branch on their values is mispredicted (65 rows of 256, k = 8: 51 -> 32 us; of 49152: 1.34 -> 1.32 ms;
+    ``benchmarks/results/host-step.md``).
 
     Example: ``[1., 5., 5., 2.]``, k=2 -> argmax 1, ids ``[1, 2]``, vals ``[5., 5.]``.
     """
@@ -487,11 +492,15 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
     for j in range(k):
         vals[j] = -np.inf
         ids[j] = -1
-    if _has_nan(row):  # the whole row, and the first NaN is the argmax
+    if _has_nan(row) or nb < k:  # the whole row (with a NaN, the first NaN is the argmax)
         _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
-        return _first_nan(row)
+        return _first_nan(row) if _has_nan(row) else ids[0]
+    if k == 1:  # the first maximal entry
+        j = _row_argmax(row, maxima)
+        ids[0], vals[0] = j, row[j]
+        return j
     _block_maxima(row, maxima)
-    low = _kth_largest(maxima, nb, k, low_ids, low_vals) if nb >= k else -np.inf
+    low = _kth_largest(maxima, nb, k, low_ids, low_vals)
     q = 0  # the blocks to offer, in order: each written, kept when its maximum reaches low
     for t in range(nb):
         blocks[q] = t
@@ -504,7 +513,7 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
             cand_v[c] = x
             cand_i[c] = j
             c += x >= low
-    if c <= RANKED:  # c >= k when nb >= k; else fewer entries than k in all, the rest of the slots stay unset
+    if c <= RANKED:  # c >= k (k blocks reach low)
         for e in range(c):
             x = cand_v[e]
             r = 0

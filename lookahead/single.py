@@ -142,7 +142,7 @@ class SingleCall:
         """(input ids [1, q], position ids [1, q], 4D mask or None) of this step. A step whose draft is one chain
         after the pending tokens (no branch, no window) is causal: the model's own mask and attention fast path,
         the very forward prompt lookup verifies its chains with."""
-        if self.col_visible is None and draft.window is None and _is_chain(draft.parents):
+        if self.col_visible is None and draft.window is None and _is_chain(draft.depth):
             return step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, None, self.device) + (None,)
         if len(self.pending) == 1:  # a step after the prompt's: the mask buffer writes only this step's block
             if self.step_mask is None:
@@ -255,8 +255,9 @@ class SingleCall:
                                           tuple(self.raw) if self.setup.keep_raw else None, self.cache)
 
 
-def _is_chain(parents: np.ndarray) -> bool:
-    """Whether a parent-first tree is one chain (node ``i``'s parent is ``i - 1``): then its mask is causal.
-    Example: ``[-1, 0, 1]`` -> True, ``[-1, -1]`` -> False, ``[]`` -> True."""
-    n = len(parents)
-    return n < 2 or bool(parents[-1] == n - 2 and (parents[1:] == np.arange(n - 1)).all())
+def _is_chain(depth: np.ndarray) -> bool:
+    """Whether a parent-first tree whose nodes have depths ``depth`` is one chain (node ``i``'s parent is
+    ``i - 1``): then its mask is causal. Its last node is ``n`` deep only then (a path of ``n`` nodes holds them all).
+    Example: depths ``[1, 2, 3]`` -> True, ``[1, 1]`` -> False, ``[]`` -> True."""
+    n = len(depth)
+    return n < 2 or int(depth[-1]) == n
