@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
+from lookahead import kv_cache
 from lookahead.compat import cache_kwarg_name
 from lookahead.kv_cache import MAX_MOVES, column_moves, keep_entries
 from lookahead.tree import pack_step, tree_depths
@@ -136,10 +137,10 @@ def test_greedy_verify_applies_processors_lazily_with_each_prefix():
 # --- KV compaction --------------------------------------------------------------------------
 
 
-def _cache_with(values: list[list[float]]):
+def _cache_with(values: list[list[float]], dtype=torch.float32):
     """A 1-layer DynamicCache whose keys/values at position i equal values[i]."""
     cache = DynamicCache()
-    t = torch.tensor(values, dtype=torch.float32)[None, None]  # [1, 1, seq, dim]
+    t = torch.tensor(values, dtype=dtype)[None, None]  # [1, 1, seq, dim]
     cache.update(t, t + 100, 0)
     return cache
 
@@ -167,8 +168,13 @@ def test_column_moves_are_runs_of_displaced_columns():
     assert column_moves([3, 4, 8]) == [(0, 3, 2), (2, 8, 1)]
 
 
-def test_keep_entries_equals_a_gather_for_any_kept_columns():
-    """Every kept set (one run, overlapping runs, scattered ones past MAX_MOVES): the gather's result."""
+@pytest.mark.parametrize("dtype, copies", [(torch.float32, "numpy"), (torch.bfloat16, "numpy"),
+                                           (torch.float32, "torch")])
+def test_keep_entries_equals_a_gather_for_any_kept_columns(dtype, copies, monkeypatch):
+    """Every kept set (one run, overlapping runs, scattered ones past MAX_MOVES): the gather's result, with the
+    copies a CPU makes (on NumPy views; bf16 as its bits) and those of other devices (torch's)."""
+    if copies == "torch":
+        monkeypatch.setattr(kv_cache, "host_view", lambda t: None)
     rng = np.random.default_rng(0)
     kinds = set()
     for _ in range(300):
@@ -176,8 +182,8 @@ def test_keep_entries_equals_a_gather_for_any_kept_columns():
         keep = sorted(rng.choice(new, int(rng.integers(1, new + 1)), replace=False).tolist())
         kinds.add(min(len(column_moves(keep)), MAX_MOVES + 1))
         values = rng.normal(size=(old + new, 2)).tolist()
-        cache = _cache_with(values)
-        want = torch.tensor(values)[list(range(old)) + [old + k for k in keep]]
+        cache = _cache_with(values, dtype)
+        want = torch.tensor(values, dtype=dtype)[list(range(old)) + [old + k for k in keep]]
         keep_entries(cache, n_new=new, keep=keep)
         assert torch.equal(cache.layers[0].keys[0, 0], want)
         assert torch.equal(cache.layers[0].values[0, 0], want + 100)
