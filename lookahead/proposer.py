@@ -217,11 +217,9 @@ class ModelSource(DraftSource):
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         if self.last < 0:
             return None
-        tokens, parents, shares = self.table.propose(self.prev, self.last, max_nodes, max_depth)
-        if not len(tokens):
-            return None
-        # 1 + how many of the bucket edges (a, b) each share reaches: 1 below a, 2 below b, else 3
-        return Proposal(tokens, parents, 1 + self.buckets.searchsorted(shares, side="right"))
+        # a node's match: 1 + how many of the bucket edges (a, b) its share reaches: 1 below a, 2 below b, else 3
+        tokens, parents, match = self.table.propose_buckets(self.prev, self.last, max_nodes, max_depth, self.buckets)
+        return Proposal(tokens, parents, match) if len(tokens) else None
 
     def learn(self, emitted: np.ndarray) -> None:
         for t in emitted[-2:].tolist():

@@ -177,6 +177,20 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
 
 
 @njit(cache=True)
+def _propose_buckets(keys, ids, share, rows, prev, last, max_depth, calibration, edges, out):
+    """:func:`_propose`, each node's share then replaced by its bucket: 1 + how many of ``edges`` (increasing) the
+    share (as :meth:`SuccessorTable.propose` returns it, to 1/1000) reaches. Returns m."""
+    m = _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out)
+    for j in range(m):
+        x = out[2, j] / 1000.0
+        b = 1
+        for e in range(edges.shape[0]):
+            b += edges[e] <= x
+        out[2, j] = b
+    return m
+
+
+@njit(cache=True)
 def _clear_keys(keys):
     """Zero the nonzero entries of ``keys`` int64[slots] (any stride) in place."""
     for s in range(keys.shape[0]):
@@ -232,6 +246,17 @@ class SuccessorTable:
         m = _propose(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
                      float(self.calibration), out)
         return out[0, :m], out[1, :m], out[2, :m] / 1000.0
+
+    def propose_buckets(self, prev: int, last: int, max_nodes: int, max_depth: int, edges: np.ndarray):
+        """:meth:`propose` with each share bucketed in the same kernel call: (tokens int64[m], parents int64[m],
+        buckets int64[m]), a bucket 1 + how many of ``edges`` (float64, increasing) the share reaches
+        (``1 + edges.searchsorted(shares, side="right")``)."""
+        if max_nodes <= 0:
+            return _EMPTY, _EMPTY, _EMPTY
+        out = np.empty((3, max_nodes), np.int64)
+        m = _propose_buckets(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
+                             float(self.calibration), edges, out)
+        return out[0, :m], out[1, :m], out[2, :m]
 
     # pickling: only the slots in use
     def __getstate__(self) -> dict:

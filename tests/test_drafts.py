@@ -275,6 +275,22 @@ def test_successor_table_docstring_example():
     assert table.propose(-1, 4, 8, 8)[0].tolist() == []  # nothing known after 4
 
 
+def test_successor_table_buckets_its_shares_as_searchsorted_does():
+    """``propose_buckets``: the tree ``propose`` gives, each share replaced by 1 + the bucket edges it reaches
+    (``ModelSource.buckets``), a share at an edge (0.95 exactly) in the upper bucket."""
+    table = SuccessorTable(3, rows=64)
+    logits = np.array([[np.log(19.0), 0.0, -30.0], [0.0, 0.0, 0.0], [5.0, -40.0, -40.0]], np.float32)
+    table.update(np.array([-1, -1, -1]), np.array([5, 6, 7]), np.array([[6, 7, 8], [9, 10, 11], [12, 13, 14]]),
+                 logits)  # 5 -> 6 (share 0.95), 7, 8; 6 -> thirds; 7 -> 12 (share 1.0)
+    edges = ModelSource.buckets
+    for last in (5, 6, 7, 4):
+        tokens, parents, shares = table.propose(-1, last, 12, 3)
+        b_tokens, b_parents, buckets = table.propose_buckets(-1, last, 12, 3, edges)
+        assert b_tokens.tolist() == tokens.tolist() and b_parents.tolist() == parents.tolist()
+        assert buckets.tolist() == (1 + edges.searchsorted(shares, side="right")).tolist()
+    assert table.propose_buckets(-1, 5, 1, 1, edges)[2].tolist() == [2]  # 0.95 reaches the first edge
+
+
 def test_successor_table_pairs_first_later_rows_replace_unknown_rows_skipped():
     table = SuccessorTable(2, rows=64)
     table.update(np.array([-1]), np.array([5]), np.array([[6, 7]]), np.zeros((1, 2), np.float32))
