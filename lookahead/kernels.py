@@ -781,6 +781,31 @@ def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, cl
     _step_block(mask, past, p, parents, window_visible, neg)
 
 @njit(cache=True)
+def fill_step(mask, inputs, past, pending, pending_pos, tokens, depth, parents, window_tokens, window_offsets,
+              window_visible, col_visible, neg, clean_from, rows_used):
+    """:func:`fill_step_block` and the step's inputs in one call: ``inputs`` int64[2, >= q] gets the ids (row 0) and
+    positions (row 1) of the ``p`` pending tokens (``pending`` / ``pending_pos``), the tree's nodes (``tokens``,
+    one past the last pending position plus ``depth`` - 1) and the window's rows (``window_tokens`` at the last
+    pending position plus ``window_offsets``), as ``tree.step_inputs`` gives them.
+
+    Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]``, no window -> inputs
+    ``[[7, 5, 6], [9, 10, 11]]`` and the block of :func:`fill_step_block`."""
+    p = pending.shape[0]
+    n = tokens.shape[0]
+    fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)
+    last = pending_pos[p - 1]
+    for i in range(p):
+        inputs[0, i] = pending[i]
+        inputs[1, i] = pending_pos[i]
+    for j in range(n):
+        inputs[0, p + j] = tokens[j]
+        inputs[1, p + j] = last + depth[j]
+    for j in range(window_tokens.shape[0]):
+        inputs[0, p + n + j] = window_tokens[j]
+        inputs[1, p + n + j] = last + window_offsets[j]
+
+
+@njit(cache=True)
 def fill_static_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, dirty_to, rows_used,
                       q):
     """One step's additive mask in a preallocated buffer over a static cache's every column (``mask`` [rows,

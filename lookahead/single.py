@@ -149,9 +149,8 @@ class SingleCall:
                 rows = self.policy.max_rows() + 1
                 self.step_mask = StepMask(rows, self.setup.gen.max_length + rows + 1, self.setup.dtype, self.device,
                                           self.col_visible)
-            window = draft.window
-            mask = self.step_mask(self.past_len, 1, draft.parents, None if window is None else window.visible)
-            return (*step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, window, self.device), mask)
+            return self.step_mask.step(self.past_len, self.pending, self.pending_pos, draft.tokens, draft.depth,
+                                       draft.parents, draft.window)
         col_visible = None if self.col_visible is None else self.col_visible[: self.length]
         return pack_step(self.pending, self.pending_pos, draft.tokens, draft.parents, col_visible, self.past_len,
                          self.setup.dtype, draft.window, self.device, draft.depth)

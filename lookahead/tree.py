@@ -22,10 +22,15 @@ Every row also sees the cached columns that are not padding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from . import kernels as K
+
+if TYPE_CHECKING:
+    from .draft import WindowRows
 
 
 def tree_depths(parents: np.ndarray) -> np.ndarray:
@@ -116,6 +121,7 @@ def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.nd
 
 
 _NO_WINDOW = np.zeros((0, 0), dtype=bool)
+_NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_COLUMNS = np.zeros(0, dtype=bool)
 
 
@@ -149,6 +155,7 @@ class StepMask:
         self._host = self._host_view()
         self.clean = 0  # columns before this are in the invariant state (visible, but padding)
         self.rows_used = 0
+        self._inputs: torch.Tensor | None = None  # [2, rows] on a CPU: a step's ids and positions (:meth:`step`)
 
     def _host_view(self) -> np.ndarray | None:
         """The buffer's bits as a NumPy array sharing its memory (on a CPU), else None."""
@@ -172,6 +179,27 @@ class StepMask:
             self._fill_on_device(past, pending, parents, window, clean, q)
         self.clean, self.rows_used = past, max(self.rows_used, q)
         return self.buffer.as_strided((1, 1, q, past + q), self.buffer.stride())  # [:, :, :q, :past + q], cheaper
+
+    def step(self, past: int, pending: np.ndarray, pending_pos: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
+             parents: np.ndarray, window: WindowRows | None = None):
+        """(input ids long[1, q], position ids long[1, q], the mask of :meth:`__call__`) of a step: on a CPU written in
+        one kernel call into buffers kept across steps (views valid until the next call), else :func:`step_inputs`
+        and :meth:`__call__`. Arguments as :func:`step_inputs` and :meth:`__call__` take them."""
+        q = len(pending) + len(tokens) + (0 if window is None else len(window.tokens))
+        host = self._host
+        if host is None or q > host.shape[0] or past + q > host.shape[1]:
+            mask = self(past, len(pending), parents, None if window is None else window.visible)
+            return (*step_inputs(pending, pending_pos, tokens, depth, window, self.device), mask)
+        if self._inputs is None or self._inputs.shape[1] < host.shape[0]:  # new, or the mask's rows grew
+            self._inputs = torch.empty((2, host.shape[0]), dtype=torch.long)
+            self._inputs_host = self._inputs.numpy()
+        w_tokens, w_offsets, w_visible = (_NO_IDS, _NO_IDS, _NO_WINDOW) if window is None else window
+        K.fill_step(host, self._inputs_host, past, pending, pending_pos, tokens, depth, parents, w_tokens, w_offsets,
+                    w_visible, self.col_visible, self.neg, min(self.clean, past), self.rows_used)
+        self.clean, self.rows_used = past, max(self.rows_used, q)
+        inputs, width = self._inputs, self._inputs.shape[1]
+        return (inputs.as_strided((1, q), (width, 1)), inputs.as_strided((1, q), (width, 1), width),
+                self.buffer.as_strided((1, 1, q, past + q), self.buffer.stride()))
 
     def _fill_on_device(self, past, pending, parents, window, clean, q) -> None:
         block = np.empty((q, q), dtype=np.dtype(f"int{torch.finfo(self.dtype).bits}"))

@@ -67,6 +67,39 @@ def test_pack_step_prefill_with_padding_and_tree():
     ]
 
 
+@pytest.mark.parametrize("dtype, padded", [(torch.float32, False), (torch.bfloat16, True)])
+def test_step_mask_steps_equal_pack_step(dtype, padded):
+    """``StepMask.step`` (one kernel call into buffers kept across steps) gives each step of a decode what
+    ``pack_step`` builds anew: ids, positions and mask, for random trees with and without window rows, while the
+    context grows; a step larger than the buffer's rows takes the general path, and the next one the buffers again."""
+    from lookahead.draft import WindowRows
+    from lookahead.tree import StepMask, tree_depth_rank
+
+    rng = np.random.default_rng(0)
+    col_visible = np.ones(200, bool)
+    if padded:
+        col_visible[[0, 1, 5]] = False
+    steps = StepMask(12, 200, dtype, "cpu", col_visible if padded else None)
+    past = 8
+    for step in range(30):
+        n = int(rng.integers(0, 12)) if step != 7 else 20  # step 7: more rows than the buffer has
+        parents = np.array([int(rng.integers(-1, i)) for i in range(n)], np.int64)
+        tokens = rng.integers(0, 100, n).astype(np.int64)
+        depth, _ = tree_depth_rank(parents)
+        window = None
+        if step % 3 == 0:
+            m = int(rng.integers(1, 4))
+            window = WindowRows(rng.integers(0, 100, m).astype(np.int64), np.arange(1, m + 1, dtype=np.int64),
+                                np.tril(np.ones((m, m), bool)))
+        pending, pending_pos = np.array([int(rng.integers(0, 100))]), np.array([past + 3])
+        ids, pos, mask = steps.step(past, pending, pending_pos, tokens, depth, parents, window)
+        want = pack_step(pending, pending_pos, tokens, parents, col_visible[: past + 1] if padded else None, past,
+                         dtype, window, "cpu", depth)
+        assert torch.equal(ids, want[0]) and torch.equal(pos, want[1])
+        assert torch.equal(mask, want[2].to(dtype)), step
+        past += int(rng.integers(1, 4))
+
+
 def test_pack_step_without_tree_is_a_plain_step():
     ids, pos, mask = pack_step(torch.tensor([[3]]), torch.tensor([[4]]), np.zeros(0, np.int64),
                                np.zeros(0, np.int64), None, 4, torch.float32)
