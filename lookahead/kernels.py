@@ -451,9 +451,9 @@ def _top_scratch(v, k):
 @njit(cache=True, nogil=True)
 def _kth_largest(x, n, k, ids, vals):
     """The ``k``-th largest of ``x[:n]`` (``n >= k``), counted with multiplicity; ``ids`` / ``vals``: scratch of
-    ``k``. Few values (:data:`RANKED_MAXIMA`) are ranked by counting: value ``t``'s rank is how many come before
-    it (larger, or equal and earlier), and the k-th largest is the least of those ranked below ``k`` (no branch on
-    the data, which a fresh row's logits would mispredict); many are inserted into a top ``k``.
+    ``k``. Few values (:data:`RANKED_MAXIMA`) are counted: fewer than ``k`` values exceed a value exactly when it
+    is at least the k-th largest, so that is the least such value (no branch on the data, which a fresh row's
+    logits would mispredict); many are inserted into a top ``k``.
 
     Example: ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
     if n <= RANKED_MAXIMA:
@@ -462,7 +462,7 @@ def _kth_largest(x, n, k, ids, vals):
             v = x[t]
             r = 0
             for u in range(n):
-                r += (x[u] > v) | ((x[u] == v) & (u < t))
+                r += x[u] > v
             low = min(low, v) if r < k else low
         return low
     _insert_top(x, 0, n, -np.inf, k, ids, vals, 0)

@@ -50,8 +50,13 @@ def check_rollbackable(cache: Cache) -> None:
 
 def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
     """Of the step's last ``n_new`` entries, keep the ``k``-th for ``k`` in ``keep`` (increasing, in order), drop
-    the others of the step (a batch of one row: :func:`keep_rows_entries`). Mutates ``cache``."""
-    keep_rows_entries(cache, n_new, [keep])
+    the others of the step (:func:`keep_rows_entries` for a batch of one row; the layers are read only when a
+    kept column must move). Mutates ``cache``."""
+    moves = column_moves(keep)
+    if moves:
+        layers = kv_layers(cache)
+        move_kept(layers, [layer.keys.shape[-2] - n_new for layer in layers], keep, moves)
+    crop_cache(cache, n_new - len(keep))
 
 
 def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
@@ -108,13 +113,13 @@ def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
     return moves
 
 
-def move_kept(layers: list, firsts: list[int], keep: list[int]) -> None:
+def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | None = None) -> None:
     """Move one row's kept step columns ``keep`` (increasing) to the front of each layer's step region, which
     starts at column ``firsts[i]`` of ``layers[i]``'s keys and values, in place: nothing when they are there
     already, a slice copy per run of them (:func:`column_moves`, at most :data:`MAX_MOVES` runs), else one
-    gather per tensor. The caller crops what follows. Example: ``keep [0, 1, 2, 9, 10]``: columns 9, 10 of the
-    region go to 3, 4 in one copy per tensor."""
-    moves = column_moves(keep)
+    gather per tensor (``moves``: :func:`column_moves` of ``keep``, when the caller has them). The caller crops what
+    follows. Example: ``keep [0, 1, 2, 9, 10]``: columns 9, 10 of the region go to 3, 4 in one copy per tensor."""
+    moves = column_moves(keep) if moves is None else moves
     if not moves:
         return
     src = order = None
