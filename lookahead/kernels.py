@@ -480,10 +480,10 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
     entry that large): the entries of the blocks whose maximum reaches it that reach it too are the
     candidates, gathered in order without a branch on their values, and ranked by counting
     (:func:`_kth_largest`'s way; more than :data:`RANKED`, as in a row of ``-inf``, are inserted). A row with a
-    NaN, or of fewer than ``k`` blocks, is offered whole; ``k`` = 1 is the argmax. On a CPU this is several times
-    faster than ``argmax`` plus ``topk``; the branch-free steps matter because each step's rows are new data, on
-    which a branch on their values is mispredicted (65 rows of 256, k = 8: 51 -> 32 us; of 49152: 1.34 -> 1.32 ms;
-    ``benchmarks/results/host-step.md``).
+    NaN, or of fewer than ``k`` blocks, is offered whole; for ``k`` = 1 the blocks holding the maximum are. On a
+    CPU this is several times faster than ``argmax`` plus ``topk``; the branch-free steps matter because each
+    step's rows are new data, on which a branch on their values is mispredicted (65 rows of 256, k = 8: 51 -> 31
+    us; ``benchmarks/results/host-step.md``).
 
     Example: ``[1., 5., 5., 2.]``, k=2 -> argmax 1, ids ``[1, 2]``, vals ``[5., 5.]``.
     """
@@ -495,11 +495,15 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
     if _has_nan(row) or nb < k:  # the whole row (with a NaN, the first NaN is the argmax)
         _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
         return _first_nan(row) if _has_nan(row) else ids[0]
-    if k == 1:  # the first maximal entry
-        j = _row_argmax(row, maxima)
-        ids[0], vals[0] = j, row[j]
-        return j
     _block_maxima(row, maxima)
+    if k == 1:  # the blocks holding the maximum, offered in order (one comparison an entry: no ranking pays)
+        _insert_top(maxima, 0, nb, -np.inf, 1, low_ids, low_vals, 0)
+        low = low_vals[0]
+        m = 0
+        for t in range(nb):
+            if maxima[t] >= low:
+                m = _insert_top(row, t * _BLOCK, min(t * _BLOCK + _BLOCK, v), low, 1, ids, vals, m)
+        return ids[0]
     low = _kth_largest(maxima, nb, k, low_ids, low_vals)
     q = 0  # the blocks to offer, in order: each written, kept when its maximum reaches low
     for t in range(nb):
@@ -599,9 +603,15 @@ def _row_argmax(row, maxima):
     ``maxima``), then the first block holding the largest is scanned for its first entry equal to it.
 
     Example: ``[1., 5., 3., 5.]`` -> 1; ``[1., nan, 7.]`` -> 1."""
-    v = row.shape[0]
     if _has_nan(row):
         return _first_nan(row)
+    return _argmax_no_nan(row, maxima)
+
+
+@njit(cache=True, nogil=True)
+def _argmax_no_nan(row, maxima):
+    """:func:`_row_argmax` of a row without NaN."""
+    v = row.shape[0]
     _block_maxima(row, maxima)
     nb = (v + _BLOCK - 1) // _BLOCK
     best = 0
