@@ -92,8 +92,8 @@ def main():
                    for _ in range(2)]
             before, now = [], []
             for _ in range(3):  # interleaved rounds; the least of each (a shared machine only adds time)
-                before.append(per_call_us(lambda x: rows_top_before(x, c, c, k, *out[0]), pool))
-                now.append(per_call_us(lambda x: K.rows_top(x, c, c, k, *out[1]), pool))
+                before.append(per_call_us(lambda x, c=c, k=k, o=out[0]: rows_top_before(x, c, c, k, *o), pool))
+                now.append(per_call_us(lambda x, c=c, k=k, o=out[1]: K.rows_top(x, c, c, k, *o), pool))
             same = all(np.array_equal(a, b) for a, b in zip(out[0], out[1]))
             print(f"| {k} | {vocab} | {min(before):.1f} | {min(now):.1f} | {same} |")
 
