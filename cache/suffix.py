@@ -305,6 +305,22 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
     return k
 
 
+@njit(cache=True)
+def propose_buckets(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states,
+                    bucket_edges, out):
+    """:func:`propose`, then each node's match replaced by the bucket of the context it follows once its ancestors
+    are accepted (its match + its depth - 1): 1 + how many of ``bucket_edges`` (increasing) that reaches. Returns
+    ``k``; ``out[3, :k]`` keeps the depths."""
+    k = propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out)
+    for j in range(k):
+        followed = out[2, j] + out[3, j] - 1
+        b = 1
+        for e in range(bucket_edges.shape[0]):
+            b += bucket_edges[e] <= followed
+        out[2, j] = b
+    return k
+
+
 class SuffixIndex:
     """The suffix automaton of one request's context (see the module docstring).
 
@@ -417,6 +433,18 @@ class SuffixIndex:
             return out[0, :k], out[1, :k], out[2, :k], out[3, :k]
         return out[0, :k], out[1, :k], out[2, :k]
 
+    def propose_buckets(self, max_nodes: int, max_depth: int, max_branches: int, branch_depth: int,
+                        bucket_edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`propose`'s (tokens, parents) and, in the same kernel call, each node's bucket: 1 + how many of
+        ``bucket_edges`` (int64, increasing) the context it follows once its ancestors are accepted reaches (its
+        match + its depth - 1). Example: edges ``[4, 16]``, a node of match 2 at depth 3 follows 4 tokens: 2."""
+        if max_nodes <= 0:
+            return _EMPTY, _EMPTY, _EMPTY
+        out = np.empty((4, max_nodes), np.int64)
+        k = propose_buckets(self._states, self._edges, self._info, self._tokens, max_depth, max_branches,
+                            branch_depth, 1, 16, bucket_edges, out)
+        return out[0, :k], out[1, :k], out[2, :k]
+
 
 _EMPTY = np.zeros(0, np.int64)
 _EMPTY.flags.writeable = False
@@ -433,3 +461,6 @@ def _warm_up() -> None:
     index._allocate(8)
     index.extend(np.array([1, 2, 1, 2, 3, 1, 2, 1, 2, 3], np.int64))  # runs a rebuild too
     index.propose(4, 4, 2, 2)
+    edges = np.array([4, 16])
+    edges.flags.writeable = False  # as a draft source keeps its bucket edges
+    index.propose_buckets(4, 4, 2, 2, edges)

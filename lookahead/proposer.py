@@ -171,12 +171,10 @@ class CopySource(DraftSource):
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         """``context`` is not read: the index holds the whole context."""
-        tokens, parents, match, depth = self.index.propose(max_nodes, max_depth, self.branches, self.branch_depth,
-                                                           with_depth=True)
-        if not len(tokens):
-            return None
-        followed = match + depth - 1  # context matched once the node's ancestors are accepted
-        return Proposal(tokens, parents, 1 + self.buckets.searchsorted(followed, side="right"))  # 1, 2 or 3
+        # a node's match: the bucket (1, 2 or 3) of the context it follows once its ancestors are accepted
+        tokens, parents, match = self.index.propose_buckets(max_nodes, max_depth, self.branches, self.branch_depth,
+                                                            self.buckets)
+        return Proposal(tokens, parents, match) if len(tokens) else None
 
     def learn(self, emitted: np.ndarray) -> None:
         self.index.extend(emitted)

@@ -323,3 +323,19 @@ def test_clear_leaves_the_table_empty_whatever_was_indexed():
         index.extend(seq)
         fresh.extend(seq)
         assert [a.tolist() for a in index.propose(16, 8, 2)] == [b.tolist() for b in fresh.propose(16, 8, 2)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(2, 6), branches=st.integers(1, 4))
+def test_bucketed_proposal_is_the_proposal_with_its_followed_context_bucketed(seed, vocab, branches):
+    """``propose_buckets``: ``propose``'s tokens and parents, each node's match replaced by 1 + how many of the
+    edges the context it follows once its ancestors are accepted (match + depth - 1) reaches; an edge itself
+    counts as reached (``searchsorted(side="right")``)."""
+    index = SuffixIndex(64)
+    index.extend(np.random.default_rng(seed).integers(0, vocab, 48))
+    edges = np.array([4, 16])
+    tokens, parents, match, depth = index.propose(24, 12, branches, 4, with_depth=True)
+    b_tokens, b_parents, buckets = index.propose_buckets(24, 12, branches, 4, edges)
+    assert b_tokens.tolist() == tokens.tolist() and b_parents.tolist() == parents.tolist()
+    assert buckets.tolist() == (1 + edges.searchsorted(match + depth - 1, side="right")).tolist()
+    assert index.propose_buckets(0, 12, branches, 4, edges)[0].tolist() == []
