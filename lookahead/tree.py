@@ -22,15 +22,10 @@ Every row also sees the cached columns that are not padding.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from . import kernels as K
-
-if TYPE_CHECKING:
-    from .draft import WindowRows
 
 
 def tree_depths(parents: np.ndarray) -> np.ndarray:
@@ -181,14 +176,15 @@ class StepMask:
         return self.buffer.as_strided((1, 1, q, past + q), self.buffer.stride())  # [:, :, :q, :past + q], cheaper
 
     def step(self, past: int, pending: np.ndarray, pending_pos: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
-             parents: np.ndarray, window: WindowRows | None = None):
+             parents: np.ndarray, window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         """(input ids long[1, q], position ids long[1, q], the mask of :meth:`__call__`) of a step: on a CPU written in
         one kernel call into buffers kept across steps (views valid until the next call), else :func:`step_inputs`
-        and :meth:`__call__`. Arguments as :func:`step_inputs` and :meth:`__call__` take them."""
-        q = len(pending) + len(tokens) + (0 if window is None else len(window.tokens))
+        and :meth:`__call__`. Arguments as :func:`step_inputs` and :meth:`__call__` take them; ``window``: the
+        window's rows (a ``draft.WindowRows``: tokens, offsets, visibility), or None."""
+        q = len(pending) + len(tokens) + (0 if window is None else len(window[0]))
         host = self._host
         if host is None or q > host.shape[0] or past + q > host.shape[1]:
-            mask = self(past, len(pending), parents, None if window is None else window.visible)
+            mask = self(past, len(pending), parents, None if window is None else window[2])
             return (*step_inputs(pending, pending_pos, tokens, depth, window, self.device), mask)
         if self._inputs is None or self._inputs.shape[1] < host.shape[0]:  # new, or the mask's rows grew
             self._inputs = torch.empty((2, host.shape[0]), dtype=torch.long)
