@@ -411,6 +411,20 @@ def _block_maxima(row, out):
         out[t] = m
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _insert(x, j, k, ids, vals, m):
+    """Put value ``x`` of id ``j`` into the top ``k`` kept so far (``m`` of them, in ``ids`` / ``vals`` largest first,
+    an equal earlier value ahead), when there is room or it beats the last; returns how many are kept."""
+    p = m if m < k else k - 1
+    while p > 0 and vals[p - 1] < x:  # strict: an equal earlier value stays ahead
+        vals[p] = vals[p - 1]
+        ids[p] = ids[p - 1]
+        p -= 1
+    vals[p] = x
+    ids[p] = j
+    return m + 1 if m < k else m
+
+
 @njit(cache=True, nogil=True)
 def _insert_top(row, a, b, low, k, ids, vals, m):
     """Offer ``row[a:b]``'s entries of at least ``low`` to the top ``k`` kept so far (``m`` of them, in ``ids`` /
@@ -419,15 +433,7 @@ def _insert_top(row, a, b, low, k, ids, vals, m):
     for j in range(a, b):
         x = row[j]
         if x >= low and (x > thr or (m < k and x == x)):
-            p = m if m < k else k - 1
-            while p > 0 and vals[p - 1] < x:  # strict: an equal earlier value stays ahead
-                vals[p] = vals[p - 1]
-                ids[p] = ids[p - 1]
-                p -= 1
-            vals[p] = x
-            ids[p] = j
-            if m < k:
-                m += 1
+            m = _insert(x, j, k, ids, vals, m)
             thr = vals[k - 1] if m == k else -np.inf
     return m
 
@@ -529,17 +535,8 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
         return ids[0]
     m = 0  # many candidates (ties at low, as in a row of -inf): a top k by insertion
     for e in range(c):
-        x = cand_v[e]
-        if m < k or x > vals[k - 1]:
-            p = m if m < k else k - 1
-            while p > 0 and vals[p - 1] < x:  # strict: an equal earlier value stays ahead
-                vals[p] = vals[p - 1]
-                ids[p] = ids[p - 1]
-                p -= 1
-            vals[p] = x
-            ids[p] = cand_i[e]
-            if m < k:
-                m += 1
+        if m < k or cand_v[e] > vals[k - 1]:
+            m = _insert(cand_v[e], cand_i[e], k, ids, vals, m)
     return ids[0]
 
 

@@ -1,38 +1,19 @@
 """The readout of a step's rows (``kernels.rows_top``: argmax and top k of each) as it is now against the version
-before it (kept here): the k-th largest block maximum by counting for up to 24 blocks, the entries of the blocks
-that reach it gathered without branches and placed by counting, ``k = 1`` as the argmax; the earlier version
-inserted both one by one, with branches on the values that new logits make unpredictable. 65 rows, new logits at
-every call (a pool of arrays, round robin), microseconds per call: the least of three interleaved rounds.
+before it (kept here, around the insertion both share). Now: for k > 1 the k-th largest block maximum is counted
+for up to 24 blocks, the entries of the blocks that reach it are gathered without branches and placed by counting;
+k = 1 runs the earlier algorithm. Before: both inserted one by one, with branches on the values that new logits
+make unpredictable. 65 rows, new logits at every call (a pool of arrays, round robin), microseconds per call: the
+least of three interleaved rounds.
 
     PYTHONPATH=. python benchmarks/results/host-step/readout_blocks.py
 """
-import time
-
 import numpy as np
 from numba import njit
+from rows_top_speed import per_call_us  # (this script's folder is on sys.path)
 
 from lookahead import kernels as K
 
-ROWS, CALLS = 65, 200
-
-
-@njit(cache=False, nogil=True)
-def _insert_top(row, a, b, low, k, ids, vals, m):
-    thr = vals[k - 1] if m == k else -np.inf
-    for j in range(a, b):
-        x = row[j]
-        if x >= low and (x > thr or (m < k and x == x)):
-            p = m if m < k else k - 1
-            while p > 0 and vals[p - 1] < x:
-                vals[p] = vals[p - 1]
-                ids[p] = ids[p - 1]
-                p -= 1
-            vals[p] = x
-            ids[p] = j
-            if m < k:
-                m += 1
-            thr = vals[k - 1] if m == k else -np.inf
-    return m
+ROWS = 65
 
 
 @njit(cache=False, nogil=True)
@@ -43,17 +24,17 @@ def _one_top_before(row, k, ids, vals, maxima, low_ids, low_vals):
         vals[j] = -np.inf
         ids[j] = -1
     if K._has_nan(row):
-        _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
+        K._insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
         return K._first_nan(row)
     K._block_maxima(row, maxima)
     low = -np.inf
     if nb >= k:
-        _insert_top(maxima, 0, nb, -np.inf, k, low_ids, low_vals, 0)
+        K._insert_top(maxima, 0, nb, -np.inf, k, low_ids, low_vals, 0)
         low = low_vals[k - 1]
     m = 0
     for t in range(nb):
         if maxima[t] >= low:
-            m = _insert_top(row, t * K._BLOCK, min(t * K._BLOCK + K._BLOCK, v), low, k, ids, vals, m)
+            m = K._insert_top(row, t * K._BLOCK, min(t * K._BLOCK + K._BLOCK, v), low, k, ids, vals, m)
     return ids[0]
 
 
@@ -66,17 +47,6 @@ def rows_top_before(logits, argmax_rows, top_rows, k, argmax, ids, vals):
         for j in range(argmax_rows[i]):
             argmax[i, j] = _one_top_before(logits[i, j], k, ids[i, j], vals[i, j], maxima, low_ids, low_vals)
     return argmax
-
-
-def per_call_us(f, pool) -> float:
-    f(pool[0])
-    total = 0.0
-    for r in range(CALLS):
-        x = pool[r % len(pool)]
-        t = time.perf_counter()
-        f(x)
-        total += time.perf_counter() - t
-    return total / CALLS * 1e6
 
 
 def main():
