@@ -5,6 +5,7 @@
   its multipliers, which the model-prediction table's pair keys (``lookahead.recycle``) use too.
 - :func:`heap_push` / :func:`heap_pop`: a binary heap of entry indices ordered by (score descending, depth
   ascending, tie descending), the order in which a best-first proposal takes its candidates.
+- :func:`bucket`: a proposal's match on the acceptance estimates' scale (1 + the bucket edges it reaches).
 
 Each is ``inline="always"``: it compiles into its caller's loop, as if written there.
 """
@@ -80,3 +81,13 @@ def heap_pop(heap, n, score, depth, tie):
             break
     heap[i] = last
     return top, n
+
+
+@njit(cache=True, inline="always")
+def bucket(x, edges):
+    """1 + how many of ``edges`` (increasing) ``x`` reaches: ``1 + edges.searchsorted(x, side="right")``.
+    Example: edges ``[4, 16]``: 3 -> 1, 4 -> 2, 20 -> 3."""
+    b = 1
+    for e in range(edges.shape[0]):
+        b += edges[e] <= x
+    return b

@@ -74,7 +74,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .primitives import pair_slot
+from .primitives import bucket, pair_slot
 
 # columns of ``states`` and ``edges``
 LEN, LINK, FIRST, HEAD, TAIL = range(5)
@@ -313,11 +313,7 @@ def propose_buckets(states, edges, info, tokens, max_depth, max_branches, branch
     ``k``; ``out[3, :k]`` keeps the depths."""
     k = propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out)
     for j in range(k):
-        followed = out[2, j] + out[3, j] - 1
-        b = 1
-        for e in range(bucket_edges.shape[0]):
-            b += bucket_edges[e] <= followed
-        out[2, j] = b
+        out[2, j] = bucket(out[2, j] + out[3, j] - 1, bucket_edges)
     return k
 
 
@@ -434,15 +430,17 @@ class SuffixIndex:
         return out[0, :k], out[1, :k], out[2, :k]
 
     def propose_buckets(self, max_nodes: int, max_depth: int, max_branches: int, branch_depth: int,
-                        bucket_edges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`propose`'s (tokens, parents) and, in the same kernel call, each node's bucket: 1 + how many of
-        ``bucket_edges`` (int64, increasing) the context it follows once its ancestors are accepted reaches (its
-        match + its depth - 1). Example: edges ``[4, 16]``, a node of match 2 at depth 3 follows 4 tokens: 2."""
+                        bucket_edges: np.ndarray, min_match: int = 1,
+                        max_states: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`propose`'s (tokens, parents) and, in the same kernel call, each node's bucket
+        (``primitives.bucket``): 1 + how many of ``bucket_edges`` (int64, increasing) the context it follows once
+        its ancestors are accepted reaches (its match + its depth - 1). Example: edges ``[4, 16]``, a node of match
+        2 at depth 3 follows 4 tokens: 2."""
         if max_nodes <= 0:
             return _EMPTY, _EMPTY, _EMPTY
         out = np.empty((4, max_nodes), np.int64)
         k = propose_buckets(self._states, self._edges, self._info, self._tokens, max_depth, max_branches,
-                            branch_depth, 1, 16, bucket_edges, out)
+                            branch_depth, min_match, max_states, bucket_edges, out)
         return out[0, :k], out[1, :k], out[2, :k]
 
 

@@ -498,9 +498,10 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
     for j in range(k):
         vals[j] = -np.inf
         ids[j] = -1
-    if _has_nan(row) or nb < k:  # the whole row (with a NaN, the first NaN is the argmax)
+    nan = _has_nan(row)
+    if nan or nb < k:  # the whole row (with a NaN, the first NaN is the argmax)
         _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
-        return _first_nan(row) if _has_nan(row) else ids[0]
+        return _first_nan(row) if nan else ids[0]
     _block_maxima(row, maxima)
     if k == 1:  # the blocks holding the maximum, offered in order (one comparison an entry: no ranking pays)
         _insert_top(maxima, 0, nb, -np.inf, 1, low_ids, low_vals, 0)
@@ -600,15 +601,9 @@ def _row_argmax(row, maxima):
     ``maxima``), then the first block holding the largest is scanned for its first entry equal to it.
 
     Example: ``[1., 5., 3., 5.]`` -> 1; ``[1., nan, 7.]`` -> 1."""
+    v = row.shape[0]
     if _has_nan(row):
         return _first_nan(row)
-    return _argmax_no_nan(row, maxima)
-
-
-@njit(cache=True, nogil=True)
-def _argmax_no_nan(row, maxima):
-    """:func:`_row_argmax` of a row without NaN."""
-    v = row.shape[0]
     _block_maxima(row, maxima)
     nb = (v + _BLOCK - 1) // _BLOCK
     best = 0

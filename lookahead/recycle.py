@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cache.primitives import MIX1, MIX2, heap_pop, heap_push
+from .cache.primitives import MIX1, MIX2, bucket, heap_pop, heap_push
 
 CALIBRATION = 0.62
 """P(a drafted successor follows) / its share; measured on SmolLM2's recorded greedy outputs
@@ -182,11 +182,7 @@ def _propose_buckets(keys, ids, share, rows, prev, last, max_depth, calibration,
     share (as :meth:`SuccessorTable.propose` returns it, to 1/1000) reaches. Returns m."""
     m = _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out)
     for j in range(m):
-        x = out[2, j] / 1000.0
-        b = 1
-        for e in range(edges.shape[0]):
-            b += edges[e] <= x
-        out[2, j] = b
+        out[2, j] = bucket(out[2, j] / 1000.0, edges)
     return m
 
 

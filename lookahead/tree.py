@@ -172,6 +172,10 @@ class StepMask:
                               self.rows_used)
         else:
             self._fill_on_device(past, pending, parents, window, clean, q)
+        return self._written(past, q)
+
+    def _written(self, past: int, q: int) -> torch.Tensor:
+        """After a step's block is written: the buffer's state moved on, and the mask [1, 1, q, past + q]."""
         self.clean, self.rows_used = past, max(self.rows_used, q)
         return self.buffer.as_strided((1, 1, q, past + q), self.buffer.stride())  # [:, :, :q, :past + q], cheaper
 
@@ -192,10 +196,8 @@ class StepMask:
         w_tokens, w_offsets, w_visible = (_NO_IDS, _NO_IDS, _NO_WINDOW) if window is None else window
         K.fill_step(host, self._inputs_host, past, pending, pending_pos, tokens, depth, parents, w_tokens, w_offsets,
                     w_visible, self.col_visible, self.neg, min(self.clean, past), self.rows_used)
-        self.clean, self.rows_used = past, max(self.rows_used, q)
         inputs, width = self._inputs, self._inputs.shape[1]
-        return (inputs.as_strided((1, q), (width, 1)), inputs.as_strided((1, q), (width, 1), width),
-                self.buffer.as_strided((1, 1, q, past + q), self.buffer.stride()))
+        return inputs.as_strided((1, q), (width, 1)), inputs.as_strided((1, q), (width, 1), width), self._written(past, q)
 
     def _fill_on_device(self, past, pending, parents, window, clean, q) -> None:
         block = np.empty((q, q), dtype=np.dtype(f"int{torch.finfo(self.dtype).bits}"))
