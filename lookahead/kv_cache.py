@@ -183,11 +183,16 @@ class GrowingLayer(DynamicLayer):
     reallocated (one copy) only when it is full, with :data:`GROW_COLUMNS` spare columns. The same
     values as a ``DynamicLayer``'s, bit for bit: only where they are stored differs.
 
-    ``keys`` / ``values`` stay what a ``DynamicLayer``'s are, the ``[b, heads, n, head_dim]`` entries, here a
+    ``keys`` / ``values`` read what a ``DynamicLayer``'s hold, the ``[b, heads, n, head_dim]`` entries, here a
     view of the buffer's first ``n`` columns, so everything written for ``DynamicLayer`` keeps working:
-    in-place writes into them land in the buffer, ``crop`` (a shorter view) frees columns for the next
-    ``update``. Anything that replaces them with a tensor of its own (``batch_select_indices``,
-    ``reorder_cache``, offloading) is adopted, with one copy, at the next ``update``.
+    in-place writes into them land in the buffer, ``crop`` frees columns for the next ``update``. Anything that
+    assigns them a tensor of its own (``batch_select_indices``, ``reorder_cache``, offloading) is adopted, with
+    one copy, at the next ``update``.
+
+    Host work per layer and step, the price of every decoding step of every layer: ``crop`` only shortens the
+    entries' length, and the views are made when ``keys`` / ``values`` are read (``update`` makes the ones it
+    returns), so a step's crop of every layer makes no tensor; ``update`` tells its own buffers by their length
+    alone. Together 17.6 -> 8 us a layer and step on a CPU (``benchmarks/results/host-step.md``).
 
     Example: a 5-token prompt, then one token per step: the first update allocates 5 + 64 columns, the next
     64 updates write one column each, the 65th copies the 69 columns into a buffer of 134.
@@ -197,35 +202,69 @@ class GrowingLayer(DynamicLayer):
     """
 
     _storage: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) [b, heads, capacity, head_dim]
+    _layout: tuple = ()  # per buffer (b, heads, head_dim, strides): its views' shapes, made without reading it
+    _length: int | None = None
+    """While the entries are the buffers' first ``_length`` columns: that length (``update`` and ``crop`` set it);
+    None while they are tensors assigned from outside (or none)."""
+    _entries: tuple = (None, None)  # (keys, values): tensors assigned from outside, or the last views made
+    _made: int = -1  # the length ``_entries``' views were made for (-1: ``_entries`` came from outside)
+
+    def _read(self, i: int):
+        if self._length is not None and self._made != self._length:
+            self._entries, self._made = self._views(self._length), self._length
+        return self._entries[i]
+
+    def _assign(self, i: int, tensor) -> None:
+        entries = (self._read(0), self._read(1))  # the other one stays what it read before
+        self._entries = (tensor, entries[1]) if i == 0 else (entries[0], tensor)
+        self._length, self._made = None, -1
+
+    keys = property(lambda self: self._read(0), lambda self, t: self._assign(0, t))
+    values = property(lambda self: self._read(1), lambda self, t: self._assign(1, t))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n, m = self.get_seq_length(), key_states.shape[-2]
-        if not self._can_append(key_states, value_states, n + m):
+        n, m = self._length, key_states.shape[-2]
+        if n is None or not self._fits(key_states, value_states, n + m):
+            n = self.get_seq_length()
+            old = (self.keys, self.values)
             self._storage = tuple(new.new_empty((*new.shape[:2], n + m + GROW_COLUMNS, new.shape[3]))
                                   for new in (key_states, value_states))
-            if n:  # grow, or adopt entries replaced from outside: one copy
-                self._storage[0][:, :, :n] = self.keys
-                self._storage[1][:, :, :n] = self.values
-        keys, values = self._storage
-        keys[:, :, n : n + m] = key_states
-        values[:, :, n : n + m] = value_states
-        self.keys, self.values = keys[:, :, : n + m], values[:, :, : n + m]
-        return self.keys, self.values
+            self._layout = tuple((b.shape[0], b.shape[1], b.shape[3], b.stride()) for b in self._storage)
+            if n:  # grow, or adopt entries assigned from outside: one copy
+                self._storage[0][:, :, :n] = old[0]
+                self._storage[1][:, :, :n] = old[1]
+        (keys, values), ((kb, kh, kd, ks), (vb, vh, vd, vs)) = self._storage, self._layout
+        keys.as_strided((kb, kh, m, kd), ks, n * ks[2]).copy_(key_states)  # [:, :, n : n + m], a cheaper view
+        values.as_strided((vb, vh, m, vd), vs, n * vs[2]).copy_(value_states)
+        self._length = self._made = n + m
+        self._entries = self._views(n + m)
+        return self._entries
 
-    def _can_append(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int) -> bool:
-        """Whether the buffers take ``length`` columns of these states and hold the current entries (a prefix
-        view, as ``update`` and ``crop`` leave them; not a tensor put there from outside)."""
-        if self._storage is None:
-            return False
-        for buffer, entries, new in zip(self._storage, (self.keys, self.values), (key_states, value_states)):
-            if (buffer.shape[-2] < length or buffer.shape[:2] != new.shape[:2] or buffer.shape[3] != new.shape[3]
+    def _views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) [b, heads, n, head_dim]: the buffers' first ``n`` columns."""
+        (keys, values), ((kb, kh, kd, ks), (vb, vh, vd, vs)) = self._storage, self._layout
+        return keys.as_strided((kb, kh, n, kd), ks), values.as_strided((vb, vh, n, vd), vs)
+
+    def _fits(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int) -> bool:
+        """Whether the buffers (which hold the current entries: ``_length`` is set) take ``length`` columns of
+        these states."""
+        for buffer, new in zip(self._storage, (key_states, value_states)):
+            have, add = buffer.shape, new.shape
+            if (have[2] < length or have[0] != add[0] or have[1] != add[1] or have[3] != add[3]
                     or buffer.dtype != new.dtype or buffer.device != new.device):
                 return False
-            if entries.numel() and (entries.data_ptr() != buffer.data_ptr() or entries.stride() != buffer.stride()):
-                return False
         return True
+
+    def get_seq_length(self) -> int:
+        return self._length if self._length is not None else super().get_seq_length()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self._length is not None and tokens_to_remove < 0:  # a shorter length; views when read
+            self._length = max(self._length + tokens_to_remove, 0)
+            return
+        super().crop(tokens_to_remove)
 
     def reset(self) -> None:
         self._storage = None

@@ -68,6 +68,46 @@ def test_crop_then_update_reuses_the_freed_columns():
     assert grow.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, 50, 51, 52]
 
 
+def test_crops_read_between_and_past_the_entries():
+    """A crop only shortens the length; what is read after it (length, keys, values), a crop of more entries than
+    the layer holds, a crop of none, and a positive count are DynamicLayer's."""
+    grow, plain = _both()
+    for layer in (grow, plain):
+        layer.update(_entries(0, 9), _entries(0, 9) + 0.5)
+        layer.crop(-2)
+        layer.crop(-3)
+        layer.crop(0)
+    _same(grow, plain)
+    assert grow.get_seq_length() == 4 and grow.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3]
+    for layer in (grow, plain):
+        layer.crop(-7)  # more than it holds: none left
+    _same(grow, plain)
+    assert grow.get_seq_length() == 0
+    for layer in (grow, plain):
+        layer.update(_entries(20, 2), _entries(20, 2) + 0.5)
+    _same(grow, plain)
+    for layer in (grow, plain):
+        with pytest.raises(ValueError, match="positive"):
+            layer.crop(3)
+    _same(grow, plain)
+
+
+@pytest.mark.parametrize("which", ["keys", "values"])
+def test_an_assignment_after_a_crop_is_adopted_with_the_cropped_other(which):
+    """A crop, then one of the two assigned from outside: the other stays the cropped entries, and the next update
+    continues both from there."""
+    grow, plain = _both()
+    for layer in (grow, plain):
+        layer.update(_entries(0, 6), _entries(0, 6) + 0.5)
+        layer.crop(-2)
+        setattr(layer, which, _entries(100, 4))  # without reading the layer first
+    _same(grow, plain)
+    for layer in (grow, plain):
+        layer.update(_entries(30, 1), _entries(30, 1) + 0.5)
+    _same(grow, plain)
+    assert grow.get_seq_length() == 5
+
+
 def test_in_place_gather_lands_in_the_buffer():
     """keep_entries writes into ``layer.keys`` in place: the next update must keep those writes."""
     caches = [DynamicCache(), DynamicCache()]
