@@ -79,6 +79,7 @@ class TransposedLinears:
     def __init__(self, modules: Sequence[nn.Linear], max_rows: int = MAX_ROWS):
         self.modules, self.max_rows = list(modules), max_rows
         self._pending: dict[int, torch.Tensor] = {}  # id(module) -> the input its forward hook computes from
+        self._no_rows: dict[int, torch.Tensor] = {}  # id(module) -> float[0, H], nn.Linear's input in place of x
         self._handles: list = []
 
     def __enter__(self) -> TransposedLinears:
@@ -90,7 +91,7 @@ class TransposedLinears:
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
             handle.remove()
-        self._handles, self._pending = [], {}
+        self._handles, self._pending, self._no_rows = [], {}, {}
 
     def _pre(self, module, args):
         if len(args) != 1 or torch.is_grad_enabled():
@@ -102,8 +103,12 @@ class TransposedLinears:
         rows = x.numel() // x.shape[-1]
         if not 2 <= rows <= self.max_rows:
             return None
-        self._pending[id(module)] = x
-        return (x.narrow(-2, 0, 0),)  # nn.Linear gets no rows: its product costs nothing
+        key = id(module)
+        self._pending[key] = x
+        no_rows = self._no_rows.get(key)
+        if no_rows is None:  # what nn.Linear gets instead, made once: no rows, whose product costs nothing
+            no_rows = self._no_rows[key] = w.new_empty((0, w.shape[1]))
+        return (no_rows,)
 
     def _post(self, module, args, output):
         x = self._pending.pop(id(module), None)
@@ -115,9 +120,10 @@ class TransposedLinears:
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed as ``(weight @ x^T)^T``: ``x`` [..., H], ``weight`` [V, H] ->
     [..., V], contiguous. Example: x ``[[1., 2.]]``, weight ``[[1., 0.], [1., 1.]]`` -> ``[[1., 3.]]``."""
-    flat = x.reshape(-1, x.shape[-1])  # [m, H]
-    y = torch.addmm(bias[:, None], weight, flat.t()) if bias is not None else weight @ flat.t()  # [V, m]
-    return y.t().contiguous().reshape(*x.shape[:-1], weight.shape[0])
+    shape = x.shape
+    flat_t = x.view(-1, shape[-1]).t() if x.is_contiguous() else x.reshape(-1, shape[-1]).t()  # [H, m]
+    y = torch.addmm(bias[:, None], weight, flat_t) if bias is not None else torch.mm(weight, flat_t)  # [V, m]
+    return y.t().contiguous().view(shape[:-1] + (weight.shape[0],))
 
 
 def rows_that_pay(linear: CostModel, transposed: CostModel, below: float = PAYS_BELOW) -> int:

@@ -39,6 +39,11 @@ def test_transposed_linear_docstring_example_and_bias():
     w = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     assert transposed_linear(torch.tensor([[1.0, 2.0]]), w, None).tolist() == [[1.0, 3.0]]
     assert transposed_linear(torch.tensor([[1.0, 2.0]]), w, torch.tensor([0.5, -1.0])).tolist() == [[1.5, 2.0]]
+    x = torch.randn(2, 4, 3).transpose(1, 2)  # rows [2, 3, 4], not contiguous
+    w = torch.randn(5, 4)
+    y = transposed_linear(x, w, None)
+    assert y.shape == (2, 3, 5) and y.is_contiguous()
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [True, False])
