@@ -411,6 +411,8 @@ class CallSetup:
     - ``runner``: what runs a step's forward (the model, or its compiled call on a static cache), None: the model.
     - ``chains``: the model takes no 4D mask (:func:`compat.takes_tree_masks`): every step's draft is one chain,
       verified causally.
+    - ``masked_gqa``: a step with a mask runs with grouped-query attention in SDPA's kernel
+      (:func:`compat.masked_gqa_applies`), not with its keys and values repeated per query head first.
     - ``sync``: the ranks of a tensor-parallel model (``distributed.RankSync``; inactive on one process): every
       rank prices with rank 0's curve and samples with rank 0's seeds, and every forward's inputs are checked
       to be the same on every rank before the forward runs.
@@ -444,6 +446,7 @@ class CallSetup:
     sync: RankSync | None = None
     runner: object = None
     chains: bool = False
+    masked_gqa: bool = False
 
 
 def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_criteria, generation_config,
@@ -513,7 +516,8 @@ def prepare(decoder, model, input_ids: torch.Tensor, logits_processor, stopping_
         processors=processors, sampling=sampling, keep_scores=keep_scores, keep_raw=keep_raw,
         return_dict=bool(gen.return_dict_in_generate), chains=chains,
         argmax_verdicts=greedy_argmax and (all(p is None for p in processors) or rules is not None),
-        bans=TokenBans.of(rules) if greedy_argmax and rules else None)
+        bans=TokenBans.of(rules) if greedy_argmax and rules else None,
+        masked_gqa=not static and compat.masked_gqa_applies(model))
     setup.sync = RankSync.for_model(model)
     if decoder.config.adaptive and not static:
         t = decoder.clock()
@@ -565,7 +569,11 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None,
                          cached=(cache if cache is not None else setup.cache).get_seq_length())
     stats.target_calls += 1
     runner = setup.model if setup.runner is None or cache is not None else setup.runner
-    logits = compat.last_logits(runner, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+    if setup.masked_gqa and mask is not None and ids.shape[1] > 1:  # a one-row step stays plain generate's
+        with compat.FORCED_GQA:
+            logits = compat.last_logits(runner, ids, pos, mask, kwargs, setup.keeps_logits, keep)
+    else:
+        logits = compat.last_logits(runner, ids, pos, mask, kwargs, setup.keeps_logits, keep)
     # layers spread over devices (device_map): the logits come out on the last one; read them where the ids
     # are, as plain generate does
     return logits if logits.device == setup.device else logits.to(setup.device)
@@ -759,6 +767,7 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
     reader.on_cpu, reader.device = on_cpu, device
     reader.argmax_by_max = on_cpu and getattr(model.config, "vocab_size", 0) >= 1024
     mask = StepMask(max_rows + 1, context + max_rows + 2, dtype, device)
+    gqa = compat.masked_gqa_applies(model)  # as a call's steps with a mask run (CallSetup.masked_gqa)
     with torch.no_grad():
         model(input_ids=ids[:, :context], use_cache=True, **{cache_kwarg: cache})
 
@@ -769,8 +778,9 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
             sync()
             t = clock()
             m = None if k == 1 or not masks else mask(context, 1, np.arange(-1, k - 2))  # a chain of k - 1 nodes
-            logits = model(input_ids=ids[:, context : context + k], position_ids=pos, attention_mask=m,
-                           **kwargs).logits[:, -k:].float()
+            with compat.FORCED_GQA if gqa and m is not None else contextlib.nullcontext():
+                logits = model(input_ids=ids[:, context : context + k], position_ids=pos, attention_mask=m,
+                               **kwargs).logits[:, -k:].float()
             rows = np.array([k])
             read_rows(reader, logits, rows, rows, top_k if k > 1 else 0)
             if k > 1:

@@ -25,6 +25,9 @@ list of plain key/value layer classes, so hybrid layers are still refused before
   decoder check those two on the host instead of running tensor code per token.
 - :func:`processors_as_function`: what ``LogitsProcessorList.__call__`` does when ``generate``'s
   sampling loop calls it (no extra keyword arguments), without its per-call signature inspection.
+- :func:`masked_gqa_applies` / :data:`FORCED_GQA`: the ``TRANSFORMERS_SDPA_FORCE_GQA`` environment variable, which
+  ``sdpa_attention_forward`` reads at every call (5.25): set, a forward with a mask hands grouped keys and values to
+  SDPA as they are (``enable_gqa``) instead of repeating them per query head.
 - :func:`token_bans`: the attributes of the processors that only forbid some tokens at some sequence lengths
   (``MinLengthLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``, ``SuppressTokensLogitsProcessor``,
   ``SuppressTokensAtBeginLogitsProcessor``), so that a greedy verdict can take the first allowed token of
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 
 import numpy as np
@@ -123,6 +127,44 @@ def takes_tree_masks(model) -> bool:
     config = model.config
     model_type = getattr(config, "model_type", "")
     return not (model_type == "bloom" or (model_type == "falcon" and getattr(config, "alibi", False)))
+
+
+SDPA_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+"""The environment variable that makes transformers' SDPA attention compute grouped-query attention in the kernel
+(``enable_gqa``) with a mask too. Unset, a forward with a mask (a draft tree's, a padded batch's) copies every
+layer's keys and values once per query head in the group (``repeat_kv``) before attention, at every step: on a CPU
+the variable set saves SmolLM2-135M (fp32, 2 threads) 3-6% of a 2- or 16-row step after 300 tokens and 3-13% after
+1500, with the logits bit for bit the same (``benchmarks/results/host-step/masked_gqa.py``)."""
+
+
+def masked_gqa_applies(model) -> bool:
+    """Whether ``model``'s forwards with a mask should run with :data:`SDPA_FORCE_GQA` set (:data:`FORCED_GQA`): on a
+    CPU (on CUDA SDPA has no kernel that takes both a mask and grouped keys, so it would fall back to the slowest),
+    with SDPA attention and fewer key/value heads than query heads, torch 2.5 or later (``enable_gqa``), and unless
+    the process set the variable itself (its choice stands)."""
+    if os.environ.get(SDPA_FORCE_GQA) is not None or model.device.type != "cpu":
+        return False
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):
+        return False
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or not 0 < kv_heads < heads:
+        return False
+    return getattr(text, "_attn_implementation", None) == "sdpa"
+
+
+class _ForcedGQA:
+    """While entered, :data:`SDPA_FORCE_GQA` is set (removed on exit): enter it only where :func:`masked_gqa_applies`."""
+
+    def __enter__(self) -> None:
+        os.environ[SDPA_FORCE_GQA] = "1"
+
+    def __exit__(self, *exc) -> None:
+        os.environ.pop(SDPA_FORCE_GQA, None)
+
+
+FORCED_GQA = _ForcedGQA()
 
 
 def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool, keep: int):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import user_cache
+from . import compat, user_cache
 
 log = logging.getLogger("lookahead")
 
@@ -56,6 +56,21 @@ one-token forwards: a step that dear pays only when its draft is expected to yie
 sizes, priced by the curve's last segment (``CostModel``), would cost most of the calibration's time. A bf16 SmolLM2
 on a 2-core CPU without AMX: 16 rows 7.1x, 32 rows 13.2x, 64 rows 25.6x a one-row step; times 1-16 only, and prices
 32 and 64 at 13.5x and 26.3x. A GPU's or an fp32 CPU's curve never gets that steep within 64 rows."""
+
+STEP_VARIANT = "step"
+"""What a ``LookaheadDecoder``'s calibration times (:class:`Calibrations` keeps curves per variant): whole decoding
+steps."""
+GQA_VARIANT = "+masked-gqa"
+"""Added to it where the steps with a mask run grouped-query attention in SDPA's kernel
+(``compat.masked_gqa_applies``): a curve timed with the keys repeated per head is not reused for them."""
+
+
+def step_variant(model) -> str:
+    """The variant of the step curve a ``LookaheadDecoder`` measures for ``model``: :data:`STEP_VARIANT`, with
+    :data:`GQA_VARIANT` where it applies. Example: SmolLM2-135M (9 query heads, 3 key/value heads, SDPA) on a CPU ->
+    ``"step+masked-gqa"``; on a GPU -> ``"step"``."""
+    return STEP_VARIANT + (GQA_VARIANT if compat.masked_gqa_applies(model) else "")
+
 
 CURVE_FORMAT = 3  # the version of a persisted curve's file and of what its timing measures (2: whole steps;
 # 3: the points as measured and how they are read, "steps": format 2 kept them made non-decreasing)
@@ -693,11 +708,11 @@ class Calibrations:
 
     def known(self, model, variant: str | None = None) -> CostModel | None:
         """The curve kept for ``model`` (``variant``: what was timed; None: a pinned curve, else the one a
-        ``LookaheadDecoder`` measures, its whole steps), or None."""
+        ``LookaheadDecoder`` measures, its whole steps: :func:`step_variant`), or None."""
         curves = self._curves.get(model, {})
         entry = curves.get(model_key(model))
         if variant is None and entry is None:
-            variant = "step"
+            variant = step_variant(model)
         if variant:
             entry = curves.get(model_key(model) + (variant,))
         return None if entry is None else entry.curve

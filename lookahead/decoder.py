@@ -23,7 +23,14 @@ from .batch import BatchCall, ReadOnlyStore
 from .cache import NgramTrie
 from .config import LookaheadConfig
 from .corpus import DraftCorpus
-from .cost import DEFAULT_CALIBRATIONS, Calibrations, CostModel, calibrate_curve, calibration_sizes
+from .cost import (
+    DEFAULT_CALIBRATIONS,
+    Calibrations,
+    CostModel,
+    calibrate_curve,
+    calibration_sizes,
+    step_variant,
+)
 from .distributed import RankSync
 from .kv_cache import new_cache
 from .linear_layout import (
@@ -43,9 +50,6 @@ from .single import SingleCall
 from .static import StaticCall, compile_settings, static_cache
 from .stats import DecodeStats
 from .tuning import BudgetTuning
-
-STEP_VARIANT = "step"
-"""What the decoder's calibration times (``Calibrations`` keeps curves per variant): whole decoding steps."""
 
 ROW_TRIE_CAPACITY = 1 << 16
 """Nodes of a batch row's own trie at most (3.7 MB allocated each, of which only the rows its nodes use are ever
@@ -283,10 +287,11 @@ class LookaheadDecoder:
             return calibrate_curve(shared[0][2], sizes, clock=clock)
 
         rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
+        variant = step_variant(model)
         if sync is None or not sync.active:
             # a curve timed on an injected clock is not this machine's: not persisted, not read from disk
             persist = None if self.clock is time.perf_counter else False
-            linear = self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist)
+            linear = self.calibrations.get(model, rows, measure, variant, persist=persist)
             modules = self._layout_modules(model)
             if not modules:
                 return linear
@@ -295,7 +300,7 @@ class LookaheadDecoder:
                 with TransposedLinears(modules, MAX_ROWS):
                     return measure(sizes, clock)
 
-            transposed = self.calibrations.get(model, MAX_ROWS, measure_transposed, STEP_VARIANT + LAYOUT_VARIANT,
+            transposed = self.calibrations.get(model, MAX_ROWS, measure_transposed, variant + LAYOUT_VARIANT,
                                                persist=persist)
             fit = MAX_ROWS if self.config.linear_layout == "transposed" else rows_that_pay(linear, transposed)
             self._transposed_rows = fit

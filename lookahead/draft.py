@@ -112,11 +112,11 @@ class Draft:
             return self
         if not len(nodes):
             return Draft.empty(self.window)
-        *arrays, ok = K.keep_nodes(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank,
-                                   self.agreement, np.asarray(nodes, dtype=np.int64))
+        ints, origin, ok = K.keep_nodes(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank,
+                                        self.agreement, np.asarray(nodes, dtype=np.int64))
         if not ok:
             raise ValueError("keep must contain every kept node's parent")
-        return Draft(*arrays, self.window)
+        return Draft(ints[0], ints[1], origin, ints[2], ints[3], ints[4], ints[5], self.window)
 
     def shallowest(self, count: int) -> Draft:
         """The draft cut to its ``count`` shallowest nodes (equal depths: the earlier first), still a tree:

@@ -20,28 +20,28 @@ from numba import njit
 @njit(cache=True)
 def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
     """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents), in one pass:
-    (tokens, parents re-indexed among the kept nodes, origin, match, depth, rank, agreement, ok); ``ok``
-    False when a kept node's parent is not kept.
+    (int64[6, m]: tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok),
+    three returns because each returned array costs its boxing; ``ok`` False when a kept node's parent is not kept.
 
     Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> tokens ``[5, 6, 8]``,
     parents ``[-1, -1, 1]``, each other array's entries 0, 1 and 3.
     """
     n, m = parents.shape[0], keep.shape[0]
     new_index = np.full(n, -1, np.int64)
-    out_tokens, out_parents = np.empty(m, tokens.dtype), np.empty(m, np.int64)
-    out_origin, out_match = np.empty(m, origin.dtype), np.empty(m, match.dtype)
-    out_depth, out_rank, out_agreement = np.empty(m, depth.dtype), np.empty(m, rank.dtype), np.empty(m, agreement.dtype)
+    ints = np.empty((6, m), np.int64)
+    out_origin = np.empty(m, origin.dtype)
     ok = True
     for j in range(m):
         i = keep[j]
         new_index[i] = j
         p = parents[i]
-        out_parents[j] = -1 if p < 0 else new_index[p]
-        if p >= 0 and out_parents[j] < 0:
+        kept_parent = -1 if p < 0 else new_index[p]
+        if p >= 0 and kept_parent < 0:
             ok = False
-        out_tokens[j], out_origin[j], out_match[j] = tokens[i], origin[i], match[i]
-        out_depth[j], out_rank[j], out_agreement[j] = depth[i], rank[i], agreement[i]
-    return out_tokens, out_parents, out_origin, out_match, out_depth, out_rank, out_agreement, ok
+        ints[0, j], ints[1, j], ints[2, j] = tokens[i], kept_parent, match[i]
+        ints[3, j], ints[4, j], ints[5, j] = depth[i], rank[i], agreement[i]
+        out_origin[j] = origin[i]
+    return ints, out_origin, ok
 
 
 @njit(cache=True)

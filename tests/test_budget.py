@@ -72,8 +72,10 @@ def test_keep_reindexes_and_rejects_orphans():
     assert kept.tokens.tolist() == [5, 6, 8] and kept.parents.tolist() == [-1, -1, 1]
     assert kept.origin.tolist() == [0, 1, 1]
     ar = np.arange(4)  # the kernel's docstring example: parents [-1, -1, 0, 1], keep [0, 1, 3]
-    *arrays, ok = K.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar, ar, ar, np.array([0, 1, 3]))
-    assert ok and arrays[0].tolist() == [0, 1, 3] and arrays[1].tolist() == [-1, -1, 1]
+    ints, origin, ok = K.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar + 10, ar + 20, ar + 30,
+                                    np.array([0, 1, 3]))
+    assert ok and ints.tolist() == [[0, 1, 3], [-1, -1, 1], [0, 1, 3], [10, 11, 13], [20, 21, 23], [30, 31, 33]]
+    assert origin.dtype == np.int8 and origin.tolist() == [0, 1, 3]
     assert not K.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar, ar, ar, np.array([0, 3]))[-1]
     with pytest.raises(ValueError):
         Draft.build(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), np.ones(2)).keep([1])

@@ -3,6 +3,8 @@ and the package's independence from anything generic on ``sys.path``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -132,3 +134,75 @@ def test_processors_as_function_chains_like_the_list():
     scores = torch.randn(1, 10, generator=torch.Generator().manual_seed(0))
     assert torch.equal(compat.processors_as_function(procs)(ids, scores.clone()), procs(ids, scores.clone()))
     assert compat.processors_as_function(LogitsProcessorList()) is None
+
+
+def test_masked_gqa_applies_to_grouped_sdpa_models_on_a_cpu(tiny_models, monkeypatch):
+    """The tiny Llama (4 query heads, 2 key/value heads, SDPA) on a CPU; not a model whose heads are not grouped,
+    not eager attention, and not when the process set the variable itself."""
+    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
+    llama = tiny_models("llama")
+    assert llama.config.num_key_value_heads < llama.config.num_attention_heads
+    assert compat.masked_gqa_applies(llama)
+    assert not compat.masked_gqa_applies(tiny_models("gpt2"))  # one key/value head per query head
+    eager = tiny_models("llama")
+    monkeypatch.setattr(eager.config, "_attn_implementation", "eager")
+    assert not compat.masked_gqa_applies(eager)
+    monkeypatch.setenv(compat.SDPA_FORCE_GQA, "0")
+    assert not compat.masked_gqa_applies(llama)
+
+
+def test_sdpa_reads_the_variable_and_computes_the_same_logits(tiny_models, monkeypatch):
+    """transformers' SDPA attention hands grouped keys to the kernel while the variable is set (no repeat_kv), and a
+    step with a tree's mask gives the same logits, bit for bit, either way."""
+    from transformers.integrations import sdpa_attention
+
+    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
+    model = tiny_models("llama")
+    repeats = []
+    original = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: repeats.append(1) or original(*a))
+    ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(1, 1, 4, 12)
+    mask[..., 8:] = torch.triu(torch.full((4, 4), torch.finfo(torch.float32).min), 1)
+    mask[..., 2, 9] = torch.finfo(torch.float32).min  # a tree: row 2 does not see column 9
+    logits = []
+    with torch.no_grad():
+        for forced in (False, True):
+            cache = transformers.DynamicCache(config=model.config)
+            model(input_ids=ids[:, :8], use_cache=True, **{compat.cache_kwarg_name(model): cache})
+            repeats.clear()
+            with compat.FORCED_GQA if forced else contextlib.nullcontext():
+                logits.append(model(input_ids=ids[:, 8:], position_ids=torch.arange(8, 12)[None], attention_mask=mask,
+                                    use_cache=True, **{compat.cache_kwarg_name(model): cache}).logits)
+            assert bool(repeats) != forced
+        assert compat.SDPA_FORCE_GQA not in os.environ  # removed on exit
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_the_decoder_sets_the_variable_only_around_its_masked_steps(tiny_models, monkeypatch):
+    """Steps of several rows with a tree's mask run with the variable set; one-row steps (plain generate's own
+    computation) and everything after the call without it; the tokens are plain generate's."""
+    from lookahead import LookaheadDecoder
+
+    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
+    model = tiny_models("llama")
+    seen = []
+
+    def spy(module, args, kwargs):
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        seen.append((ids.shape[1], mask is not None and mask.dim() == 4, os.environ.get(compat.SDPA_FORCE_GQA)))
+
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 9, 5, 6]])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    handle = model.register_forward_pre_hook(spy, with_kwargs=True)
+    try:
+        ours = model.generate(ids, custom_generate=LookaheadDecoder(adaptive=False, tree_nodes=3), max_new_tokens=24,
+                              eos_token_id=None)
+    finally:
+        handle.remove()
+    assert ours.tolist() == plain.tolist()
+    steps = seen[1:]  # after the prompt's forward
+    assert any(rows > 1 and masked for rows, masked, _ in steps)
+    for rows, masked, env in steps:
+        assert env == ("1" if rows > 1 and masked else None), (rows, masked, env)
+    assert compat.SDPA_FORCE_GQA not in os.environ

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead import decoder as decoder_mod
 from lookahead import linear_layout as layout
-from lookahead.cost import Calibrations, CostModel
+from lookahead.cost import Calibrations, CostModel, step_variant
 from lookahead.linear_layout import (
     MAX_ROWS,
     TransposedLinears,
@@ -111,7 +111,8 @@ def test_linear_modules_are_the_plain_cpu_linears(tiny_models):
 def test_auto_takes_the_layout_where_the_calibration_timed_it_faster(tiny_models, monkeypatch):
     """Two step curves, both ways, from an injected clock's timings: the call runs 2-4 rows transposed."""
     model = tiny_models("llama")
-    curves = {"step": _curve(LINEAR_MS), "step" + layout.VARIANT: _curve(TRANSPOSED_MS)}
+    step = step_variant(model)  # "step+masked-gqa": the tiny Llama has grouped key/value heads
+    curves = {step: _curve(LINEAR_MS), step + layout.VARIANT: _curve(TRANSPOSED_MS)}
     seen = []
 
     def get(self, model, max_rows, measure, variant="", persist=None):
@@ -125,11 +126,11 @@ def test_auto_takes_the_layout_where_the_calibration_timed_it_faster(tiny_models
     plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
     ours = model.generate(ids, custom_generate=decoder, max_new_tokens=24, eos_token_id=None)
     assert ours.tolist() == plain.tolist()
-    assert seen == ["step", "step" + layout.VARIANT] and decoder.stats.transposed_rows == 4
-    assert decoder.stats.cost_curve == combined_curve(curves["step"], curves["step" + layout.VARIANT], 4).points
+    assert seen == [step, step + layout.VARIANT] and decoder.stats.transposed_rows == 4
+    assert decoder.stats.cost_curve == combined_curve(curves[step], curves[step + layout.VARIANT], 4).points
     linear = LookaheadDecoder(calibrations=Calibrations(), linear_layout="linear")
     model.generate(ids, custom_generate=linear, max_new_tokens=8, eos_token_id=None)
-    assert linear.stats.transposed_rows == 0 and seen[-1] == "step"  # nothing timed the other way
+    assert linear.stats.transposed_rows == 0 and seen[-1] == step  # nothing timed the other way
 
 
 def test_auto_leaves_a_small_model_alone(tiny_models, monkeypatch):
@@ -140,7 +141,7 @@ def test_auto_leaves_a_small_model_alone(tiny_models, monkeypatch):
                         seen.append(variant) or _curve(LINEAR_MS))
     decoder = LookaheadDecoder(calibrations=Calibrations())
     model.generate(torch.tensor([REPETITIVE]), custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
-    assert seen == ["step"] and decoder.stats.transposed_rows == 0  # one calibration, nn.Linear
+    assert seen == [step_variant(model)] and decoder.stats.transposed_rows == 0  # one calibration, nn.Linear
 
 
 def test_auto_leaves_a_bf16_model_alone_and_transposed_still_forces_it(monkeypatch):
@@ -149,12 +150,12 @@ def test_auto_leaves_a_bf16_model_alone_and_transposed_still_forces_it(monkeypat
     model = tiny_model("llama").to(torch.bfloat16)
     seen = []
     monkeypatch.setattr(Calibrations, "get", lambda self, m, rows, measure, variant="", persist=None:
-                        seen.append(variant) or _curve(LINEAR_MS if variant == "step" else TRANSPOSED_MS))
+                        seen.append(variant) or _curve(TRANSPOSED_MS if variant.endswith(layout.VARIANT) else LINEAR_MS))
     monkeypatch.setattr(decoder_mod, "LAYOUT_MIN_WEIGHTS", 0)  # the tiny model counts as big enough
     ids = torch.tensor([REPETITIVE])
     decoder = LookaheadDecoder(calibrations=Calibrations())  # (bf16 output: multi-row rounding may differ from plain)
     model.generate(ids, custom_generate=decoder, max_new_tokens=8, eos_token_id=None)
-    assert seen == ["step"] and decoder.stats.transposed_rows == 0
+    assert seen == [step_variant(model)] and decoder.stats.transposed_rows == 0
     forced = LookaheadDecoder(calibrations=Calibrations(), linear_layout="transposed")
     model.generate(ids, custom_generate=forced, max_new_tokens=8, eos_token_id=None)
     assert forced.stats.transposed_rows == layout.MAX_ROWS
