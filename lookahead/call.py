@@ -569,10 +569,8 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None,
                          cached=(cache if cache is not None else setup.cache).get_seq_length())
     stats.target_calls += 1
     runner = setup.model if setup.runner is None or cache is not None else setup.runner
-    if setup.masked_gqa and mask is not None and ids.shape[1] > 1:  # a one-row step stays plain generate's
-        with compat.FORCED_GQA:
-            logits = compat.last_logits(runner, ids, pos, mask, kwargs, setup.keeps_logits, keep)
-    else:
+    gqa = setup.masked_gqa and mask is not None and ids.shape[1] > 1  # a one-row step stays plain generate's
+    with compat.FORCED_GQA if gqa else contextlib.nullcontext():
         logits = compat.last_logits(runner, ids, pos, mask, kwargs, setup.keeps_logits, keep)
     # layers spread over devices (device_map): the logits come out on the last one; read them where the ids
     # are, as plain generate does

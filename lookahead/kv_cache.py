@@ -268,7 +268,7 @@ class GrowingLayer(DynamicLayer):
         super().crop(tokens_to_remove)
 
     def reset(self) -> None:
-        self._storage = None
+        self._storage, self._length, self._entries, self._made = None, None, (None, None), -1
         super().reset()
 
 
