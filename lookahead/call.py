@@ -411,7 +411,7 @@ class CallSetup:
     - ``runner``: what runs a step's forward (the model, or its compiled call on a static cache), None: the model.
     - ``chains``: the model takes no 4D mask (:func:`compat.takes_tree_masks`): every step's draft is one chain,
       verified causally.
-    - ``masked_gqa``: a step with a mask runs with grouped-query attention in SDPA's kernel
+    - ``masked_gqa``: a step of several rows runs with grouped-query attention in SDPA's kernel
       (:func:`compat.masked_gqa_applies`), not with its keys and values repeated per query head first.
     - ``sync``: the ranks of a tensor-parallel model (``distributed.RankSync``; inactive on one process): every
       rank prices with rank 0's curve and samples with rank 0's seeds, and every forward's inputs are checked
@@ -569,7 +569,7 @@ def forward(setup: CallSetup, stats, ids, pos, mask, keep: int, cache=None,
                          cached=(cache if cache is not None else setup.cache).get_seq_length())
     stats.target_calls += 1
     runner = setup.model if setup.runner is None or cache is not None else setup.runner
-    gqa = setup.masked_gqa and mask is not None and ids.shape[1] > 1  # a one-row step stays plain generate's
+    gqa = setup.masked_gqa and ids.shape[1] > 1  # a one-row step stays plain generate's
     with compat.FORCED_GQA if gqa else contextlib.nullcontext():
         logits = compat.last_logits(runner, ids, pos, mask, kwargs, setup.keeps_logits, keep)
     # layers spread over devices (device_map): the logits come out on the last one; read them where the ids
@@ -765,7 +765,7 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
     reader.on_cpu, reader.device = on_cpu, device
     reader.argmax_by_max = on_cpu and getattr(model.config, "vocab_size", 0) >= 1024
     mask = StepMask(max_rows + 1, context + max_rows + 2, dtype, device)
-    gqa = compat.masked_gqa_applies(model)  # as a call's steps with a mask run (CallSetup.masked_gqa)
+    gqa = compat.masked_gqa_applies(model)  # as a call's steps of several rows run (CallSetup.masked_gqa)
     with torch.no_grad():
         model(input_ids=ids[:, :context], use_cache=True, **{cache_kwarg: cache})
 
@@ -776,7 +776,7 @@ def step_timer(model, cache_factory, cache_kwarg: str, keeps_logits: bool, top_k
             sync()
             t = clock()
             m = None if k == 1 or not masks else mask(context, 1, np.arange(-1, k - 2))  # a chain of k - 1 nodes
-            with compat.FORCED_GQA if gqa and m is not None else contextlib.nullcontext():
+            with compat.FORCED_GQA if gqa and k > 1 else contextlib.nullcontext():
                 logits = model(input_ids=ids[:, context : context + k], position_ids=pos, attention_mask=m,
                                **kwargs).logits[:, -k:].float()
             rows = np.array([k])

@@ -26,8 +26,9 @@ list of plain key/value layer classes, so hybrid layers are still refused before
 - :func:`processors_as_function`: what ``LogitsProcessorList.__call__`` does when ``generate``'s
   sampling loop calls it (no extra keyword arguments), without its per-call signature inspection.
 - :func:`masked_gqa_applies` / :data:`FORCED_GQA`: the ``TRANSFORMERS_SDPA_FORCE_GQA`` environment variable, which
-  ``sdpa_attention_forward`` reads at every call (5.25): set, a forward with a mask hands grouped keys and values to
-  SDPA as they are (``enable_gqa``) instead of repeating them per query head.
+  ``sdpa_attention_forward`` reads at every call (5.25): set, a forward with a mask (given, or built for rows after
+  cached ones) hands grouped keys and values to SDPA as they are (``enable_gqa``) instead of repeating them per query
+  head.
 - :func:`token_bans`: the attributes of the processors that only forbid some tokens at some sequence lengths
   (``MinLengthLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``, ``SuppressTokensLogitsProcessor``,
   ``SuppressTokensAtBeginLogitsProcessor``), so that a greedy verdict can take the first allowed token of
@@ -131,14 +132,16 @@ def takes_tree_masks(model) -> bool:
 
 SDPA_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 """The environment variable that makes transformers' SDPA attention compute grouped-query attention in the kernel
-(``enable_gqa``) with a mask too. Unset, a forward with a mask (a draft tree's, a padded batch's) copies every
-layer's keys and values once per query head in the group (``repeat_kv``) before attention, at every step: on a CPU
-the variable set saves SmolLM2-135M (fp32, 2 threads) 3-6% of a 2- or 16-row step after 300 tokens and 3-13% after
-1500, with the logits bit for bit the same (``benchmarks/results/host-step/masked_gqa.py``)."""
+(``enable_gqa``) with a mask too. Unset, a forward of several rows with a mask (a draft tree's, a padded batch's, or
+the causal one transformers builds itself for rows after cached ones: a chain of drafts) copies every layer's keys
+and values once per query head in the group (``repeat_kv``) before attention, at every step: on a CPU the variable
+set saves SmolLM2-135M (fp32, 2 threads) 4-9% of a step of 2-16 rows (a tree's mask or a chain) after 300 tokens and
+6-13% after 1500, with the logits bit for bit the same (``benchmarks/results/host-step/masked_gqa.py``). A one-row step is left alone: transformers folds its grouped heads
+into rows itself (``pack_gqa``), and it stays plain ``generate``'s own computation."""
 
 
 def masked_gqa_applies(model) -> bool:
-    """Whether ``model``'s forwards with a mask should run with :data:`SDPA_FORCE_GQA` set (:data:`FORCED_GQA`): on a
+    """Whether ``model``'s forwards of several rows should run with :data:`SDPA_FORCE_GQA` set (:data:`FORCED_GQA`): on a
     CPU (on CUDA SDPA has no kernel that takes both a mask and grouped keys, so it would fall back to the slowest),
     with SDPA attention and fewer key/value heads than query heads, torch 2.5 or later (``enable_gqa``), and unless
     the process set the variable itself (its choice stands)."""

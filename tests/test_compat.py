@@ -179,9 +179,10 @@ def test_sdpa_reads_the_variable_and_computes_the_same_logits(tiny_models, monke
     assert torch.equal(logits[0], logits[1])
 
 
-def test_the_decoder_sets_the_variable_only_around_its_masked_steps(tiny_models, monkeypatch):
-    """Steps of several rows with a tree's mask run with the variable set; one-row steps (plain generate's own
-    computation) and everything after the call without it; the tokens are plain generate's."""
+def test_the_decoder_sets_the_variable_only_around_its_steps_of_several_rows(tiny_models, monkeypatch):
+    """Steps of several rows run with the variable set, with a tree's mask or as a causal chain (transformers builds
+    that one's mask itself); one-row steps (plain generate's own computation) and everything after the call without
+    it; the tokens are plain generate's."""
     from lookahead import LookaheadDecoder
 
     monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
@@ -194,15 +195,19 @@ def test_the_decoder_sets_the_variable_only_around_its_masked_steps(tiny_models,
 
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 9, 5, 6]])
     plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
-    handle = model.register_forward_pre_hook(spy, with_kwargs=True)
-    try:
-        ours = model.generate(ids, custom_generate=LookaheadDecoder(adaptive=False, tree_nodes=3), max_new_tokens=24,
-                              eos_token_id=None)
-    finally:
-        handle.remove()
-    assert ours.tolist() == plain.tolist()
-    steps = seen[1:]  # after the prompt's forward
-    assert any(rows > 1 and masked for rows, masked, _ in steps)
-    for rows, masked, env in steps:
-        assert env == ("1" if rows > 1 and masked else None), (rows, masked, env)
-    assert compat.SDPA_FORCE_GQA not in os.environ
+    trees = LookaheadDecoder(adaptive=False, tree_nodes=3)
+    chains = LookaheadDecoder(adaptive=False, tree_nodes=0, recycle_k=0, copy_branches=1, fill_nodes=0)  # the copy's
+    for decoder, masked_steps in ((trees, True), (chains, False)):
+        seen.clear()
+        handle = model.register_forward_pre_hook(spy, with_kwargs=True)
+        try:
+            ours = model.generate(ids, custom_generate=decoder, max_new_tokens=24, eos_token_id=None)
+        finally:
+            handle.remove()
+        assert ours.tolist() == plain.tolist()
+        steps = seen[1:]  # after the prompt's forward
+        assert any(rows > 1 and masked == masked_steps for rows, masked, _ in steps)
+        assert any(rows == 1 for rows, _, _ in steps)
+        for rows, masked, env in steps:
+            assert env == ("1" if rows > 1 else None), (rows, masked, env)
+        assert compat.SDPA_FORCE_GQA not in os.environ
