@@ -141,8 +141,15 @@ class SingleCall:
     def pack(self, draft: Draft):
         """(input ids [1, q], position ids [1, q], 4D mask or None) of this step. A step whose draft is one chain
         after the pending tokens (no branch, no window) is causal: the model's own mask and attention fast path,
-        the very forward prompt lookup verifies its chains with."""
-        if self.col_visible is None and draft.window is None and _is_chain(draft.depth):
+        the very forward prompt lookup verifies its chains with. On a CPU, a chain after one pending token takes a
+        4D mask from the step's buffer instead: transformers builds a boolean mask for rows after cached ones, which
+        SDPA converts in every layer (SmolLM2: 60 operations a step), and the buffer's additive one needs none; the
+        logits are the same bit for bit (a 3- or 8-row chain after 500 tokens: 0.91-1.02 of the step's time in eight
+        measurements on a busy VM; ``benchmarks/results/host-step/chain_mask.py``). A model that takes no 4D mask
+        (``CallSetup.chains``) always steps causally."""
+        setup = self.setup
+        if (self.col_visible is None and draft.window is None and _is_chain(draft.depth)
+                and (setup.chains or not setup.on_cpu or len(self.pending) > 1 or not len(draft))):
             return step_inputs(self.pending, self.pending_pos, draft.tokens, draft.depth, None, self.device) + (None,)
         if len(self.pending) == 1:  # a step after the prompt's: the mask buffer writes only this step's block
             if self.step_mask is None:

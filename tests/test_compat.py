@@ -180,9 +180,10 @@ def test_sdpa_reads_the_variable_and_computes_the_same_logits(tiny_models, monke
 
 
 def test_the_decoder_sets_the_variable_only_around_its_steps_of_several_rows(tiny_models, monkeypatch):
-    """Steps of several rows run with the variable set, with a tree's mask or as a causal chain (transformers builds
-    that one's mask itself); one-row steps (plain generate's own computation) and everything after the call without
-    it; the tokens are plain generate's."""
+    """Forwards of several rows run with the variable set, with a tree's mask or causal (the prompt's, which carries a
+    chain of drafts here: transformers builds its mask itself); one-row steps (plain generate's own computation) and
+    everything after the call without it; the tokens are plain generate's. On a CPU a chain after one pending token
+    takes the step's 4D mask (``SingleCall.pack``)."""
     from lookahead import LookaheadDecoder
 
     monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
@@ -197,7 +198,7 @@ def test_the_decoder_sets_the_variable_only_around_its_steps_of_several_rows(tin
     plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
     trees = LookaheadDecoder(adaptive=False, tree_nodes=3)
     chains = LookaheadDecoder(adaptive=False, tree_nodes=0, recycle_k=0, copy_branches=1, fill_nodes=0)  # the copy's
-    for decoder, masked_steps in ((trees, True), (chains, False)):
+    for decoder in (trees, chains):
         seen.clear()
         handle = model.register_forward_pre_hook(spy, with_kwargs=True)
         try:
@@ -205,9 +206,10 @@ def test_the_decoder_sets_the_variable_only_around_its_steps_of_several_rows(tin
         finally:
             handle.remove()
         assert ours.tolist() == plain.tolist()
-        steps = seen[1:]  # after the prompt's forward
-        assert any(rows > 1 and masked == masked_steps for rows, masked, _ in steps)
-        assert any(rows == 1 for rows, _, _ in steps)
-        for rows, masked, env in steps:
+        prompt, steps = seen[0], seen[1:]
+        assert prompt[0] > 1 and not prompt[1] and prompt[2] == "1"  # causal, several rows: set
+        assert any(rows > 1 and masked for rows, masked, _ in steps) and any(rows == 1 for rows, _, _ in steps)
+        for rows, masked, env in seen:
             assert env == ("1" if rows > 1 else None), (rows, masked, env)
+        assert all(masked == (rows > 1) for rows, masked, _ in steps)  # after the prompt: chains masked too
         assert compat.SDPA_FORCE_GQA not in os.environ
