@@ -41,6 +41,7 @@ import functools
 import inspect
 import os
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -145,8 +146,8 @@ def masked_gqa_applies(model) -> bool:
     CPU (on CUDA SDPA has no kernel that takes both a mask and grouped keys, so it would fall back to the slowest),
     with SDPA attention and fewer key/value heads than query heads, torch 2.5 or later (``enable_gqa``), and unless
     the process set the variable itself (its choice stands)."""
-    if os.environ.get(SDPA_FORCE_GQA) is not None or model.device.type != "cpu":
-        return False
+    if (os.environ.get(SDPA_FORCE_GQA) is not None and not FORCED_GQA.entered) or model.device.type != "cpu":
+        return False  # (set while a decoder's step in another thread has it set is not the process's choice)
     if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):
         return False
     config = model.config
@@ -158,13 +159,23 @@ def masked_gqa_applies(model) -> bool:
 
 
 class _ForcedGQA:
-    """While entered, :data:`SDPA_FORCE_GQA` is set (removed on exit): enter it only where :func:`masked_gqa_applies`."""
+    """While entered, :data:`SDPA_FORCE_GQA` is set, and removed when the last of the threads in it leaves (a
+    decoder's forward in one thread does not lose it because another's ended): enter it only where
+    :func:`masked_gqa_applies`. ``entered``: how many are in it now."""
+
+    def __init__(self):
+        self._lock, self.entered = threading.Lock(), 0
 
     def __enter__(self) -> None:
-        os.environ[SDPA_FORCE_GQA] = "1"
+        with self._lock:
+            self.entered += 1
+            os.environ[SDPA_FORCE_GQA] = "1"
 
     def __exit__(self, *exc) -> None:
-        os.environ.pop(SDPA_FORCE_GQA, None)
+        with self._lock:
+            self.entered -= 1
+            if not self.entered:
+                os.environ.pop(SDPA_FORCE_GQA, None)
 
 
 FORCED_GQA = _ForcedGQA()

@@ -144,11 +144,26 @@ def test_masked_gqa_applies_to_grouped_sdpa_models_on_a_cpu(tiny_models, monkeyp
     assert llama.config.num_key_value_heads < llama.config.num_attention_heads
     assert compat.masked_gqa_applies(llama)
     assert not compat.masked_gqa_applies(tiny_models("gpt2"))  # one key/value head per query head
-    eager = tiny_models("llama")
-    monkeypatch.setattr(eager.config, "_attn_implementation", "eager")
-    assert not compat.masked_gqa_applies(eager)
+    with compat.FORCED_GQA:  # set by a decoder's step (another thread's): not the process's own choice
+        assert compat.masked_gqa_applies(llama)
     monkeypatch.setenv(compat.SDPA_FORCE_GQA, "0")
     assert not compat.masked_gqa_applies(llama)
+    monkeypatch.delenv(compat.SDPA_FORCE_GQA)
+    assert compat.masked_gqa_applies(llama)
+    monkeypatch.setattr(llama.config, "_attn_implementation", "eager")  # (the shared tiny model: undone after)
+    assert not compat.masked_gqa_applies(llama)
+
+
+def test_the_variable_stays_until_the_last_step_in_it_leaves(monkeypatch):
+    """Two steps in it at once (two threads' decoders): the first to leave does not remove it from the other."""
+    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
+    first, second = compat.FORCED_GQA, compat.FORCED_GQA
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert os.environ.get(compat.SDPA_FORCE_GQA) == "1" and compat.FORCED_GQA.entered == 1
+    second.__exit__(None, None, None)
+    assert compat.SDPA_FORCE_GQA not in os.environ and compat.FORCED_GQA.entered == 0
 
 
 def test_sdpa_reads_the_variable_and_computes_the_same_logits(tiny_models, monkeypatch):
