@@ -48,9 +48,9 @@ STEP_NODES_WIDE_COST = 1.25
 
 SELF_DRAFTS = ("none", "layer-skip", "early-exit", "low-rank")
 """``LookaheadConfig.self_draft`` values (the draft passes of ``selfspec.py``)."""
-LINEAR_LAYOUTS = ("auto", "linear", "transposed")
-"""``LookaheadConfig.linear_layout`` values: measured per row count, always ``nn.Linear``, or the other way round
-for 2-16 rows (``linear_layout.py``)."""
+LINEAR_LAYOUTS = ("auto", "linear", "transposed", "onednn")
+"""``LookaheadConfig.linear_layout`` values: measured per row count, always ``nn.Linear``, the other way round
+for 2-16 rows, or oneDNN's linear for 2 rows and more (``linear_layout.py``)."""
 
 
 def _bad(field: str, value, why: str) -> ValueError:
@@ -160,14 +160,16 @@ class LookaheadConfig:
 
     Linear layers on a CPU (``linear_layout.py``):
 
-    - ``linear_layout``: how a step of 2 to 16 rows computes the model's ``nn.Linear`` layers. ``"auto"``
-      (default): the calibration times the steps both ways, ``nn.Linear``'s ``x @ W^T`` and the other way round,
-      ``(W @ x^T)^T`` (some BLAS builds are far slower for a few rows than for one), and a call uses the other
-      way round up to the most rows where it was faster; nothing changes where a cost curve is given or not
+    - ``linear_layout``: how a step of several rows computes the model's ``nn.Linear`` layers. ``"auto"``
+      (default): the calibration times the steps in each layout, ``nn.Linear``'s ``x @ W^T``, the other way round,
+      ``(W @ x^T)^T``, for 2 to 16 rows (some BLAS builds are far slower for a few rows than for one), and for fp32
+      weights oneDNN's linear, and each calibrated step size takes the one that was cheapest there (by at least
+      5% against ``nn.Linear``); nothing changes where a cost curve is given or not
       measured, in a model whose linear layers hold fewer than 16M weights, and in a bf16 or fp16 one (their
       kernels are already fast for a few rows). ``"linear"``: always
-      ``nn.Linear``. ``"transposed"``: always the other way round for 2 to 16 rows. One-row steps always go
-      through ``nn.Linear``, as in plain ``generate``; only on a CPU.
+      ``nn.Linear``. ``"transposed"``: always the other way round for 2 to 16 rows. ``"onednn"``: always oneDNN's
+      linear for 2 rows and more (fp32 weights and a torch built with oneDNN, else the call raises
+      ``ValueError``). One-row steps always go through ``nn.Linear``, as in plain ``generate``; only on a CPU.
     """
 
     ngram_size: int = 12

@@ -36,10 +36,15 @@ from .kv_cache import new_cache
 from .linear_layout import (
     AUTO_DTYPES,
     MAX_ROWS,
-    TransposedLinears,
-    combined_curve,
+    ONEDNN,
+    ONEDNN_MAX_ROWS,
+    ONEDNN_VARIANT,
+    TRANSPOSED,
+    LinearPlan,
+    StepLinears,
     linear_modules,
-    rows_that_pay,
+    onednn_fits,
+    plan_layouts,
     weights,
 )
 from .linear_layout import MIN_WEIGHTS as LAYOUT_MIN_WEIGHTS
@@ -200,7 +205,7 @@ class LookaheadDecoder:
         self.prefill_groups: list[list[int]] | None = None
         self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # under tensor parallelism
         self._busy = threading.Lock()  # held by the running call
-        self._transposed_rows = 0  # the running call's steps of 2 to this many rows: linears the other way round
+        self._linear_plan = LinearPlan()  # the running call's layout of its steps' linear layers (linear_layout.py)
 
     def __getstate__(self):  # copy.deepcopy / pickle: a lock and curves keyed by live models do not travel
         return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves")}
@@ -256,13 +261,15 @@ class LookaheadDecoder:
             # the linear layers' layout (linear_layout.py): "auto" is chosen by cost_curve while the loop is set up;
             # off for a static cache's compiled forward (whose set-up prices its steps without cost_curve)
             modules = [] if loop is StaticCall else self._layout_modules(model)
-            self._transposed_rows = MAX_ROWS if modules and self.config.linear_layout == "transposed" else 0
+            self._linear_plan = self._forced_plan(modules)
             with _eager_steps(model, loop is StaticCall and compile_settings(model, generation_config) is not None):
                 with call.refusals():  # the call's checks and set-up
                     runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                                   streamer, model_kwargs)
-                rows = self.stats.transposed_rows = self._transposed_rows
-                with TransposedLinears(modules, rows) if rows else contextlib.nullcontext():
+                plan = self._linear_plan
+                self.stats.transposed_rows = plan.most_rows(TRANSPOSED)
+                self.stats.linear_layout = plan.describe()
+                with StepLinears(modules, plan) if plan else contextlib.nullcontext():
                     return runner.run()
         finally:
             self._busy.release()
@@ -295,16 +302,26 @@ class LookaheadDecoder:
             modules = self._layout_modules(model)
             if not modules:
                 return linear
+            layout = self.config.linear_layout
 
-            def measure_transposed(sizes, clock=self.clock):
-                with TransposedLinears(modules, MAX_ROWS):
-                    return measure(sizes, clock)
+            def timed_in(kind: int, most: int):  # a step curve with every step of 2 to ``most`` rows in ``kind``
+                def measure_in(sizes, clock=self.clock):
+                    with StepLinears(modules, LinearPlan.uniform(kind, most)):
+                        return measure(sizes, clock)
+                return measure_in
 
-            transposed = self.calibrations.get(model, MAX_ROWS, measure_transposed, variant + LAYOUT_VARIANT,
-                                               persist=persist)
-            fit = MAX_ROWS if self.config.linear_layout == "transposed" else rows_that_pay(linear, transposed)
-            self._transposed_rows = fit
-            return combined_curve(linear, transposed, fit)
+            transposed = onednn = None
+            if layout in ("auto", "transposed"):
+                transposed = self.calibrations.get(model, MAX_ROWS, timed_in(TRANSPOSED, MAX_ROWS),
+                                                   variant + LAYOUT_VARIANT, persist=persist)
+            if layout == "onednn" or (layout == "auto" and onednn_fits(modules)):
+                onednn = self.calibrations.get(model, rows, timed_in(ONEDNN, ONEDNN_MAX_ROWS),
+                                               variant + ONEDNN_VARIANT, persist=persist)
+            force = {"transposed": TRANSPOSED, "onednn": ONEDNN}.get(layout)
+            plan, curve = plan_layouts(linear, transposed, onednn, force=force)
+            if force is None:  # a forced layout keeps its plan (_forced_plan), priced by its own curve
+                self._linear_plan = plan
+            return curve
         # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and
         # prices with rank 0's curve; kept per model in this decoder, whose calls every rank makes alike
         known = self._tp_curves.get(model)
@@ -313,6 +330,23 @@ class LookaheadDecoder:
             measured = measure(calibration_sizes(rows), clock=sync.shared_clock(self.clock))
             known = self._tp_curves[model] = sync.broadcast(measured)
         return known
+
+    def _forced_plan(self, modules: list) -> LinearPlan:
+        """The layout a call's steps take before any calibration: ``linear_layout`` ``"transposed"`` (2 to
+        :data:`~lookahead.linear_layout.MAX_ROWS` rows) or ``"onednn"`` (every step of 2 or more rows, checked to
+        be possible here), else ``nn.Linear`` until an ``"auto"`` calibration chooses (:meth:`cost_curve`)."""
+        layout = self.config.linear_layout
+        if not modules or layout not in ("transposed", "onednn"):
+            return LinearPlan()
+        if layout == "transposed":
+            return LinearPlan.uniform(TRANSPOSED, MAX_ROWS)
+        if not onednn_fits(modules):
+            dtypes = sorted({str(m.weight.dtype) for m in modules})
+            raise ValueError(
+                f"LookaheadConfig.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
+                f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN (torch.backends.mkldnn."
+                f"is_available(): {torch.backends.mkldnn.is_available()}); use 'auto', 'linear' or 'transposed'")
+        return LinearPlan.uniform(ONEDNN, ONEDNN_MAX_ROWS)
 
     def _layout_modules(self, model) -> list:
         """The linear layers this decoder's steps may compute the other way round (``LookaheadConfig.linear_layout``,

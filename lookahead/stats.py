@@ -41,8 +41,10 @@ class DecodeStats:
       the cost curve at the call's start (0 when it was known already).
     - ``step_nodes``: the most draft tokens a step of the call could verify (``LookaheadConfig.step_nodes``, an
       ``"auto"`` one as the call's cost curve resolved it).
-    - ``transposed_rows``: the call's steps of 2 to this many rows computed every linear layer the other way round
-      (``LookaheadConfig.linear_layout``, ``linear_layout.py``); 0: none did.
+    - ``transposed_rows``: the most rows of a step the call computed every linear layer of the other way round
+      (``LookaheadConfig.linear_layout``, ``linear_layout.py``); 0: none did. ``linear_layout``: every layout
+      the call's steps took, in words (``linear_layout.LinearPlan.describe``), e.g. ``"2-4 rows transposed,
+      5-64 rows oneDNN"``; ``"nn.Linear"`` when no step took another.
     """
 
     target_calls: int = 0
@@ -64,6 +66,7 @@ class DecodeStats:
     time_calibration: float = 0.0
     step_nodes: int = 0
     transposed_rows: int = 0
+    linear_layout: str = "nn.Linear"
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
                     t_verify: float, t_bookkeeping: float) -> None:
@@ -148,6 +151,8 @@ class DecodeStats:
             "time_bookkeeping": self.time_bookkeeping,
             "time_calibration": self.time_calibration,
             "step_nodes": self.step_nodes,
+            "transposed_rows": self.transposed_rows,
+            "linear_layout": self.linear_layout,
         }
 
     def explain(self) -> str:

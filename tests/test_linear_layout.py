@@ -1,4 +1,5 @@
-"""Linear layers computed the other way round (``linear_layout.py``): the same outputs, the same decoding."""
+"""Linear layers computed the other way round or through oneDNN (``linear_layout.py``): the same outputs, the same
+decoding."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ from lookahead import decoder as decoder_mod
 from lookahead import linear_layout as layout
 from lookahead.cost import Calibrations, CostModel, step_variant
 from lookahead.linear_layout import (
+    LINEAR,
     MAX_ROWS,
+    ONEDNN,
+    TRANSPOSED,
+    LinearPlan,
+    StepLinears,
     TransposedLinears,
-    combined_curve,
     linear_modules,
-    rows_that_pay,
+    onednn_available,
+    onednn_linear,
+    plan_layouts,
     transposed_linear,
 )
 
@@ -24,10 +31,16 @@ from tiny import TINY_ARCHS, tiny_model
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 LINEAR_MS = ((1, 80), (2, 126), (4, 126), (8, 116), (16, 142))
 TRANSPOSED_MS = ((1, 80), (2, 69), (4, 79), (8, 120), (16, 124))
+ONEDNN_MS = ((1, 88), (2, 92), (4, 99), (8, 106), (16, 132))
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear (mkldnn)")
 
 
-def _curve(ms) -> CostModel:
-    return CostModel([(k, t / 1e3) for k, t in ms])
+def _curve(ms, steps: bool = False) -> CostModel:
+    return CostModel([(k, t / 1e3) for k, t in ms], steps=steps)
+
+
+def _ms(curve: CostModel) -> list[float]:
+    return [round(t * 1e3, 1) for _, t in curve.points]
 
 
 def _linear(bias: bool = True) -> torch.nn.Linear:
@@ -84,19 +97,67 @@ def test_a_hook_put_first_sees_the_real_rows():
     assert seen == [5]
 
 
-def test_rows_that_pay_and_the_combined_curve_docstring_examples():
-    linear, transposed = _curve(LINEAR_MS), _curve(TRANSPOSED_MS)
-    assert rows_that_pay(linear, transposed) == 4
-    assert rows_that_pay(transposed, linear) == 0  # 2 rows slower that way: none
-    assert rows_that_pay(linear, linear) == 0  # equal (a pinned curve for both): not faster enough
-    assert rows_that_pay(linear, _curve(((1, 80), (2, 60), (4, 60), (8, 60), (16, 60), (32, 10)))) == MAX_ROWS
-    slower = _curve([(k, 1.5 * t) for k, t in TRANSPOSED_MS])  # measured while the machine ran 1.5x slower
-    assert rows_that_pay(linear, slower) == 4
-    assert [t for _, t in combined_curve(linear, slower, 4).points] == pytest.approx(
-        [t for _, t in combined_curve(linear, transposed, 4).points])
-    combined = combined_curve(linear, transposed, 4)
-    assert [round(t * 1e3) for _, t in combined.points] == [80, 80, 80, 126, 142]  # monotone, as every curve
-    assert combined_curve(linear, transposed, 0) is linear
+def test_plan_layouts_docstring_examples():
+    linear, transposed, onednn = (_curve(ms, steps=True) for ms in (LINEAR_MS, TRANSPOSED_MS, ONEDNN_MS))
+    plan, curve = plan_layouts(linear, transposed, onednn)
+    assert plan == LinearPlan(((1, LINEAR), (4, TRANSPOSED), (16, ONEDNN)))
+    assert plan.describe() == "2-4 rows transposed, 5-16 rows oneDNN" and plan.most_rows(TRANSPOSED) == 4
+    assert [plan.kind(r) for r in (1, 2, 4, 5, 8, 16, 17)] == [LINEAR, TRANSPOSED, TRANSPOSED, ONEDNN, ONEDNN,
+                                                                 ONEDNN, LINEAR]
+    assert _ms(curve) == [80, 69, 79, 96.4, 120] and curve.steps
+    plan, curve = plan_layouts(linear, transposed)  # no oneDNN curve: 8 rows stay nn.Linear, 16 pay the other way
+    assert plan.describe() == "2-4 rows transposed, 9-16 rows transposed" and _ms(curve) == [80, 69, 79, 116, 124]
+    slower = _curve([(k, 1.5 * t) for k, t in TRANSPOSED_MS], steps=True)  # timed while the machine ran 1.5x slower
+    assert plan_layouts(linear, slower)[0] == plan and _ms(plan_layouts(linear, slower)[1]) == _ms(curve)
+    assert plan_layouts(linear, linear)[0] == LinearPlan(((16, LINEAR),))  # equal: not 5% cheaper anywhere
+    assert not plan_layouts(linear, linear)[0] and plan_layouts(linear, linear)[1] == linear
+    assert plan_layouts(transposed, linear)[0].describe() == "nn.Linear"  # 2 rows slower that way: none
+    forced, curve = plan_layouts(linear, transposed, onednn, force=ONEDNN)
+    assert forced.describe() == "2-16 rows oneDNN" and _ms(curve) == [80, 83.6, 90, 96.4, 120]
+    given = plan_layouts(_curve(LINEAR_MS), _curve(TRANSPOSED_MS))[1]  # interpolated curves: non-decreasing
+    assert _ms(given) == [80, 80, 80, 126, 126] and not given.steps
+
+
+def test_a_layout_is_read_only_up_to_the_rows_it_covers():
+    linear = _curve(((1, 80), (2, 126), (4, 126), (8, 116), (16, 142), (32, 200), (64, 300)), steps=True)
+    wide = _curve(((1, 80), (2, 60), (4, 60), (8, 60), (16, 60), (32, 60), (64, 60)), steps=True)
+    plan, _ = plan_layouts(linear, wide, _curve(((1, 80), (2, 200), (4, 200), (8, 200), (16, 70)), steps=True))
+    assert plan.describe() == "2-16 rows transposed"  # the other way round: at most MAX_ROWS; oneDNN: its 16 rows
+    plan, _ = plan_layouts(linear, None, wide)
+    assert plan.describe() == "2-64 rows oneDNN"
+
+
+def test_linear_plan_checks_its_bounds():
+    assert LinearPlan(((4, TRANSPOSED), (8, LINEAR), (64, ONEDNN))).describe() == \
+        "2-4 rows transposed, 9-64 rows oneDNN"
+    assert LinearPlan().describe() == "nn.Linear" and not LinearPlan() and LinearPlan().kind(5) == LINEAR
+    assert LinearPlan.uniform(ONEDNN, 8).kind(1) == LINEAR  # one row: always nn.Linear
+    for bad in (((4, TRANSPOSED), (4, ONEDNN)), ((8, ONEDNN), (4, LINEAR)), ((0, ONEDNN),), ((4, 7),)):
+        with pytest.raises(ValueError, match="LinearPlan.bounds"):
+            LinearPlan(bad)
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_rows_match_f_linear_and_one_row_stays_nn_linear(bias):
+    head = _linear(bias)
+    calls = []
+    head.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[-2]))
+    x = torch.randn(1, 20, 24)
+    plan = LinearPlan(((3, TRANSPOSED), (16, ONEDNN)))
+    with torch.no_grad():
+        want = {m: F.linear(x[:, :m], head.weight, head.bias) for m in (1, 2, 5, 16, 17)}
+        with StepLinears([head], plan):
+            got = {m: head(x[:, :m]) for m in (1, 2, 5, 16, 17)}
+            strided = head(x.transpose(1, 2).contiguous().transpose(1, 2)[:, :6])  # rows not contiguous
+    assert calls[:5] == [1, 0, 0, 0, 17]
+    for m in (2, 5, 16):
+        assert got[m].shape == want[m].shape and got[m].is_contiguous()
+        torch.testing.assert_close(got[m], want[m], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(strided, want[16][:, :6], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[17], want[17])
+    w = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert onednn_linear(torch.tensor([[1.0, 2.0]]), w, torch.tensor([0.5, -1.0])).tolist() == [[1.5, 2.0]]
 
 
 def test_linear_modules_are_the_plain_cpu_linears(tiny_models):
@@ -108,11 +169,14 @@ def test_linear_modules_are_the_plain_cpu_linears(tiny_models):
         LookaheadConfig(linear_layout="sideways")
 
 
-def test_auto_takes_the_layout_where_the_calibration_timed_it_faster(tiny_models, monkeypatch):
-    """Two step curves, both ways, from an injected clock's timings: the call runs 2-4 rows transposed."""
-    model = tiny_models("llama")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_auto_takes_the_layout_where_the_calibration_timed_it_faster(dtype, monkeypatch):
+    """Step curves in each layout, as timed: the call runs 2-4 rows transposed, and for fp32 weights 5-16 rows
+    through oneDNN (fp64: not timed; 8 rows stay nn.Linear, 16 pay the other way round)."""
+    model = tiny_model("llama").to(dtype)
     step = step_variant(model)  # "step+masked-gqa": the tiny Llama has grouped key/value heads
-    curves = {step: _curve(LINEAR_MS), step + layout.VARIANT: _curve(TRANSPOSED_MS)}
+    curves = {step: _curve(LINEAR_MS), step + layout.VARIANT: _curve(TRANSPOSED_MS),
+              step + layout.ONEDNN_VARIANT: _curve(ONEDNN_MS)}
     seen = []
 
     def get(self, model, max_rows, measure, variant="", persist=None):
@@ -126,11 +190,17 @@ def test_auto_takes_the_layout_where_the_calibration_timed_it_faster(tiny_models
     plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
     ours = model.generate(ids, custom_generate=decoder, max_new_tokens=24, eos_token_id=None)
     assert ours.tolist() == plain.tolist()
-    assert seen == [step, step + layout.VARIANT] and decoder.stats.transposed_rows == 4
-    assert decoder.stats.cost_curve == combined_curve(curves[step], curves[step + layout.VARIANT], 4).points
+    onednn = dtype == torch.float32 and onednn_available()
+    timed = [step, step + layout.VARIANT] + ([step + layout.ONEDNN_VARIANT] if onednn else [])
+    assert seen == timed and decoder.stats.transposed_rows == (4 if onednn else 16)
+    plan, curve = plan_layouts(*(curves[v] for v in timed))
+    assert decoder.stats.cost_curve == curve.points and decoder.stats.linear_layout == plan.describe()
+    assert plan.describe() == ("2-4 rows transposed, 5-16 rows oneDNN" if onednn else
+                               "2-4 rows transposed, 9-16 rows transposed")
     linear = LookaheadDecoder(calibrations=Calibrations(), linear_layout="linear")
     model.generate(ids, custom_generate=linear, max_new_tokens=8, eos_token_id=None)
     assert linear.stats.transposed_rows == 0 and seen[-1] == step  # nothing timed the other way
+    assert linear.stats.linear_layout == "nn.Linear"
 
 
 def test_auto_leaves_a_small_model_alone(tiny_models, monkeypatch):
@@ -220,3 +290,34 @@ def test_a_batch_with_the_linears_transposed_equals_plain(tiny_models):
     ours = model.generate(ids, custom_generate=LookaheadDecoder(linear_layout="transposed"), max_new_tokens=24,
                           eos_token_id=None)
     assert ours.tolist() == plain.tolist()
+
+
+@needs_onednn
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_greedy_decoding_with_the_linears_through_onednn_equals_plain(arch, monkeypatch):
+    model = tiny_model(arch).to(torch.float32)
+    ids = torch.tensor([REPETITIVE])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+    products = []
+    monkeypatch.setattr(layout, "onednn_linear", lambda x, w, b: products.append(x.shape) or onednn_linear(x, w, b))
+    decoder = LookaheadDecoder(linear_layout="onednn")
+    ours = model.generate(ids, custom_generate=decoder, max_new_tokens=40, eos_token_id=None)
+    assert ours.tolist() == plain.tolist()
+    assert decoder.stats.target_calls < 40
+    if linear_modules(model):
+        assert decoder.stats.linear_layout == f"2-{layout.ONEDNN_MAX_ROWS} rows oneDNN" and products
+        assert all(s[:-1].numel() >= 2 for s in products)
+    else:
+        assert decoder.stats.linear_layout == "nn.Linear" and not products
+
+
+def test_onednn_forced_where_it_cannot_run_is_a_clear_error(tiny_models, monkeypatch):
+    model = tiny_models("llama")  # float64 weights
+    with pytest.raises(ValueError, match="linear_layout='onednn'.*torch.float64"):
+        model.generate(torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(linear_layout="onednn"),
+                       max_new_tokens=4, eos_token_id=None)
+    monkeypatch.setattr(layout, "onednn_available", lambda: False)  # a torch without oneDNN
+    with pytest.raises(ValueError, match="built with oneDNN"):
+        tiny_model("llama").to(torch.float32).generate(
+            torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(linear_layout="onednn"), max_new_tokens=4,
+            eos_token_id=None)

@@ -168,6 +168,12 @@ def _lookahead_linear() -> Method:
     return lookahead_method("lookahead-linear", LookaheadConfig(linear_layout="linear"))
 
 
+def _lookahead_transposed() -> Method:
+    from lookahead import LookaheadConfig
+
+    return lookahead_method("lookahead-transposed", LookaheadConfig(linear_layout="transposed"))
+
+
 def _lookahead_no_fill() -> Method:
     from lookahead import LookaheadConfig
 
@@ -210,6 +216,8 @@ METHODS: dict[str, Callable[[], Method]] = {
     "lookahead+corpus": _lookahead_corpus,
     # the default decoder with every linear layer through nn.Linear (linear_layout.py): what the layout adds
     "lookahead-linear": _lookahead_linear,
+    # the default decoder with 2-16 rows the other way round and nn.Linear above (no oneDNN): what oneDNN adds
+    "lookahead-transposed": _lookahead_transposed,
     # the default decoder without the frequent tokens on steps nothing else drafts for (proposer.FrequentSource)
     "lookahead-no-fill": _lookahead_no_fill,
     # the default decoder pricing with its measured curve interpolated, not as steps (cost.CostModel)

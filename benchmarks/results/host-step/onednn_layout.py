@@ -14,20 +14,15 @@ import time
 import torch
 from transformers import DynamicCache
 
-from lookahead.linear_layout import TransposedLinears, linear_modules
+from lookahead.linear_layout import ONEDNN, LinearPlan, StepLinears, TransposedLinears, linear_modules
 from lookahead.models import load_smollm2
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-class OneDnnLinears(TransposedLinears):
-    """Rows 2..max_rows of every module through oneDNN's linear instead."""
-
-    def _post(self, module, args, output):
-        x = self._pending.pop(id(module), None)
-        if x is None:
-            return None
-        return torch.ops.mkldnn._linear_pointwise(x, module.weight, module.bias, "none", [], "")
+def OneDnnLinears(modules, max_rows):  # noqa: N802 - used as the layouts' classes are
+    """Rows 2..max_rows of every module through oneDNN's linear (``linear_layout.onednn_linear``)."""
+    return StepLinears(modules, LinearPlan.uniform(ONEDNN, max_rows))
 
 
 def main():
