@@ -349,10 +349,10 @@ class LookaheadDecoder:
         return LinearPlan.uniform(ONEDNN, ONEDNN_MAX_ROWS)
 
     def _layout_modules(self, model) -> list:
-        """The linear layers this decoder's steps may compute the other way round (``LookaheadConfig.linear_layout``,
-        ``linear_layout.py``): none for ``"linear"`` or a model sharded over tensor-parallel ranks, and under
-        ``"auto"`` none for a model too small to be worth a second calibration or whose weights are bf16 or fp16
-        (``linear_layout.AUTO_DTYPES``)."""
+        """The linear layers this decoder's steps may compute in another layout than ``nn.Linear``
+        (``LookaheadConfig.linear_layout``, ``linear_layout.py``): none for ``"linear"`` or a model sharded over
+        tensor-parallel ranks, and under ``"auto"`` none for a model too small to be worth more calibrations or
+        whose weights are bf16 or fp16 (``linear_layout.AUTO_DTYPES``)."""
         if self.config.linear_layout == "linear" or RankSync.for_model(model).active:
             return []
         device = getattr(model, "device", None)
