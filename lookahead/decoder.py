@@ -37,9 +37,9 @@ from .linear_layout import (
     AUTO_DTYPES,
     MAX_ROWS,
     ONEDNN,
-    ONEDNN_MAX_ROWS,
     ONEDNN_VARIANT,
     TRANSPOSED,
+    WHOLE_PLANS,
     LinearPlan,
     StepLinears,
     linear_modules,
@@ -47,6 +47,7 @@ from .linear_layout import (
     plan_layouts,
     weights,
 )
+from .linear_layout import FORCED as FORCED_LAYOUTS
 from .linear_layout import MIN_WEIGHTS as LAYOUT_MIN_WEIGHTS
 from .linear_layout import VARIANT as LAYOUT_VARIANT
 from .numba_kernels import warn_if_uncompiled
@@ -304,20 +305,20 @@ class LookaheadDecoder:
                 return linear
             layout = self.config.linear_layout
 
-            def timed_in(kind: int, most: int):  # a step curve with every step of 2 to ``most`` rows in ``kind``
+            def timed_in(kind: int):  # a step curve with every step the layout may compute in it
                 def measure_in(sizes, clock=self.clock):
-                    with StepLinears(modules, LinearPlan.uniform(kind, most)):
+                    with StepLinears(modules, WHOLE_PLANS[kind]):
                         return measure(sizes, clock)
                 return measure_in
 
             transposed = onednn = None
             if layout in ("auto", "transposed"):
-                transposed = self.calibrations.get(model, MAX_ROWS, timed_in(TRANSPOSED, MAX_ROWS),
-                                                   variant + LAYOUT_VARIANT, persist=persist)
+                transposed = self.calibrations.get(model, MAX_ROWS, timed_in(TRANSPOSED), variant + LAYOUT_VARIANT,
+                                                   persist=persist)
             if layout == "onednn" or (layout == "auto" and onednn_fits(modules)):
-                onednn = self.calibrations.get(model, rows, timed_in(ONEDNN, ONEDNN_MAX_ROWS),
-                                               variant + ONEDNN_VARIANT, persist=persist)
-            force = {"transposed": TRANSPOSED, "onednn": ONEDNN}.get(layout)
+                onednn = self.calibrations.get(model, rows, timed_in(ONEDNN), variant + ONEDNN_VARIANT,
+                                               persist=persist)
+            force = FORCED_LAYOUTS.get(layout)
             plan, curve = plan_layouts(linear, transposed, onednn, force=force)
             if force is None:  # a forced layout keeps its plan (_forced_plan), priced by its own curve
                 self._linear_plan = plan
@@ -335,18 +336,16 @@ class LookaheadDecoder:
         """The layout a call's steps take before any calibration: ``linear_layout`` ``"transposed"`` (2 to
         :data:`~lookahead.linear_layout.MAX_ROWS` rows) or ``"onednn"`` (every step of 2 or more rows, checked to
         be possible here), else ``nn.Linear`` until an ``"auto"`` calibration chooses (:meth:`cost_curve`)."""
-        layout = self.config.linear_layout
-        if not modules or layout not in ("transposed", "onednn"):
+        kind = FORCED_LAYOUTS.get(self.config.linear_layout)
+        if not modules or kind is None:
             return LinearPlan()
-        if layout == "transposed":
-            return LinearPlan.uniform(TRANSPOSED, MAX_ROWS)
-        if not onednn_fits(modules):
+        if kind == ONEDNN and not onednn_fits(modules):
             dtypes = sorted({str(m.weight.dtype) for m in modules})
             raise ValueError(
                 f"LookaheadConfig.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
                 f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN (torch.backends.mkldnn."
                 f"is_available(): {torch.backends.mkldnn.is_available()}); use 'auto', 'linear' or 'transposed'")
-        return LinearPlan.uniform(ONEDNN, ONEDNN_MAX_ROWS)
+        return WHOLE_PLANS[kind]
 
     def _layout_modules(self, model) -> list:
         """The linear layers this decoder's steps may compute in another layout than ``nn.Linear``

@@ -136,6 +136,13 @@ class LinearPlan:
         return bool(self.ranges())
 
 
+WHOLE_PLANS = {TRANSPOSED: LinearPlan.uniform(TRANSPOSED, MAX_ROWS), ONEDNN: LinearPlan.uniform(ONEDNN, ONEDNN_MAX_ROWS)}
+"""Per layout other than ``nn.Linear``, the plan its calibration times and its forced setting runs: every step it
+may compute (the other way round up to :data:`MAX_ROWS` rows, oneDNN up to :data:`ONEDNN_MAX_ROWS`)."""
+FORCED = {"transposed": TRANSPOSED, "onednn": ONEDNN}
+"""``LookaheadConfig.linear_layout`` values that force a layout, and the layout each forces."""
+
+
 def weights(modules: Sequence[nn.Linear]) -> int:
     """The weights of ``modules`` together (a weight shared by several, as a tied output layer, counted once)."""
     return sum(w.numel() for w in {id(m.weight): m.weight for m in modules}.values())
