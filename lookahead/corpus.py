@@ -14,6 +14,13 @@ Drafts only propose; the exact acceptance core decides, so a corpus changes spee
 corpus is bound to its model by the fingerprint of :mod:`lookahead.heads` (architecture, vocabulary,
 a hash of the LM head): a decoder refuses it for another model before the first forward.
 
+A corpus for the model at hand is also found without being named: ``LookaheadDecoder()`` (``corpus="auto"``,
+the default) drafts from the corpus kept for its model, if there is one (:func:`corpus_for`): the bundled one for
+the bundled SmolLM2, or one that ``python -m lookahead build-corpus`` installed in the user's cache directory
+(``corpora/``, :meth:`DraftCorpus.install`). Looking costs nothing for a model that has none (the headers' shapes
+are compared first); for one that has, its fingerprint (about 0.1 s for SmolLM2) once per model and the store's
+build once per process.
+
 Files: ``DIR/corpus.npz`` (``tokens``: every stream back to back, uint16 when the vocabulary fits, else
 int32; ``lengths``: int64 per stream) and ``DIR/corpus.json`` (format, version, target fingerprint, what the
 streams are, the arrays' sha256).
@@ -23,18 +30,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
+import weakref
 
 import numpy as np
 
 from .cache import NgramTrie
+from .user_cache import cache_dir, persist_enabled, read_json
+
+log = logging.getLogger("lookahead")
 
 FORMAT = "lookahead-draft-corpus"
 VERSION = 1
 DATA_FILE, HEADER_FILE = "corpus.npz", "corpus.json"
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus-smollm2")
 """The folder of the corpus shipped for the bundled SmolLM2-135M-Instruct."""
+AUTO = "auto"
+"""``LookaheadDecoder(corpus=AUTO)`` (the default): the corpus kept for the call's model, if any (:func:`corpus_for`)."""
+INSTALLED = "corpora"
+"""The user cache's folder of installed corpora (:meth:`DraftCorpus.install`), one subfolder per model."""
+SHAPE_FIELDS = ("model_type", "hidden_size", "vocab_size")
+"""The fingerprint fields :func:`corpus_for` compares before it hashes a model's LM head."""
 STORE_NGRAM = 8
 """Longest n-gram of a corpus's store (``NgramTrie.max_n``): matches of up to 7 tokens, drafts to 7 deep."""
 
@@ -164,6 +182,20 @@ class DraftCorpus:
             json.dump(header, f, indent=1)
         os.replace(tmp, os.path.join(folder, HEADER_FILE))
 
+    def install(self) -> str:
+        """Save this corpus where :func:`corpus_for` finds it for its model (``<cache>/corpora/<key>``, replacing the
+        one kept for that model), so that ``LookaheadDecoder()`` drafts from it with no argument; the folder."""
+        if self.target is None:
+            raise ValueError("only a corpus bound to a model can be installed: make it with from_streams(..., model) "
+                             "or load it with the model it was written by")
+        if not persist_enabled():
+            raise ValueError("the user cache is turned off (LOOKAHEAD_PERSIST); pass the corpus to "
+                             "LookaheadDecoder(corpus=DraftCorpus.load(DIR)) instead")
+        folder = install_folder(self.target)
+        self.save(folder)
+        forget()
+        return folder
+
     @classmethod
     def load(cls, folder: str, model=None) -> DraftCorpus:
         """The corpus saved in ``folder``; with ``model``, refused (ValueError) unless that model wrote it."""
@@ -201,6 +233,93 @@ class DraftCorpus:
 
 _BUNDLED: DraftCorpus | None = None
 _BUNDLED_LOCK = threading.Lock()
+_LOADED: dict[str, DraftCorpus] = {}  # installed folder -> its corpus, one object per process (its store built once)
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (LM-head key, corpus or None)
+_FOUND_LOCK = threading.Lock()
+
+
+def install_folder(target: dict, root: str | None = None) -> str:
+    """Where the corpus of the model ``target`` (a fingerprint) is installed: ``<root>/<16 hex digits>``, a hash of
+    its architecture, shape and LM-head digest (``root``: the user cache's ``corpora``)."""
+    key = {k: target.get(k) for k in ("architecture", *SHAPE_FIELDS, "lm_head_sha256")}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(root or os.path.join(cache_dir(), INSTALLED), digest)
+
+
+def kept_corpora() -> list[tuple[str, dict]]:
+    """(folder, the model fingerprint in its header) of every corpus :func:`corpus_for` may use: the bundled one,
+    then those installed in the user cache (none when ``LOOKAHEAD_PERSIST`` turns the cache off). Reads headers only."""
+    folders = [BUNDLED]
+    root = os.path.join(cache_dir(), INSTALLED)
+    if persist_enabled() and os.path.isdir(root):
+        folders += sorted(os.path.join(root, name) for name in os.listdir(root))
+    kept = []
+    for folder in folders:
+        header = read_json(os.path.join(folder, HEADER_FILE))
+        if header is not None and header.get("format") == FORMAT and isinstance(header.get("target"), dict):
+            kept.append((folder, header["target"]))
+    return kept
+
+
+def corpus_for(model) -> DraftCorpus | None:
+    """The corpus kept for ``model`` (:func:`kept_corpora`), or None: the first whose header's model shape
+    (:data:`SHAPE_FIELDS`) is ``model``'s and whose fingerprint then matches (``heads.fingerprint_mismatch``: the
+    LM head's digest, or its probe within rounding for another precision). Decided once per model object (again
+    when its LM-head weight is replaced or after :meth:`DraftCorpus.install`); an installed corpus that no longer
+    loads is skipped with a warning, never raised into a ``generate`` call.
+
+    Example: the bundled SmolLM2 -> ``DraftCorpus.bundled()``; a tiny random Llama -> None, without hashing it."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(out, "weight", None)
+    if weight is None or weight.dim() != 2:
+        return None
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor has no version counter
+        version = -1
+    key = (weight.data_ptr(), version, tuple(weight.shape), str(weight.dtype))
+    with _FOUND_LOCK:
+        kept = _FOUND.get(model)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        shape = {"model_type": getattr(model.config, "model_type", None), "hidden_size": int(weight.shape[1]),
+                 "vocab_size": int(weight.shape[0])}
+        found = None
+        for folder, target in kept_corpora():
+            if any(target.get(k) != v for k, v in shape.items()):
+                continue
+            from .heads import fingerprint_mismatch
+
+            if fingerprint_mismatch(target, model) is not None:
+                continue
+            found = _load_kept(folder)
+            if found is not None:
+                break
+        _FOUND[model] = (key, found)
+        return found
+
+
+def forget() -> None:
+    """Forget which corpus each model was found to have (and the installed corpora loaded): the next
+    :func:`corpus_for` looks again. :meth:`DraftCorpus.install` calls it; call it after changing the user cache's
+    ``corpora/`` by hand or pointing ``LOOKAHEAD_CACHE`` elsewhere."""
+    with _FOUND_LOCK:
+        _FOUND.clear()
+        _LOADED.clear()
+
+
+def _load_kept(folder: str) -> DraftCorpus | None:
+    if folder == BUNDLED:
+        return DraftCorpus.bundled()
+    corpus = _LOADED.get(folder)
+    if corpus is None:
+        try:
+            corpus = DraftCorpus.load(folder)
+        except (OSError, ValueError) as err:
+            log.warning("skipping the draft corpus in %s: %s", folder, err)
+            return None
+        _LOADED[folder] = corpus
+    return corpus
 
 
 def _digest(tokens: np.ndarray, lengths: np.ndarray) -> str:

@@ -22,7 +22,7 @@ from . import call, compat
 from .batch import BatchCall, ReadOnlyStore
 from .cache import NgramTrie
 from .config import LookaheadConfig
-from .corpus import DraftCorpus
+from .corpus import AUTO, DraftCorpus, corpus_for
 from .cost import (
     DEFAULT_CALIBRATIONS,
     Calibrations,
@@ -154,6 +154,9 @@ class LookaheadDecoder:
     - ``corpus``: the model's own writing (``lookahead.corpus.DraftCorpus``, e.g. ``DraftCorpus.bundled()`` for
       the bundled SmolLM2, or one from ``python -m lookahead build-corpus``), drafted from a read-only store
       (origin ``"corpus"``) beside ``trie=``; refused before the first forward for a model that did not write it.
+      ``"auto"`` (the default): the corpus kept for the call's model if there is one (``corpus.corpus_for``: the
+      bundled one for the bundled SmolLM2, or one ``build-corpus`` installed), none beside ``heads`` (with the
+      heads a corpus added nothing, ``benchmarks/results/corpus.md``); None: no corpus.
 
     After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`, the whole call), and for a batch
     ``row_stats`` (one per row) and ``prefill_groups`` (the rows' groups when the prompt's forward ran in
@@ -167,7 +170,7 @@ class LookaheadDecoder:
 
     def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None,
                  calibrations: Calibrations | None = None, clock: Callable[[], float] = time.perf_counter,
-                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, heads=None, corpus=None,
+                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, heads=None, corpus=AUTO,
                  **overrides):
         if config is None:
             config = LookaheadConfig(**overrides)
@@ -189,11 +192,14 @@ class LookaheadDecoder:
             check_draft_model(draft_model)
         self.draft_model = draft_model  # proposes greedy chains from its own cache (selfspec.DraftPassSource)
         self.heads = heads  # trained draft heads (heads.DraftHeads): a source over the model's hidden state
-        if corpus is not None and not isinstance(corpus, DraftCorpus):
+        if corpus is not None and not isinstance(corpus, DraftCorpus) and not (isinstance(corpus, str)
+                                                                               and corpus == AUTO):
             raise TypeError(f"corpus must be a lookahead.corpus.DraftCorpus (DraftCorpus.load(DIR) or "
-                            f"DraftCorpus.bundled()), got {type(corpus).__name__}")
-        self.corpus = corpus  # the model's own writing: a read-only store shared by every user of the corpus
-        self._corpus_store = corpus.shared_store() if corpus is not None else None
+                            f"DraftCorpus.bundled()), \"auto\" or None, got {corpus!r}")
+        self._corpus_auto = isinstance(corpus, str) and heads is None  # found per model at each call
+        # the model's own writing: a read-only store shared by every user of the corpus
+        self.corpus = corpus if isinstance(corpus, DraftCorpus) else None
+        self._corpus_store = self.corpus.shared_store() if self.corpus is not None else None
         self.tuning = tuning or BudgetTuning()
         self.policy = DraftPolicy(config, self.trie, self.memory, self.tuning, draft_model, heads,
                                   corpus=self._corpus_store)
@@ -238,7 +244,7 @@ class LookaheadDecoder:
         with call.refusals():  # before any decoding step: an implicit default (lookahead.enable) runs plain instead
             call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
             call.check_no_assistant(assistant)
-            if self.corpus is not None:
+            if self.corpus is not None and not self._corpus_auto:  # one given, not one found for this model
                 self.corpus.check_model(model)
         _warn_if_row_dependent(model)
         warn_if_uncompiled()
@@ -253,6 +259,8 @@ class LookaheadDecoder:
             )
         try:
             self.stats = DecodeStats()
+            if self._corpus_auto:
+                self._use_corpus(corpus_for(model))
             if input_ids.shape[0] > 1:
                 loop = BatchCall
             elif _static(generation_config, model_kwargs):
@@ -274,6 +282,17 @@ class LookaheadDecoder:
                     return runner.run()
         finally:
             self._busy.release()
+
+    def _use_corpus(self, corpus: DraftCorpus | None) -> None:
+        """Draft from ``corpus`` (None: none) from this call on: with another corpus than the last call's, the draft
+        policy is made again (what it learnt was learnt beside the other one) and a batch's row policies with it."""
+        if corpus is self.corpus:
+            return
+        self.corpus = corpus
+        self._corpus_store = corpus.shared_store() if corpus is not None else None
+        self.policy = DraftPolicy(self.config, self.trie, self.memory, self.tuning, self.draft_model, self.heads,
+                                  corpus=self._corpus_store)
+        self.row_policies = []
 
     def cost_curve(self, model, kv_window: int | None = None, sync=None) -> CostModel:
         """The cost curve this decoder prices drafts with on ``model``: the configured one, else the

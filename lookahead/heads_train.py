@@ -849,6 +849,9 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="answer length (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per generate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
+    p.add_argument("--no-install", action="store_true",
+                   help="only write OUT/corpus, do not also install it in the user cache, where LookaheadDecoder() "
+                        "finds it for this model (corpus=\"auto\") (default: installed)")
     _add_run_arguments(p)
     return p
 
@@ -933,8 +936,19 @@ def run_corpus_args(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     report = run(args.out, model, tok, settings, args.prompts, args.topics, not args.no_progress, name, train=False)
     c = report["corpus"]
-    print(f"wrote {os.path.join(args.out, 'corpus')}: {c['streams']} answers, {c['tokens']} tokens, in "
-          f"{time.perf_counter() - t:.0f} s; use it as LookaheadDecoder(corpus=DraftCorpus.load(...))", file=sys.stderr)
+    written = os.path.join(args.out, "corpus")
+    print(f"wrote {written}: {c['streams']} answers, {c['tokens']} tokens, in {time.perf_counter() - t:.0f} s; use it "
+          "as LookaheadDecoder(corpus=DraftCorpus.load(...))", file=sys.stderr)
+    if not args.no_install:
+        from .corpus import DraftCorpus
+        from .user_cache import persist_enabled
+
+        if persist_enabled():
+            folder = DraftCorpus.load(written, model=model).install()
+            print(f"installed it in {folder}: LookaheadDecoder() drafts from it for this model with no argument "
+                  "(--no-install: do not)", file=sys.stderr)
+        else:
+            print("not installed: the user cache is turned off (LOOKAHEAD_PERSIST)", file=sys.stderr)
     return 0
 
 

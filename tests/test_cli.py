@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -304,11 +305,16 @@ def test_train_heads_command_trains_saves_and_the_demo_drafts_with_them(chat_fol
 def test_build_corpus_command_writes_the_training_answers_and_the_demo_drafts_from_them(chat_folder, tmp_path,
                                                                                         monkeypatch, capsys):
     """``python -m lookahead build-corpus`` on a prompts file: the training split's greedy answers (every tenth
-    prompt held out), bound to the model; ``demo --corpus DIR`` decodes with them, identically to plain."""
+    prompt held out), bound to the model and installed in the user cache, where the default decoder finds it;
+    ``demo --corpus DIR`` decodes with them, identically to plain."""
+    from lookahead import corpus as corpus_module
     from lookahead import models
-    from lookahead.corpus import DraftCorpus
+    from lookahead.corpus import DraftCorpus, corpus_for
 
     folder, model, tok = chat_folder
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))  # the install goes into this test's own cache
+    monkeypatch.setattr(corpus_module, "_FOUND", weakref.WeakKeyDictionary())  # what is found here stays here
+    monkeypatch.setattr(corpus_module, "_LOADED", {})
     lines = [f"abc{i} abc{i} def{i % 3} abc" for i in range(20)]
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(lines) + "\n")
@@ -321,6 +327,9 @@ def test_build_corpus_command_writes_the_training_answers_and_the_demo_drafts_fr
     assert corpus.streams == 18 and 0 < corpus.lengths.max() <= 16  # prompts 9 and 19 are held out
     assert (out / "work" / "prompts.json").exists()  # a rerun resumes from here
     assert corpus.described["split"].startswith("train")
+    found = corpus_for(model)  # installed: LookaheadDecoder() drafts from it with no argument
+    assert found is not None and found.tokens.tolist() == corpus.tokens.tolist()
+    assert "installed it in" in capsys.readouterr().err
 
     monkeypatch.setattr(models, "load_model", lambda name=None, **kw: (model, tok))
     capsys.readouterr()

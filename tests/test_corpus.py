@@ -170,3 +170,127 @@ def test_one_corpus_serves_decoders_in_threads(llama):
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(run, prompts))
     assert all(torch.equal(a, b) for a, b in zip(outs, plain))
+
+
+# ------------------------------------------------------------------------------------------- found for the model
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A user cache of this test's own, and what is found per model in it kept apart from other tests."""
+    import weakref
+
+    from lookahead import corpus as corpus_module
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LOOKAHEAD_PERSIST", raising=False)
+    monkeypatch.setattr(corpus_module, "_FOUND", weakref.WeakKeyDictionary())  # what is found here stays here
+    monkeypatch.setattr(corpus_module, "_LOADED", {})
+    return tmp_path / "cache"
+
+
+def test_the_default_decoder_drafts_from_the_corpus_installed_for_its_model(llama, own_cache):
+    """``build-corpus`` installs a corpus in the user cache; ``LookaheadDecoder()`` (``corpus="auto"``) then
+    drafts from it for that model, with the same tokens, and ``corpus=None`` does not."""
+    from lookahead.corpus import corpus_for, install_folder
+
+    prompts = [_prompt(seed) for seed in range(3)]
+    answers = [_greedy(llama, p, 40)[0, p.shape[1]:] for p in prompts]
+    assert corpus_for(llama) is None  # nothing installed yet
+    before = LookaheadDecoder()
+    plain = _greedy(llama, prompts[0], 40)
+    assert torch.equal(llama.generate(prompts[0], max_new_tokens=40, custom_generate=before, pad_token_id=0), plain)
+    assert before.corpus is None and before.stats.drafted_by_origin["corpus"] == 0
+
+    corpus = DraftCorpus.from_streams(answers, llama, {"data": "the model's answers"})
+    folder = corpus.install()
+    assert folder == install_folder(fingerprint(llama)) and folder.startswith(str(own_cache / "corpora"))
+    found = corpus_for(llama)
+    assert found is not None and found.tokens.tolist() == corpus.tokens.tolist()
+    assert corpus_for(llama) is found  # decided once per model, one object (its store built once)
+
+    auto = LookaheadDecoder()
+    assert torch.equal(llama.generate(prompts[0], max_new_tokens=40, custom_generate=auto, pad_token_id=0), plain)
+    assert auto.corpus is found and auto.stats.accepted_by_origin["corpus"] >= 5
+    assert auto.stats.target_calls < before.stats.target_calls
+    off = LookaheadDecoder(corpus=None)
+    assert torch.equal(llama.generate(prompts[0], max_new_tokens=40, custom_generate=off, pad_token_id=0), plain)
+    assert off.corpus is None and off.stats.drafted_by_origin["corpus"] == 0
+
+    # one decoder, another model of the same shape: no corpus for it, no error, its plain output
+    other = tiny_model("llama", seed=99)
+    set_cost_curve(other, TINY_COST_CURVE)
+    assert corpus_for(other) is None
+    assert torch.equal(other.generate(prompts[1], max_new_tokens=24, custom_generate=auto, pad_token_id=0),
+                       _greedy(other, prompts[1], 24))
+    assert auto.corpus is None and auto.stats.drafted_by_origin["corpus"] == 0
+    # and back: the corpus again
+    assert torch.equal(llama.generate(prompts[1], max_new_tokens=40, custom_generate=auto, pad_token_id=0),
+                       _greedy(llama, prompts[1], 40))
+    assert auto.corpus is found and auto.stats.accepted_by_origin["corpus"] >= 5
+
+
+def test_a_batch_finds_the_installed_corpus_too(llama, own_cache):
+    prompts = [_prompt(seed) for seed in range(2)]
+    DraftCorpus.from_streams([_greedy(llama, p, 32)[0, 8:] for p in prompts], llama).install()
+    batch = torch.cat(prompts)
+    decoder = LookaheadDecoder()
+    ours = llama.generate(batch, max_new_tokens=32, custom_generate=decoder, pad_token_id=0)
+    assert torch.equal(ours, llama.generate(batch, max_new_tokens=32, do_sample=False, pad_token_id=0))
+    assert sum(r.accepted_by_origin["corpus"] for r in decoder.row_stats) > 0
+
+
+def test_no_corpus_is_found_beside_heads_with_the_cache_off_or_from_a_damaged_file(llama, own_cache, monkeypatch,
+                                                                                  caplog):
+    from lookahead.corpus import DATA_FILE, corpus_for, forget
+    from lookahead.heads import DraftHeads
+
+    prompt = _prompt(0)
+    folder = DraftCorpus.from_streams([_greedy(llama, prompt, 24)[0, 8:]], llama).install()
+    torch.manual_seed(0)
+    heads = DraftHeads.for_model(llama, "medusa", 2, torch.arange(96))
+    with_heads = LookaheadDecoder(heads=heads)  # "auto" beside heads: none (measured: it added nothing there)
+    assert torch.equal(llama.generate(prompt, max_new_tokens=24, custom_generate=with_heads, pad_token_id=0),
+                       _greedy(llama, prompt, 24))
+    assert with_heads.corpus is None and with_heads.stats.drafted_by_origin["corpus"] == 0
+
+    monkeypatch.setenv("LOOKAHEAD_PERSIST", "0")  # the user cache is not read
+    forget()
+    assert corpus_for(llama) is None
+    monkeypatch.delenv("LOOKAHEAD_PERSIST")
+    forget()
+    assert corpus_for(llama) is not None
+
+    (own_cache / "corpora" / folder.rsplit("/", 1)[-1] / DATA_FILE).write_bytes(b"not a corpus")
+    forget()
+    with caplog.at_level("WARNING", logger="lookahead"):
+        assert corpus_for(llama) is None  # skipped with a warning, never raised into generate
+    assert "skipping the draft corpus" in caplog.text
+    decoder = LookaheadDecoder()
+    assert torch.equal(llama.generate(prompt, max_new_tokens=24, custom_generate=decoder, pad_token_id=0),
+                       _greedy(llama, prompt, 24))
+
+
+def test_installing_needs_a_corpus_bound_to_a_model_and_the_cache_on(llama, own_cache, monkeypatch):
+    with pytest.raises(ValueError, match="bound to a model"):
+        DraftCorpus.from_streams([[3, 4, 5]]).install()
+    monkeypatch.setenv("LOOKAHEAD_PERSIST", "off")
+    with pytest.raises(ValueError, match="LOOKAHEAD_PERSIST"):
+        DraftCorpus.from_streams([[3, 4, 5]], llama).install()
+    with pytest.raises(TypeError, match='"auto" or None'):
+        LookaheadDecoder(corpus="bundled")
+
+
+def test_the_bundled_corpus_is_found_for_no_tiny_model_without_hashing_it(monkeypatch, own_cache):
+    """A model whose shape no kept corpus has is answered from the headers alone: its LM head is never hashed."""
+    from lookahead import heads as heads_module
+    from lookahead.corpus import BUNDLED, corpus_for, kept_corpora
+
+    assert [folder for folder, _ in kept_corpora()] == [BUNDLED]
+    model = tiny_model("llama")
+
+    def no_hash(m):
+        raise AssertionError("hashed")
+
+    monkeypatch.setattr(heads_module, "fingerprint", no_hash)
+    assert corpus_for(model) is None
