@@ -10,8 +10,8 @@
             train draft heads for a model (default: the bundled SmolLM2) on its own answers;
             LookaheadDecoder(heads=DraftHeads.load(DIR)) drafts with them
   build-corpus
-            write a model's own answers as a draft corpus;
-            LookaheadDecoder(corpus=DraftCorpus.load(DIR/corpus)) drafts from it
+            write a model's own answers as a draft corpus and install it for that model:
+            LookaheadDecoder() drafts from it (or LookaheadDecoder(corpus=DraftCorpus.load(DIR/corpus)))
 
 python -m lookahead COMMAND --help lists a command's options. Argument errors exit with status 2
 and a message naming the valid choices; they are checked before any model is loaded. What each
@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "the heads shipped for the bundled model; default: not run)")
     demo.add_argument("--corpus", metavar="DIR", nargs="?", const="bundled", default=None,
                       help="also run lookahead+corpus: the decoder with the draft corpus saved in DIR (bare "
-                           "--corpus: the corpus shipped for the bundled model; default: not run)")
+                           "--corpus: the corpus shipped for the bundled model, which the default decoder already "
+                           "drafts from for it; default: not run)")
     _add_model_args(demo)
     _add_threads_arg(demo, "auto")
 

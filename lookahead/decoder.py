@@ -261,6 +261,7 @@ class LookaheadDecoder:
             self.stats = DecodeStats()
             if self._corpus_auto:
                 self._use_corpus(corpus_for(model))
+            self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
             if input_ids.shape[0] > 1:
                 loop = BatchCall
             elif _static(generation_config, model_kwargs):

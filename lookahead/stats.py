@@ -45,6 +45,8 @@ class DecodeStats:
       (``LookaheadConfig.linear_layout``, ``linear_layout.py``); 0: none did. ``linear_layout``: every layout
       the call's steps took, in words (``linear_layout.LinearPlan.describe``), e.g. ``"2-4 rows transposed,
       5-64 rows oneDNN"``; ``"nn.Linear"`` when no step took another.
+    - ``corpus``: the draft corpus the call drafted from (``corpus.DraftCorpus``'s repr, e.g. ``"DraftCorpus(515
+      streams, 80979 tokens, target=LlamaForCausalLM)"``; one given, or the one ``corpus="auto"`` found), else None.
     """
 
     target_calls: int = 0
@@ -67,6 +69,7 @@ class DecodeStats:
     step_nodes: int = 0
     transposed_rows: int = 0
     linear_layout: str = "nn.Linear"
+    corpus: str | None = None
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
                     t_verify: float, t_bookkeeping: float) -> None:
@@ -153,6 +156,7 @@ class DecodeStats:
             "step_nodes": self.step_nodes,
             "transposed_rows": self.transposed_rows,
             "linear_layout": self.linear_layout,
+            "corpus": self.corpus,
         }
 
     def explain(self) -> str:

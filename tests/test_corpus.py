@@ -212,6 +212,8 @@ def test_the_default_decoder_drafts_from_the_corpus_installed_for_its_model(llam
     auto = LookaheadDecoder()
     assert torch.equal(llama.generate(prompts[0], max_new_tokens=40, custom_generate=auto, pad_token_id=0), plain)
     assert auto.corpus is found and auto.stats.accepted_by_origin["corpus"] >= 5
+    assert auto.stats.corpus == repr(found) == "DraftCorpus(3 streams, 120 tokens, target=LlamaForCausalLM)"
+    assert auto.stats.as_dict()["corpus"] == auto.stats.corpus and before.stats.corpus is None
     assert auto.stats.target_calls < before.stats.target_calls
     off = LookaheadDecoder(corpus=None)
     assert torch.equal(llama.generate(prompts[0], max_new_tokens=40, custom_generate=off, pad_token_id=0), plain)
@@ -223,7 +225,7 @@ def test_the_default_decoder_drafts_from_the_corpus_installed_for_its_model(llam
     assert corpus_for(other) is None
     assert torch.equal(other.generate(prompts[1], max_new_tokens=24, custom_generate=auto, pad_token_id=0),
                        _greedy(other, prompts[1], 24))
-    assert auto.corpus is None and auto.stats.drafted_by_origin["corpus"] == 0
+    assert auto.corpus is None and auto.stats.drafted_by_origin["corpus"] == 0 and auto.stats.corpus is None
     # and back: the corpus again
     assert torch.equal(llama.generate(prompts[1], max_new_tokens=40, custom_generate=auto, pad_token_id=0),
                        _greedy(llama, prompts[1], 40))
