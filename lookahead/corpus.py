@@ -270,8 +270,8 @@ def corpus_for(model) -> DraftCorpus | None:
 
     Example: the bundled SmolLM2 -> ``DraftCorpus.bundled()``; a tiny random Llama -> None, without hashing it."""
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weight = getattr(out, "weight", None)
-    if weight is None or weight.dim() != 2:
+    weight = getattr(out, "weight", None)  # a tensor; not one for every layer (quantize_dynamic's: a method)
+    if len(getattr(weight, "shape", ())) != 2 or not hasattr(weight, "data_ptr"):
         return None
     try:
         version = weight._version

@@ -156,7 +156,8 @@ class LookaheadDecoder:
       (origin ``"corpus"``) beside ``trie=``; refused before the first forward for a model that did not write it.
       ``"auto"`` (the default): the corpus kept for the call's model if there is one (``corpus.corpus_for``: the
       bundled one for the bundled SmolLM2, or one ``build-corpus`` installed), none beside ``heads`` (with the
-      heads a corpus added nothing, ``benchmarks/results/corpus.md``); None: no corpus.
+      heads a corpus added nothing, ``benchmarks/results/corpus.md``); None: no corpus. ``corpus_setting`` keeps
+      what was given; ``corpus`` is the one the last call drafted from (None: none).
 
     After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`, the whole call), and for a batch
     ``row_stats`` (one per row) and ``prefill_groups`` (the rows' groups when the prompt's forward ran in
@@ -196,6 +197,7 @@ class LookaheadDecoder:
                                                                                and corpus == AUTO):
             raise TypeError(f"corpus must be a lookahead.corpus.DraftCorpus (DraftCorpus.load(DIR) or "
                             f"DraftCorpus.bundled()), \"auto\" or None, got {corpus!r}")
+        self.corpus_setting = corpus  # as given: "auto", None or a DraftCorpus
         self._corpus_auto = isinstance(corpus, str) and heads is None  # found per model at each call
         # the model's own writing: a read-only store shared by every user of the corpus
         self.corpus = corpus if isinstance(corpus, DraftCorpus) else None

@@ -207,6 +207,18 @@ def test_prompt_forms_and_method_registry():
         make_methods(["nope"])
 
 
+def test_the_corpus_methods_decode_with_the_corpus_they_name():
+    """``lookahead`` finds the corpus kept for the model (``corpus="auto"``); ``lookahead-no-corpus`` has none,
+    ``lookahead+corpus`` the bundled one, ``lookahead+heads+corpus`` the bundled heads and corpus together."""
+    from lookahead.corpus import DraftCorpus
+
+    default, none, given, both = (METHODS[name]().decoder for name in (
+        "lookahead", "lookahead-no-corpus", "lookahead+corpus", "lookahead+heads+corpus"))
+    assert default.corpus_setting == "auto" and none.corpus_setting is None and none.corpus is None
+    assert given.corpus is DraftCorpus.bundled() and both.corpus is DraftCorpus.bundled()
+    assert both.heads is not None and both.corpus_setting is both.corpus
+
+
 def test_workloads_come_from_local_material():
     w = build_workloads(list(WORKLOADS), 3)
     assert list(w) == ["code-completion", "code-editing", "chat", "rewrite"]

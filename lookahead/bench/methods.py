@@ -151,6 +151,30 @@ def _lookahead_heads() -> Method:
                   settings=settings, decoder=LookaheadDecoder(config, heads=heads))
 
 
+def _lookahead_heads_corpus() -> Method:
+    from lookahead import LookaheadConfig, LookaheadDecoder
+    from lookahead.corpus import DraftCorpus
+    from lookahead.heads import DraftHeads
+
+    if not _BUNDLED_HEADS:
+        _BUNDLED_HEADS.append(DraftHeads.bundled())
+    heads, corpus = _BUNDLED_HEADS[0], DraftCorpus.bundled()
+    config = LookaheadConfig()
+    settings = {**dataclasses.asdict(config), "heads": repr(heads), "corpus": repr(corpus)}
+    return Method("lookahead+heads+corpus", "LookaheadDecoder(heads=DraftHeads.bundled(), corpus=DraftCorpus.bundled()), "
+                  f"default config; {heads!r}; {corpus!r}", settings=settings,
+                  decoder=LookaheadDecoder(config, heads=heads, corpus=corpus))
+
+
+def _lookahead_no_corpus() -> Method:
+    from lookahead import LookaheadConfig, LookaheadDecoder
+
+    config = LookaheadConfig()
+    settings = {**dataclasses.asdict(config), "corpus": None}
+    return Method("lookahead-no-corpus", "LookaheadDecoder(corpus=None), default config: no draft corpus",
+                  settings=settings, decoder=LookaheadDecoder(config, corpus=None))
+
+
 def _lookahead_corpus() -> Method:
     from lookahead import LookaheadConfig, LookaheadDecoder
     from lookahead.corpus import DraftCorpus
@@ -212,8 +236,12 @@ METHODS: dict[str, Callable[[], Method]] = {
     "self-low-rank": _self_draft("low-rank"),  # truncated-SVD weights,
     "draft-model": _draft_model,  # a separate (truncated) draft model
     "lookahead+heads": _lookahead_heads,  # the default decoder plus the bundled SmolLM2 draft heads (heads.py)
-    # the default decoder plus the bundled SmolLM2's own writing as drafts (corpus.py)
+    # the default decoder given the bundled SmolLM2's own writing as drafts (corpus.py; for the bundled model
+    # what the default's corpus="auto" finds), and the default without any corpus: what the corpus adds
     "lookahead+corpus": _lookahead_corpus,
+    "lookahead-no-corpus": _lookahead_no_corpus,
+    # the bundled heads and the bundled corpus together (corpus="auto" finds none beside heads)
+    "lookahead+heads+corpus": _lookahead_heads_corpus,
     # the default decoder with every linear layer through nn.Linear (linear_layout.py): what the layout adds
     "lookahead-linear": _lookahead_linear,
     # the default decoder with 2-16 rows the other way round and nn.Linear above (no oneDNN): what oneDNN adds
