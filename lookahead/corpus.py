@@ -119,6 +119,10 @@ class DraftCorpus:
         arch = (self.target or {}).get("architecture")
         return f"DraftCorpus({self.streams} streams, {len(self)} tokens, target={arch})"
 
+    def __deepcopy__(self, memo) -> DraftCorpus:
+        """The corpus itself: it is never changed after it is made, and a copied decoder shares its built store."""
+        return self
+
     def __getstate__(self) -> dict:  # copy / pickle: built stores and the lock do not travel
         return {k: v for k, v in self.__dict__.items() if k not in ("_stores", "_lock")}
 

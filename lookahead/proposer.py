@@ -26,6 +26,7 @@ Each source has ``max_nodes`` and ``max_depth``, the most it drafts per step.
 
 from __future__ import annotations
 
+import copy
 import weakref
 
 import numpy as np
@@ -81,6 +82,13 @@ class CorpusSource(TrieSource):
 
     def __init__(self, store: NgramTrie, max_match: int, max_nodes: int = 16, max_depth: int = 10):
         super().__init__(store, CORPUS, max_match, per_request=False, max_nodes=max_nodes, max_depth=max_depth)
+
+    def __deepcopy__(self, memo) -> CorpusSource:
+        """A copy (a copied decoder's) drafts from the same read-only store: it is shared by design, and copying it
+        would cost its size (about 90 MB for the bundled corpus)."""
+        other = copy.copy(self)
+        memo[id(self)] = other
+        return other
 
     def start(self, prompt: np.ndarray, model=None) -> None:
         pass

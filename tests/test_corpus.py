@@ -296,3 +296,25 @@ def test_the_bundled_corpus_is_found_for_no_tiny_model_without_hashing_it(monkey
 
     monkeypatch.setattr(heads_module, "fingerprint", no_hash)
     assert corpus_for(model) is None
+
+
+def test_a_copied_decoder_shares_the_corpus_and_its_store(llama, own_cache):
+    """``copy.deepcopy`` of a decoder that drafts from a corpus shares the corpus and its built store (read-only,
+    about 90 MB for the bundled one) instead of copying them; the copy decodes plain's tokens with it."""
+    import copy
+
+    from lookahead.proposer import CorpusSource
+
+    prompt = _prompt(0)
+    corpus = DraftCorpus.from_streams([_greedy(llama, prompt, 32)[0, 8:]], llama)
+    for decoder in (LookaheadDecoder(corpus=corpus), LookaheadDecoder()):
+        if decoder.corpus_setting == "auto":
+            corpus.install()
+        llama.generate(prompt, max_new_tokens=32, custom_generate=decoder, pad_token_id=0)
+        twin = copy.deepcopy(decoder)
+        assert twin.corpus is decoder.corpus and twin._corpus_store is decoder._corpus_store is not None
+        sources = [s for s in twin.policy.sources if isinstance(s, CorpusSource)]
+        assert len(sources) == 1 and sources[0].trie is decoder._corpus_store
+        assert torch.equal(llama.generate(prompt, max_new_tokens=32, custom_generate=twin, pad_token_id=0),
+                           _greedy(llama, prompt, 32))
+        assert twin.stats.accepted_by_origin["corpus"] >= 5
