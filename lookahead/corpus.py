@@ -256,7 +256,10 @@ def kept_corpora() -> list[tuple[str, dict]]:
     folders = [BUNDLED]
     root = os.path.join(cache_dir(), INSTALLED)
     if persist_enabled() and os.path.isdir(root):
-        folders += sorted(os.path.join(root, name) for name in os.listdir(root))
+        try:
+            folders += sorted(os.path.join(root, name) for name in os.listdir(root))
+        except OSError as err:  # unreadable: as if nothing were installed
+            log.warning("cannot read the installed draft corpora in %s: %s", root, err)
     kept = []
     for folder in folders:
         header = read_json(os.path.join(folder, HEADER_FILE))
@@ -319,7 +322,7 @@ def _load_kept(folder: str) -> DraftCorpus | None:
     if corpus is None:
         try:
             corpus = DraftCorpus.load(folder)
-        except (OSError, ValueError) as err:
+        except Exception as err:  # noqa: BLE001 - a damaged file of any kind (a cut zip too): skipped, said
             log.warning("skipping the draft corpus in %s: %s", folder, err)
             return None
         _LOADED[folder] = corpus

@@ -263,11 +263,15 @@ def test_no_corpus_is_found_beside_heads_with_the_cache_off_or_from_a_damaged_fi
     forget()
     assert corpus_for(llama) is not None
 
-    (own_cache / "corpora" / folder.rsplit("/", 1)[-1] / DATA_FILE).write_bytes(b"not a corpus")
-    forget()
-    with caplog.at_level("WARNING", logger="lookahead"):
-        assert corpus_for(llama) is None  # skipped with a warning, never raised into generate
-    assert "skipping the draft corpus" in caplog.text
+    data = own_cache / "corpora" / folder.rsplit("/", 1)[-1] / DATA_FILE
+    whole = data.read_bytes()
+    for damaged in (b"not a corpus", whole[: len(whole) // 2]):  # not a zip; a zip cut in half
+        data.write_bytes(damaged)
+        forget()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lookahead"):
+            assert corpus_for(llama) is None  # skipped with a warning, never raised into generate
+        assert "skipping the draft corpus" in caplog.text
     decoder = LookaheadDecoder()
     assert torch.equal(llama.generate(prompt, max_new_tokens=24, custom_generate=decoder, pad_token_id=0),
                        _greedy(llama, prompt, 24))
