@@ -280,11 +280,10 @@ def corpus_for(model) -> DraftCorpus | None:
     weight = getattr(out, "weight", None)  # a tensor; not one for every layer (quantize_dynamic's: a method)
     if len(getattr(weight, "shape", ())) != 2 or not hasattr(weight, "data_ptr"):
         return None
-    try:
-        version = weight._version
-    except RuntimeError:  # an inference tensor has no version counter
-        version = -1
-    key = (weight.data_ptr(), version, tuple(weight.shape), str(weight.dtype))
+    # torch and the heads' code, imported only where a model is looked at
+    from .heads import fingerprint_mismatch, weight_key
+
+    key = weight_key(weight)
     with _FOUND_LOCK:
         kept = _FOUND.get(model)
         if kept is not None and kept[0] == key:
@@ -295,8 +294,6 @@ def corpus_for(model) -> DraftCorpus | None:
         for folder, target in kept_corpora():
             if any(target.get(k) != v for k, v in shape.items()):
                 continue
-            from .heads import fingerprint_mismatch
-
             if fingerprint_mismatch(target, model) is not None:
                 continue
             found = _load_kept(folder)

@@ -92,6 +92,16 @@ def _probe_positions(vocab: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weight key, fingerprint)
 
 
+def weight_key(weight: torch.Tensor) -> tuple:
+    """What changes when a weight tensor is replaced or changed in place: (data pointer, version counter, shape,
+    dtype). A decision kept per model (its fingerprint, its corpus) is made again when its LM head's key changes."""
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor (made under torch.inference_mode) has no version counter
+        version = -1
+    return weight.data_ptr(), version, tuple(weight.shape), str(weight.dtype)
+
+
 def fingerprint(model) -> dict:
     """What identifies a target model for its heads: ``architecture`` (class name), ``model_type``,
     ``hidden_size`` and ``vocab_size`` (of its LM head), ``lm_head_sha256`` (of the LM-head weights rounded to
@@ -99,11 +109,7 @@ def fingerprint(model) -> dict:
     weights as numbers, which match within rounding when the hash differs only by precision). Computed once
     per model object (again if its LM-head weight is replaced or changed in place)."""
     weight = model.get_output_embeddings().weight
-    try:
-        version = weight._version
-    except RuntimeError:  # an inference tensor (made under torch.inference_mode) has no version counter
-        version = -1
-    key = (weight.data_ptr(), version, tuple(weight.shape), str(weight.dtype))
+    key = weight_key(weight)
     kept = _FINGERPRINTS.get(model)
     if kept is not None and kept[0] == key:
         return kept[1]
