@@ -52,13 +52,15 @@ How it works (the decisions):
   (see ``compat.streamer_of_calling_generate``).
 - **The implicit default falls back, explicit flags never do.** With ``default=``, a call without a
   flag that the decoder would refuse (beam search, scores of a batch, anything else its own check
-  rejects) or that asks for another method (``assistant_model=``,
-  ``prompt_lookup_num_tokens=``, ``custom_generate=``) runs plain ``generate``, with a warning naming
-  the reason, so that adding the default never breaks an existing call. What only the decoder's set-up
-  can tell (a batch of an ALiBi model, a padded row on a static cache past a sliding window, images on a
-  static cache with sliding layers) is refused there, before any decoding step (``call.is_refusal``), and
-  the call then runs plain ``generate`` the same way (a streamer gets the prompt once). An explicit ``assistant=`` /
-  ``lookahead=True`` raises the decoder's error instead.
+  rejects) runs plain ``generate``, with a warning naming the reason, so that adding the default never
+  breaks an existing call. One that asks for another method (``assistant_model=``,
+  ``prompt_lookup_num_tokens=``, a ``custom_generate=`` other than a decoder) runs that method, with a
+  warning that the default is not used; one that passes ``custom_generate=decoder`` runs that decoder,
+  without one. What only the decoder's set-up can tell (a batch of an ALiBi model, a padded row on a
+  static cache past a sliding window, images on a static cache with sliding layers) is refused there,
+  before any decoding step (``call.is_refusal``), and the call then runs plain ``generate`` the same
+  way (a streamer gets the prompt once). An explicit ``assistant=`` / ``lookahead=True`` raises the
+  decoder's error instead.
 - **Shared state.** A decoder holds its trie and its last call's ``stats``: use one decoder per
   concurrent stream. The default decoder of an enabled model is ``model.generate.decoder``.
 """
@@ -157,6 +159,13 @@ class LookaheadGenerate:
             return assistant if assistant is not None else self.decoder
         if lookahead is False or self.default is None:
             return None
+        if isinstance(kwargs.get("custom_generate"), LookaheadDecoder):
+            return None  # the call names its own decoder, which __call__ takes: nothing falls back
+        others = [k for k in _OTHER_METHODS if kwargs.get(k) is not None]
+        if others:  # generate() runs the method the call asks for: say that the default is not used, not why
+            warnings.warn(f"lookahead: this call decodes with the method it asks for ({', '.join(k + '=' for k in others)}),"
+                          " not the default LookaheadDecoder", UserWarning, stacklevel=3)
+            return None
         reason = self._why_not_default(args, kwargs)
         if reason is not None:
             warnings.warn(f"lookahead: this call runs plain generate(), not the default LookaheadDecoder: {reason}",
@@ -166,9 +175,6 @@ class LookaheadGenerate:
 
     def _why_not_default(self, args, kwargs) -> str | None:
         """Why the default decoder would not take this call (it would raise), or None when it would."""
-        others = [k for k in _OTHER_METHODS if kwargs.get(k) is not None]
-        if others:
-            return f"the call passes {', '.join(k + '=' for k in others)}"
         model = self.model
         gen_kwargs = {k: v for k, v in kwargs.items() if k not in ("generation_config", "streamer")}
         try:

@@ -177,9 +177,23 @@ def test_lookahead_false_and_other_methods_run_plain_generate(llama):
     with pytest.warns(UserWarning, match="assistant_model="):
         assisted = llama.generate(_ids(), assistant_model=draft, **plain_kw)
     assert assisted.tolist() == plain.tolist() and dec.stats.new_tokens == 0
-    with pytest.warns(UserWarning, match="prompt_lookup_num_tokens="):
+    with pytest.warns(UserWarning, match=r"decodes with the method it asks for \(prompt_lookup_num_tokens=\)"):
         pld = llama.generate(_ids(), prompt_lookup_num_tokens=3, **plain_kw)
     assert pld.tolist() == plain.tolist() and dec.stats.new_tokens == 0
+
+
+def test_custom_generate_decoder_on_an_enabled_model_runs_that_decoder_without_a_warning(llama):
+    """An enabled model's default steps aside for a decoder the call names itself, silently: no warning
+    that the call "runs plain generate()" (it does not), and that decoder, not the default, decodes it."""
+    default, own = LookaheadDecoder(), LookaheadDecoder()
+    lookahead.enable(llama, default=default)
+    kw = dict(max_new_tokens=12, eos_token_id=None, do_sample=False)
+    plain = type(llama).generate(llama, _ids(), **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = llama.generate(_ids(), custom_generate=own, **kw)
+    assert out.tolist() == plain.tolist()
+    assert own.stats.new_tokens == 12 and default.stats.new_tokens == 0
 
 
 def test_default_falls_back_for_what_the_decoder_refuses_but_explicit_flags_raise(llama):
