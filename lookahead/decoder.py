@@ -217,7 +217,8 @@ class LookaheadDecoder:
         self._linear_plan = LinearPlan()  # the running call's layout of its steps' linear layers (linear_layout.py)
 
     def __getstate__(self):  # copy.deepcopy / pickle: a lock and curves keyed by live models do not travel, nor the
-        # corpus's store: the corpus gives it again (a deep copy shares the corpus, and so its built store)
+        # corpus's store (nor the policies' corpus sources': CorpusSource.transient): the corpus gives it again (a
+        # deep copy shares the corpus, and so its built store)
         return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves", "_corpus_store")}
 
     def __setstate__(self, state):
@@ -225,6 +226,8 @@ class LookaheadDecoder:
         self._busy = threading.Lock()
         self._tp_curves = weakref.WeakKeyDictionary()
         self._corpus_store = self.corpus.shared_store() if self.corpus is not None else None
+        for policy in (self.policy, *self.row_policies):  # a pickle left their corpus source's store behind
+            policy.bind_corpus(self._corpus_store)
 
     def __repr__(self) -> str:
         return f"LookaheadDecoder({self.config})"

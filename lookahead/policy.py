@@ -94,6 +94,13 @@ class DraftPolicy:
         self._propose = True
         self.prompt_rows = False
 
+    def bind_corpus(self, store: NgramTrie | None) -> None:
+        """The corpus source drafts from ``store`` again (the corpus's store, which a pickle of the policy leaves
+        behind: ``CorpusSource.transient``)."""
+        for source in self.sources:
+            if isinstance(source, CorpusSource):
+                source.bind(store)
+
     def learn_prompt(self, tokens: np.ndarray, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
         """Before the first step, when :attr:`prompt_rows`: the rows of the pending prompt ``tokens`` but the
         last (row ``j``: input ``tokens[j]``), their top-k successor ids and logits."""

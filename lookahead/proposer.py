@@ -79,14 +79,20 @@ class CorpusSource(TrieSource):
     serves every decoder, thread and batch row at once (``NgramTrie.propose`` holds the store's lock)."""
 
     learns_lazily = False
+    transient = ("trie",)  # the store: a pickle leaves it behind (tens of MB built), the owner binds it again (bind)
 
     def __init__(self, store: NgramTrie, max_match: int, max_nodes: int = 16, max_depth: int = 10):
         super().__init__(store, CORPUS, max_match, per_request=False, max_nodes=max_nodes, max_depth=max_depth)
 
+    def bind(self, store: NgramTrie) -> None:
+        """Draft from ``store`` (after a pickle, which leaves the store behind: the same corpus's store again)."""
+        self.trie = store
+
     def __deepcopy__(self, memo) -> CorpusSource:
         """A copy (a copied decoder's) drafts from the same read-only store: it is shared by design, and copying it
         would cost its size (about 90 MB for the bundled corpus)."""
-        other = copy.copy(self)
+        other = copy.copy(self)  # which leaves the store behind, as a pickle does (transient): bound again here
+        other.bind(self.trie)
         memo[id(self)] = other
         return other
 
