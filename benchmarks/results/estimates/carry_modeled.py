@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from lookahead import LookaheadDecoder, call
+from lookahead import LookaheadDecoder
 from lookahead.bench.runner import encode
 from lookahead.bench.workloads import build_workloads
 from lookahead.models import load_smollm2
 from lookahead.tuning import BudgetTuning
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "heads" / "trajectory"))
+from modeled import count_rows, spread  # noqa: E402
 
 WORKLOADS = ("code-completion", "code-editing", "chat")
 
@@ -37,14 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     model, tok = load_smollm2(dtype=torch.float32)
-    rows: list[int] = []
-    forward = call.forward
-
-    def counting(setup, stats, ids, *a, **k):
-        rows.append(int(ids.shape[1]))
-        return forward(setup, stats, ids, *a, **k)
-
-    call.forward = counting
+    rows = count_rows()
     items = build_workloads(list(WORKLOADS), args.prompts)
     interleaved = [(w, items[w][i]) for i in range(args.prompts) for w in WORKLOADS]
     grouped = [(w, p) for w in WORKLOADS for p in items[w]]
@@ -83,10 +80,8 @@ def report(records: list[dict]) -> None:
                 calls = sum(by[(order, carry, p)]["calls"] for p in prompts)
                 tokens = sum(by[(order, carry, p)]["tokens"] for p in prompts)
                 same = all(by[(order, carry, p)]["identical"] for p in prompts)
-                geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
                 print(f"{order:11s} {workload:16s} carry {carry:4.0f}: modeled time / carry {carries[0]:.0f}'s per prompt "
-                      f"geomean {geo:.3f} range {min(ratios):.2f}-{max(ratios):.2f}  tokens/call {tokens / calls:.2f}"
-                      f"  identical {same}")
+                      f"{spread(ratios)}  tokens/call {tokens / calls:.2f}  identical {same}")
 
 
 if __name__ == "__main__":

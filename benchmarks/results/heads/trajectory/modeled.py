@@ -53,6 +53,19 @@ def variants(heads: DraftHeads, corpus: DraftCorpus) -> dict:
     }
 
 
+def count_rows() -> list[int]:
+    """A list that every later target forward (``call.forward``) appends its input rows to; clear it per decode."""
+    rows: list[int] = []
+    forward = call.forward
+
+    def counting(setup, stats, ids, *a, **k):
+        rows.append(int(ids.shape[1]))
+        return forward(setup, stats, ids, *a, **k)
+
+    call.forward = counting
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=8)
@@ -62,14 +75,7 @@ def main() -> None:
     model, tok = load_smollm2(dtype=torch.float32)
     heads = DraftHeads.bundled(cost=HEADS_COST, dtype="bfloat16")
     corpus = DraftCorpus.bundled()
-    rows: list[int] = []
-    forward = call.forward
-
-    def counting(setup, stats, ids, *a, **k):
-        rows.append(int(ids.shape[1]))
-        return forward(setup, stats, ids, *a, **k)
-
-    call.forward = counting
+    rows = count_rows()
     makers = variants(heads, corpus)
     records = []
     items = build_workloads(list(WORKLOADS), args.prompts)
@@ -126,10 +132,14 @@ def report(records: list[dict]) -> None:
                 r, d = by[(workload, p, name)], by[(workload, p, "default")]
                 ratios.append((r["forward_modeled_s"] + r["heads_modeled_s"]) / d["forward_modeled_s"])
                 calls, tokens = calls + r["calls"], tokens + r["tokens"]
-            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            print(f"{workload:16s} {name:13s} modeled time / default's per prompt: geomean {geo:.3f} "
-                  f"range {min(ratios):.2f}-{max(ratios):.2f}  tokens/call {tokens / calls:.2f}  "
-                  f"{sorted(round(x, 2) for x in ratios)}")
+            print(f"{workload:16s} {name:13s} modeled time / default's per prompt: {spread(ratios)}  "
+                  f"tokens/call {tokens / calls:.2f}  {sorted(round(x, 2) for x in ratios)}")
+
+
+def spread(ratios: list[float]) -> str:
+    """'geomean G range A-B' of per-prompt ratios."""
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    return f"geomean {geo:.3f} range {min(ratios):.2f}-{max(ratios):.2f}"
 
 
 if __name__ == "__main__":
