@@ -3,11 +3,11 @@
     from lookahead import LookaheadDecoder
     out = model.generate(**inputs, max_new_tokens=256, custom_generate=LookaheadDecoder())
 
-gives exactly the tokens of plain greedy ``generate``, in fewer forward passes of the model
-wherever the text repeats itself. Or, for one model or text-generation pipeline:
+gives exactly the tokens of plain greedy ``generate`` (or exactly its sampling distribution), in fewer forwards of
+the model wherever the text repeats itself. Or, for one model or text-generation pipeline:
 
     import lookahead
-    lookahead.enable(model)                      # then: generate(..., assistant=LookaheadDecoder())
+    lookahead.enable(model)                              # then: generate(..., lookahead=True)
     lookahead.enable(pipe, default=LookaheadDecoder())   # existing pipe(...) calls use it
 """
 
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-# Imported on first use, so that `python -m lookahead --help` and argument errors answer at once
-# instead of first loading torch, transformers and the Numba kernels.
+# imported on first use: `python -m lookahead --help` answers without loading torch and transformers
 _EXPORTS = {
     "LookaheadConfig": ".config",
     "LookaheadDecoder": ".decoder",

@@ -1,13 +1,16 @@
 """The draft budget: which draft nodes a step verifies, and whether the window's rows run.
 
-Each step keeps the ``k`` most probable nodes (a prefix that is always a tree) maximising expected
-tokens per second, ``(1 + sum of their probabilities) / t(1 + k + m)``, with ``t`` the cost curve
-(``cost.py``), node probabilities from the acceptance estimates (``acceptance.py``) and ``m`` the
-window's rows; ``k = 0`` is a plain one-token step.
+Each step keeps the ``k`` most probable nodes (a prefix that is always a tree) maximising expected tokens per
+second, ``(1 + sum of their probabilities) / t(1 + k + m)``, with ``t`` the cost curve (``cost.py``), node
+probabilities from :class:`AcceptanceStats` times the call's :class:`CopyBelief`, and ``m`` the window's rows;
+``k = 0`` is a plain step. A batch chooses one width for all its rows (:func:`choose_width`).
 
-Worked example: node probabilities ``[0.9, 0.8, 0.1]``, cost ``t(1)=1, t(2)=1.1, t(3)=1.2, t(4)=2``:
-``k=0`` gives 1/1 = 1.0 tokens per unit, ``k=1`` 1.9/1.1 = 1.73, ``k=2`` 2.7/1.2 = 2.25, ``k=3``
-2.8/2 = 1.4: verify the two most probable nodes.
+Worked example: probabilities ``[0.9, 0.8, 0.1]``, ``t(1)=1, t(2)=1.1, t(3)=1.2, t(4)=2``: ``k=0`` gives 1.0
+tokens per unit, ``k=1`` 1.9/1.1 = 1.73, ``k=2`` 2.7/1.2 = 2.25, ``k=3`` 2.8/2 = 1.4: verify the two likeliest.
+
+A node's *cell* is (origin, context, depth, rank): ``context`` its match bucket (1, 2, 3+), alone or agreed
+(another source drafted the same path); ``rank`` 0 for an only child, else 1 + its place among its siblings.
+``c(cell)`` estimates P(node accepted | parent accepted); a node's probability is the product down its path.
 """
 
 from __future__ import annotations
@@ -15,35 +18,278 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
-from . import kernels as K
-from .acceptance import AcceptanceStats, CopyBelief
+from ._tuning import DEFAULT, Tuning
 from .cost import CostModel, CostRefiner
-from .draft import ORIGINS, WINDOW, Draft
-from .tuning import BudgetTuning
+from .drafting.draft import ORIGINS, WINDOW, Draft
+
+MATCH_BUCKETS = 3
+CONTEXTS = 2 * MATCH_BUCKETS  # a match bucket alone, or agreed
+
+
+# -- kernels ----------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def belief_log_ratio(c, accepted, off_scale):
+    """The log-likelihood ratio of tried nodes' outcomes, copying against not (``acceptance.CopyBelief``): per node
+    of estimated conditional acceptance ``c`` float64[t] (clipped to [1e-6, 1 - 1e-6]) add ``log(1 / off_scale)``
+    if ``accepted`` bool[t], else ``log((1 - c) / (1 - off_scale * c))``.
+
+    Example: ``c`` ``[0.87, 0.5]``, accepted ``[False, True]``, off_scale 0.3 -> ``-1.74 + 1.20 = -0.54``.
+    """
+    total = 0.0
+    for i in range(c.shape[0]):
+        if accepted[i]:
+            total += np.log(1.0 / off_scale)
+        else:
+            x = min(max(c[i], 1e-6), 1 - 1e-6)
+            total += np.log((1.0 - x) / (1.0 - off_scale * x))
+    return total
+
+
+@njit(cache=True)
+def _conditional(o, ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool, pool_weight, depth_lift):
+    a = prior_a[ctx, r]
+    b = prior_b[ctx, r]
+    pooled = (accepted_pool[o, ctx, r] + a) / (tried_pool[o, ctx, r] + a + b)
+    pooled = 1.0 - (1.0 - pooled) * depth_lift ** d  # the depth cell's target: deeper, likelier to go on
+    return (accepted[o, ctx, d, r] + pool_weight * pooled) / (tried[o, ctx, d, r] + pool_weight)
+
+
+@njit(cache=True)
+def _cell(match, agreement, depth, rank, n_ctx, max_depth, max_rank):
+    """A node's cell: context (its match bucket; the second half of the contexts when another source agreed),
+    depth and rank cells."""
+    buckets = n_ctx // 2
+    ctx = min(max(match, 1), buckets) - 1 + (buckets if agreement > 0 else 0)
+    return ctx, min(depth - 1, max_depth - 1), min(rank, max_rank - 1)
+
+
+@njit(cache=True)
+def node_probabilities(parents, origin, match, agreement, depth, rank, prior_a, prior_b, tried, accepted, tried_pool,
+                       accepted_pool, pool_weight, depth_lift):
+    """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path.
+
+    ``agreement``: per node, how many other sources drafted it (``Draft.agreement``: an agreed node's context is in
+    the second half of the contexts). ``tried``/``accepted``: float64[origins, contexts, depths, ranks] counts;
+    ``*_pool``: the same summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks]. A depth cell
+    ``d`` (0-based) shrinks towards ``1 - (1 - pooled) * depth_lift ** d``.
+    Example (priors only, ``depth_lift`` 1): a chain of two only children whose ``c`` is 0.6 each -> ``[0.6,
+    0.36]``; with ``depth_lift`` 0.5 the second level's ``c`` is ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``.
+    """
+    n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
+    prob = np.empty(len(parents))
+    for i in range(len(parents)):
+        ctx, d, r = _cell(match[i], agreement[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+        c = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, accepted_pool,
+                         pool_weight, depth_lift)
+        prob[i] = c * prob[parents[i]] if parents[i] >= 0 else c
+    return prob
+
+
+@njit(cache=True)
+def record(parents, origin, match, agreement, depth, rank, accepted_nodes, prior_a, prior_b, tried, accepted,
+           tried_pool, accepted_pool, pool_weight, decay, depth_lift):
+    """Learn one verified tree in place: every node whose parent was accepted (or is the root) was
+    *tried*; counts decay by ``decay`` first. Returns (c float64[t], hit bool[t]) of the ``t`` tried
+    nodes in index order, ``c`` as estimated before this update.
+
+    Example: parents ``[-1, -1, 0, 2]``, accepted ``[0]``: nodes 0, 1, 2 were tried (node 3's parent was
+    rejected), and only node 0 was accepted.
+    """
+    n = len(parents)
+    ok = np.zeros(n, np.bool_)
+    for j in accepted_nodes:
+        ok[j] = True
+    n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
+    c = np.empty(n)
+    hit = np.empty(n, np.bool_)
+    t = 0
+    for i in range(n):
+        if parents[i] < 0 or ok[parents[i]]:
+            ctx, d, r = _cell(match[i], agreement[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+            c[t] = _conditional(origin[i], ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool,
+                                accepted_pool, pool_weight, depth_lift)
+            hit[t] = ok[i]
+            t += 1
+    tried *= decay
+    accepted *= decay
+    tried_pool *= decay
+    accepted_pool *= decay
+    for i in range(n):
+        if parents[i] < 0 or ok[parents[i]]:
+            ctx, d, r = _cell(match[i], agreement[i], depth[i], rank[i], n_ctx, max_depth, max_rank)
+            o = origin[i]
+            tried[o, ctx, d, r] += 1.0
+            tried_pool[o, ctx, r] += 1.0
+            if ok[i]:
+                accepted[o, ctx, d, r] += 1.0
+                accepted_pool[o, ctx, r] += 1.0
+    return c[:t], hit[:t]
+
+
+@njit(cache=True)
+def choose(probs, cost_table, extra_rows, extra_gain, margin, max_k):
+    """(node indices int64[k], sorted; expected tokens per second of the choice): the best prefix by
+    probability (ties: lower index first, so parents before children), at most ``max_k`` long, maximising
+    ``(1 + extra_gain + sum of chosen probs) / cost_table[1 + extra_rows + k]``; a ``k > 0`` must beat
+    ``k = 0`` by the factor ``margin``.
+
+    Example: probs ``[0.9, 0.8, 0.1]``, cost table ``[_, 1, 1.1, 1.2, 2]`` -> ``([0, 1], 2.25)``.
+    """
+    order = np.argsort(-probs, kind="mergesort")  # stable
+    k, rate = _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k)
+    return np.sort(order[:k]), rate
+
+
+@njit(cache=True)
+def choose_with_window(probs, cost_table, window_rows, window_gain, margin, max_k):
+    """:func:`choose` without the window's rows and with them (``window_rows`` more rows, ``window_gain`` more
+    expected tokens), from one sort: (order int64[n] of the nodes by probability, stable; k and rate without the
+    window; k and rate with it). The caller keeps ``np.sort(order[:k])`` of the choice it takes.
+
+    Example: probs ``[0.9, 0.8, 0.1]``, cost table ``[_, 1, 1.1, 1.2, 2, 2.1, 2.2]``, 2 window rows adding 1.5
+    tokens -> order ``[0, 1, 2]``; without the window (2, 2.7 / 1.2 = 2.25), with it (0, 2.5 / 1.2 = 2.08): the window
+    alone beats it with any node.
+    """
+    order = np.argsort(-probs, kind="mergesort")  # stable
+    k, rate = _best_prefix(probs, order, cost_table, 0, 0.0, margin, max_k)
+    k_w, rate_w = _best_prefix(probs, order, cost_table, window_rows, window_gain, margin, max_k)
+    return order, k, rate, k_w, rate_w
+
+
+@njit(cache=True)
+def _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k):
+    """(k, rate): :func:`choose`'s best prefix length of ``order`` (the nodes by probability) and its rate."""
+    n = len(probs)
+    base = 1.0 + extra_gain
+    best_k, best_rate, first_rate = 0, 0.0, 0.0
+    total = 0.0
+    for k in range(max(min(n, max_k), 0) + 1):
+        if k:
+            total += probs[order[k - 1]]
+        rate = (base + total) / cost_table[1 + extra_rows + k]
+        if k == 0:
+            first_rate = rate
+            best_rate = rate
+        elif rate > best_rate:
+            best_k, best_rate = k, rate
+    if best_rate < margin * first_rate:
+        best_k, best_rate = 0, first_rate
+    return best_k, best_rate
+
+
+
+
+# -- estimates --------------------------------------------------------------------------------------------------
+
+
+class AcceptanceStats:
+    """Online estimates of ``c(origin, context, depth, rank)``. Each is the cell's acceptance rate shrunk towards
+    the same (origin, context, rank) pooled over depths, itself shrunk towards a Beta prior per rank
+    (``priors``) whose mean is scaled per match bucket (``match_scale``, clipped to [0.02, 0.98]). At depth
+    ``d`` the pooled estimate ``p`` is lifted to ``1 - (1 - p) * depth_lift ** (d - 1)``. Counts decay by
+    ``decay`` per update.
+
+    Example (priors only, depth_lift 0.95): two only children after a 2-token match: ``c`` 2/3 * 0.9 = 0.6, then
+    ``1 - 0.4 * 0.95 = 0.62``: probabilities ``[0.6, 0.372]``.
+    """
+
+    def __init__(self, origins: int, tuning: Tuning = DEFAULT):
+        t = self.tuning = tuning
+        priors = list(t.priors) + [t.priors[-1]] * (t.rank_cells - len(t.priors))
+        a = np.array([p[0] for p in priors[: t.rank_cells]])[None, :]
+        b = np.array([p[1] for p in priors[: t.rank_cells]])[None, :]
+        scale = np.asarray(t.match_scale * (CONTEXTS // MATCH_BUCKETS))[:, None]
+        mean = np.clip(a / (a + b) * scale, 0.02, 0.98)  # [context, rank]
+        self.prior_a, self.prior_b = mean * (a + b), (1 - mean) * (a + b)
+        shape = (origins, CONTEXTS, t.depth_cells, t.rank_cells)
+        self.tried, self.accepted = np.zeros(shape), np.zeros(shape)
+        self._tried_pool = np.zeros((origins, CONTEXTS, t.rank_cells))
+        self._accepted_pool = np.zeros((origins, CONTEXTS, t.rank_cells))
+
+    def carried(self, trials: float) -> tuple[np.ndarray, ...]:
+        """The counts a later call starts from, each cell capped at ``trials`` trials (its rate kept)."""
+        def cap(tried, accepted):
+            scale = np.minimum(1.0, trials / np.maximum(tried, 1e-12))
+            return tried * scale, accepted * scale
+
+        return (*cap(self.tried, self.accepted), *cap(self._tried_pool, self._accepted_pool))
+
+    def start_from(self, counts: tuple[np.ndarray, ...]) -> None:
+        self.tried, self.accepted, self._tried_pool, self._accepted_pool = (np.array(c, dtype=np.float64)
+                                                                            for c in counts)
+
+    def node_probabilities(self, draft) -> np.ndarray:
+        """float[n]: P(node accepted) for each node of ``draft``."""
+        return node_probabilities(draft.parents, draft.origin, draft.match, draft.agreement, draft.depth,
+                                  draft.rank, self.prior_a, self.prior_b, self.tried, self.accepted,
+                                  self._tried_pool, self._accepted_pool, self.tuning.pool_weight,
+                                  self.tuning.depth_lift)
+
+    def update(self, draft, accepted_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Record one verified draft; (c float[t], accepted bool[t]) of the tried nodes, ``c`` as before."""
+        if not len(draft.tokens):
+            return np.zeros(0), np.zeros(0, dtype=bool)
+        t = self.tuning
+        return record(draft.parents, draft.origin, draft.match, draft.agreement, draft.depth, draft.rank,
+                      np.asarray(accepted_nodes, dtype=np.int64), self.prior_a, self.prior_b, self.tried,
+                      self.accepted, self._tried_pool, self._accepted_pool, t.pool_weight, t.decay, t.depth_lift)
+
+
+class CopyBelief:
+    """P(the text is copying right now), one number per call that scales every estimate, so one rejected
+    long-match tree lowers them all for a few steps. Two hypotheses: copying (accepted at ``c``) or not (at
+    ``off_scale * c``); each tried node's log-likelihood ratio moves the log-odds (clipped to ``+-limit``), which
+    relax towards the prior's by ``relax`` every step. Scale: ``belief + (1 - belief) * off_scale``.
+
+    Example (prior 0.9, off_scale 0.3): a rejected only child with ``c = 0.87`` adds ``log(0.13 / 0.739) = -1.74``
+    to the prior's 2.20: belief 0.61, scale 0.73. An accepted node adds ``log(1 / 0.3) = +1.20``.
+    """
+
+    def __init__(self, tuning: Tuning = DEFAULT):
+        self.off_scale, self.relax, self.limit = tuning.belief_off_scale, tuning.belief_relax, tuning.belief_limit
+        self.prior_log_odds = float(np.log(tuning.belief_prior / (1 - tuning.belief_prior)))
+        self.log_odds = self.prior_log_odds
+
+    @property
+    def belief(self) -> float:
+        return float(1.0 / (1.0 + np.exp(-self.log_odds)))
+
+    def scale(self) -> float:
+        b = self.belief
+        return b + (1.0 - b) * self.off_scale
+
+    def step(self) -> None:
+        self.log_odds = self.prior_log_odds + (self.log_odds - self.prior_log_odds) * self.relax
+
+    def update(self, c: np.ndarray, accepted: np.ndarray) -> None:
+        total = belief_log_ratio(np.asarray(c, dtype=np.float64), np.asarray(accepted, dtype=np.bool_),
+                                 float(self.off_scale))
+        self.log_odds = min(max(self.log_odds + total, -self.limit), self.limit)
+
+
+# -- choices ----------------------------------------------------------------------------------------------------
 
 
 def can_pay(costs: np.ndarray, margin: float) -> bool:
-    """Whether drafting could ever beat a plain step on ``costs`` (float[K + 1], a step's cost with ``k`` = 0..K
-    draft nodes, ``costs[0]`` the plain step's), were every node surely accepted: ``(1 + k) * costs[0] >= margin
-    * costs[k]`` for some ``k`` >= 1. When not, proposing is skipped altogether.
-
-    Example: ``t(1) = 1, t(2) = 3, t(k) = k + 1`` beyond (costs ``[1, 3, 4, 5]``): ``(1 + k) / costs[k]`` stays
-    below 1: False.
-    """
+    """Whether drafting could ever beat a plain step on ``costs`` (float[K + 1], ``costs[0]`` the plain step's) were
+    every node accepted: ``(1 + k) * costs[0] >= margin * costs[k]`` for some ``k >= 1``. Example: costs
+    ``[1, 3, 4, 5]`` -> False."""
     k = np.arange(1, len(costs))
     return bool(np.any((1 + k) * costs[0] >= margin * np.asarray(costs)[1:]))
 
 
 class Prober:
-    """Counts the steps that drafted nothing although drafts existed; every ``every``-th such step should
-    verify one node anyway (:meth:`due`), so that acceptance estimates learned low can recover."""
+    """Every ``every``-th step that drafted nothing although drafts existed should verify one node anyway
+    (:meth:`due`), so estimates learned low can recover."""
 
     def __init__(self, every: int):
         self.every, self.idle = every, 0
 
     def due(self, drafted: bool) -> bool:
-        """Record a step that did (``drafted``) or did not draft; True when this step should probe instead."""
         if drafted:
             self.idle = 0
             return False
@@ -54,78 +300,51 @@ class Prober:
         return False
 
 
-def choose_nodes(probs: np.ndarray, cost: CostModel | np.ndarray, extra_rows: int = 0, extra_gain: float = 0.0,
-                 margin: float = 1.05, max_nodes: int | None = None) -> tuple[np.ndarray, float]:
-    """The draft nodes worth verifying: (indices, sorted; expected tokens per second of the choice).
-
-    ``probs``: float[n] acceptance probabilities of a tree's nodes (a child never above its parent).
-    ``cost``: a curve, or its table ``cost(arange(K))`` for K > n + extra_rows + 1 (what a step passes).
-    ``extra_rows``/``extra_gain``: rows and expected tokens another part of the step adds (the window).
-    Maximises ``(1 + extra_gain + sum of chosen probs) / cost(1 + extra_rows + k)`` over k = 0..n;
-    a k > 0 must beat k = 0 by the factor ``margin``, so estimation noise does not buy slower steps; ``k`` is at most
-    ``max_nodes`` (None: n).
-    """
+def choose_nodes(probs: np.ndarray, cost, extra_rows: int = 0, extra_gain: float = 0.0, margin: float = DEFAULT.margin,
+                 max_nodes: int | None = None) -> tuple[np.ndarray, float]:
+    """(the nodes worth verifying, sorted; expected tokens per second): :func:`choose` on ``cost`` (a curve, or
+    its table ``cost(arange(K))``)."""
     probs = np.asarray(probs, dtype=np.float64)
     table = cost(np.arange(len(probs) + extra_rows + 2)) if isinstance(cost, CostModel) else cost
-    return K.choose(probs, table, extra_rows, float(extra_gain), float(margin),
-                    len(probs) if max_nodes is None else max_nodes)
+    return choose(probs, table, extra_rows, float(extra_gain), float(margin),
+                  len(probs) if max_nodes is None else max_nodes)
 
 
 class Budget:
-    """Per-step budget decisions of one decoding call, and what it learns from each verified step.
+    """The per-step choices of one call's row, and what it learns from each verified step: fresh estimates per
+    call (or an earlier call's, capped: ``carry_trials``), the copy belief, the window's worth (a running mean of
+    window-made tokens accepted per step, re-tried every ``window_probe_every`` steps while off) and a prober.
+    The cost curve is fixed for the call unless ``refine_cost``."""
 
-    One per call, with fresh acceptance estimates (one text's acceptance says little about the
-    next one's). Node probabilities are the estimates times the call's :class:`CopyBelief` scale.
-    The window's rows pay off in later steps (the n-grams they grow), so their worth is tracked as
-    ``window_gain``: a running mean of window-made tokens accepted per step while the window runs;
-    while the window is off it is re-tried every ``tuning.window_probe_every`` steps. A step that
-    would verify no node although drafts exist verifies its most probable node every
-    ``tuning.probe_every`` steps, so that estimates learned low can recover.
-
-    The cost curve is fixed for the call unless ``refine`` is on (:class:`~lookahead.cost.CostRefiner`).
-    """
-
-    def __init__(self, cost: CostModel, tuning: BudgetTuning | None = None, refine: bool = False,
-                 cost_rows: int = 1024):
-        self.tuning = tuning = tuning or BudgetTuning()
+    def __init__(self, cost: CostModel, tuning: Tuning = DEFAULT, cost_rows: int = 1024):
+        self.tuning = tuning
         self.cost = cost
-        self._table = cost(np.arange(cost_rows + 2))  # cost of every row count a step can have
-        self.refiner = CostRefiner(cost, tuning.refine_weight, tuning.refine_relax) if refine else None
+        self._table = cost(np.arange(cost_rows + 2))
+        self.refiner = CostRefiner(cost, tuning.refine_weight, tuning.refine_relax) if tuning.refine_cost else None
         self.acceptance = AcceptanceStats(len(ORIGINS), tuning)
         self.belief = CopyBelief(tuning)
         self.window_gain = tuning.window_gain_start
         self._since_window = 0
         self.prober = Prober(tuning.probe_every)
-        self._planned: tuple[Draft, np.ndarray] | None = None  # the last plan's draft and its nodes' probabilities
+        self._planned: tuple[Draft, np.ndarray] | None = None
 
     @property
     def drafting_can_pay(self) -> bool:
-        """Whether any tree could be worth its cost on this curve: even if every drafted node were
-        surely accepted, some ``k`` would have to beat a plain step by ``margin``. When not (a curve
-        where one extra row costs as much as several tokens), proposing is skipped altogether.
-
-        Example: ``t(1) = 1, t(2) = 3, t(k) = k + 1`` beyond: ``(1 + k) / t(1 + k)`` stays below 1.
-        """
         return can_pay(self._table[1:], self.tuning.margin)
 
     def node_probabilities(self, draft: Draft, scaled: bool = True) -> np.ndarray:
-        """float[n]: P(node accepted) for each node of ``draft``: the acceptance estimates, times the copy
-        belief's scale when ``scaled`` (unscaled: the same order, for ranking nodes)."""
         probs = self.acceptance.node_probabilities(draft)
         return probs * self.belief.scale() if scaled else probs
 
     def probabilities_of(self, draft: Draft) -> np.ndarray:
-        """:meth:`node_probabilities` of ``draft``, read from the last :meth:`plan` when ``draft`` is the draft it
-        returned (a kept node's probability is its own and its kept ancestors', the same in the kept tree), so a
-        batch that weighs its rows' planned drafts does not compute them twice."""
+        """:meth:`node_probabilities` of ``draft``, from the last :meth:`plan` when it returned ``draft``."""
         planned = self._planned
         if planned is not None and planned[0] is draft:
             return planned[1]
         return self.node_probabilities(draft) if len(draft) else np.zeros(0)
 
     def plan(self, draft: Draft, max_nodes: int | None = None) -> Draft:
-        """The part of ``draft`` worth verifying this step (nodes kept, window kept or dropped), at most
-        ``max_nodes`` nodes (None: any number): the most probable ones, as :func:`choose_nodes` ranks them."""
+        """The part of ``draft`` worth verifying this step (at most ``max_nodes`` nodes, the likeliest)."""
         self.belief.step()
         n, window_rows = len(draft.tokens), draft.n_window_rows
         if not n and not window_rows:
@@ -133,10 +352,10 @@ class Budget:
         probs = self.node_probabilities(draft) if n else np.zeros(0)
         margin = self.tuning.margin
         use_window = False
-        if window_rows:  # the choice with the window's rows and without them, from one sort
+        if window_rows:  # with the window's rows and without them, from one sort
             self._since_window += 1
-            order, k, rate, k_w, rate_w = K.choose_with_window(probs, self._table, window_rows, float(self.window_gain),
-                                                               float(margin), n if max_nodes is None else max_nodes)
+            order, k, rate, k_w, rate_w = choose_with_window(probs, self._table, window_rows, float(self.window_gain),
+                                                             float(margin), n if max_nodes is None else max_nodes)
             use_window = rate_w > rate or self._since_window >= self.tuning.window_probe_every
             if use_window:
                 k, self._since_window = k_w, 0
@@ -144,22 +363,87 @@ class Budget:
         else:
             keep, _ = choose_nodes(probs, self._table, margin=margin, max_nodes=max_nodes)
         if n and self.prober.due(bool(len(keep))):
-            keep = np.argsort(-probs, kind="stable")[:1]  # the most probable node is a root child
+            keep = np.argsort(-probs, kind="stable")[:1]
         draft = draft.keep(keep)
         draft = draft if use_window else draft.without_window()
         self._planned = (draft, probs[keep])
         return draft
 
     def record(self, draft: Draft, accepted_nodes: Sequence[int], rows: int = 0, seconds: float = 0.0) -> None:
-        """Learn from one verified step of ``draft`` (as verified); ``rows`` new tokens went through a
-        forward of ``seconds`` (used only when refining the cost curve)."""
+        """Learn from one verified step of ``draft``; ``rows`` new tokens took ``seconds`` (only when refining)."""
         if self.refiner is not None and rows:
             self.cost = self.refiner.observe(rows, seconds)
             self._table = self.cost(np.arange(len(self._table)))
         if len(draft):
             self.belief.update(*self.acceptance.update(draft, accepted_nodes))
         if draft.n_window_rows:
-            origin = draft.origin
-            window_accepted = sum(1 for j in accepted_nodes if origin[j] == WINDOW)
+            window_accepted = sum(1 for j in accepted_nodes if draft.origin[j] == WINDOW)
             keep = self.tuning.window_gain_keep
             self.window_gain = keep * self.window_gain + (1 - keep) * window_accepted
+
+
+# -- a batch's width --------------------------------------------------------------------------------------------
+
+
+def prefill_groups(lengths: np.ndarray, cost, margin: float = DEFAULT.prefill_margin) -> list[np.ndarray] | None:
+    """The rows of a left-padded prompt batch in groups, each prefilled padded only to its own longest row, when
+    the cost curve puts the groups' forwards below one padded forward of the batch by ``margin``; else None. A group
+    of ``g`` rows whose longest has ``l`` tokens costs ``t(g * l)``; an optimal split is a run of the rows sorted by
+    length, found by dynamic programming over the cut points.
+
+    Example: lengths [10, 200, 12, 190], ``t(k) = 0.1 + 0.001 k``: one padded forward 0.9 s; groups [0, 2] and
+    [3, 1] cost 0.624 s -> ``[array([0, 2]), array([3, 1])]``."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n < 2 or lengths.min() < 1 or lengths.min() == lengths.max():
+        return None
+    order = np.argsort(lengths, kind="stable")
+    sl = lengths[order]
+    best, cut = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):  # best[j]: rows order[:j] in groups; the last group is order[i:j]
+        i = np.arange(j)
+        total = best[:j] + cost((j - i) * sl[j - 1])
+        cut[j] = int(np.argmin(total))
+        best[j] = total[cut[j]]
+    if best[n] * margin >= float(cost(n * sl[-1])):
+        return None
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
+def choose_width(gains: list[np.ndarray], values: np.ndarray, cost: np.ndarray, margin: float = DEFAULT.margin) -> int:
+    """Draft nodes per row (the step's padded width ``w``) that save the batch the most time until its last row
+    ends: maximises ``sum_i values[i] * gains[i][min(w, n_i)] - (cost[w] - cost[0])``; a ``w > 0`` must save
+    ``margin`` times its extra cost. Ties: the smaller width.
+
+    Example: gains ``[0, .9, 1.7]`` and ``[0]``, values ``[0.02, 0.1]``, cost ``[1.0, 1.02, 1.2]`` -> 0; with
+    values ``[0.1, 0.1]`` -> 1."""
+    width = len(cost) - 1
+    saved = np.zeros(width + 1)
+    for g, value in zip(gains, values):
+        g = np.asarray(g, dtype=np.float64)[: width + 1] * value
+        saved[: len(g)] += g
+        saved[len(g):] += g[-1]
+    extra = np.asarray(cost, dtype=np.float64) - float(cost[0])
+    best = int(np.argmax(saved - extra))
+    if best and saved[best] < margin * extra[best]:
+        return 0
+    return best
+
+
+def token_values(remaining: np.ndarray, paces: np.ndarray, step: float, single: float) -> np.ndarray:
+    """Seconds one more accepted token of each live row saves before the batch ends: the row expected to end last
+    (most ``remaining / paces``) saves a 1-row step, ``single``; any other row its share of the steps it is in,
+    ``(step - single) / (b - 1)``. Example: remaining [100, 40], paces [1, 2], step 0.12, single 0.1: [0.1, 0.02]."""
+    b = len(remaining)
+    values = np.full(b, max(step - single, 0.0) / (b - 1) if b > 1 else single)
+    values[int(np.argmax(remaining / paces))] = single
+    return values
+
+
+def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` likeliest nodes, sorted (closed under parents). Example: ``[.9, .2, .8]``, 2 -> ``[0, 2]``."""
+    return np.sort(np.argsort(-np.asarray(probs), kind="stable")[:k])

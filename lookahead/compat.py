@@ -25,10 +25,11 @@ list of plain key/value layer classes, so hybrid layers are still refused before
   decoder check those two on the host instead of running tensor code per token.
 - :func:`processors_as_function`: what ``LogitsProcessorList.__call__`` does when ``generate``'s
   sampling loop calls it (no extra keyword arguments), without its per-call signature inspection.
-- :func:`masked_gqa_applies` / :data:`FORCED_GQA`: the ``TRANSFORMERS_SDPA_FORCE_GQA`` environment variable, which
-  ``sdpa_attention_forward`` reads at every call (5.25): set, a forward with a mask (given, or built for rows after
-  cached ones) hands grouped keys and values to SDPA as they are (``enable_gqa``) instead of repeating them per query
-  head.
+- :func:`pad_token_id`: the generation config's private ``_pad_token_tensor`` (what ``generate`` pads with).
+- :func:`compiles_on_all_devices`: ``CompileConfig``'s private ``_compile_all_devices``.
+- :func:`refill_sliding`: a static sliding layer's ring (``cumulative_length_int`` and its buffers' order).
+- :func:`forward_with_hidden`: a causal LM's forward as its decoder then its output layer (``get_decoder``,
+  ``get_output_embeddings``), for the draft heads, which read the output layer's input.
 - :func:`token_bans`: the attributes of the processors that only forbid some tokens at some sequence lengths
   (``MinLengthLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``, ``SuppressTokensLogitsProcessor``,
   ``SuppressTokensAtBeginLogitsProcessor``), so that a greedy verdict can take the first allowed token of
@@ -39,12 +40,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import sys
-import threading
 
 import numpy as np
 import torch
+from transformers.cache_utils import StaticLayer
 
 TESTED_TRANSFORMERS = ("5.17", "5.24", "5.25")  # str.startswith takes the tuple
 
@@ -129,56 +129,6 @@ def takes_tree_masks(model) -> bool:
     config = model.config
     model_type = getattr(config, "model_type", "")
     return not (model_type == "bloom" or (model_type == "falcon" and getattr(config, "alibi", False)))
-
-
-SDPA_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
-"""The environment variable that makes transformers' SDPA attention compute grouped-query attention in the kernel
-(``enable_gqa``) with a mask too. Unset, a forward of several rows with a mask (a draft tree's, a padded batch's, or
-the causal one transformers builds itself for rows after cached ones: a chain of drafts) copies every layer's keys
-and values once per query head in the group (``repeat_kv``) before attention, at every step: on a CPU the variable
-set saves SmolLM2-135M (fp32, 2 threads) 4-9% of a step of 2-16 rows (a tree's mask or a chain) after 300 tokens and
-6-13% after 1500, with the logits bit for bit the same (``benchmarks/results/host-step/masked_gqa.py``). A one-row step is left alone: transformers folds its grouped heads
-into rows itself (``pack_gqa``), and it stays plain ``generate``'s own computation."""
-
-
-def masked_gqa_applies(model) -> bool:
-    """Whether ``model``'s forwards of several rows should run with :data:`SDPA_FORCE_GQA` set (:data:`FORCED_GQA`): on a
-    CPU (on CUDA SDPA has no kernel that takes both a mask and grouped keys, so it would fall back to the slowest),
-    with SDPA attention and fewer key/value heads than query heads, torch 2.5 or later (``enable_gqa``), and unless
-    the process set the variable itself (its choice stands)."""
-    if (os.environ.get(SDPA_FORCE_GQA) is not None and not FORCED_GQA.entered) or model.device.type != "cpu":
-        return False  # (set while a decoder's step in another thread has it set is not the process's choice)
-    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):
-        return False
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
-    if not isinstance(heads, int) or not isinstance(kv_heads, int) or not 0 < kv_heads < heads:
-        return False
-    return getattr(text, "_attn_implementation", None) == "sdpa"
-
-
-class _ForcedGQA:
-    """While entered, :data:`SDPA_FORCE_GQA` is set, and removed when the last of the threads in it leaves (a
-    decoder's forward in one thread does not lose it because another's ended): enter it only where
-    :func:`masked_gqa_applies`. ``entered``: how many are in it now."""
-
-    def __init__(self):
-        self._lock, self.entered = threading.Lock(), 0
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self.entered += 1
-            os.environ[SDPA_FORCE_GQA] = "1"
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self.entered -= 1
-            if not self.entered:
-                os.environ.pop(SDPA_FORCE_GQA, None)
-
-
-FORCED_GQA = _ForcedGQA()
 
 
 def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool, keep: int):
@@ -316,3 +266,56 @@ def token_bans(processors) -> tuple[tuple[np.ndarray, int, int], ...] | None:
         else:
             return None
     return tuple(rules)
+
+
+def pad_token_id(gen) -> int | None:
+    """The id ``generate`` pads a finished row with (its prepared ``_pad_token_tensor``, else ``pad_token_id``)."""
+    pad = getattr(gen, "_pad_token_tensor", None)
+    pad = gen.pad_token_id if pad is None else pad
+    return None if pad is None else int(torch.as_tensor(pad).reshape(-1)[0])
+
+
+def compiles_on_all_devices(compile_config) -> bool:
+    """Whether a ``CompileConfig`` asks ``generate`` to compile on every device (not only CUDA / XPU)."""
+    return bool(getattr(compile_config, "_compile_all_devices", False))
+
+
+def refill_sliding(layer, full) -> None:
+    """Fill the empty sliding layer ``layer`` (a dynamic or a static one) from ``full``, a layer that stood in for it
+    holding every token of the call in order, as transformers keeps them: the dynamic layer its last ``window - 1``
+    entries, the static one (a ring) its last ``max_cache_len`` oldest first; both their count. (A widened padded
+    row's layer holds its padding columns too, as plain ``generate``'s does.)"""
+    total = int(full.get_seq_length()) if full.is_initialized and full.keys is not None else 0
+    if not total:
+        return
+    keys, values = full.keys[:, :, :total], full.values[:, :, :total]
+    if isinstance(layer, StaticLayer):
+        layer.lazy_initialization(keys[:, :, :1], values[:, :, :1])
+        kept = min(total, layer.max_cache_len)
+        layer.keys[:, :, :kept] = keys[:, :, total - kept :]
+        layer.values[:, :, :kept] = values[:, :, total - kept :]
+        layer.cumulative_length_int = total
+        layer.cumulative_length.fill_(total)
+        return
+    kept = min(total, layer.sliding_window - 1)
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys[:, :, total - kept :].clone(), values[:, :, total - kept :].clone()
+    layer.cumulative_length = total
+
+
+def splits_head(model) -> bool:
+    """Whether ``model``'s logits are its output layer applied to its decoder's last hidden state, nothing after
+    (no logit soft-capping or scaling), so :func:`forward_with_hidden` gives its forward's very logits."""
+    config = text_config(model)
+    return (callable(getattr(model, "get_decoder", None)) and model.get_output_embeddings() is not None
+            and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", None) is None)
+
+
+def forward_with_hidden(model, ids, pos, mask, forward_kwargs: dict, keep: int):
+    """(float logits [b, keep, V], hidden [b, keep, H]) of one forward of a model that :func:`splits_head`: its
+    decoder, then its output layer over the last ``keep`` rows, as its own forward computes them."""
+    kwargs = {k: v for k, v in forward_kwargs.items() if k != "logits_to_keep"}
+    hidden = model.get_decoder()(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs).last_hidden_state
+    hidden = hidden[:, -keep:]
+    logits = model.get_output_embeddings()(hidden)
+    return (logits if logits.dtype == torch.float32 else logits.float()), hidden

@@ -3,7 +3,7 @@
 A corpus is token streams the model wrote itself: its greedy answers to prompts written from a topic list
 (``python -m lookahead build-corpus``; ``train-heads`` writes one too). ``LookaheadDecoder(corpus=...)``
 drafts from an n-gram store of it (the ``"corpus"`` source: built once per process, read-only, beside
-``trie=``), so that the first answer of a process can already draft the phrases this model tends to write
+``store=``), so that the first answer of a process can already draft the phrases this model tends to write
 (``"Here is a Python function that"``, ``"def __init__(self"``, list markup) before the request itself has
 repeated anything.
 
@@ -11,7 +11,7 @@ Example: a corpus of the two streams ``[5, 6, 7]`` and ``[5, 6, 9]`` gives the s
 stream (never one spanning both), so after the context ``... 5, 6`` it drafts ``7`` and ``9`` side by side.
 
 Drafts only propose; the exact acceptance core decides, so a corpus changes speed, never the output. A
-corpus is bound to its model by the fingerprint of :mod:`lookahead.heads` (architecture, vocabulary,
+corpus is bound to its model by its :func:`fingerprint` (architecture, vocabulary,
 a hash of the LM head): a decoder refuses it for another model before the first forward.
 
 A corpus for the model at hand is also found without being named: ``LookaheadDecoder()`` (``corpus="auto"``,
@@ -36,7 +36,9 @@ import threading
 import weakref
 
 import numpy as np
+import torch
 
+from ._tuning import DEFAULT
 from .cache import NgramTrie
 from .user_cache import cache_dir, persist_enabled, read_json
 
@@ -53,11 +55,87 @@ INSTALLED = "corpora"
 """The user cache's folder of installed corpora (:meth:`DraftCorpus.install`), one subfolder per model."""
 SHAPE_FIELDS = ("model_type", "hidden_size", "vocab_size")
 """The fingerprint fields :func:`corpus_for` compares before it hashes a model's LM head."""
-STORE_NGRAM = 8
-"""Longest n-gram of a corpus's store (``NgramTrie.max_n``): matches of up to 7 tokens, drafts to 7 deep."""
 
 
-def store_capacity(tokens: int, max_n: int = STORE_NGRAM) -> int:
+# -- a model's fingerprint: what binds learned data (a corpus, draft heads) to one model --
+
+PROBE_ENTRIES = 64
+"""LM-head weights the fingerprint keeps as numbers: the same weights in another precision match them."""
+
+
+# ------------------------------------------------------------------------------------------- fingerprint
+
+
+def _probe_positions(vocab: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed (row, column) positions of the LM-head weights a fingerprint keeps (the same for every model)."""
+    rng = np.random.default_rng(0)
+    return rng.integers(0, vocab, PROBE_ENTRIES), rng.integers(0, hidden, PROBE_ENTRIES)
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weight key, fingerprint)
+
+
+def weight_key(weight: torch.Tensor) -> tuple:
+    """What changes when a weight tensor is replaced or changed in place: (data pointer, version counter, shape,
+    dtype). A decision kept per model (its fingerprint, its corpus) is made again when its LM head's key changes."""
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor (made under torch.inference_mode) has no version counter
+        version = -1
+    return weight.data_ptr(), version, tuple(weight.shape), str(weight.dtype)
+
+
+def fingerprint(model) -> dict:
+    """What identifies a target model for its heads: ``architecture`` (class name), ``model_type``,
+    ``hidden_size`` and ``vocab_size`` (of its LM head), ``lm_head_sha256`` (of the LM-head weights rounded to
+    bfloat16, so a float32 and a bfloat16 copy of one model agree) and ``lm_head_probe`` (64 of those
+    weights as numbers, which match within rounding when the hash differs only by precision). Computed once
+    per model object (again if its LM-head weight is replaced or changed in place)."""
+    weight = model.get_output_embeddings().weight
+    key = weight_key(weight)
+    kept = _FINGERPRINTS.get(model)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    w = weight.detach()
+    vocab, hidden = w.shape
+    bf16 = w.to("cpu", torch.bfloat16).contiguous()
+    digest = hashlib.sha256(bf16.view(torch.int16).numpy().tobytes()).hexdigest()
+    rows, cols = _probe_positions(vocab, hidden)
+    probe = w[torch.from_numpy(rows).to(w.device), torch.from_numpy(cols).to(w.device)].float().cpu()
+    found = {"architecture": type(model).__name__, "model_type": getattr(model.config, "model_type", None),
+             "hidden_size": int(hidden), "vocab_size": int(vocab), "lm_head_sha256": digest,
+             "lm_head_probe": [round(float(x), 7) for x in probe]}
+    _FINGERPRINTS[model] = (key, found)
+    return found
+
+
+def fingerprint_mismatch(saved: dict, model) -> str | None:
+    """Why heads trained for the model ``saved`` describes do not fit ``model`` (None: they fit)."""
+    now = fingerprint(model)
+    for name in ("model_type", "hidden_size", "vocab_size"):
+        if saved.get(name) != now[name]:
+            return f"{name} is {now[name]!r}, the heads were trained for {saved.get(name)!r}"
+    if saved.get("lm_head_sha256") == now["lm_head_sha256"]:
+        return None
+    old, new = np.asarray(saved.get("lm_head_probe", []), float), np.asarray(now["lm_head_probe"], float)
+    if old.shape == new.shape and np.allclose(old, new, rtol=1e-2, atol=1e-3):
+        return None  # the same weights in another precision (float16, bfloat16)
+    return "its LM-head weights differ from those of the model the heads were trained for"
+
+
+def check_model(saved: dict, model) -> None:
+    """Raise ValueError unless heads trained for ``saved`` (a :func:`fingerprint`) fit ``model``."""
+    why = fingerprint_mismatch(saved, model)
+    if why is not None:
+        raise ValueError(
+            f"these draft heads were trained for another model ({saved.get('architecture')}, "
+            f"{saved.get('model_type')}, hidden {saved.get('hidden_size')}, vocabulary {saved.get('vocab_size')}): "
+            f"for this {type(model).__name__}, {why}. Train heads for this model with "
+            "`python -m lookahead train-heads --model PATH --out DIR` and load those."
+        )
+
+
+def store_capacity(tokens: int, max_n: int = DEFAULT.corpus_ngram) -> int:
     """Nodes of a store that holds ``tokens`` corpus tokens' n-grams without evicting, with room left for
     outputs: ``tokens * (max_n - 1)`` (an upper bound: text repeats, and a corpus's distinct n-grams are about
     4 per token at ``max_n`` 8) rounded up to a power of two, at least 2**16.
@@ -71,7 +149,7 @@ class DraftCorpus:
     """Token streams of a model's own writing, for one model.
 
     - ``tokens``: int[T], every stream back to back; ``lengths``: int[S], tokens per stream (sum T).
-    - ``target``: the model's fingerprint (``heads.fingerprint``), None for a corpus not bound to a model;
+    - ``target``: the model's fingerprint (:func:`fingerprint`), None for a corpus not bound to a model;
     - ``described``: what the streams are (free-form, JSON-safe: prompts, split, model, settings).
     """
 
@@ -87,7 +165,7 @@ class DraftCorpus:
         if int(lengths.sum()) != tokens.size:
             raise ValueError(f"lengths: they sum to {int(lengths.sum())}, but tokens holds {tokens.size}")
         if target is not None and not isinstance(target, dict):
-            raise ValueError(f"target: expected a fingerprint dict (heads.fingerprint) or None, got {target!r}")
+            raise ValueError(f"target: expected a fingerprint dict (fingerprint) or None, got {target!r}")
         self.tokens = tokens.astype(np.int64)  # int64[T]
         self.lengths = lengths.astype(np.int64)  # int64[S]
         self.target = target
@@ -101,8 +179,6 @@ class DraftCorpus:
         arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in streams]
         target = None
         if model is not None:
-            from .heads import fingerprint
-
             target = fingerprint(model)
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         return cls(tokens, [len(a) for a in arrays], target, described)
@@ -135,8 +211,6 @@ class DraftCorpus:
         """Raise ValueError unless this corpus was written by ``model`` (its fingerprint)."""
         if self.target is None:
             return
-        from .heads import fingerprint_mismatch
-
         why = fingerprint_mismatch(self.target, model)
         if why is not None:
             t = self.target
@@ -158,7 +232,7 @@ class DraftCorpus:
             at += int(n)
         trie.reset_stream()
 
-    def shared_store(self, max_n: int = STORE_NGRAM) -> NgramTrie:
+    def shared_store(self, max_n: int = DEFAULT.corpus_ngram) -> NgramTrie:
         """The ``NgramTrie`` of the corpus that decoders draft from (``proposer.CorpusSource``), built on the first
         call and then shared: callers only read it (``propose``). For a store of your own to extend, make one
         and :meth:`insert_into` it."""
@@ -270,7 +344,7 @@ def kept_corpora() -> list[tuple[str, dict]]:
 
 def corpus_for(model) -> DraftCorpus | None:
     """The corpus kept for ``model`` (:func:`kept_corpora`), or None: the first whose header's model shape
-    (:data:`SHAPE_FIELDS`) is ``model``'s and whose fingerprint then matches (``heads.fingerprint_mismatch``: the
+    (:data:`SHAPE_FIELDS`) is ``model``'s and whose fingerprint then matches (:func:`fingerprint_mismatch`: the
     LM head's digest, or its probe within rounding for another precision). Decided once per model object (again
     when its LM-head weight is replaced or after :meth:`DraftCorpus.install`); an installed corpus that no longer
     loads is skipped with a warning, never raised into a ``generate`` call.
@@ -280,9 +354,6 @@ def corpus_for(model) -> DraftCorpus | None:
     weight = getattr(out, "weight", None)  # a tensor; not one for every layer (quantize_dynamic's: a method)
     if len(getattr(weight, "shape", ())) != 2 or not hasattr(weight, "data_ptr"):
         return None
-    # torch and the heads' code, imported only where a model is looked at
-    from .heads import fingerprint_mismatch, weight_key
-
     key = weight_key(weight)
     with _FOUND_LOCK:
         kept = _FOUND.get(model)

@@ -1,19 +1,14 @@
-"""What a forward costs: the cost curve ``t(k)``, its calibration, and opt-in online refinement.
+"""What a step costs: the cost curve ``t(k)``, its calibration, where curves are kept, and opt-in refinement.
 
-``t(k)`` is the seconds of one forward of the target model with ``k`` new tokens. Verifying ``k``
-extra tokens is nearly free on a datacenter GPU and costs real time on a CPU, so the budget
-(``budget.py``) prices every draft with this curve.
+``t(k)`` is the seconds of one decoding step with ``k`` new tokens. Verifying ``k`` extra tokens is nearly free on
+a datacenter GPU and costs real time on a CPU, so the budget (``budget.py``) prices every draft with it.
 
-- :class:`CostModel`: an immutable piecewise-linear curve through measured points.
-- :func:`calibrate_curve`: measures a curve from any timing function, in interleaved rounds with robust
-  statistics; a curve measured on a busy machine comes back ``provisional``.
-- :func:`measure_cost_curve`: :func:`calibrate_curve` over a model's forwards after a short context.
-- :class:`Calibrations`: the curves measured or pinned so far, per model, in an object the decoder
-  is given (:data:`DEFAULT_CALIBRATIONS` unless told otherwise); it keeps each measured curve on disk
-  (:class:`CurveStore`), so the next process on the same machine measures nothing.
-- :class:`CostRefiner`: opt-in (``LookaheadConfig.refine_cost``): folds measured step times into
-  the curve of one call without ever changing the curve's *shape* from what was calibrated for
-  a point it has not seen recently (see its docstring: why a naive refinement ratchets).
+- :class:`CostModel`: an immutable curve through measured points.
+- :func:`calibrate_curve`: a curve from any timing function, in interleaved rounds with robust statistics; one
+  measured on a busy machine comes back ``provisional``.
+- :class:`Calibrations`: the curves known per model object, measured once under a lock (concurrent first calls
+  of a model measure once) and kept on disk per model fingerprint (:class:`CurveStore`).
+- :class:`CostRefiner`: opt-in (``Tuning.refine_cost``) refinement of one call's curve from its step times.
 """
 
 from __future__ import annotations
@@ -36,53 +31,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import compat, user_cache
+from . import user_cache
+from ._tuning import DEFAULT
 
 log = logging.getLogger("lookahead")
 
-# calibrate_curve's defaults. A round times every size once; a size's time is the fastest of its rounds
-# (load only ever adds time). The minimum is trusted when the two fastest timings of every size agree
-# within AGREEMENT, measured in rounds whose bracketing one-token forwards agree within DRIFT. It is checked
-# after every round from the DEFAULT_ROUNDS-th on (a quiet machine: two rounds), at most
-# DEFAULT_ROUNDS * ATTEMPTS rounds in all.
-DEFAULT_ROUNDS = 2
-AGREEMENT = 1.2
-DRIFT = 1.5
-ATTEMPTS = 4
-MAX_SECONDS = 10.0
-STOP_RATIO = 6.0
-"""The first round times the sizes from the smallest up and stops at the first one that costs at least this many
-one-token forwards: a step that dear pays only when its draft is expected to yield over 5 tokens, and the larger
-sizes, priced by the curve's last segment (``CostModel``), would cost most of the calibration's time. A bf16 SmolLM2
-on a 2-core CPU without AMX: 16 rows 7.1x, 32 rows 13.2x, 64 rows 25.6x a one-row step; times 1-16 only, and prices
-32 and 64 at 13.5x and 26.3x. A GPU's or an fp32 CPU's curve never gets that steep within 64 rows."""
-
-STEP_VARIANT = "step"
-"""What a ``LookaheadDecoder``'s calibration times (:class:`Calibrations` keeps curves per variant): whole decoding
-steps."""
-GQA_VARIANT = "+masked-gqa"
-"""Added to it where the steps with a mask run grouped-query attention in SDPA's kernel
-(``compat.masked_gqa_applies``): a curve timed with the keys repeated per head is not reused for them."""
-
-
-def step_variant(model) -> str:
-    """The variant of the step curve a ``LookaheadDecoder`` measures for ``model``: :data:`STEP_VARIANT`, with
-    :data:`GQA_VARIANT` where it applies. Example: SmolLM2-135M (9 query heads, 3 key/value heads, SDPA) on a CPU ->
-    ``"step+masked-gqa"``; on a GPU -> ``"step"``."""
-    return STEP_VARIANT + (GQA_VARIANT if compat.masked_gqa_applies(model) else "")
-
-
-CURVE_FORMAT = 3  # the version of a persisted curve's file and of what its timing measures (2: whole steps;
-# 3: the points as measured and how they are read, "steps": format 2 kept them made non-decreasing)
+CURVE_FORMAT = 3  # the version of a persisted curve's file
 _CURVE_KIND = "lookahead cost curve"
+STEP_VARIANT = "step"
+"""What a decoder's calibration times (curves are kept per variant): whole decoding steps."""
+_BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
 
 
 def calibration_sizes(max_rows: int) -> tuple[int, ...]:
-    """Powers of two from 1 up to the first >= ``max_rows`` (and >= 16): the ``k`` a calibration times.
-
-    Example: ``calibration_sizes(17)`` -> ``(1, 2, 4, 8, 16, 32)``; beyond the last point the curve
-    extrapolates linearly.
-    """
+    """Powers of two from 1 up to the first >= ``max_rows`` (and >= 16). Example: 17 -> ``(1, 2, 4, 8, 16, 32)``."""
     sizes = [1]
     while sizes[-1] < max(max_rows, 16):
         sizes.append(2 * sizes[-1])
@@ -91,26 +53,7 @@ def calibration_sizes(max_rows: int) -> tuple[int, ...]:
 
 class CostModel:
     """Forward time as a function of the number of new tokens (rows) ``k``, from measured points
-    ``[(k, seconds), ...]``. Immutable: refinement makes a new curve.
-
-    Two readings of the points:
-
-    - *interpolated* (the default, for a curve a user gives): piecewise linear and non-decreasing in
-      ``k``; beyond the last point it extrapolates with the slope of the last segment. Example:
-      ``CostModel([(1, .010), (2, .015), (4, .016)])(3)`` -> 0.0155; ``(8)`` -> 0.018.
-    - ``steps`` (a measured curve): ``k`` rows cost what the smallest measured size >= ``k`` cost, as
-      measured, not made non-decreasing. A BLAS's cost jumps between sizes and can fall: on a 2-core CPU
-      in fp32, SmolLM2's step of 5 rows cost 1.12x a one-row step where 4 rows cost 0.94x and 2 rows
-      0.73x (one-row products take a slower kernel). Interpolating between 4 and 8 priced 5 rows at 1.0x,
-      and making the curve non-decreasing priced 2 rows at 1.0x. So the budget's choices land on
-      measured sizes, at measured prices. Beyond the last point: the last segment's slope, as above.
-      Example: ``CostModel([(1, .010), (2, .008), (4, .012)], steps=True)(3)`` -> 0.012; ``(2)`` -> 0.008.
-
-    ``provisional``: measured while the machine was busy (see :func:`calibrate_curve`): the best
-    estimate at hand, never persisted, measured again later. ``covers``: the most rows the curve was measured
-    for (at least its largest point, the default); a calibration that stopped early (:data:`STOP_RATIO`)
-    covers the larger sizes by extrapolation. Two curves are equal when their points, flags and ``covers`` are.
-    """
+    ``[(k, seconds), ...]``. Immutable: refinement makes a new curve."""
 
     def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False, steps: bool = False,
                  covers: int = 0):
@@ -162,27 +105,18 @@ def describe(curve: CostModel) -> str:
 
 
 class CostRefiner:
-    """Online refinement of one call's cost curve from measured step times (opt-in).
-
-    Why not simply move the measured point towards each measurement: a decoder that stops drafting
-    observes only ``k = 1``. If the machine is faster than at calibration, ``t(1)`` falls, ``t(16)``
-    keeps its stale value, ``t(16) / t(1)`` grows, drafting looks ever worse, and the points that
-    would correct it are never observed again: a ratchet (it made a test suite fail on a faster
-    machine). So the refined curve is ``base(k) * scale * shape[k]``:
-
-    - ``scale``: one factor for the whole curve, an exponential mean of measured / base over every
-      observation. A uniformly faster or slower machine moves it and nothing else, which changes
-      no decision (the budget compares costs only with each other).
-    - ``shape[i]``: a per-point correction, moved only by observations nearest to point ``i``
-      (after dividing out ``scale``), and relaxed towards 1 by ``relax`` at every observation of any
-      other point. A point that is not observed returns to its calibrated ratio to the others.
+    """Online refinement of one call's cost curve from measured step times (opt-in). The refined curve is
+    ``base(k) * scale * shape[k]``: ``scale`` an exponential mean of measured / base over every observation (a
+    uniformly faster machine moves it and no decision), ``shape[i]`` a per-point correction moved only by
+    observations nearest point ``i`` and relaxed towards 1 at every other one. Moving each point towards its own
+    measurements would ratchet: a decoder that stops drafting observes only ``k = 1``, and stale large points
+    would make drafting look ever worse.
 
     Example: base ``t(1) = 10 ms, t(16) = 30 ms``; every step measures ``t(1) = 5 ms``. ``scale``
     tends to 0.5, ``shape[1]`` stays 1 and ``shape[16]`` stays 1: the curve becomes 5 ms / 15 ms,
-    the ratio 3 is kept, where a per-point refinement would have drifted to 5 ms / 30 ms.
-    """
+    the ratio 3 is kept, where a per-point refinement would have drifted to 5 ms / 30 ms."""
 
-    def __init__(self, base: CostModel, weight: float = 0.2, relax: float = 0.98):
+    def __init__(self, base: CostModel, weight: float = DEFAULT.refine_weight, relax: float = DEFAULT.refine_relax):
         if not 0.0 < weight <= 1.0 or not 0.0 <= relax <= 1.0:
             raise ValueError(f"CostRefiner needs 0 < weight <= 1 and 0 <= relax <= 1; got {weight}, {relax}")
         self.base = base
@@ -207,9 +141,6 @@ class CostRefiner:
         return self.curve
 
 
-# --- calibration: timings that survive a busy machine -------------------------------------------------------
-
-
 def round_order(sizes: Sequence[int], r: int) -> tuple[int, ...]:
     """The order round ``r`` times ``sizes`` in: rotated by ``r``, reversed on odd rounds, so that no size is
     always timed first, last, or right after the same other size.
@@ -227,7 +158,7 @@ def fastest(samples: dict[int, list[float]]) -> dict[int, float]:
     return {k: min(v) for k, v in samples.items() if v}
 
 
-def disagreement(samples: dict[int, list[float]], agreement: float = AGREEMENT) -> str | None:
+def disagreement(samples: dict[int, list[float]], agreement: float = DEFAULT.agreement) -> str | None:
     """Why the fastest timings are not yet trusted, or None when, for every size, the two fastest of its
     timings agree within ``agreement`` (so the minimum is not one lucky or one slowed reading).
 
@@ -257,11 +188,6 @@ def capped_curve(times: dict[int, float]) -> dict[int, float]:
     return {k: min(t, k * t1) for k, t in times.items()}
 
 
-PROGRESS_DELAY = 1.0
-"""Seconds a calibration runs before its progress bar appears: a fast one (a small model, a GPU) shows none."""
-_BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
-
-
 @contextlib.contextmanager
 def calibration_progress(desc: str) -> Iterator[object | None]:
     """While entered, :func:`calibrate_curve` counts its timed runs on a progress bar (``tqdm.auto``: a notebook
@@ -274,7 +200,7 @@ def calibration_progress(desc: str) -> Iterator[object | None]:
     if hf_logging.is_progress_bar_enabled():
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc=desc, unit="step", delay=PROGRESS_DELAY, leave=False, dynamic_ncols=True)
+        bar = tqdm(desc=desc, unit="step", delay=DEFAULT.progress_delay, leave=False, dynamic_ncols=True)
     token = _BAR.set(bar)
     try:
         yield bar
@@ -311,8 +237,8 @@ def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callabl
     return times
 
 
-def _steep(time_one: Callable[[int], float], probe: float, ratio: float, agreement: float = AGREEMENT,
-           drift: float = DRIFT) -> Callable[[int, float], bool]:
+def _steep(time_one: Callable[[int], float], probe: float, ratio: float, agreement: float = DEFAULT.agreement,
+           drift: float = DEFAULT.drift) -> Callable[[int, float], bool]:
     """The first round's stop test: ``k`` >= 2 rows took at least ``ratio`` one-token forwards (``probe``), and
     timed once more beside a new probe, the two timings of ``k`` agree within ``agreement``, the probes within
     ``drift``, and the lesser of each pair still says so. A size that does not pass lets the round go on, and the
@@ -335,35 +261,16 @@ def _agree(a: float, b: float, factor: float) -> bool:
 
 
 def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
-                    clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT_ROUNDS,
-                    attempts: int = ATTEMPTS, max_seconds: float = MAX_SECONDS, agreement: float = AGREEMENT,
-                    drift: float = DRIFT, stop_ratio: float | None = STOP_RATIO) -> CostModel:
+                    clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT.rounds,
+                    attempts: int = DEFAULT.attempts, max_seconds: float = DEFAULT.max_seconds, agreement: float = DEFAULT.agreement,
+                    drift: float = DEFAULT.drift, stop_ratio: float | None = DEFAULT.stop_ratio) -> CostModel:
     """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k``
     new tokens, or a whole decoding step with ``k`` rows), robust to a machine that other work slows.
-
-    - Each round times every size once, in :func:`round_order` (interleaved: a slow moment hits some sizes
-      of one round, not one size in every round), between two one-token *probes*. A round whose probes
-      differ by more than ``drift`` (the machine's speed changed while it ran) is not used.
-    - A size's time is its fastest timing over the usable rounds (:func:`fastest`).
-    - The curve is trusted when :func:`disagreement` finds nothing: every size's two fastest timings agree
-      within ``agreement``. That is checked after round ``rounds`` and after every round past it, and the
-      trusted curve returned at once: a quiet machine takes ``rounds`` rounds. A contended one keeps
-      timing rounds and pooling them, at most ``rounds * attempts`` in all. After ``max_seconds`` (read from
-      ``clock``) no forward starts: the first round always ends, a later one still running is dropped.
-    - A curve still not trusted is returned ``provisional``: every size's fastest timing over every round,
-      capped at ``k`` one-token forwards (:func:`capped_curve`). It is the best estimate at hand, not a
-      measurement to keep: :class:`Calibrations` neither persists it nor keeps it for long.
-    - The first round times the sizes from the smallest up. The first size of 2 or more rows that costs at least
-      ``stop_ratio`` times the probe before it, timed twice alike (:func:`_steep`), ends it, and no larger size is timed
-      in any round (None: every size is): the curve covers them (``CostModel.covers``) by its last segment's slope
-      (:data:`STOP_RATIO`).
-    - Inside :func:`calibration_progress`, each timed run advances its bar.
 
     Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
     2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 2 * 4 calls of ``time_one``. With ``lambda k: 0.010 * k`` and
     sizes ``(1, 2, 4, 8, 16)``: 8 rows cost 8x the probe (and again, timed once more), so 16 is never timed:
-    ``CostModel(1: 10.0 ms, 2: 20.0 ms, 4: 40.0 ms, 8: 80.0 ms, steps)`` covering 16 rows (priced 160 ms).
-    """
+    ``CostModel(1: 10.0 ms, 2: 20.0 ms, 4: 40.0 ms, 8: 80.0 ms, steps)`` covering 16 rows (priced 160 ms)."""
     sizes = tuple(sorted({int(k) for k in sizes} | {1}))
     covers = sizes[-1]
     if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0 or (stop_ratio is not None and stop_ratio <= 1):
@@ -420,48 +327,7 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     return curve
 
 
-def measure_cost_curve(model, cache_factory, sizes: Sequence[int], cache_kwarg: str | None = None,
-                       keeps_logits: bool = True, context: int = 128, repeats: int = DEFAULT_ROUNDS,
-                       clock: Callable[[], float] = time.perf_counter, attempts: int = ATTEMPTS,
-                       max_seconds: float | None = None) -> CostModel:
-    """:func:`calibrate_curve` over one forward per ``k`` in ``sizes`` after a ``context``-token prefill
-    (``repeats``: its rounds), each timed forward cropped off the cache again. About 2.5 s for SmolLM2-135M
-    in fp32 on a quiet 2-core CPU. ``cache_kwarg``: the forward's name for the cache, by default the model's
-    own (:func:`lookahead.compat.cache_kwarg_name`). ``max_seconds``: by default four times what a quiet
-    machine would take (:func:`estimate_calibration_seconds`), at least :data:`MAX_SECONDS`: a machine so
-    busy that it runs slower than that gets a provisional curve instead of minutes of timing."""
-    if max_seconds is None:
-        max_seconds = max(MAX_SECONDS, 4.0 * estimate_calibration_seconds(model, sizes, repeats))
-    if cache_kwarg is None:
-        from .compat import cache_kwarg_name
-
-        cache_kwarg = cache_kwarg_name(model)
-    device = model.device
-    limit = getattr(model.config, "max_position_embeddings", None) or 4096
-    context = max(1, min(context, limit - max(sizes) - 1))
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (1, context + max(sizes)), generator=gen).to(device)
-    cache = cache_factory()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    def time_one(k: int) -> float:
-        pos = torch.arange(context, context + k, device=device)[None]
-        sync()
-        t = clock()
-        model(input_ids=ids[:, context : context + k], position_ids=pos, use_cache=True,
-              **{cache_kwarg: cache}, **({"logits_to_keep": k} if keeps_logits else {}))
-        sync()
-        elapsed = clock() - t
-        cache.crop(-k)
-        return elapsed
-
-    with torch.no_grad():
-        model(input_ids=ids[:, :context], use_cache=True, **{cache_kwarg: cache})
-        return calibrate_curve(time_one, sizes, clock=clock, rounds=repeats, attempts=attempts,
-                               max_seconds=max_seconds)
-
-
-def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT_ROUNDS) -> float:
+def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT.rounds) -> float:
     """A rough forecast of :func:`measure_cost_curve`'s time on a quiet machine, for the line that says a
     calibration is starting: each forward reads every weight once (about 10 GB/s on a CPU, 1 TB/s on a GPU)
     or computes ``2 * parameters * k`` operations (about 100 GFLOP/s on a CPU, 100 TFLOP/s on a GPU),
@@ -476,9 +342,6 @@ def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFA
 
     per_round = sum(forward(k) for k in sizes) + forward(1)
     return forward(128) + forward(1) + rounds * per_round
-
-
-# --- keeping curves: in memory per model object, on disk per model fingerprint ------------------------------
 
 
 def model_key(model) -> tuple:
@@ -611,31 +474,10 @@ class _Entry:
 
 
 class Calibrations:
-    """The cost curves known so far, per model object (held weakly: a curve dies with its model).
-
-    ``get`` returns a curve covering ``max_rows``: one kept in memory, else one persisted by an earlier
-    process with the same :func:`curve_fingerprint` (``persist``), else one it measures with ``measure``
-    (and persists). It measures again when a caller needs more rows than the curve covers, and when a
-    provisional curve is due for another try (``retry_after`` seconds of ``clock`` after it was measured,
-    doubling each time it comes back provisional again). A refresh measures every size again and replaces
-    the whole curve: it never mixes points of two measurements, whose different conditions would give the
-    curve a shape neither had (the ratchet :class:`CostRefiner` describes). ``pin`` keeps a given curve as
-    if measured; a pinned curve is never re-measured nor persisted. ``forget`` drops one model's or all
-    (in memory; files stay).
-
-    ``persist``: keep curves on disk too; on for :data:`DEFAULT_CALIBRATIONS`, off for a registry made
-    with ``Calibrations()`` (which then holds only what it measured itself). ``LOOKAHEAD_PERSIST=0`` in the
-    environment turns it off everywhere. ``folder``: the cache folder (default
-    :func:`lookahead.user_cache.cache_dir`). Each measurement logs an INFO line on the ``"lookahead"``
-    logger when it starts and when it ends, and so does a persisted curve when it is used; one that runs longer
-    than :data:`PROGRESS_DELAY` also shows a progress bar.
-
-    A decoder uses :data:`DEFAULT_CALIBRATIONS` unless given its own object, so a machine measures each
-    model once; tests pass their own or pin a curve, so nothing carries from one test to the next.
-    """
+    """The cost curves known so far, per model object (held weakly: a curve dies with its model)."""
 
     def __init__(self, persist: bool = False, folder: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, retry_after: float = 60.0):
+                 clock: Callable[[], float] = time.monotonic, retry_after: float = DEFAULT.retry_after):
         self.persist, self.folder, self.clock, self.retry_after = persist, folder, clock, retry_after
         self._curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()  # one measurement at a time: two at once would slow each other
@@ -708,11 +550,11 @@ class Calibrations:
 
     def known(self, model, variant: str | None = None) -> CostModel | None:
         """The curve kept for ``model`` (``variant``: what was timed; None: a pinned curve, else the one a
-        ``LookaheadDecoder`` measures, its whole steps: :func:`step_variant`), or None."""
+        ``LookaheadDecoder`` measures, :data:`STEP_VARIANT`), or None."""
         curves = self._curves.get(model, {})
         entry = curves.get(model_key(model))
         if variant is None and entry is None:
-            variant = step_variant(model)
+            variant = STEP_VARIANT
         if variant:
             entry = curves.get(model_key(model) + (variant,))
         return None if entry is None else entry.curve
@@ -747,3 +589,5 @@ def set_cost_curve(model, points: Sequence[tuple[int, float]], calibrations: Cal
     GPU). Example: ``set_cost_curve(model, [(1, 0.010), (64, 0.011)])``.
     """
     return (calibrations or DEFAULT_CALIBRATIONS).pin(model, points)
+
+

@@ -1,8 +1,9 @@
-"""`LookaheadDecoder`: the decoder behind ``generate(..., custom_generate=LookaheadDecoder())``.
+"""`LookaheadDecoder`: the object a user adds to ``generate(..., custom_generate=LookaheadDecoder())``.
 
-A call runs one of three decode loops over the pieces of ``call.py``: one row (``single.SingleCall``), a
-batch of several (``batch.BatchCall``), or one row on a static cache with fixed-shape, optionally compiled
-steps (``static.StaticCall``). Terms are defined in ``config.py``.
+A call checks the request, picks its step shape (one row, a batch, a static cache: ``shapes.py``), runs the one
+step loop (``loop.py``) and hands the cache back as transformers made it. Nothing of the call stays on the model,
+its cache classes or the process; nothing it installs acts on another thread's forward. Per-model state (cost
+curves, corpora, compiled steps) is shared read-mostly under locks.
 """
 
 from __future__ import annotations
@@ -12,101 +13,345 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import call, compat
-from .batch import BatchCall, ReadOnlyStore
+from . import compat
+from ._tuning import DEFAULT, Tuning
 from .cache import NgramTrie
+from .checks import (
+    STATIC_IMPLEMENTATIONS,
+    check_no_assistant,
+    check_supported,
+    refusals,
+    vocabulary_size,
+    with_stop_strings,
+)
 from .config import LookaheadConfig
 from .corpus import AUTO, DraftCorpus, corpus_for
-from .cost import (
-    DEFAULT_CALIBRATIONS,
-    Calibrations,
-    CostModel,
-    calibrate_curve,
-    calibration_sizes,
-    step_variant,
-)
-from .distributed import RankSync
-from .kv_cache import new_cache
-from .linear_layout import (
-    AUTO_DTYPES,
-    MAX_ROWS,
-    ONEDNN,
-    ONEDNN_VARIANT,
-    TRANSPOSED,
-    WHOLE_PLANS,
-    LinearPlan,
-    StepLinears,
-    linear_modules,
-    onednn_fits,
-    plan_layouts,
-    weights,
-)
-from .linear_layout import FORCED as FORCED_LAYOUTS
-from .linear_layout import MIN_WEIGHTS as LAYOUT_MIN_WEIGHTS
-from .linear_layout import VARIANT as LAYOUT_VARIANT
-from .numba_kernels import warn_if_uncompiled
-from .policy import DraftPolicy
-from .single import SingleCall
-from .static import StaticCall, compile_settings, static_cache
+from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, calibrate_curve, calibration_sizes
+from .drafting.policy import DraftPolicy
+from .drafting.sources import ReadOnlyStore
+from .kv import keep_entries, new_cache, settle
+from .loop import Call
+from .packing import StepMask
+from .shapes import Bucketed, OneRow, Padded, compile_settings
 from .stats import DecodeStats
-from .tuning import BudgetTuning
 
-ROW_TRIE_CAPACITY = 1 << 16
-"""Nodes of a batch row's own trie at most (3.7 MB allocated each, of which only the rows its nodes use are ever
-touched): one request's n-grams, about 12 per token; a row's policy lives as long as the decoder, so a batch of 64 rows
-holds 64 of them."""
-
+DRAFTS = ("layer-skip", "early-exit", "low-rank")
+"""``draft=`` names of the target's own cheaper forwards (``lookahead.passes``); a model or a function is a draft
+model."""
 
 COMPILED_FORWARD_NOTE = (
     "lookahead: model.forward is compiled (torch.compile), and the decoder runs it as the code it was compiled from. "
     "A step's number of rows and its mask change from step to step, so the compiled forward would be compiled again "
-    "for each new shape, for minutes, up to torch's recompilation limit; plain generate() keeps its compiled graphs. "
-    "For compiled steps, pass cache_implementation='static' on CUDA (or a generation_config.compile_config that asks "
-    "for every device): the decoder then compiles one graph per step size itself."
-)
+    "for each new shape; plain generate() keeps its compiled graphs. For compiled steps, pass "
+    "cache_implementation='static' on CUDA (or a generation_config.compile_config that asks for every device): the "
+    "decoder then compiles one graph per step size itself.")
+
+
+class LookaheadDecoder:
+    """Exact speculative decoding without a draft model, for ``model.generate``::
+
+        decoder = LookaheadDecoder()
+        out = model.generate(**inputs, max_new_tokens=256, custom_generate=decoder)
+        print(decoder.stats.explain())
+
+    Greedy output is token for token plain ``generate``'s; sampled output has exactly its distribution.
+
+    Settings (each optional; the defaults suit every device):
+
+    - ``max_draft_tokens``, ``window``, ``cost_curve``: :class:`~lookahead.config.LookaheadConfig`'s (or pass
+      ``config=``).
+    - ``store``: an ``NgramTrie`` shared across calls (and threads): earlier answers' n-grams draft later ones.
+    - ``corpus``: the model's own writing to draft from (``lookahead.corpus.DraftCorpus``); ``"auto"``: the one kept
+      for the call's model, if any (the bundled SmolLM2's, or one ``build-corpus`` installed); None: none.
+    - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``); batch size 1.
+    - ``draft``: a cheaper forward that drafts a chain each step: ``"layer-skip"``, ``"early-exit"``, ``"low-rank"``
+      (the target itself, Llama-family layouts), or a draft model with the target's tokenizer (or a function
+      ``target -> model``); batch size 1.
+    - ``tokenizer``: for ``stop_strings=`` in the ``custom_generate=decoder`` spelling (``generate`` does not hand its
+      own ``tokenizer=`` to a callable).
+
+    After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`), for a batch also ``row_stats`` and
+    ``prefill_groups``. A decoder holds one stream's state: use one per concurrent call (they may share a store).
+    """
+
+    def __init__(self, config: LookaheadConfig | None = None, *, store: NgramTrie | None = None, corpus=AUTO,
+                 heads=None, draft=None, tokenizer=None, _tuning: Tuning | None = None, _clock=time.perf_counter,
+                 _calibrations: Calibrations | None = None, **settings):
+        names = {f.name for f in fields(LookaheadConfig)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            raise TypeError(f"LookaheadDecoder got unknown setting(s) {unknown}; the settings are "
+                            f"{sorted(names | {'store', 'corpus', 'heads', 'draft', 'tokenizer', 'config'})}")
+        config = LookaheadConfig(**settings) if config is None else replace(config, **settings)
+        if not isinstance(config, LookaheadConfig):
+            raise TypeError(f"config must be a LookaheadConfig, got {type(config).__name__}")
+        self.config, self.tuning = config, _tuning if _tuning is not None else DEFAULT
+        if not isinstance(self.tuning, Tuning):
+            raise TypeError(f"_tuning must be a lookahead._tuning.Tuning, got {type(self.tuning).__name__}")
+        if store is not None and not isinstance(store, NgramTrie):
+            raise TypeError(f"store must be a lookahead.cache.NgramTrie shared across calls, got {type(store).__name__}")
+        if draft is not None and not (draft in DRAFTS if isinstance(draft, str) else callable(draft)):
+            raise ValueError(f"draft must be one of {DRAFTS}, a causal LM or a function target -> causal LM; got "
+                             f"{draft!r}")
+        if isinstance(draft, torch.nn.Module):
+            from .passes import check_draft_model
+
+            check_draft_model(draft)
+        if heads is not None and not callable(getattr(heads, "make_source", None)):
+            raise TypeError(f"heads must be lookahead.heads.DraftHeads, got {type(heads).__name__}")
+        if corpus is not None and not isinstance(corpus, DraftCorpus) and corpus != AUTO:
+            raise TypeError(f"corpus must be a lookahead.corpus.DraftCorpus (DraftCorpus.load(DIR) or "
+                            f"DraftCorpus.bundled()), \"auto\" or None, got {corpus!r}")
+        self.store, self.heads, self.draft, self.tokenizer = store, heads, draft, tokenizer
+        self.corpus_setting = corpus  # as given: "auto", None or a DraftCorpus
+        self._corpus_auto = isinstance(corpus, str) and heads is None  # found per model at each call
+        self.corpus = corpus if isinstance(corpus, DraftCorpus) else None  # the one the last call drafted from
+        self.trie = NgramTrie(max_n=self.tuning.ngram_size, capacity=self.tuning.trie_capacity)  # the request's
+        self.clock = _clock
+        self.calibrations = _calibrations if _calibrations is not None else DEFAULT_CALIBRATIONS
+        self._new_policies()
+        self.stats = DecodeStats()
+        self.row_stats: list[DecodeStats] = []
+        self.prefill_groups: list[list[int]] | None = None
+        self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._busy = threading.Lock()
+
+    def _new_policies(self) -> None:
+        store = self.corpus.shared_store(self.tuning.corpus_ngram) if self.corpus is not None else None
+        self._corpus_store = store
+        self.policy = DraftPolicy(self.config, self.trie, self.store, self.tuning, self.draft, self.heads,
+                                  corpus=store)
+        self.row_policies: list[DraftPolicy] = []
+
+    def __getstate__(self):  # copy / pickle: no lock, no curves keyed by live models, no corpus store (rebuilt)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves", "_corpus_store")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
+        self._tp_curves = weakref.WeakKeyDictionary()
+        store = self.corpus.shared_store(self.tuning.corpus_ngram) if self.corpus is not None else None
+        self._corpus_store = store
+        for policy in (self.policy, *self.row_policies):
+            policy.bind_corpus(store)
+
+    def __repr__(self) -> str:
+        return f"LookaheadDecoder({self.config})"
+
+    # The signature mirrors GenerationMixin._sample so that generate() passes what it prepared.
+    def __call__(self, model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
+                 generation_config=None, synced_gpus: bool = False, streamer=None,
+                 stop_strings: str | list[str] | None = None, tokenizer=None, **model_kwargs):
+        # what generate() takes but does not hand to a callable custom_generate, read from its frame
+        given_streamer, assistant = compat.arguments_of_calling_generate(self, ("streamer", "assistant_model"))
+        b = input_ids.shape[0]
+        with refusals():  # before any decoding step: an implicit default (lookahead.enable) runs plain instead
+            check_supported(model, b, generation_config, synced_gpus, self)
+            check_no_assistant(assistant)
+            if self.corpus is not None and not self._corpus_auto:  # one given, not one found for this model
+                self.corpus.check_model(model)
+            if self.heads is not None and not compat.splits_head(model):
+                raise ValueError(f"LookaheadDecoder(heads=...) reads the input of the model's output layer; this "
+                                 f"{type(model).__name__} computes its logits otherwise. Drop heads= for it.")
+        _warn_if_row_dependent(model)
+        _warn_if_uncompiled()
+        if streamer is None:
+            streamer = given_streamer
+        if stop_strings:
+            stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, tokenizer or self.tokenizer)
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("this LookaheadDecoder is already decoding (in another thread); a decoder holds the "
+                               "state of one stream: use one LookaheadDecoder per concurrent generate() call (they "
+                               "may share one store=).")
+        cache = compat.cache_of(model_kwargs)
+        try:
+            self.stats = DecodeStats()
+            if self._corpus_auto:
+                self._use_corpus(corpus_for(model))
+            self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
+            shape = Padded if b > 1 else Bucketed if _static(generation_config, model_kwargs) else OneRow
+            compiles = shape is Bucketed and compile_settings(model, generation_config or model.generation_config)
+            with _eager_steps(model, compiles is not None and compiles is not False):
+                with refusals():  # the call's checks and set-up
+                    call = Call(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                streamer, model_kwargs, shape)
+                return call.run()
+        finally:
+            if cache is not None and b == 1:
+                settle(cache)
+            self._busy.release()
+
+    def _use_corpus(self, corpus: DraftCorpus | None) -> None:
+        """Draft from ``corpus`` (None: none) from this call on; with another one than the last call's, the policies
+        are made again (what they learnt was learnt beside the other)."""
+        if corpus is not self.corpus:
+            self.corpus = corpus
+            self._new_policies()
+
+    def policies_for(self, rows: int) -> list[DraftPolicy]:
+        """A batch's per-row policies, made on first use and kept across calls: each with its own trie and copy
+        index, the decoder's one model-prediction table, a shared store read-only, the corpus's store."""
+        config = replace(self.config, window=0, max_draft_tokens=self.config.step_nodes(self.tuning)[0])
+        tuning = replace(self.tuning, refine_cost=False)
+        memory = ReadOnlyStore(self.store) if self.store is not None else None
+        model = self.policy.model
+        while len(self.row_policies) < rows:
+            trie = NgramTrie(max_n=tuning.ngram_size, capacity=min(tuning.trie_capacity, tuning.row_trie_capacity))
+            self.row_policies.append(DraftPolicy(config, trie, memory, tuning,
+                                                 successors=None if model is None else model.table,
+                                                 corpus=self._corpus_store))
+        return self.row_policies[:rows]
+
+    # -- what a step costs ---------------------------------------------------------------------------------------
+
+    def price(self, call) -> CostModel | None:
+        """The cost curve ``call``'s budget prices with (None: no budget), in the call's statistics: the configured
+        one, else the one measured for the model (once per model, machine, dtype and threads; kept on disk); on a CPU
+        in full precision, with the layouts of ``lookahead.cpu`` where they pay (they then run the call's steps)."""
+        if not self.tuning.adaptive:
+            return None
+        stats = self.stats
+        t = self.clock()
+        if self.config.cost_curve:
+            curve = CostModel(self.config.cost_curve)
+        elif call.sync is not None:
+            curve = self._sharded_curve(call)
+        else:
+            curve = self._measured_curve(call)
+        stats.time_calibration = self.clock() - t
+        stats.cost_curve, stats.cost_steps, stats.cost_provisional = curve.points, curve.steps, curve.provisional
+        return curve
+
+    def _measured_curve(self, call) -> CostModel:
+        model = call.model
+        rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
+        persist = None if self.clock is time.perf_counter else False  # an injected clock is not this machine's
+        factory = (lambda: new_cache(model)) if call.window is None else DynamicCache
+        timer = []  # one prefilled timer shared by every curve this call measures
+
+        def measure(sizes, runner=model):
+            if not timer or timer[0][0] < max(sizes) or timer[0][1] is not runner:
+                timer[:] = [(max(sizes), runner, step_timer(call, factory, self.clock, max(sizes), runner))]
+            return calibrate_curve(timer[0][2], sizes, clock=self.clock)
+
+        curve = self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist)
+        if self.tuning.linear_layout != "linear" and _layouts_may_pay(model, self.tuning):
+            from .cpu import plan_steps
+
+            curve, call.runner, stats_layout = plan_steps(model, curve, measure, self.calibrations, rows,
+                                                          self.tuning, persist)
+            self.stats.linear_layout = stats_layout
+        return curve
+
+    def _sharded_curve(self, call) -> CostModel:
+        """Under tensor parallelism every rank times the same sharded steps, reading rank 0's clock, and prices
+        with rank 0's curve, kept per model in this decoder (whose calls every rank makes alike)."""
+        model, sync, rows = call.model, call.sync, self.policy.max_rows()
+        known = self._tp_curves.get(model)
+        sync.check("calibration", known=known is not None and known.covers >= rows)
+        if known is None or known.covers < rows:
+            clock = sync.shared_clock(self.clock)
+            timer = step_timer(call, DynamicCache if call.window is not None else (lambda: new_cache(model)), clock,
+                               max(calibration_sizes(rows)), model)
+            known = self._tp_curves[model] = sync.broadcast(calibrate_curve(timer, calibration_sizes(rows),
+                                                                            clock=clock))
+        return known
+
+
+def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int = 128):
+    """``time_one(k) -> seconds``: one decoding step of ``k`` rows after a ``context``-token prefix, end to end as
+    the loop runs it (for ``k`` > 1 the mask written into its buffer, the forward through ``runner``, every row's
+    argmax and top-k read, the KV keep of an accepted node; for ``k`` = 1 a plain step). Timed steps' entries are
+    cropped off again; one 2-row step runs untimed first (a process's first multi-row step pays one-time costs)."""
+    model, device, dtype = call.model, call.device, call.dtype
+    limit = getattr(model.config, "max_position_embeddings", None) or 4096
+    context = max(1, min(context, limit - max_rows - 1))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocabulary_size(model), (1, context + max_rows), generator=gen).to(device)
+    cache = cache_factory()
+    kwarg, keeps_logits, k_top = call.cache_kwarg, call.keeps_logits, call.tuning.recycle_k
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    mask = StepMask(max_rows + 1, context + max_rows + 2, dtype, device)
+    masks = not call.chains
+    with torch.no_grad():
+        model(input_ids=ids[:, :context], use_cache=True, **{kwarg: cache})
+
+    def time_one(k: int) -> float:
+        pos = torch.arange(context, context + k, device=device)[None]
+        kwargs = {kwarg: cache, "use_cache": True}
+        with torch.no_grad():
+            sync()
+            t = clock()
+            m = None if k == 1 or not masks else mask(context, 1, np.arange(-1, k - 2))  # a chain of k - 1 nodes
+            logits = compat.last_logits(runner if k > 1 else model, ids[:, context : context + k], pos, m, kwargs,
+                                        keeps_logits, k)
+            rows = np.array([k])
+            call.verifier.read_rows(logits, rows, rows, k_top if k > 1 else 0)
+            if k > 1:
+                keep_entries(cache, k, [0, k - 1])  # the pending token and an accepted node: a gather
+            sync()
+            elapsed = clock() - t
+            compat.crop_cache(cache, 2 if k > 1 else 1)
+        return elapsed
+
+    if max_rows >= 2:
+        time_one(2)
+    return time_one
+
+
+def _layouts_may_pay(model, tuning: Tuning) -> bool:
+    """Whether ``lookahead.cpu``'s layouts are worth timing for ``model``: on a CPU, full-precision weights, big
+    enough, forced by the tuning otherwise."""
+    device = getattr(model, "device", None)
+    if device is None or torch.device(device).type != "cpu" or getattr(model, "hf_device_map", None):
+        return False
+    if tuning.linear_layout != "auto":
+        return True
+    params = [p for p in model.parameters() if p.dim() == 2]
+    return (model.dtype in (torch.float32, torch.float64)
+            and sum(p.numel() for p in params) >= tuning.layout_min_weights)
+
+
+def _static(generation_config, model_kwargs: dict) -> bool:
+    """Whether the call decodes on a static cache (``cache_implementation="static"`` or a static cache given)."""
+    from .kv import static_cache
+
+    if getattr(generation_config, "cache_implementation", None) in STATIC_IMPLEMENTATIONS:
+        return True
+    cache = compat.cache_of(model_kwargs)
+    return cache is not None and static_cache(cache)
 
 
 def _eager_steps(model, compiles_itself: bool):
-    """The context a call's forwards run in: where ``model.forward`` is ``torch.compile``d and the call does not
-    compile its own steps (``compiles_itself``: a static cache's steps on CUDA, ``static.compile_settings``), torch's
-    ``force_eager`` stance, with :data:`COMPILED_FORWARD_NOTE` said once (a warning); else nothing.
-
-    Why: the decoder's steps take a new shape or mask type at almost every step. On SmolLM2 on a CPU, a forward the
-    user compiled cost the first decoder call 21-62 s on a dynamic cache and 126 s on a static one (calibration
-    included), and the calls after it ran 0.79-0.81 s against 0.71-0.73 s eagerly
-    (``benchmarks/results/compiled-forward.md``)."""
+    """Where ``model.forward`` is ``torch.compile``d and the call does not compile its own steps: torch's
+    ``force_eager`` stance (the decoder's steps change shape at almost every step), said once in a warning."""
     if compiles_itself or not compat.forward_is_compiled(model):
         return contextlib.nullcontext()
     stance = compat.eager_stance()
-    if stance is None:  # torch < 2.6: the compiled forward runs as before
+    if stance is None:
         return contextlib.nullcontext()
-    warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=4)  # the user's generate()
+    warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=4)
     return stance
 
 
 _ROW_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per model, the class names of its row-dependent layers (:func:`row_dependent_layers`), found once."""
 
 
 def row_dependent_layers(model) -> tuple[str, ...]:
-    """The class names of ``model``'s layers whose output for one row depends on the other rows of the forward:
-    dynamically quantized linear layers (``torch.ao.quantization.quantize_dynamic``), which quantize a forward's
-    activations with one scale taken from all of its rows. A forward that verifies drafts then computes the
-    accepted rows a little differently from plain ``generate``'s one-row forward. Empty for other models.
-
-    Example: ``quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`` -> ``("Linear",)`` (the class of
-    ``torch.ao.nn.quantized.dynamic``)."""
+    """The class names of ``model``'s layers whose output for one row depends on the forward's other rows
+    (dynamically quantized linears, which take one activation scale from all rows). Example: a model quantized with
+    ``quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`` -> ``("Linear",)``."""
     try:
         return _ROW_DEPENDENT[model]
     except (KeyError, TypeError):
         pass
-    dynamic = ("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")  # the modules' packages, old and new
+    dynamic = ("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")
     found = tuple(sorted({type(m).__name__ for m in model.modules() if type(m).__module__.startswith(dynamic)}))
     with contextlib.suppress(TypeError):
         _ROW_DEPENDENT[model] = found
@@ -114,7 +359,6 @@ def row_dependent_layers(model) -> tuple[str, ...]:
 
 
 def _warn_if_row_dependent(model) -> None:
-    """Say (a warning, once per call site) that a model with :func:`row_dependent_layers` can decode differently."""
     found = row_dependent_layers(model)
     if found:
         warnings.warn(f"lookahead: this model has dynamically quantized layers ({', '.join(found)}, from "
@@ -124,294 +368,19 @@ def _warn_if_row_dependent(model) -> None:
                       "quantize the weights only.", UserWarning, stacklevel=4)
 
 
-class LookaheadDecoder:
-    """Exact speculative decoding without a draft model, for ``model.generate``.
-
-    Usage::
-
-        from lookahead import LookaheadDecoder
-        decoder = LookaheadDecoder()
-        out = model.generate(**inputs, max_new_tokens=256, custom_generate=decoder)
-        print(decoder.stats)   # target calls, tokens per call, accepted lengths, time per phase
-
-    The output is token for token what ``model.generate(**inputs, do_sample=False, ...)`` returns.
-
-    - ``config`` / ``**overrides``: a :class:`LookaheadConfig`, or its fields as keywords.
-    - ``trie``: an ``NgramTrie`` shared across calls (the outputs of earlier requests).
-    - ``calibrations``: where measured cost curves are kept (default: ``cost.DEFAULT_CALIBRATIONS``, which also
-      keeps them on disk per model, device, dtype, thread count and CPU: a model is measured once per machine).
-    - ``clock``: the time source of the statistics, the calibration and (with ``refine_cost``) the
-      budget; tests pass a fake one.
-    - ``tuning``: the budget's constants (``tuning.BudgetTuning``).
-    - ``draft_model``: a causal LM with the model's tokenizer (or a function ``target -> draft model``, built
-      on the first call) that drafts a greedy chain each step from its own KV cache, as in two-model
-      speculative decoding; priced like the config's ``self_draft`` passes (``selfspec.py``); batch size 1.
-    - ``tokenizer``: the model's tokenizer, for ``stop_strings=`` in the plain
-      ``generate(custom_generate=decoder, ...)`` spelling: ``generate`` does not pass its own
-      ``tokenizer=`` on to a custom decoding callable (``lookahead.enable``'s spellings do).
-    - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``), one more draft source
-      over the model's final hidden state; batch size 1.
-    - ``corpus``: the model's own writing (``lookahead.corpus.DraftCorpus``, e.g. ``DraftCorpus.bundled()`` for
-      the bundled SmolLM2, or one from ``python -m lookahead build-corpus``), drafted from a read-only store
-      (origin ``"corpus"``) beside ``trie=``; refused before the first forward for a model that did not write it.
-      ``"auto"`` (the default): the corpus kept for the call's model if there is one (``corpus.corpus_for``: the
-      bundled one for the bundled SmolLM2, or one ``build-corpus`` installed), none beside ``heads`` (with the
-      heads a corpus added nothing, ``benchmarks/results/corpus.md``); None: no corpus. ``corpus_setting`` keeps
-      what was given; ``corpus`` is the one the last call drafted from (None: none).
-
-    After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`, the whole call), and for a batch
-    ``row_stats`` (one per row) and ``prefill_groups`` (the rows' groups when the prompt's forward ran in
-    groups of similar length, else None).
-
-    Threads: a decoder is the state of one decoding stream. A second call while one is running (from
-    another thread) raises ``RuntimeError``; use one decoder per concurrent stream. Decoders in
-    different threads may share one ``trie=`` store: it is locked, and each thread's outputs form
-    their own stream in it (see :mod:`lookahead.cache`).
-    """
-
-    def __init__(self, config: LookaheadConfig | None = None, *, trie: NgramTrie | None = None,
-                 calibrations: Calibrations | None = None, clock: Callable[[], float] = time.perf_counter,
-                 tuning: BudgetTuning | None = None, tokenizer=None, draft_model=None, heads=None, corpus=AUTO,
-                 **overrides):
-        if config is None:
-            config = LookaheadConfig(**overrides)
-        elif overrides:
-            config = replace(config, **overrides)
-        if not isinstance(config, LookaheadConfig):
-            raise TypeError(f"config must be a LookaheadConfig, got {type(config).__name__}")
-        self.config = config
-        if trie is not None and not isinstance(trie, NgramTrie):
-            raise TypeError(f"trie must be a lookahead.cache.NgramTrie shared across calls, got {type(trie).__name__}")
-        self.trie = NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity)  # this request's
-        self.memory = trie  # shared across calls: output n-grams of earlier requests
-        if draft_model is not None and not callable(draft_model):
-            raise ValueError(f"draft_model must be a causal LM or a function target -> causal LM; got "
-                             f"{type(draft_model).__name__}")
-        if isinstance(draft_model, torch.nn.Module):
-            from .selfspec import check_draft_model
-
-            check_draft_model(draft_model)
-        self.draft_model = draft_model  # proposes greedy chains from its own cache (selfspec.DraftPassSource)
-        self.heads = heads  # trained draft heads (heads.DraftHeads): a source over the model's hidden state
-        if corpus is not None and not isinstance(corpus, DraftCorpus) and not (isinstance(corpus, str)
-                                                                               and corpus == AUTO):
-            raise TypeError(f"corpus must be a lookahead.corpus.DraftCorpus (DraftCorpus.load(DIR) or "
-                            f"DraftCorpus.bundled()), \"auto\" or None, got {corpus!r}")
-        self.corpus_setting = corpus  # as given: "auto", None or a DraftCorpus
-        self._corpus_auto = isinstance(corpus, str) and heads is None  # found per model at each call
-        # the model's own writing: a read-only store shared by every user of the corpus
-        self.corpus = corpus if isinstance(corpus, DraftCorpus) else None
-        self._corpus_store = self.corpus.shared_store() if self.corpus is not None else None
-        self.tuning = tuning or BudgetTuning()
-        self.policy = DraftPolicy(config, self.trie, self.memory, self.tuning, draft_model, heads,
-                                  corpus=self._corpus_store)
-        self.row_policies: list[DraftPolicy] = []  # a batch's, one per row, created on first use (policies_for)
-        self.calibrations = calibrations if calibrations is not None else DEFAULT_CALIBRATIONS
-        self.clock = clock
-        self.tokenizer = tokenizer
-        self.stats = DecodeStats()
-        self.row_stats: list[DecodeStats] = []
-        self.prefill_groups: list[list[int]] | None = None
-        self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # under tensor parallelism
-        self._busy = threading.Lock()  # held by the running call
-        self._linear_plan = LinearPlan()  # the running call's layout of its steps' linear layers (linear_layout.py)
-
-    def __getstate__(self):  # copy.deepcopy / pickle: a lock and curves keyed by live models do not travel, nor the
-        # corpus's store (nor the policies' corpus sources': CorpusSource.transient): the corpus gives it again (a
-        # deep copy shares the corpus, and so its built store)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves", "_corpus_store")}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._busy = threading.Lock()
-        self._tp_curves = weakref.WeakKeyDictionary()
-        self._corpus_store = self.corpus.shared_store() if self.corpus is not None else None
-        for policy in (self.policy, *self.row_policies):  # a pickle left their corpus source's store behind
-            policy.bind_corpus(self._corpus_store)
-
-    def __repr__(self) -> str:
-        return f"LookaheadDecoder({self.config})"
-
-    # The signature mirrors GenerationMixin._sample so that generate() passes what it prepared.
-    def __call__(
-        self,
-        model,
-        input_ids: torch.LongTensor,
-        logits_processor=None,
-        stopping_criteria=None,
-        generation_config=None,
-        synced_gpus: bool = False,
-        streamer=None,
-        stop_strings: str | list[str] | None = None,
-        tokenizer=None,
-        **model_kwargs,
-    ):
-        # what generate() takes but does not hand to a callable custom_generate, read from its frame
-        given_streamer, assistant = compat.arguments_of_calling_generate(self, ("streamer", "assistant_model"))
-        with call.refusals():  # before any decoding step: an implicit default (lookahead.enable) runs plain instead
-            call.check_supported(model, input_ids.shape[0], generation_config, synced_gpus, self)
-            call.check_no_assistant(assistant)
-            if self.corpus is not None and not self._corpus_auto:  # one given, not one found for this model
-                self.corpus.check_model(model)
-        _warn_if_row_dependent(model)
-        warn_if_uncompiled()
-        if streamer is None:
-            streamer = given_streamer
-        if stop_strings:
-            stopping_criteria = call.with_stop_strings(stopping_criteria, stop_strings, tokenizer or self.tokenizer)
-        if not self._busy.acquire(blocking=False):
-            raise RuntimeError(
-                "this LookaheadDecoder is already decoding (in another thread); a decoder holds the state of one "
-                "stream: use one LookaheadDecoder per concurrent generate() call (they may share one trie=)."
-            )
-        try:
-            self.stats = DecodeStats()
-            if self._corpus_auto:
-                self._use_corpus(corpus_for(model))
-            self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
-            if input_ids.shape[0] > 1:
-                loop = BatchCall
-            elif _static(generation_config, model_kwargs):
-                loop = StaticCall
-            else:
-                loop = SingleCall
-            # the linear layers' layout (linear_layout.py): "auto" is chosen by cost_curve while the loop is set up;
-            # off for a static cache's compiled forward (whose set-up prices its steps without cost_curve)
-            modules = [] if loop is StaticCall else self._layout_modules(model)
-            self._linear_plan = self._forced_plan(modules)
-            with _eager_steps(model, loop is StaticCall and compile_settings(model, generation_config) is not None):
-                with call.refusals():  # the call's checks and set-up
-                    runner = loop(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                  streamer, model_kwargs)
-                plan = self._linear_plan
-                self.stats.transposed_rows = plan.most_rows(TRANSPOSED)
-                self.stats.linear_layout = plan.describe()
-                with StepLinears(modules, plan) if plan else contextlib.nullcontext():
-                    return runner.run()
-        finally:
-            self._busy.release()
-
-    def _use_corpus(self, corpus: DraftCorpus | None) -> None:
-        """Draft from ``corpus`` (None: none) from this call on: with another corpus than the last call's, the draft
-        policy is made again (what it learnt was learnt beside the other one) and a batch's row policies with it."""
-        if corpus is self.corpus:
-            return
-        self.corpus = corpus
-        self._corpus_store = corpus.shared_store() if corpus is not None else None
-        self.policy = DraftPolicy(self.config, self.trie, self.memory, self.tuning, self.draft_model, self.heads,
-                                  corpus=self._corpus_store)
-        self.row_policies = []
-
-    def cost_curve(self, model, kv_window: int | None = None, sync=None) -> CostModel:
-        """The cost curve this decoder prices drafts with on ``model``: the configured one, else the
-        one kept in ``calibrations`` (measured on first use). ``sync``: the ranks of a tensor-parallel model
-        (``distributed.RankSync``), which all price with rank 0's curve."""
-        if self.config.cost_curve:  # a given curve: nothing measured ("auto" keeps nn.Linear)
-            return CostModel(self.config.cost_curve)
-        cache_kwarg, keeps_logits = compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model)
-
-        factory = (lambda: new_cache(model)) if kv_window is None else DynamicCache  # a small window cannot break
-        shared = []  # [(clock, rows, time_one)]: the linear and transposed calibrations share one prefilled timer
-
-        def measure(sizes, clock=self.clock):  # whole steps: mask, forward, row reads, KV keep (call.step_timer)
-            rows = max(sizes)
-            if not shared or shared[0][0] is not clock or shared[0][1] < rows:  # its context's prefill, once
-                shared[:] = [(clock, rows, call.step_timer(model, factory, cache_kwarg, keeps_logits,
-                                                           self.config.recycle_k, clock, max_rows=rows,
-                                                           masks=compat.takes_tree_masks(model)))]
-            return calibrate_curve(shared[0][2], sizes, clock=clock)
-
-        rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
-        variant = step_variant(model)
-        if sync is None or not sync.active:
-            # a curve timed on an injected clock is not this machine's: not persisted, not read from disk
-            persist = None if self.clock is time.perf_counter else False
-            linear = self.calibrations.get(model, rows, measure, variant, persist=persist)
-            modules = self._layout_modules(model)
-            if not modules:
-                return linear
-            layout = self.config.linear_layout
-
-            def timed_in(kind: int):  # a step curve with every step the layout may compute in it
-                def measure_in(sizes, clock=self.clock):
-                    with StepLinears(modules, WHOLE_PLANS[kind]):
-                        return measure(sizes, clock)
-                return measure_in
-
-            transposed = onednn = None
-            if layout in ("auto", "transposed"):
-                transposed = self.calibrations.get(model, MAX_ROWS, timed_in(TRANSPOSED), variant + LAYOUT_VARIANT,
-                                                   persist=persist)
-            if layout == "onednn" or (layout == "auto" and onednn_fits(modules)):
-                onednn = self.calibrations.get(model, rows, timed_in(ONEDNN), variant + ONEDNN_VARIANT,
-                                               persist=persist)
-            force = FORCED_LAYOUTS.get(layout)
-            plan, curve = plan_layouts(linear, transposed, onednn, force=force)
-            if force is None:  # a forced layout keeps its plan (_forced_plan), priced by its own curve
-                self._linear_plan = plan
-            return curve
-        # tensor parallelism: every rank runs the same timed (sharded) forwards, reading rank 0's clock, and
-        # prices with rank 0's curve; kept per model in this decoder, whose calls every rank makes alike
-        known = self._tp_curves.get(model)
-        sync.check("calibration", known=known is not None and known.covers >= rows)
-        if known is None or known.covers < rows:
-            measured = measure(calibration_sizes(rows), clock=sync.shared_clock(self.clock))
-            known = self._tp_curves[model] = sync.broadcast(measured)
-        return known
-
-    def _forced_plan(self, modules: list) -> LinearPlan:
-        """The layout a call's steps take before any calibration: ``linear_layout`` ``"transposed"`` (2 to
-        :data:`~lookahead.linear_layout.MAX_ROWS` rows) or ``"onednn"`` (every step of 2 or more rows, checked to
-        be possible here), else ``nn.Linear`` until an ``"auto"`` calibration chooses (:meth:`cost_curve`)."""
-        kind = FORCED_LAYOUTS.get(self.config.linear_layout)
-        if not modules or kind is None:
-            return LinearPlan()
-        if kind == ONEDNN and not onednn_fits(modules):
-            dtypes = sorted({str(m.weight.dtype) for m in modules})
-            raise ValueError(
-                f"LookaheadConfig.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
-                f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN (torch.backends.mkldnn."
-                f"is_available(): {torch.backends.mkldnn.is_available()}); use 'auto', 'linear' or 'transposed'")
-        return WHOLE_PLANS[kind]
-
-    def _layout_modules(self, model) -> list:
-        """The linear layers this decoder's steps may compute in another layout than ``nn.Linear``
-        (``LookaheadConfig.linear_layout``, ``linear_layout.py``): none for ``"linear"`` or a model sharded over
-        tensor-parallel ranks, and under ``"auto"`` none for a model too small to be worth more calibrations or
-        whose weights are bf16 or fp16 (``linear_layout.AUTO_DTYPES``)."""
-        if self.config.linear_layout == "linear" or RankSync.for_model(model).active:
-            return []
-        device = getattr(model, "device", None)
-        if device is not None and torch.device(device).type != "cpu":  # on a GPU: none, without walking the modules
-            return []
-        modules = linear_modules(model)
-        if self.config.linear_layout == "auto" and (weights(modules) < LAYOUT_MIN_WEIGHTS
-                                                    or any(m.weight.dtype not in AUTO_DTYPES for m in modules)):
-            return []
-        return modules
-
-    def policies_for(self, rows: int) -> list[DraftPolicy]:
-        """A batch's per-row draft policies, created on first use and kept across calls: each with its own trie
-        (of at most :data:`ROW_TRIE_CAPACITY` nodes: one request's n-grams; past it the least recently used
-        make room) and copy index, the decoder's one model-prediction table, a shared ``trie=`` store read-only
-        (``batch.ReadOnlyStore``), the corpus's store (read-only already)."""
-        config = replace(self.config, window_width=0, refine_cost=False, self_draft="none",
-                         step_nodes=self.config.step_nodes_range[0])
-        memory = ReadOnlyStore(self.memory) if self.memory is not None else None
-        model = self.policy.model
-        while len(self.row_policies) < rows:
-            trie = NgramTrie(max_n=config.ngram_size, capacity=min(config.trie_capacity, ROW_TRIE_CAPACITY))
-            self.row_policies.append(DraftPolicy(config, trie, memory, self.tuning,
-                                                 successors=None if model is None else model.table,
-                                                 corpus=self._corpus_store))
-        return self.row_policies[:rows]
+_CHECKED: list = []
 
 
-def _static(generation_config, model_kwargs: dict) -> bool:
-    """Whether the call decodes on a static cache (``cache_implementation="static"``, or an older name of it, or a
-    ``StaticCache`` given)."""
-    if getattr(generation_config, "cache_implementation", None) in call.STATIC_IMPLEMENTATIONS:
-        return True
-    return static_cache(compat.cache_of(model_kwargs)) if compat.cache_of(model_kwargs) is not None else False
+def _warn_if_uncompiled() -> None:
+    """Once per process, where Numba's on-disk cache lacks a kernel: say that this call compiles them."""
+    if _CHECKED:
+        return
+    _CHECKED.append(True)
+    from .numba_kernels import kernels_compiled
 
+    if kernels_compiled() is False:
+        import logging
 
+        logging.getLogger("lookahead").warning(
+            "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
+            "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead")

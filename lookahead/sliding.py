@@ -37,7 +37,9 @@ from dataclasses import dataclass
 import torch
 
 from . import compat
-from .kv_cache import CacheNotRollbackable, GrowingLayer, cache_layers
+from transformers.cache_utils import StaticSlidingWindowLayer
+
+from .kv import CacheNotRollbackable, FullLengthSlidingLayer, GrowingLayer, cache_layers
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 """The layer types (``config.layer_types``) whose masks :meth:`SlidingWindow.masks` makes: a sliding layer's row at
@@ -154,7 +156,7 @@ class SlidingWindow:
         which keeps every column (a batch's rows keep different numbers of columns, so a window's last columns are
         not every row's last tokens); :meth:`batch_masks` masks them by the window. The layers must be empty: the
         call's set-up checked it (:meth:`check_widenable`, before any forward)."""
-        cache.layers[:] = [GrowingLayer() if is_sliding(layer) else layer for layer in cache_layers(cache)]
+        cache.layers[:] = [GrowingLayer(replaces=layer) if is_sliding(layer) else layer for layer in cache_layers(cache)]
 
     @staticmethod
     def check_widenable(cache) -> None:
@@ -189,3 +191,24 @@ class SlidingWindow:
         SlidingWindow.restrict(layers)
         for layer in layers:
             layer.record_past = False
+
+
+def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
+    """Before any forward: a static cache's sliding-window layers (which keep a window's columns in a ring, whose
+    rejected entries could not be dropped) replaced by :class:`~lookahead.kv.FullLengthSlidingLayer`s of the cache's
+    length (its full layers', else ``length``) that remember their window; every step then masks them by the window
+    (:meth:`SlidingWindow.static_masks`): the same attention, more memory. Returns how their masks are made, or None
+    when the cache has no such layer or one was written already (the static check refuses that); ``kv.settle`` puts
+    the layers back."""
+    layers = cache_layers(cache)
+    config = compat.text_config(model)  # the window of its sliding layers, or the chunk of its chunked ones
+    window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
+    swapped = [(i, layer) for i, layer in enumerate(layers) if type(layer) is StaticSlidingWindowLayer]
+    if not swapped or window is None or any(layer.is_initialized for layer in layers):
+        return None
+    full = [layer.max_cache_len for layer in layers if type(layer) is not StaticSlidingWindowLayer]
+    columns = max(full) if full else length
+    for i, _ in swapped:
+        cache.layers[i] = FullLengthSlidingLayer(max_cache_len=columns, sliding_window=int(window), replaces=layers[i])
+    types = getattr(config, "layer_types", None)
+    return SlidingWindow(int(window), None if types is None else tuple(types))

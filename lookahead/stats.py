@@ -7,13 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .draft import ORIGINS
+from ._tuning import DEFAULT
+from .drafting.draft import ORIGINS
 
-# DecodeStats.explain's thresholds: at least this many tokens per model call means drafting paid;
-# a 2-token forward at least EXPLAIN_COSTLY[0] times a 1-token one means even a one-token draft costs
-# real time; a 16-token forward at least EXPLAIN_COSTLY[1] times means a long draft does.
-EXPLAIN_PAID = 1.2
-EXPLAIN_COSTLY = (1.2, 1.5)
+EXPLAIN_PAID, EXPLAIN_COSTLY = DEFAULT.explain_paid, DEFAULT.explain_costly
 
 
 @dataclass
@@ -41,10 +38,9 @@ class DecodeStats:
       the cost curve at the call's start (0 when it was known already).
     - ``step_nodes``: the most draft tokens a step of the call could verify (``LookaheadConfig.step_nodes``, an
       ``"auto"`` one as the call's cost curve resolved it).
-    - ``transposed_rows``: the most rows of a step the call computed every linear layer of the other way round
-      (``LookaheadConfig.linear_layout``, ``linear_layout.py``); 0: none did. ``linear_layout``: every layout
-      the call's steps took, in words (``linear_layout.LinearPlan.describe``), e.g. ``"2-4 rows transposed,
-      5-64 rows oneDNN"``; ``"nn.Linear"`` when no step took another.
+    - ``linear_layout``: how the call's steps computed the model's linear layers on a CPU (``lookahead.cpu``), in
+      words, e.g. ``"2-4 rows transposed, 5-64 rows oneDNN"``; ``"nn.Linear"`` when no step computed them otherwise.
+    - ``time_compile``: seconds a static cache's steps spent compiling their graphs (their first runs).
     - ``corpus``: the draft corpus the call drafted from (``corpus.DraftCorpus``'s repr, e.g. ``"DraftCorpus(515
       streams, 80979 tokens, target=LlamaForCausalLM)"``; one given, or the one ``corpus="auto"`` found), else None.
     """
@@ -67,8 +63,8 @@ class DecodeStats:
     time_bookkeeping: float = 0.0
     time_calibration: float = 0.0
     step_nodes: int = 0
-    transposed_rows: int = 0
     linear_layout: str = "nn.Linear"
+    time_compile: float = 0.0
     corpus: str | None = None
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
@@ -154,7 +150,7 @@ class DecodeStats:
             "time_bookkeeping": self.time_bookkeeping,
             "time_calibration": self.time_calibration,
             "step_nodes": self.step_nodes,
-            "transposed_rows": self.transposed_rows,
+            "time_compile": self.time_compile,
             "linear_layout": self.linear_layout,
             "corpus": self.corpus,
         }
@@ -250,49 +246,3 @@ class DecodeStats:
             f"time: propose {self.time_propose:.3f}s, forward {self.time_forward:.3f}s, "
             f"verify {self.time_verify:.3f}s, bookkeeping {self.time_bookkeeping:.3f}s"
         )
-
-
-def plot_budgets(stats: DecodeStats, path: str, title: str | None = None) -> str:
-    """Draw what the budget chose, step by step, beside the cost curve it used; save a PNG to ``path``.
-
-    Left: per step, the draft nodes verified (bar) and how many of them were accepted (dots), plus
-    the window rows when the window ran. Right: the forward-time curve (ms against new tokens).
-    Needs matplotlib (``pip install matplotlib``). Draws on its own ``Figure`` with the Agg canvas, so
-    neither pyplot's figure list nor the process's matplotlib backend is touched.
-    """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:
-        raise ImportError("plot_budgets needs matplotlib: pip install matplotlib") from err
-
-    steps = range(len(stats.budgets))
-    nodes = [b[0] for b in stats.budgets]
-    window = [b[1] for b in stats.budgets]
-    fig = Figure(figsize=(12, 4))
-    FigureCanvasAgg(fig)  # attaches itself as fig.canvas: savefig renders with Agg
-    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
-    ax1.bar(steps, nodes, width=0.9, color="C0", label="draft nodes verified")
-    if any(window):
-        ax1.bar(steps, window, width=0.9, bottom=nodes, color="C2", alpha=0.6, label="window rows")
-    acc = stats.accepted_per_step[: len(nodes)]
-    ax1.scatter(range(len(acc)), acc, s=10, color="C1", zorder=3, label="draft tokens accepted")
-    ax1.set_xlabel("step (one target call each)")
-    ax1.set_ylabel("tokens")
-    ax1.set_title(title or f"{stats.new_tokens} tokens in {stats.target_calls} target calls "
-                  f"({stats.tokens_per_call:.2f} tokens/call)", fontsize=9)
-    ax1.legend(fontsize=8)
-    if stats.cost_curve:
-        ks = [k for k, _ in stats.cost_curve]
-        ax2.plot(ks, [t * 1e3 for _, t in stats.cost_curve], marker="o")
-        ax2.set_xscale("log", base=2)
-        ax2.set_xlabel("new tokens in one forward")
-        ax2.set_ylabel("ms")
-        ax2.set_title("cost curve (at the call's start)", fontsize=9)
-    else:
-        ax2.text(0.5, 0.5, "fixed budget\n(adaptive=False):\nno cost curve", ha="center", va="center",
-                 transform=ax2.transAxes)
-        ax2.set_axis_off()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path

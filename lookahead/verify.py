@@ -1,27 +1,22 @@
-"""The exact-acceptance core: which drafted tokens would the target model itself have produced.
+"""The exact-acceptance core: which drafted tokens the target model itself would have produced.
 
-Pure functions over tensors; no model inside. Every proposer (trie, window) goes through here.
+Greedy: walk down the draft tree from the root; at each node take the argmax ``x`` of the target's *processed*
+logits there (the user's processors applied with that node's own prefix); if a child carries ``x``, accept it
+and go on from it; else emit ``x`` (the correction, or the bonus token after an accepted leaf) and stop.
 
-Greedy rule: walk down the draft tree from the root; at each node take the argmax ``x`` of the
-target's *processed* logits there (the user's logits processors applied with that node's own
-prefix); if a child of the node carries ``x``, accept it and continue from it; otherwise emit
-``x`` (the correction, or the bonus token when a leaf was accepted) and stop.
+Sampling (drafts are deterministic, so the draft distribution is a point mass): at each node on the path draw
+``y ~ p`` by inverse CDF from a uniform ``u`` that belongs to the emitted *position*; if a drafted child carries
+``y`` accept it, else emit ``y``. This is multi-candidate rejection sampling: the first child ``x1`` is accepted
+with probability ``p(x1)``, given it was rejected ``x2`` with ``p(x2) / (1 - p(x1))``, and when all are rejected
+``y`` follows the final residual. Every emitted token so has exactly the target's distribution, and since ``u``
+belongs to the position, a seed gives the same text whatever was drafted.
 
-Sampling rule (drafts are deterministic, so the draft distribution q is a point mass): at each
-node on the path, with processed distribution p, draw ``y ~ p`` by inverse CDF (vocabulary order)
-from a uniform ``u`` that belongs to the emitted *position*; if a drafted child carries ``y``,
-accept it and continue, else emit ``y`` and stop. This is multi-candidate rejection sampling:
-the first drafted child x1 is accepted with probability p(x1); given it was rejected, x2 with
-p(x2) / (1 - p(x1)), i.e. p with x1 zeroed and renormalised; and when all m children are
-rejected, ``y`` is distributed as the final residual p with x1..xm zeroed. So every emitted token
-has exactly the target's distribution. Because ``u`` belongs to the position and not to the
-draft, the sampled text for a given seed is the same whatever was drafted: the tree, the budget
-and the hardware change only the speed.
+Worked example (greedy): tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``, argmax of the rows (root, nodes) ``[5, 9,
+3, 4]``: accept node 0 (5), then node 2 (9), then emit 4: nodes ``[0, 2]``, tokens ``[5, 9, 4]``.
 
-Worked example (greedy): tree tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``; argmax of the rows
-(root, node0, node1, node2) = ``[5, 9, 3, 4]``. The root's argmax 5 is node 0's token: accept
-node 0. Node 0's argmax 9 is node 2's token: accept node 2. Node 2's argmax 4 matches no child:
-emit 4. Result: accepted nodes ``[0, 2]``, emitted tokens ``[5, 9, 4]``.
+On a CPU every row's argmax and top-k come from one Numba pass (:func:`rows_top`; its argmax is exactly
+``torch.argmax``'s), and processors that only ban tokens at some lengths (:class:`TokenBans`) are applied from
+the top-k on the host, so a greedy verdict never runs tensor code per row.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from .kernels import greedy_walk
+from numba import njit
 
 
 @dataclass
@@ -69,29 +63,6 @@ def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
     nodes, tokens = greedy_walk(np.asarray(argmax, dtype=np.int64), np.asarray(tree_tokens, dtype=np.int64),
                                 np.asarray(tree_parents, dtype=np.int64))
     return Verdict(nodes.tolist(), tokens.tolist())
-
-
-def verify(
-    logits: torch.Tensor,
-    tree_tokens: list[int],
-    tree_parents: list[int],
-    prefix: torch.Tensor,
-    logits_processor=None,
-    do_sample: bool = False,
-    keep_scores: bool = False,
-    keep_raw: bool = False,
-    uniforms: list[float] | None = None,
-) -> Verdict:
-    """The one verification entry point: greedy or sampled, same arguments (see the module docstring).
-
-    ``uniforms``: for sampling, one uniform per position this step can emit (tree depth + 1).
-    """
-    if do_sample:
-        if uniforms is None:
-            uniforms = torch.rand(len(tree_tokens) + 1).tolist()
-        return sample_verify(logits, tree_tokens, tree_parents, prefix, uniforms, logits_processor, keep_scores,
-                             keep_raw)
-    return greedy_verify(logits, tree_tokens, tree_parents, prefix, logits_processor, keep_scores, keep_raw)
 
 
 class PositionUniforms:
@@ -171,43 +142,542 @@ def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, k
         row = child + 1
 
 
-def sample_verify(
-    logits: torch.Tensor,
-    tree_tokens: list[int],
-    tree_parents: list[int],
-    prefix: torch.Tensor,
-    uniforms: list[float],
-    logits_processor=None,
-    keep_scores: bool = False,
-    keep_raw: bool = False,
-) -> Verdict:
-    """Exact sampling verification of a draft tree (arguments as :func:`greedy_verify`).
-
-    ``uniforms[i]``: the uniform of the i-th position this step emits. The processors run lazily,
-    only at nodes on the walked path, each with its own prefix.
-    """
-    return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_sampled, keep_scores,
-                 keep_raw, uniforms)
 
 
-def greedy_verify(
-    logits: torch.Tensor,
-    tree_tokens: list[int],
-    tree_parents: list[int],
-    prefix: torch.Tensor,
-    logits_processor=None,
-    keep_scores: bool = False,
-    keep_raw: bool = False,
-) -> Verdict:
-    """Greedy verification of a draft tree.
+@dataclass(frozen=True)
+class TokenBans:
+    """Processors that only ban some ids while the length is in a range (``compat.token_bans``), packed for
+    :func:`apply_bans`: rule ``r`` bans ``ids[offsets[r]:offsets[r + 1]]`` while ``lo[r] <= length < hi[r]``;
+    ``width``: a top-k that always holds an allowed token."""
 
-    - ``logits``: float[n+1, V], row 0 = the root (the last context token), row i+1 = node i.
-    - ``prefix``: long[1, L], the context; the processors see ``prefix`` plus the path to the node.
-    - ``logits_processor``: a ``LogitsProcessorList`` (or None / empty). With processors the walk is
-      lazy: only rows on the walked path are processed, each with its own prefix.
-    """
+    ids: np.ndarray
+    offsets: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    width: int
+
+    @classmethod
+    def of(cls, rules) -> TokenBans | None:
+        if not rules:
+            return None
+        ids = np.concatenate([r[0] for r in rules]).astype(np.int64)
+        offsets = np.cumsum([0] + [len(r[0]) for r in rules]).astype(np.int64)
+        return cls(ids, offsets, np.array([r[1] for r in rules], np.int64), np.array([r[2] for r in rules], np.int64),
+                   len(np.unique(ids)) + 1)
+
+    def apply(self, argmax: np.ndarray, tops, counts: np.ndarray, lengths: np.ndarray) -> bool:
+        """Every verified row's argmax -> its processed argmax, in place; False when some row needs its scores."""
+        return apply_bans(argmax, tops[0], tops[1], counts, lengths, self.ids, self.offsets, self.lo, self.hi)
+
+
+_NO_BANS = np.zeros(0, np.int64)
+
+
+def tree_arrays(drafts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens int64[b, w], parents int64[b, w], counts int64[b]) of every row's tree, padded to the widest."""
+    counts = np.array([len(d) for d in drafts], dtype=np.int64)
+    w = max(int(counts.max()) if len(counts) else 0, 1)
+    tokens, parents = np.zeros((len(drafts), w), np.int64), np.full((len(drafts), w), -2, np.int64)
+    for i, d in enumerate(drafts):
+        tokens[i, : len(d)] = d.tokens
+        parents[i, : len(d)] = d.parents
+    return tokens, parents, counts
+
+
+def greedy_verdicts(argmax: np.ndarray, drafts) -> list[Verdict]:
+    """The greedy verdict of every row's tree from its rows' argmax int64[b, q] (row ``i``'s root, then its
+    nodes), in one Numba pass."""
+    if len(drafts) == 1:
+        d = drafts[0]
+        if not len(d):
+            return [Verdict([], [int(argmax[0, 0])])]
+        nodes, tokens = greedy_walk(argmax[0], d.tokens, d.parents)
+        return [Verdict(nodes.tolist(), tokens.tolist())]
+    tokens, parents, counts = tree_arrays(drafts)
+    nodes, accepted, emitted = greedy_walks(argmax, tokens, parents, counts)
+    return [Verdict(nodes[i, :a].tolist(), emitted[i, : a + 1].tolist()) for i, a in enumerate(accepted.tolist())]
+
+
+class Verifier:
+    """One call's verification (see the module docstring), the same for one row and a batch.
+
+    ``rules``: the processors as token
+    bans (``compat.token_bans``) or None; ``sampling``; ``keep_scores`` / ``keep_raw``: the verdicts carry each
+    emitted position's processed scores / raw logits."""
+
+    def __init__(self, device: torch.device, vocab: int, processors: list, rules, sampling: bool,
+                 keep_scores: bool = False, keep_raw: bool = False):
+        """``processors``: per row (in the call's row order), its processors as one function or None."""
+        self.device, self.on_cpu = device, device.type == "cpu"
+        self.argmax_by_max = self.on_cpu and vocab >= 1024  # ``max`` finds the argmax faster there (same indices)
+        self.processors, self.sampling = processors, sampling
+        self.keep_scores, self.keep_raw = keep_scores, keep_raw
+        greedy = not sampling and not (keep_scores or keep_raw)
+        self.argmax_verdicts = greedy and (all(p is None for p in processors) or rules is not None)
+        self.bans = TokenBans.of(rules) if greedy and rules else None
+
+    def top_width(self, k: int) -> int:
+        """The top-k read from every verified row: the model-prediction source's ``k``, and with bans enough for one
+        allowed token."""
+        return max(k, self.bans.width) if self.bans is not None else k
+
+    def read_rows(self, logits: torch.Tensor, argmax_rows: np.ndarray | None, top_rows: np.ndarray, k: int):
+        """The host readout of logits [b, q, V]: (argmax int64[b, q] of each row's first ``argmax_rows[i]`` rows, or
+        None when not asked; when ``k`` > 0, (ids int64[b, q, k], logits float32[b, q, k]) of each row's first
+        ``top_rows[i]`` rows, else None). On a GPU the top-k's copy is queued before the argmax's, so both arrive in
+        one synchronisation."""
+        b, q, v = logits.shape
+        if not k:
+            if argmax_rows is None:
+                return None, None
+            am = logits.max(-1).indices if self.argmax_by_max else logits.argmax(-1)
+            return am.cpu().numpy(), None
+        if self.on_cpu:
+            arr = (logits.detach() if logits.requires_grad else logits).numpy()
+            argmax = np.empty((b, q), np.int64)
+            ids, vals = np.empty((b, q, k), np.int64), np.empty((b, q, k), np.float32)
+            rows_top(arr, top_rows if argmax_rows is None else argmax_rows, top_rows, k, argmax, ids, vals)
+            return (argmax if argmax_rows is not None else None), (ids, vals)
+        rows = int(top_rows.max()) if len(top_rows) else 0
+        t = logits[:, :max(rows, 1)].topk(min(k, v), -1)
+        queue = self.device.type == "cuda" and argmax_rows is not None
+        tops = (t.indices.to("cpu", non_blocking=queue).numpy(), t.values.to("cpu", non_blocking=queue).numpy())
+        return (logits.argmax(-1).cpu().numpy() if argmax_rows is not None else None), tops
+
+    def verify(self, logits: torch.Tensor, drafts: list, rows, k: int):
+        """(per row its verdict, None for a finished row; the window rows' argmax int64[m] of a one-row step with a
+        window, else None; the top-``k`` (ids, logits) [b, 1 + w, k] of every row's root and nodes, None when ``k``
+        is 0) from a step's ``logits`` [b, q, V] (row ``i``: its root's row, its nodes', then window rows).
+        ``rows``: the call's rows in the cache's order (``loop.Rows``: ``length_of(i)``, ``is_done(i)``,
+        ``prefix(i)``, ``uniforms(i, n)``, ``processors(i)``)."""
+        width = self.top_width(k)
+        if len(drafts) == 1:  # one row: the root's row, the nodes', then the window's
+            d = drafts[0]
+            n, m = len(d), d.n_window_rows
+            if self.argmax_verdicts and self.on_cpu and width:  # one kernel call: read, bans, walk
+                verdict, argmax, tops = self._greedy_row(logits[0], d, 1 + n + m, rows.length_of(0), width)
+                if verdict is None:
+                    verdict = self._processed(logits[0], d, rows, 0)
+                return [verdict], (argmax[0, n + 1 :] if m else None), _cut(tops, k)
+            argmax, tops = self.read_rows(logits, np.array([1 + n + m]) if self.argmax_verdicts else None,
+                                          np.array([n + 1]), width)
+            if self.argmax_verdicts:
+                window = argmax[0, n + 1 :] if m else None  # (bans rewrite the verified rows only)
+                if self.bans is None or self.bans.apply(argmax, tops, np.array([n + 1]), _lengths(rows, drafts)):
+                    return greedy_verdicts(argmax, drafts), window, _cut(tops, k)
+                return [self._processed(logits[0], d, rows, 0)], window, _cut(tops, k)
+            window = logits[0, n + 1 :].argmax(-1).cpu().numpy() if m else None
+            return [self._processed(logits[0], d, rows, 0)], window, _cut(tops, k)
+        done = [rows.is_done(i) for i in range(len(drafts))]
+        counts = np.array([0 if gone else len(d) + 1 for d, gone in zip(drafts, done)], dtype=np.int64)
+        argmax, tops = self.read_rows(logits, counts if self.argmax_verdicts else None, counts, width)
+        live = [i for i, gone in enumerate(done) if not gone]
+        verdicts: list[Verdict | None] = [None] * len(drafts)
+        if self.argmax_verdicts and (self.bans is None or self.bans.apply(argmax, tops, counts,
+                                                                          _lengths(rows, drafts))):
+            for i, v in zip(live, greedy_verdicts(argmax[live], [drafts[i] for i in live])):
+                verdicts[i] = v
+        else:
+            for i in live:
+                verdicts[i] = self._processed(logits[i], drafts[i], rows, i)
+        return verdicts, None, _cut(tops, k)
+
+    def _greedy_row(self, logits: torch.Tensor, draft, count: int, length: int, k: int):
+        arr = (logits.detach() if logits.requires_grad else logits).numpy()[None]
+        q = arr.shape[1]
+        argmax = np.empty((1, q), np.int64)
+        ids, vals = np.empty((1, q, k), np.int64), np.empty((1, q, k), np.float32)
+        bans = self.bans
+        rules = (_NO_BANS,) * 4 if bans is None else (bans.ids, bans.offsets, bans.lo, bans.hi)
+        decided, nodes, tokens = greedy_row(arr, count, k, draft.tokens, draft.parents, draft.depth, length, *rules,
+                                            argmax, ids, vals)
+        return (Verdict(nodes.tolist(), tokens.tolist()) if decided else None), argmax, (ids, vals)
+
+    def _processed(self, logits: torch.Tensor, draft, rows, i: int) -> Verdict:
+        """Row ``i``'s verdict from its processed scores: ``logits`` float[1 + n (+ more), V]."""
+        n = len(draft)
+        uniforms = rows.uniforms(i, n + 1) if self.sampling else None
+        return verify(logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(), rows.prefix(i),
+                      rows.processors(i), do_sample=self.sampling, keep_scores=self.keep_scores,
+                      keep_raw=self.keep_raw, uniforms=uniforms)
+
+
+def _cut(tops, k: int):
+    """The sources' top-``k`` of a wider top-k the bans needed (None when ``k`` is 0)."""
+    if tops is None or not k:
+        return None
+    return tops if tops[0].shape[2] == k else (tops[0][:, :, :k], tops[1][:, :, :k])
+
+
+def _lengths(rows, drafts) -> np.ndarray:
+    """int64[b, 1 + w]: the sequence length each verified row continues (its root's, then each node's)."""
+    width = max((len(d) for d in drafts), default=0)
+    lengths = np.zeros((len(drafts), 1 + width), np.int64)
+    for i, d in enumerate(drafts):
+        length = rows.length_of(i)
+        lengths[i, 0] = length
+        lengths[i, 1 : 1 + len(d)] = length + d.depth
+    return lengths
+
+
+def verify(logits: torch.Tensor, tree_tokens: list[int], tree_parents: list[int], prefix: torch.Tensor,
+           logits_processor=None, do_sample: bool = False, keep_scores: bool = False, keep_raw: bool = False,
+           uniforms: list[float] | None = None) -> Verdict:
+    """One row's verdict from its processed scores, greedy or sampled: ``logits`` float[n + 1, V] (row 0 the root,
+    row ``i + 1`` node ``i``), ``prefix`` long[1, L] its context; the processors run lazily, only at nodes on the
+    walked path, each with its own prefix. ``uniforms``: one per position this step can emit (sampling)."""
+    if do_sample:
+        if uniforms is None:
+            uniforms = torch.rand(len(tree_tokens) + 1).tolist()
+        return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_sampled, keep_scores,
+                     keep_raw, uniforms)
     if not logits_processor and not keep_scores and not keep_raw:
-        # one host round trip for the whole tree
         return greedy_verify_argmax(logits.argmax(-1).tolist(), tree_tokens, tree_parents)
-    return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_greedy, keep_scores,
-                 keep_raw)
+    return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_greedy, keep_scores, keep_raw)
+
+
+# -- kernels ----------------------------------------------------------------------------------------------------
+
+
+_BLOCK = 16  # logits per block of _one_top's first pass, whose block maxima bound the top k from below
+
+
+@njit(cache=True, nogil=True)
+def _has_nan(row):
+    """Whether ``row`` holds a NaN (branch-free: it vectorises)."""
+    bad = False
+    for j in range(row.shape[0]):
+        bad |= row[j] != row[j]
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _first_nan(row):
+    """The index of the first NaN of ``row``, which holds one (:func:`_has_nan`): ``torch.argmax``'s answer then."""
+    i = 0
+    while row[i] == row[i]:
+        i += 1
+    return i
+
+
+@njit(cache=True, nogil=True, fastmath={"nnan"})
+def _block_maxima(row, out):
+    """Each block of :data:`_BLOCK` logits' maximum into ``out`` float32[>= ceil(V / _BLOCK)], for a row without
+    NaN (:func:`_has_nan`): told so, the compiler vectorises the maximum. A zero's sign may come out either way,
+    which no comparison sees."""
+    v = row.shape[0]
+    t = 0
+    for a in range(0, v - _BLOCK + 1, _BLOCK):  # this loop's form is what vectorises (a stride in t does not)
+        m = row[a]
+        for j in range(a + 1, a + _BLOCK):
+            x = row[j]
+            m = x if x > m else m
+        out[t] = m
+        t += 1
+    a = t * _BLOCK
+    if a < v:
+        m = row[a]
+        for j in range(a + 1, v):
+            x = row[j]
+            m = x if x > m else m
+        out[t] = m
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _insert(x, j, k, ids, vals, m):
+    """Put value ``x`` of id ``j`` into the top ``k`` kept so far (``m`` of them, in ``ids`` / ``vals`` largest first,
+    an equal earlier value ahead), when there is room or it beats the last; returns how many are kept."""
+    p = m if m < k else k - 1
+    while p > 0 and vals[p - 1] < x:  # strict: an equal earlier value stays ahead
+        vals[p] = vals[p - 1]
+        ids[p] = ids[p - 1]
+        p -= 1
+    vals[p] = x
+    ids[p] = j
+    return m + 1 if m < k else m
+
+
+@njit(cache=True, nogil=True)
+def _insert_top(row, a, b, low, k, ids, vals, m):
+    """Offer ``row[a:b]``'s entries of at least ``low`` to the top ``k`` kept so far (``m`` of them, in ``ids`` /
+    ``vals`` largest first, an equal earlier value ahead); returns how many are kept."""
+    thr = vals[k - 1] if m == k else -np.inf
+    for j in range(a, b):
+        x = row[j]
+        if x >= low and (x > thr or (m < k and x == x)):
+            m = _insert(x, j, k, ids, vals, m)
+            thr = vals[k - 1] if m == k else -np.inf
+    return m
+
+
+RANKED_MAXIMA = 24
+
+
+RANKED = 32
+
+
+@njit(cache=True, nogil=True)
+def _top_scratch(v, k):
+    """:func:`_one_top`'s scratch arrays for rows of ``v`` logits: (block maxima, the top ``k`` of them (ids,
+    values), the candidates (values, ids), the blocks offered)."""
+    nb = (v + _BLOCK - 1) // _BLOCK
+    return (np.empty(nb, np.float32), np.empty(k, np.int64), np.empty(k, np.float32), np.empty(v, np.float32),
+            np.empty(v, np.int64), np.empty(nb, np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _kth_largest(x, n, k, ids, vals):
+    """The ``k``-th largest of ``x[:n]`` (``n >= k``), counted with multiplicity; ``ids`` / ``vals``: scratch of
+    ``k``. Few values (:data:`RANKED_MAXIMA`) are counted: fewer than ``k`` values exceed a value exactly when it
+    is at least the k-th largest, so that is the least such value (no branch on the data, which a fresh row's
+    logits would mispredict); many are inserted into a top ``k``.
+
+    Example: ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
+    if n <= RANKED_MAXIMA:
+        low = np.inf
+        for t in range(n):
+            v = x[t]
+            r = 0
+            for u in range(n):
+                r += x[u] > v
+            low = min(low, v) if r < k else low
+        return low
+    _insert_top(x, 0, n, -np.inf, k, ids, vals, 0)
+    return vals[k - 1]
+
+
+@njit(cache=True, nogil=True)
+def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, blocks):
+    """One row ``row`` float32[V]: its argmax (returned) and its ``k`` largest entries into ``ids`` int64[k] /
+    ``vals`` float32[k], largest first (the other arguments: :func:`_top_scratch`'s).
+
+    Example: ``[1., 5., 5., 2.]``, k=2 -> argmax 1, ids ``[1, 2]``, vals ``[5., 5.]``."""
+    v = row.shape[0]
+    nb = maxima.shape[0]
+    for j in range(k):
+        vals[j] = -np.inf
+        ids[j] = -1
+    nan = _has_nan(row)
+    if nan or nb < k:  # the whole row (with a NaN, the first NaN is the argmax)
+        _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
+        return _first_nan(row) if nan else ids[0]
+    _block_maxima(row, maxima)
+    if k == 1:  # the blocks holding the maximum, offered in order (one comparison an entry: no ranking pays)
+        _insert_top(maxima, 0, nb, -np.inf, 1, low_ids, low_vals, 0)
+        low = low_vals[0]
+        m = 0
+        for t in range(nb):
+            if maxima[t] >= low:
+                m = _insert_top(row, t * _BLOCK, min(t * _BLOCK + _BLOCK, v), low, 1, ids, vals, m)
+        return ids[0]
+    low = _kth_largest(maxima, nb, k, low_ids, low_vals)
+    q = 0  # the blocks to offer, in order: each written, kept when its maximum reaches low
+    for t in range(nb):
+        blocks[q] = t
+        q += maxima[t] >= low
+    c = 0  # their entries of at least low, in order, gathered the same way
+    for s in range(q):
+        t = blocks[s]
+        for j in range(t * _BLOCK, min(t * _BLOCK + _BLOCK, v)):
+            x = row[j]
+            cand_v[c] = x
+            cand_i[c] = j
+            c += x >= low
+    if c <= RANKED:  # c >= k (k blocks reach low)
+        for e in range(c):
+            x = cand_v[e]
+            r = 0
+            for f in range(c):
+                r += (cand_v[f] > x) | ((cand_v[f] == x) & (f < e))
+            if r < k:
+                vals[r] = x
+                ids[r] = cand_i[e]
+        return ids[0]
+    m = 0  # many candidates (ties at low, as in a row of -inf): a top k by insertion
+    for e in range(c):
+        if m < k or cand_v[e] > vals[k - 1]:
+            m = _insert(cand_v[e], cand_i[e], k, ids, vals, m)
+    return ids[0]
+
+
+@njit(cache=True, nogil=True)
+def greedy_walk(argmax, tokens, parents):
+    """The greedy verdict of a parent-first draft tree given every row's argmax (row 0: the last context
+    token, row ``1 + i``: node ``i``): (accepted nodes int64[a], emitted tokens int64[a + 1]). From row 0,
+    follow the child whose token is the row's argmax (the first such child) while there is one; the
+    last row's argmax is the bonus token.
+
+    Example: argmax ``[5, 9, 3, 4]``, tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]`` -> nodes ``[0, 2]``
+    (5, then 9 under it), tokens ``[5, 9, 4]``.
+    """
+    n = tokens.shape[0]
+    nodes = np.empty(n, np.int64)
+    out = np.empty(n + 1, np.int64)
+    a = 0
+    row = 0
+    while True:
+        x = argmax[row]
+        out[a] = x
+        child = -1
+        for i in range(row, n):  # a node's children come after it (parent-first): scan from row - 1 + 1
+            if parents[i] == row - 1 and tokens[i] == x:
+                child = i
+                break
+        if child < 0:
+            return nodes[:a], out[: a + 1]
+        nodes[a] = child
+        a += 1
+        row = child + 1
+
+
+@njit(cache=True, nogil=True)
+def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
+    """:func:`_one_top` over a batch: for each row ``i`` of ``logits`` float32[b, q, V], the argmax of its first
+    ``argmax_rows[i]`` query rows into ``argmax`` int64[b, q] and, for its first ``top_rows[i]`` (at most
+    ``argmax_rows[i]``), their ``k`` largest entries into ``ids`` int64[b, q, k] / ``vals`` float32[b, q, k]
+    (the same pass). Entries past those counts are left unset. ``k`` = 0: argmax only.
+
+    Example: logits ``[[[1., 5., 5.], [3., 0., 1.]]]``, argmax_rows ``[2]``, top_rows ``[1]``, k = 1 -> argmax
+    ``[[1, 0]]``, ids ``[[[1], [unset]]]``.
+    """
+    b, q, v = logits.shape
+    scratch = _top_scratch(v, max(k, 1))
+    maxima = scratch[0]
+    for i in range(b):
+        for j in range(argmax_rows[i]):
+            row = logits[i, j]
+            if k and j < top_rows[i]:
+                argmax[i, j] = _one_top(row, k, ids[i, j], vals[i, j], *scratch)
+            else:
+                argmax[i, j] = _row_argmax(row, maxima)
+    return argmax
+
+
+@njit(cache=True, nogil=True)
+def _row_argmax(row, maxima):
+    """``torch.argmax`` of one row float32[V] (the first maximal index, or the first NaN's), in two branch-free
+    passes and one short scan: the row's NaN check, every block's maximum (:func:`_block_maxima`, into
+    ``maxima``), then the first block holding the largest is scanned for its first entry equal to it.
+
+    Example: ``[1., 5., 3., 5.]`` -> 1; ``[1., nan, 7.]`` -> 1."""
+    v = row.shape[0]
+    if _has_nan(row):
+        return _first_nan(row)
+    _block_maxima(row, maxima)
+    nb = (v + _BLOCK - 1) // _BLOCK
+    best = 0
+    for t in range(1, nb):
+        if maxima[t] > maxima[best]:
+            best = t
+    m = maxima[best]
+    for c in range(best * _BLOCK, min(best * _BLOCK + _BLOCK, v)):
+        if row[c] == m:
+            return c
+    return best * _BLOCK  # not reached: the block holds its maximum
+
+
+@njit(cache=True, nogil=True)
+def greedy_walks(argmax, tokens, parents, counts):
+    """:func:`greedy_walk` for every row of a batch at once: row ``i``'s tree is ``tokens[i, :counts[i]]`` /
+    ``parents[i, :counts[i]]`` (int64[b, w] each) and its rows' argmax ``argmax[i, :1 + counts[i]]``. Returns
+    (nodes int64[b, w], accepted int64[b], emitted int64[b, w + 1]): row ``i`` accepted ``nodes[i, :accepted[i]]``
+    and emits ``emitted[i, :accepted[i] + 1]``.
+
+    Example: argmax ``[[5, 9, 3, 4], [7, 0, 0, 0]]``, tokens ``[[5, 7, 9], [5, 0, 0]]``, parents
+    ``[[-1, -1, 0], [-1, 0, 0]]``, counts ``[3, 1]`` -> row 0 accepts ``[0, 2]`` and emits ``[5, 9, 4]``; row 1
+    accepts nothing and emits ``[7]``.
+    """
+    b, w = tokens.shape
+    nodes = np.empty((b, w), np.int64)
+    accepted = np.zeros(b, np.int64)
+    emitted = np.empty((b, w + 1), np.int64)
+    for i in range(b):
+        n = counts[i]
+        a = 0
+        row = 0
+        while True:
+            x = argmax[i, row]
+            emitted[i, a] = x
+            child = -1
+            for c in range(row, n):
+                if parents[i, c] == row - 1 and tokens[i, c] == x:
+                    child = c
+                    break
+            if child < 0:
+                break
+            nodes[i, a] = child
+            a += 1
+            row = child + 1
+        accepted[i] = a
+    return nodes, accepted, emitted
+
+
+@njit(cache=True, nogil=True)
+def apply_bans(argmax, ids, vals, counts, lengths, ban_ids, ban_offsets, ban_lo, ban_hi):
+    """Turn every verified row's argmax into the argmax of its *processed* scores under token bans, in place.
+
+    Row ``j`` of batch row ``i`` (``j < counts[i]``) continues a sequence of ``lengths[i, j]`` tokens; rule ``r``
+    bans ``ban_ids[ban_offsets[r]:ban_offsets[r + 1]]`` while ``ban_lo[r] <= length < ban_hi[r]``. Its processed
+    argmax is the first of its top-k ``ids[i, j]`` / ``vals[i, j]`` (largest first; equal values: lower id first)
+    not banned. Returns False when some row cannot be decided from its top-k (every candidate banned or at
+    -inf, or the row's argmax is not its top-1: a NaN), so the caller processes the scores instead.
+
+    Example: ids ``[[[2, 7, 5]]]`` (top-3 of one row), argmax ``[[2]]``, lengths ``[[6]]``, one rule banning
+    ``[2]`` while length < 8 -> argmax ``[[7]]``.
+    """
+    b = counts.shape[0]
+    k = ids.shape[2]
+    for i in range(b):
+        for j in range(counts[i]):
+            length = lengths[i, j]
+            if argmax[i, j] != ids[i, j, 0]:
+                return False
+            chosen = -1
+            for c in range(k):
+                t = ids[i, j, c]
+                banned = False
+                for r in range(ban_lo.shape[0]):
+                    if ban_lo[r] <= length < ban_hi[r]:
+                        for e in range(ban_offsets[r], ban_offsets[r + 1]):
+                            if ban_ids[e] == t:
+                                banned = True
+                                break
+                    if banned:
+                        break
+                if not banned:
+                    if vals[i, j, c] == -np.inf:
+                        return False
+                    chosen = t
+                    break
+            if chosen < 0:
+                return False
+            argmax[i, j] = chosen
+    return True
+
+
+@njit(cache=True, nogil=True)
+def greedy_row(logits, rows, k, tokens, parents, depth, length, ban_ids, ban_offsets, ban_lo, ban_hi, argmax, ids,
+               vals):
+    """One row's greedy step verified from its logits in one call: :func:`rows_top`, then (when there are ban
+    rules) :func:`apply_bans`, then :func:`greedy_walk`.
+
+    Example: logits rows with argmax ``[5, 9, 4]``, tokens ``[5, 7]``, parents ``[-1, -1]``, no bans -> (True,
+    ``[0]``, ``[5, 9]``)."""
+    n = tokens.shape[0]
+    top_rows = np.empty(1, np.int64)
+    top_rows[0] = n + 1
+    arg_rows = np.empty(1, np.int64)
+    arg_rows[0] = rows
+    rows_top(logits, arg_rows, top_rows, k, argmax, ids, vals)
+    if ban_lo.shape[0]:
+        lengths = np.empty((1, n + 1), np.int64)
+        lengths[0, 0] = length
+        for j in range(n):
+            lengths[0, 1 + j] = length + depth[j]
+        if not apply_bans(argmax, ids, vals, top_rows, lengths, ban_ids, ban_offsets, ban_lo, ban_hi):
+            none = np.empty(0, np.int64)
+            return False, none, none
+    nodes, out = greedy_walk(argmax[0], tokens, parents)
+    return True, nodes, out
+
+

@@ -1,12 +1,17 @@
-"""KV-cache bookkeeping: keep the accepted path's entries, drop everything else; a cache that grows in place.
+"""KV-cache bookkeeping: keep the accepted path's entries and drop the rest, a layer that grows in place, static
+caches, and handing a cache back as transformers made it.
 
-After a step the cache holds ``base`` old entries followed by ``n_new`` entries of this step's
-rows (pending tokens, draft nodes, window rows). ``keep`` lists, in order, which of those
-``n_new`` entries stay; they are gathered to the front of the step's region and the rest is
-cropped (:func:`keep_rows_entries`: every row of a batch in one gather per layer). No recomputation.
+After a step the cache holds ``base`` old entries followed by ``n_new`` entries of the step's rows (pending
+tokens, draft nodes, window rows, dummies). ``keep`` lists, in order, which of those stay; they move to the front
+of the step's region and the rest is cropped (a batch: one gather per layer for every row, the rows that kept
+fewer holding *holes*, which the batch masks). No recomputation.
 
-Worked example: base=10, n_new=5 (pending p, nodes a b c d), keep=[0, 2, 4] (p, b, d):
-entries 12 and 14 are copied to 11 and 12, then the cache is cropped to 13 entries.
+Worked example: base 10, n_new 5 (p, a, b, c, d), keep ``[0, 2, 4]``: entries 12 and 14 move to 11 and 12, then the
+cache is cropped to 13 entries.
+
+What a call changes on a cache it is handed it undoes before it returns (:func:`settle`): the layers it grows in
+place become plain ``DynamicLayer``s again and a static cache's sliding layers hold their window as transformers
+keeps it, so a later plain ``generate`` sees the cache it would have made.
 """
 
 from __future__ import annotations
@@ -14,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer, StaticSlidingWindowLayer
 
+from . import compat
+from ._tuning import DEFAULT
 from .compat import crop_cache
-
-GROW_COLUMNS = 64  # spare columns a GrowingLayer allocates when it grows (one reallocation per 64 tokens decoded)
 
 
 class CacheNotRollbackable(ValueError):
@@ -90,10 +95,6 @@ def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
     return most
 
 
-MAX_MOVES = 2
-"""Runs of kept columns a one-row step moves one slice copy each; more (a scattered path) take one gather."""
-
-
 def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
     """The slice copies that put a step's kept columns ``keep`` (increasing) at the front of the step's region:
     ``(to, from, count)`` per run of kept columns that are not where they must end up and follow each other.
@@ -127,14 +128,14 @@ def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | No
         for t in (layer.keys, layer.values):
             host = host_view(t)
             if host is not None:  # NumPy's copies cost a fraction of torch's per-op dispatch (kv_cache_speed.py)
-                if len(moves) <= MAX_MOVES:
+                if len(moves) <= DEFAULT.max_moves:
                     for to, frm, count in moves:  # NumPy reads an overlapping source before it writes
                         host[:, :, first + to : first + to + count] = host[:, :, first + frm : first + frm + count]
                 else:
                     order = np.asarray(keep, dtype=np.int64) if order is None else order
                     host[:, :, first : first + len(keep)] = host[:, :, first + order]  # the gather is a copy
                 continue
-            if len(moves) <= MAX_MOVES:
+            if len(moves) <= DEFAULT.max_moves:
                 move_columns(t, first, moves)
                 continue
             if src is None or src.device != t.device:
@@ -143,6 +144,8 @@ def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | No
 
 
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 _NUMPY_FLOATS = (torch.float32, torch.float16, torch.float64)
 
 
@@ -177,31 +180,11 @@ def kv_layers(cache: Cache) -> list:
 class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` whose keys/values live in a buffer with spare columns, written in place.
 
-    Why: ``DynamicLayer.update`` concatenates, i.e. copies the layer's whole cache at every forward. On a
-    CPU that copy is a large part of a decode step (SmolLM2-135M: 20% of a 16-row step at 150 tokens of
-    context, 20% of a one-row step at 1500); here a forward writes only its new columns, and the buffer is
-    reallocated (one copy) only when it is full, with :data:`GROW_COLUMNS` spare columns. The same
-    values as a ``DynamicLayer``'s, bit for bit: only where they are stored differs.
-
-    ``keys`` / ``values`` read what a ``DynamicLayer``'s hold, the ``[b, heads, n, head_dim]`` entries, here a
-    view of the buffer's first ``n`` columns, so everything written for ``DynamicLayer`` keeps working:
-    in-place writes into them land in the buffer, ``crop`` frees columns for the next ``update``. Anything that
-    assigns them a tensor of its own (``batch_select_indices``, ``reorder_cache``, offloading) is adopted, with
-    one copy, at the next ``update``.
-
-    Host work per layer and step, the price of every decoding step of every layer: ``crop`` only shortens the
-    entries' length, and the views are made when ``keys`` / ``values`` are read (``update`` makes the ones it
-    returns), so a step's crop of every layer makes no tensor; ``update`` tells its own buffers by their length
-    alone: 22.7 -> 15.1 us a layer and step of a 30-layer cache on a CPU, its crop 123 -> 10 us a step
-    (``benchmarks/results/host-step/growing_layer_speed.py``).
-
     Example: a 5-token prompt, then one token per step: the first update allocates 5 + 64 columns, the next
-    64 updates write one column each, the 65th copies the 69 columns into a buffer of 134.
+    64 updates write one column each, the 65th copies the 69 columns into a buffer of 134."""
 
-    Memory: the entries a ``DynamicLayer`` would hold, plus at most ``GROW_COLUMNS`` (and, while it grows,
-    a second copy of this one layer, as ``torch.cat`` holds too).
-    """
-
+    grow: int = DEFAULT.grow_columns
+    replaces = None  # the layer it stands in for (a sliding one a widened cache keeps whole), or None: a plain one
     _storage: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) [b, heads, capacity, head_dim]
     _layout: tuple = ()  # per buffer (b, heads, head_dim, strides): its views' shapes, made without reading it
     _length: int | None = None
@@ -209,6 +192,10 @@ class GrowingLayer(DynamicLayer):
     None while they are tensors assigned from outside (or none)."""
     _entries: tuple = (None, None)  # (keys, values): tensors assigned from outside, or the last views made
     _made: int = -1  # the length ``_entries``' views were made for (-1: ``_entries`` came from outside)
+
+    def __init__(self, replaces=None):
+        super().__init__()
+        self.replaces = replaces
 
     def _read(self, i: int):
         if self._length is not None and self._made != self._length:
@@ -230,7 +217,7 @@ class GrowingLayer(DynamicLayer):
         if n is None or not self._fits(key_states, value_states, n + m):
             n = self.get_seq_length()
             old = (self.keys, self.values)
-            self._storage = tuple(new.new_empty((*new.shape[:2], n + m + GROW_COLUMNS, new.shape[3]))
+            self._storage = tuple(new.new_empty((*new.shape[:2], n + m + self.grow, new.shape[3]))
                                   for new in (key_states, value_states))
             self._layout = tuple((b.shape[0], b.shape[1], b.shape[3], b.stride()) for b in self._storage)
             if n:  # grow, or adopt entries assigned from outside: one copy
@@ -286,9 +273,90 @@ def grow_in_place(cache: Cache) -> Cache:
 
 
 PLAIN_LAYERS = (DynamicLayer, GrowingLayer)
-"""The cache layer types of a full-attention layer whose entries can be gathered, cropped and handed over whole."""
 
 
 def new_cache(model) -> DynamicCache:
     """A ``DynamicCache`` for ``model`` whose plain layers are :class:`GrowingLayer` (:func:`grow_in_place`)."""
     return grow_in_place(DynamicCache(config=model.config))
+
+
+def static_layers(cache) -> bool:
+    """Whether ``cache`` is a static one the decoder can roll back: every layer a plain ``StaticLayer`` or one
+    :func:`full_length_layers` made (sliding-window or offloaded static layers are not: their columns are not the
+    sequence's)."""
+    layers = cache_layers(cache)
+    return bool(layers) and all(type(layer) in (StaticLayer, FullLengthSlidingLayer) for layer in layers)
+
+
+class FullLengthSlidingLayer(StaticLayer):
+    """A static sliding-window layer given its cache's whole length (:func:`full_length_layers`): a plain
+    ``StaticLayer`` that keeps its ``sliding_window``, so that every later call on the cache masks it so."""
+
+    def __init__(self, max_cache_len: int, sliding_window: int, replaces=None, **kwargs):
+        super().__init__(max_cache_len=max_cache_len, **kwargs)
+        self.sliding_window, self.replaces = sliding_window, replaces
+
+
+def static_cache(cache) -> bool:
+    """Whether ``cache`` is a static one this loop takes: every layer a ``StaticLayer``, a static sliding-window layer
+    (:func:`full_length_layers` gives those the cache's length; one written already is refused) or one it made."""
+    layers = cache_layers(cache)
+    return bool(layers) and all(type(layer) in (StaticLayer, StaticSlidingWindowLayer, FullLengthSlidingLayer)
+                                for layer in layers)
+
+
+def cache_length(cache) -> int:
+    """``max_cache_len`` of a static cache (every layer's)."""
+    return int(min(layer.max_cache_len for layer in cache_layers(cache)))
+
+
+def keep_static(cache, past: int, keep: list[int], q: int) -> None:
+    """After a step of ``q`` rows written at columns ``past .. past + q - 1`` of a static cache: move the kept
+    step columns ``keep`` (increasing) to the front of them (``kv_cache.move_kept``), and move the cache's length
+    back over the rest (the next step overwrites them). Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15
+    go to 11, 12 and the cache holds 13 columns."""
+    layers = cache_layers(cache)
+    move_kept(layers, [past] * len(layers), keep)
+    if q > len(keep):
+        for layer in layers:
+            layer.crop(-(q - len(keep)))
+
+
+def realign_index(visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(idx int64[b, T'], visible bool[b, T']): every row's visible columns right-aligned, T' = the most any row has.
+
+    Example: visible ``[[F, T, F, T], [T, T, T, F]]`` -> T' = 3, idx ``[[1, 1, 3], [0, 1, 2]]``, visible
+    ``[[F, T, T], [T, T, T]]`` (row 0's first column is a hole pointing at a column of its own).
+    """
+    counts = visible.sum(1)
+    width = max(int(counts.max()), 1)
+    idx = np.zeros((visible.shape[0], width), dtype=np.int64)
+    new_visible = np.zeros((visible.shape[0], width), dtype=bool)
+    for i in range(visible.shape[0]):
+        cols = np.flatnonzero(visible[i])
+        if len(cols):
+            idx[i, width - len(cols):] = cols
+            idx[i, : width - len(cols)] = cols[0]
+            new_visible[i, width - len(cols):] = True
+    return idx, new_visible
+
+
+
+
+def settle(cache) -> None:
+    """Hand ``cache`` back as transformers made it, at the end of a call: a :class:`GrowingLayer` becomes a
+    ``DynamicLayer`` holding the same entries, and a layer that stood in for a sliding one (a widened cache's, a static
+    cache's :class:`FullLengthSlidingLayer`) gives it back, holding the last entries of its window as transformers
+    keeps them (``compat.refill_sliding``)."""
+    layers = getattr(cache, "layers", None)
+    for i, layer in enumerate(layers or ()):
+        original = getattr(layer, "replaces", None)
+        if original is not None:
+            compat.refill_sliding(original, layer)
+            layers[i] = original
+        elif type(layer) is GrowingLayer:
+            plain = DynamicLayer()
+            if layer.is_initialized and layer.keys is not None:
+                plain.lazy_initialization(layer.keys, layer.values)
+                plain.keys, plain.values = layer.keys, layer.values
+            layers[i] = plain

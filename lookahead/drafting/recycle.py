@@ -33,11 +33,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cache.primitives import MIX1, MIX2, bucket, heap_pop, heap_push
+from .._tuning import DEFAULT
+from ..cache.primitives import MIX1, MIX2, bucket, heap_pop, heap_push
 
-CALIBRATION = 0.62
-"""P(a drafted successor follows) / its share; measured on SmolLM2's recorded greedy outputs
-(``benchmarks/results/drafts.md``): shares 0.9-1.0 followed 61% of the time, 0.4-0.5 26%, 0-0.1 3%."""
+
 
 
 
@@ -198,7 +197,7 @@ class SuccessorTable:
     """Per input token, and per (previous token, input token), the top-``k`` successors of the latest
     verified row with that input (see the module docstring). ``rows``: a power of two."""
 
-    def __init__(self, k: int, rows: int = 1 << 16, calibration: float = CALIBRATION):
+    def __init__(self, k: int, rows: int = 1 << 16, calibration: float = DEFAULT.recycle_calibration):
         if k < 1 or rows < 2 or rows & (rows - 1):
             raise ValueError(f"SuccessorTable needs k >= 1 and rows a power of two, got k={k}, rows={rows}")
         self.k, self.rows, self.calibration = k, rows, calibration

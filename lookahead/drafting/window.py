@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels as K
-
-DRAWS = 256
-"""Fresh guesses drawn per call of the window's generator."""
-
+from ..cache import NgramTrie
+from .draft import WINDOW, WindowRows
+from .kernels import window_step
+from .sources import DraftSource, Proposal
 
 def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Position offsets (from the root) and visibility of a window with ``levels`` x ``width`` tokens.
@@ -62,15 +61,15 @@ class LookaheadWindow:
 
     Deterministic: fresh guesses are drawn from the context with a NumPy generator seeded per
     call, so the torch random stream (used by sampling) is untouched. They are drawn :data:`DRAWS` at a time
-    (one generator call costs tens of microseconds in a decode, however few it draws).
+    .
     """
 
-    def __init__(self, width: int, ngram: int, context, seed: int = 0):
+    def __init__(self, width: int, ngram: int, context, seed: int = 0, draws: int = 256):
         """``context``: the token ids (a sequence or int array) whose last 1024 the fresh guesses are drawn from."""
         if width < 1 or ngram < 2:
             raise ValueError(f"window needs width >= 1 and ngram >= 2; got width={width}, ngram={ngram}")
         self.width, self.ngram = width, ngram
-        self._rng = np.random.default_rng(seed)
+        self._rng, self.draws = np.random.default_rng(seed), draws
         self._pool = np.asarray(context[-1024:], dtype=np.int64)
         self._draws, self._cursor = np.zeros(0, dtype=np.int64), 0  # fresh guesses drawn ahead, the next unread
         self.levels = self._fresh(width)[None]  # int64[n_levels, W]; starts with one level
@@ -79,7 +78,7 @@ class LookaheadWindow:
     def _ahead(self, k: int) -> None:
         """At least ``k`` unread guesses in ``_draws``."""
         if self._cursor + k > len(self._draws):
-            drawn = self._pool[self._rng.integers(0, len(self._pool), size=max(k, DRAWS))]
+            drawn = self._pool[self._rng.integers(0, len(self._pool), size=max(k, self.draws))]
             self._draws, self._cursor = np.concatenate([self._draws[self._cursor:], drawn]), 0
 
     def _fresh(self, k: int) -> np.ndarray:
@@ -111,5 +110,40 @@ class LookaheadWindow:
         out = np.ascontiguousarray(np.asarray(argmax, dtype=np.int64)[(n_levels - 1) * self.width : n_levels * self.width])
         shift = min(max(emitted - 1, 0), self.width)
         self._ahead(shift * min(n_levels + 1, self.ngram - 1))
-        self.levels, grams, self._cursor = K.window_step(self.levels, out, self.ngram, shift, self._draws, self._cursor)
+        self.levels, grams, self._cursor = window_step(self.levels, out, self.ngram, shift, self._draws, self._cursor)
         return grams
+
+
+class WindowSource(DraftSource):
+    """The Jacobi lookahead window as a source: its rows join each forward (:meth:`rows`), and the n-grams it
+    harvests are drafted (``W``, ``N``, ``G``: ``width``, ``ngram``, ``candidates``)."""
+
+    origin = WINDOW
+
+    def __init__(self, width: int, ngram: int, candidates: int, max_match: int, draws: int = 256):
+        self.width, self.ngram, self.candidates, self.draws = width, ngram, candidates, draws
+        self.max_match = min(max_match, ngram - 1)
+        self.trie = NgramTrie(max_n=ngram, capacity=max(1 << 14, 4 * ngram**2))
+        self.window: LookaheadWindow | None = None
+        self.max_nodes, self.max_depth = candidates * (ngram - 1), ngram - 1
+        self.max_rows = self.max_nodes + width * (ngram - 1)
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        self.trie.clear()
+        self.window = LookaheadWindow(self.width, self.ngram, prompt, draws=self.draws)
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        levels = self.ngram - 1
+        if not self.candidates:
+            return None
+        tokens, parents, match = self.trie.propose(context, self.candidates * levels, min(max_depth, levels),
+                                                   self.max_match, with_match=True)
+        return Proposal(tokens, parents, match) if len(tokens) else None
+
+    def rows(self) -> WindowRows:
+        return WindowRows(*self.window.rows())
+
+    def advance(self, argmax: np.ndarray, n_emitted: int) -> None:
+        """One Jacobi step from the window rows' argmax; the harvested n-grams enter the window's trie, each a
+        stream of its own."""
+        self.trie.insert_rows(self.window.advance(argmax, n_emitted))

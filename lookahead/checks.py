@@ -1,0 +1,354 @@
+"""A call's checks, before anything expensive: each refuses with a ``ValueError`` that says what to do instead.
+
+:func:`check_supported` (the generation settings; ``lookahead.enable`` asks it of a call it routes),
+:func:`check_inputs` (token ids and attention mask), :func:`check_model_kwargs`, :func:`check_cache_layers`,
+:func:`check_store` and :func:`check_media` (images). An error raised inside :func:`refusals` is marked as a
+*refusal*: raised before the first decoding step, so ``enable``'s implicit default can run plain ``generate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+from transformers.cache_utils import StaticLayer
+
+from . import compat
+from .kv import PLAIN_LAYERS, CacheNotRollbackable, cache_layers
+
+
+def sharded(model) -> bool:
+    """Whether ``model`` is sharded over tensor-parallel ranks (``lookahead.parallel`` is imported only then)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    from .parallel import RankSync
+
+    return RankSync.for_model(model).active
+
+
+HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", *compat.CACHE_KWARGS}
+
+
+STATIC_IMPLEMENTATIONS = ("static", "sliding_window", "hybrid", "hybrid_chunked")
+
+
+REFUSAL = "lookahead_refusal"
+
+
+@contextlib.contextmanager
+def refusals():
+    """Mark every ``ValueError`` raised inside as a refusal (:data:`REFUSAL`), and let it go on."""
+    try:
+        yield
+    except ValueError as err:
+        setattr(err, REFUSAL, True)
+        raise
+
+
+def is_refusal(err: BaseException) -> bool:
+    """Whether ``err`` is a refusal of the decoder's (:func:`refusals`), raised before its first decoding step."""
+    return bool(getattr(err, REFUSAL, False))
+
+
+def check_supported(model, batch: int, generation_config, synced_gpus: bool = False, decoder=None) -> None:
+    """Refuse, with a clear message, every setting the decoder would not decode exactly as asked, for a call
+    of ``batch`` rows (before any input is looked at: ``lookahead.enable`` asks this of a call it routes)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(
+            "LookaheadDecoder supports decoder-only models; this is an encoder-decoder model. "
+            "Use plain generate() for it."
+        )
+    gen = generation_config
+    if gen is not None:
+        if gen.num_beams != 1:
+            raise ValueError(
+                f"LookaheadDecoder does not do beam search (num_beams={gen.num_beams}). "
+                "Remove num_beams or use plain generate()."
+            )
+        if getattr(gen, "prompt_lookup_num_tokens", None):
+            raise ValueError("LookaheadDecoder cannot be combined with prompt_lookup_num_tokens; pick one.")
+        check_generation_mode(gen)
+    if synced_gpus:
+        raise ValueError("LookaheadDecoder does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
+    if decoder is not None and decoder.draft is not None and sharded(model):
+        raise ValueError("LookaheadDecoder's draft passes (draft=) do not run under tensor "
+                         "parallelism (their forwards would be sharded and timed per rank); use the default "
+                         "draft sources, which every rank computes alike.")
+    impl = getattr(gen, "cache_implementation", None) if gen is not None else None
+    if impl not in (None, "dynamic", *STATIC_IMPLEMENTATIONS):
+        raise CacheNotRollbackable(
+            f"LookaheadDecoder needs a dynamic or static KV cache it can roll back; cache_implementation={impl!r} "
+            "is neither. Remove cache_implementation (or use 'static') or use plain generate()."
+        )
+    if batch > 1 and impl in STATIC_IMPLEMENTATIONS:
+        raise ValueError(f"LookaheadDecoder with a static cache (cache_implementation={impl!r}) decodes batch size 1; "
+                         "for a batch drop cache_implementation (the default dynamic cache), or call generate once "
+                         "per prompt.")
+    if batch > 1:
+        if gen is not None and gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
+            raise ValueError(
+                "LookaheadDecoder with batch size > 1 does not return scores or logits (output_scores / "
+                "output_logits): plain generate's scores of a finished row come from forwards the decoder never "
+                "runs. Use batch size 1 or plain generate() for them."
+            )
+        if decoder is not None and decoder.draft is not None:
+            raise ValueError("LookaheadDecoder(draft=...) decodes batch size 1 only; call generate once per "
+                             "prompt.")
+        if decoder is not None and decoder.heads is not None:
+            raise ValueError("LookaheadDecoder(heads=...) decodes batch size 1 only; call generate once per prompt, "
+                             "or use a decoder without heads for batches.")
+
+
+_OTHER_MODES = {
+    "contrastive_search": ("contrastive search", "penalty_alpha and top_k > 1"),
+    "dola_generation": ("DoLa decoding", "dola_layers"),
+    "constrained_beam_search": ("constrained beam search", "force_words_ids or constraints"),
+}
+
+
+def check_generation_mode(gen) -> None:
+    """Refuse a generation config whose flags ask ``generate`` for another decoding method than greedy search or
+    multinomial sampling (``GenerationConfig.get_generation_mode``): the decoder would otherwise decode greedily
+    or by sampling and drop them without a word.
+
+    Example: ``GenerationConfig(penalty_alpha=0.6, top_k=4)`` raises "... contrastive search (penalty_alpha and
+    top_k > 1) ..."; ``GenerationConfig(penalty_alpha=0.6, top_k=1)``, which plain ``generate`` decodes greedily,
+    passes."""
+    mode = getattr(gen.get_generation_mode(), "value", None) if hasattr(gen, "get_generation_mode") else None
+    if mode in _OTHER_MODES:
+        what, flags = _OTHER_MODES[mode]
+        raise ValueError(f"LookaheadDecoder decodes greedily or by sampling; this generation config asks for {what} "
+                         f"({flags}). Drop those settings, or use plain generate() for {what}.")
+
+
+def check_no_assistant(assistant_model) -> None:
+    """Refuse an ``assistant_model=`` passed to ``generate`` beside the decoder: ``generate`` does not hand it to a
+    callable ``custom_generate``, so it would be dropped without a word."""
+    if assistant_model is not None:
+        raise ValueError("LookaheadDecoder cannot be combined with assistant_model= (assisted decoding); give the "
+                         "draft model to the decoder instead, LookaheadDecoder(draft=model), or drop "
+                         "custom_generate.")
+
+
+def vocabulary_size(model) -> int:
+    """The number of token ids the model's input embedding takes (``config.vocab_size`` without one)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    return int(rows) if rows else int(model.config.vocab_size)
+
+
+def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab_size: int) -> None:
+    """Refuse inputs plain ``generate`` would fail on late or decode into garbage, before anything expensive.
+
+    - ``input_ids`` long[b, L]: not empty; every id in ``[0, vocab_size)`` (the bad id and the size named;
+      plain ``generate`` raises ``IndexError`` from the embedding, and so does this).
+    - ``attention_mask`` long[b, L] or None: 2D; every row has a visible token and its padding on the left
+      only (``0 ... 0 1 ... 1``): a right-padded row decodes after its padding, which is not what was asked.
+
+    Example: ``attention_mask=[[1, 1, 0]]`` raises "... padding on the right of row 0 ... padding_side = 'left'".
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2D [batch, sequence]; got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)}): give generate() at least one "
+                         "prompt token per row (e.g. the tokenizer's BOS token)")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        row, col = (input_ids == bad).nonzero()[0].tolist()
+        raise IndexError(f"input_ids holds token id {bad} (row {row}, position {col}), outside the model's vocabulary "
+                         f"of {vocab_size} ids (0 to {vocab_size - 1}): the ids come from another tokenizer")
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 2:
+        raise ValueError("attention_mask must be 2D [batch, sequence]")
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}:"
+                         " they must match")
+    visible = attention_mask.bool()
+    empty = (~visible.any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"row {empty[0]} of attention_mask hides every token: nothing to decode from. Drop the row "
+                         "or give it a visible token")
+    # left padding only: once a row shows a token, it shows every later one
+    after = visible.int().cummax(1).values.bool() & ~visible
+    bad = after.any(1).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"attention_mask has padding on the right of row {bad[0]} (or inside it): LookaheadDecoder "
+                         "decodes after the last token of each row, so rows must be padded on the left. Set "
+                         "tokenizer.padding_side = 'left' before tokenizing the batch")
+
+
+def _given(value) -> bool:
+    """Whether a model input holds something: not None, nor a mapping of nothing (``generate`` hands a multimodal
+    model's text-only call ``mm_encoder_outputs={}``)."""
+    if isinstance(value, dict):
+        return any(v is not None for v in value.values())
+    return value is not None
+
+
+def check_model_kwargs(model_kwargs: dict, gen) -> None:
+    """Refuse model inputs and outputs the decoder would not handle exactly as plain generate does."""
+    wanted = sorted(k for k in ("output_attentions", "output_hidden_states")
+                    if model_kwargs.get(k) or (gen.return_dict_in_generate and getattr(gen, k, False)))
+    if wanted:
+        raise ValueError(
+            f"LookaheadDecoder does not return attentions or hidden states ({', '.join(wanted)}=True): "
+            "the draft rows of each forward would make them differ from plain generate's. Use plain "
+            "generate() for them."
+        )
+    media = _given(model_kwargs.get(MEDIA_KWARG))
+    unknown = {k for k, v in model_kwargs.items()
+               if _given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG and not (media and k in MEDIA_TYPE_KWARGS)}
+    if unknown:
+        raise ValueError(
+            f"LookaheadDecoder does not support these model inputs: {sorted(unknown)} (it decodes from token ids, with "
+            "images given as generate() encodes them). Use plain generate() for them."
+        )
+
+
+MEDIA_KWARG = "mm_encoder_outputs"
+
+
+MEDIA_TYPE_KWARGS = ("token_type_ids", "mm_token_type_ids")
+
+
+def media_token_ids(config) -> set[int]:
+    """The ids of the placeholder tokens a multimodal model's config names for its media (``image_token_id``,
+    ``video_token_index``, ...): the prompt positions whose embeddings its encoded features replace."""
+    names = [f"{kind}_token_{suffix}" for kind in ("image", "video", "audio") for suffix in ("id", "index")]
+    return {int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)}
+
+
+def media_of(model_kwargs: dict):
+    """The encoded media features ``generate`` handed the call (``model_kwargs[MEDIA_KWARG]``), or None."""
+    media = model_kwargs.get(MEDIA_KWARG)
+    return media if _given(media) else None
+
+
+def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool, windowed: bool) -> None:
+    """Before any forward: refuse a call with media features (:func:`media_of`) the decoder would not decode as plain
+    ``generate`` does, with the reason.
+
+    Refused:
+
+    - a static cache with other layers than full-attention ``StaticLayer``s (a sliding one's prompt forward would need
+      the decoder's own masks, ``static.py``);
+    - a cache that holds tokens already (the features belong to the prompt's first forward);
+    - positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
+      every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
+      per token);
+    - one row (:func:`prefill_media`): a padded row with sliding layers past their window (``windowed``), a prompt
+      whose last token is a media placeholder, and token types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens
+      than the placeholders;
+    - a batch: token types."""
+    mask = model_kwargs.get("attention_mask")
+    positions = model_kwargs.get("position_ids")
+    placeholders = media_token_ids(model.config)
+    types = [k for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))]
+    why = None
+    if static and any(type(layer) is not StaticLayer for layer in cache_layers(cache)):
+        why = ("decodes images on a static cache of full-attention layers only (a sliding layer's prompt forward would "
+               "need the decoder's own masks); drop cache_implementation='static'")
+    elif cache.get_seq_length():
+        why = "decodes images from an empty cache (their features belong to the prompt's first forward)"
+    elif positions is not None and positions.dim() != 2 and not bool((positions == positions[:1]).all()):
+        why = (f"takes one position per token; this call's positions have {positions.shape[0]} sections that differ "
+               "(multimodal RoPE)")
+    elif input_ids.shape[0] > 1:
+        if types:
+            why = (f"decodes a batch with images without {types[0]} (its 4D masks would override the attention they "
+                   "ask for); call generate once per prompt")
+    elif windowed and mask is not None and not bool((mask == 1).all()):
+        why = ("decodes one padded row with images only where no sliding window is shorter than the call (its sliding "
+               "layers' prompt columns would have to be widened after the prompt's forward); drop the padding")
+    elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in placeholders:
+        why = "needs a prompt that ends in a text token after its images (a chat template's assistant turn does)"
+    else:
+        is_media = torch.isin(input_ids[0], torch.tensor(sorted(placeholders), dtype=input_ids.dtype,
+                                                         device=input_ids.device))
+        typed = [k for k in types if not torch.equal(model_kwargs[k][0] != 0, is_media)]
+        if typed:
+            why = (f"reads {typed[0]} only where they mark the image placeholders (Gemma 3's); these mark other "
+                   "tokens (a prefix-LM's types, PaliGemma's, which its text steps would also need)")
+    if why is not None:
+        raise ValueError(f"LookaheadDecoder {why}. Use plain generate() for this call.")
+
+
+def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cache_kwarg: str, stats) -> None:
+    """One row with media features (checked by :func:`check_media`): run the prompt's forward for every prompt token
+    but the last, into ``cache``, with the features, as plain ``generate``'s first forward runs it. The decode loop
+    then continues that cache from the last prompt token on, as it continues any cache that holds a prefix of
+    ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are (a static cache's too). Token
+    types go to this forward too. (A batch passes the features to its prompt's step instead: ``batch.BatchCall``.)
+
+    Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
+    with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
+    mask = model_kwargs.get("attention_mask")
+    positions = model_kwargs.get("position_ids")
+    model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
+          position_ids=None if positions is None else positions[..., :-1], use_cache=True,
+          **{k: model_kwargs[k][:, :-1] for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))},
+          **{cache_kwarg: cache, MEDIA_KWARG: model_kwargs[MEDIA_KWARG]})
+    stats.target_calls += 1
+
+
+def check_cache_layers(cache) -> int | None:
+    """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the smallest
+    sliding window of its layers, or None (a call may reach past it: :mod:`lookahead.sliding`)."""
+    _, sliding = compat.rollbackable_layer_types()
+    window = None
+    for layer in cache_layers(cache):
+        if type(layer) not in (*PLAIN_LAYERS, sliding):
+            raise CacheNotRollbackable(
+                f"the model's cache layer {type(layer).__name__} cannot roll back rejected draft tokens "
+                "(static, quantized, offloaded or recurrent state). LookaheadDecoder cannot decode this model "
+                "exactly; use plain generate() for it."
+            )
+        if isinstance(layer, sliding):
+            window = layer.sliding_window if window is None else min(window, layer.sliding_window)
+    return window
+
+
+def check_store(memory, vocab_size: int) -> None:
+    """Refuse a shared n-gram store (``LookaheadDecoder(store=...)``) built with another tokenizer."""
+    if memory is not None and memory.max_token() >= vocab_size:
+        raise ValueError(
+            f"the shared trie holds token id {memory.max_token()}, outside this model's vocabulary of {vocab_size}: "
+            "the store was built with another tokenizer. Use a store built with this model's tokenizer "
+            "(NgramTrie.load(path, vocab_size=..., tokenizer_id=...) checks it when the store was saved with them)."
+        )
+
+
+def with_stop_strings(stopping_criteria, stop_strings, tokenizer):
+    """``stopping_criteria`` plus transformers' ``StopStringCriteria`` for ``stop_strings`` (checked token
+    by token like every criterion)."""
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    if tokenizer is None:
+        raise ValueError(
+            "stop_strings need the model's tokenizer, and generate(..., tokenizer=tok) does not hand it on to a "
+            "custom_generate callable (transformers takes it out of the call before it reads the callable's "
+            "parameters). Give it to the decoder, LookaheadDecoder(tokenizer=tok), or call lookahead.enable(model) "
+            "and use generate(..., lookahead=True, tokenizer=tok), which passes it on."
+        )
+    return StoppingCriteriaList([*(stopping_criteria or []), StopStringCriteria(tokenizer, stop_strings)])
+
+
+def prompt_positions(attention_mask, length: int, max_length: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(positions int64[length] of one row's prompt tokens, col_visible) from a 2D ``attention_mask`` or None.
+
+    ``col_visible``: host bool[max(max_length, length) + 1], False at the prompt's padding and True
+    for every later token; None when nothing is padding. Example: mask ``[[0, 1, 1]]`` -> positions
+    ``[0, 0, 1]``, col_visible ``[F, T, T, T, ...]``.
+    """
+    if attention_mask is None or bool((attention_mask == 1).all()):
+        return np.arange(length), None
+    visible = attention_mask[0].bool().cpu().numpy()
+    col_visible = np.ones(max(max_length, length) + 1, dtype=bool)
+    col_visible[:length] = visible
+    return np.maximum(np.cumsum(visible) - 1, 0), col_visible
+
+

@@ -1,0 +1,288 @@
+"""A step's linear layers on a CPU computed another way where the BLAS is slow for a few rows.
+
+``nn.Linear`` computes ``x @ W^T``. Some CPU BLAS builds run that product far slower for a few rows than for one,
+and every verification step of a draft runs its rows through those products. The same product the other way round,
+``(W @ x^T)^T`` (:func:`transposed_linear`), or through oneDNN's linear (:func:`onednn_linear`, fp32 weights) can be
+several times cheaper there (``benchmarks/results/`` has the figures). Whether, and for which row counts, each pays
+is measured: the decoder times its steps in every layout and each calibrated step size takes the cheapest
+(:func:`plan_layouts`). One-row steps always go through ``nn.Linear``, so a plain step is plain ``generate``'s.
+
+Scoped to the call: the steps run a *shadow* of the model (:func:`shadow`), a copy of its module tree that shares
+every parameter and buffer, in which each ``nn.Linear`` is a :class:`LayoutLinear` of the same weight. Nothing is
+installed on the user's model, and another thread's forward never meets a layout. The shadow is made once per model
+and plan and shared (it holds no per-call state); it is made again when a linear layer's weight was replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .._tuning import DEFAULT, Tuning
+from ..cost import STEP_VARIANT, CostModel
+
+LINEAR, TRANSPOSED, ONEDNN = 0, 1, 2
+"""The layouts: ``nn.Linear``, the other way round, oneDNN's linear."""
+KIND_NAMES = ("nn.Linear", "transposed", "oneDNN")
+ONEDNN_MAX_ROWS = 1 << 12
+FORCED = {"transposed": TRANSPOSED, "onednn": ONEDNN}
+"""``Tuning.linear_layout`` values that force a layout."""
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """How a step of ``r`` rows computes its linear layers: ``bounds`` ``((upto, kind), ...)``, ``upto``
+    increasing; a step of ``r`` rows takes the kind of the first bound with ``upto >= r``, ``nn.Linear`` past the
+    last one, and one row always ``nn.Linear`` (a plain step stays plain ``generate``'s computation). Empty: every
+    step ``nn.Linear``.
+
+    Example: ``LinearPlan(((4, TRANSPOSED), (8, LINEAR), (64, ONEDNN)))``: 2-4 rows the other way round, 5-8
+    ``nn.Linear``, 9-64 oneDNN, 1 and 65+ ``nn.Linear``; ``describe()`` -> ``"2-4 rows transposed, 9-64 rows
+    oneDNN"``.
+    """
+
+    bounds: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self):
+        uptos = [b[0] for b in self.bounds]
+        if any(not isinstance(u, int) or u < 1 for u in uptos) or uptos != sorted(set(uptos)):
+            raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: each upto an int >= 1, increasing")
+        if any(kind not in (LINEAR, TRANSPOSED, ONEDNN) for _, kind in self.bounds):
+            raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: kinds must be LINEAR, TRANSPOSED or "
+                             "ONEDNN")
+
+    @classmethod
+    def uniform(cls, kind: int, max_rows: int) -> LinearPlan:
+        """Every step of 2 to ``max_rows`` rows in ``kind``."""
+        return cls(((max_rows, kind),))
+
+    def kind(self, rows: int) -> int:
+        """The layout of a step of ``rows`` rows."""
+        if rows >= 2:
+            for upto, kind in self.bounds:
+                if rows <= upto:
+                    return kind
+        return LINEAR
+
+    def most_rows(self, kind: int) -> int:
+        """The largest step in ``kind`` (0: none)."""
+        return max((upto for upto, k in self.bounds if k == kind and upto >= 2), default=0)
+
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """``(first, last, kind)`` of every run of steps not computed by ``nn.Linear``, smallest first."""
+        out, lo = [], 2
+        for upto, kind in self.bounds:
+            if upto >= lo and kind != LINEAR:
+                if out and out[-1][2] == kind and out[-1][1] == lo - 1:
+                    out[-1] = (out[-1][0], upto, kind)
+                else:
+                    out.append((lo, upto, kind))
+            lo = max(lo, upto + 1)
+        return out
+
+    def describe(self) -> str:
+        """The plan in words: ``"nn.Linear"`` when every step uses it."""
+        return ", ".join(f"{a}-{b} rows {KIND_NAMES[k]}" for a, b, k in self.ranges()) or KIND_NAMES[LINEAR]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges())
+
+
+def weights(modules: Sequence[nn.Linear]) -> int:
+    """The weights of ``modules`` together (a weight shared by several, as a tied output layer, counted once)."""
+    return sum(w.numel() for w in {id(m.weight): m.weight for m in modules}.values())
+
+
+def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``(weight @ x^T)^T``: ``x`` [..., H], ``weight`` [V, H] ->
+    [..., V], contiguous. Example: x ``[[1., 2.]]``, weight ``[[1., 0.], [1., 1.]]`` -> ``[[1., 3.]]``."""
+    shape = x.shape
+    flat_t = x.view(-1, shape[-1]).t() if x.is_contiguous() else x.reshape(-1, shape[-1]).t()  # [H, m]
+    y = torch.addmm(bias[:, None], weight, flat_t) if bias is not None else torch.mm(weight, flat_t)  # [V, m]
+    return y.t().contiguous().view(shape[:-1] + (weight.shape[0],))
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``, no fused
+    activation): ``x`` [..., H], ``weight`` [V, H] -> [..., V], contiguous. The same sums as ``nn.Linear``'s in
+    another order: equal to float rounding."""
+    return torch.ops.mkldnn._linear_pointwise(x if x.is_contiguous() else x.contiguous(), weight, bias, "none", [],
+                                              "")
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's linear and it computes ``F.linear`` (checked once on a small fp32 product):
+    torch built with oneDNN (``torch.backends.mkldnn.is_available()``), as the x86 and ARM CPU wheels are."""
+    try:
+        if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            return False
+        gen = torch.Generator().manual_seed(0)
+        x, w, b = (torch.randn(shape, generator=gen) for shape in ((3, 2, 8), (5, 8), (5,)))
+        with torch.no_grad():
+            got = onednn_linear(x, w, b)
+        return got.shape == (3, 2, 5) and torch.allclose(got, torch.nn.functional.linear(x, w, b), rtol=1e-4,
+                                                         atol=1e-5)
+    except Exception:  # noqa: BLE001 - any failure of a private op means: not available
+        return False
+
+
+def onednn_fits(modules: Sequence[nn.Linear]) -> bool:
+    """Whether oneDNN's linear may compute ``modules``' products: every weight of a float32
+    (on the CPU, as :func:`linear_modules` gives them) and :func:`onednn_available`."""
+    return bool(modules) and all(m.weight.dtype == torch.float32 for m in modules) and onednn_available()
+
+
+def plan_layouts(linear: CostModel, transposed: CostModel | None = None, onednn: CostModel | None = None,
+                 below: float = DEFAULT.layout_pays_below, force: int | None = None) -> tuple[LinearPlan, CostModel]:
+    """(the :class:`LinearPlan`, the step curve it gives) from the step curves timed in each layout: ``linear``
+    (``nn.Linear``), ``transposed`` (the other way round, up to ``layout_max_rows``) and ``onednn``, each read up to
+    the rows it covers; a layout not timed is None.
+
+    At each point ``k`` >= 2 of the ``linear`` curve the plan takes the cheapest layout there, every step relative
+    to its own curve's one-row step (the same computation, ``nn.Linear``, in each, so how fast the machine was when
+    each curve was timed, and persisted, cancels out); a layout other than ``nn.Linear`` only where its step costs
+    at most ``below`` times ``nn.Linear``'s. ``force``: that layout at every point it was timed, whatever it costs.
+    Rows between two points take the upper point's layout, where a measured (``steps``) curve prices them. The
+    curve: the ``linear`` curve's points, each the chosen layout's relative cost on the ``linear`` curve's scale
+    (provisional when a curve it takes is; read as steps when all are); the ``linear`` curve itself where every
+    step keeps ``nn.Linear``.
+
+    Example (ms; measured curves): linear ``{1: 80, 2: 126, 4: 126, 8: 116, 16: 142}``, transposed ``{1: 80, 2: 69,
+    4: 79, 8: 120, 16: 124}``, oneDNN ``{1: 88, 2: 92, 4: 99, 8: 106, 16: 132}``. At 2 rows the other way round
+    costs 0.86 one-row steps (oneDNN 1.05, ``nn.Linear`` 1.58), at 4 rows 0.99; at 8 oneDNN 1.20 (the other way
+    round 1.50, ``nn.Linear`` 1.45), at 16 oneDNN 1.50 (1.55, 1.78) -> 2-4 rows transposed, 5-16 rows oneDNN;
+    curve ``{1: 80, 2: 69, 4: 79, 8: 96.4, 16: 120}``. Without the oneDNN curve: 2-4 rows transposed, 9-16 rows
+    transposed as well (1.55 <= 0.95 x 1.78), 5-8 ``nn.Linear``; the same transposed curve measured on a machine
+    1.5x slower gives the same plan and curve.
+    """
+    base = float(linear(1))
+    others = [(kind, curve, float(curve(1)), min(curve.covers, cap)) for kind, curve, cap in
+              ((TRANSPOSED, transposed, DEFAULT.layout_max_rows), (ONEDNN, onednn, 1 << 62)) if curve is not None]
+    bounds: list[tuple[int, int]] = []
+    points, used = [], {id(linear): linear}
+    for k, t in linear.points:
+        kind, rel = LINEAR, t / base
+        if k >= 2:
+            best = None
+            for other, curve, one, reach in others:
+                if k > reach or (force is not None and other != force):
+                    continue
+                r = float(curve(k)) / one
+                if (force is not None or r <= below * rel) and (best is None or r < best[0]):
+                    best = (r, other, curve)
+            if best is not None:
+                rel, kind, curve = best
+                used[id(curve)] = curve
+        if bounds and bounds[-1][1] == kind:
+            bounds[-1] = (k, kind)
+        else:
+            bounds.append((k, kind))
+        points.append((k, t if kind == LINEAR else rel * base))
+    plan, curves = LinearPlan(tuple(bounds)), list(used.values())
+    if len(curves) == 1:  # every step nn.Linear
+        return plan, linear
+    return plan, CostModel(points, any(c.provisional for c in curves), all(c.steps for c in curves), linear.covers)
+
+
+
+
+def whole_plan(kind: int) -> LinearPlan:
+    """Every step a layout may compute: the other way round up to ``layout_max_rows`` rows, oneDNN up to 4096."""
+    return LinearPlan.uniform(kind, DEFAULT.layout_max_rows if kind == TRANSPOSED else ONEDNN_MAX_ROWS)
+
+
+def linear_modules(model) -> list[nn.Linear]:
+    """``model``'s plain ``nn.Linear`` modules a layout can compute: on a CPU, a 2D floating weight."""
+    return [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"
+            and m.weight.dim() == 2 and m.weight.is_floating_point()]
+
+
+class LayoutLinear(nn.Module):
+    """``nn.Linear``'s product over the same ``weight`` and ``bias``, in the layout ``plan`` gives its input's rows
+    (one row, any call that records gradients, or an input ``nn.Linear`` would not take: ``nn.Linear``'s)."""
+
+    def __init__(self, linear: nn.Linear, plan: LinearPlan):
+        super().__init__()
+        self.weight, self.bias, self.plan = linear.weight, linear.bias, plan
+        object.__setattr__(self, "original", linear)  # not a child module
+        self._kinds: dict[int, int] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.dim() < 2 or torch.is_grad_enabled() or x.dtype != w.dtype or x.shape[-1] != w.shape[1]:
+            return nn.functional.linear(x, w, self.bias)
+        rows = x.numel() // x.shape[-1]
+        kind = self._kinds.get(rows)
+        if kind is None:
+            kind = self._kinds[rows] = self.plan.kind(rows)
+        if kind == TRANSPOSED:
+            return transposed_linear(x, w, self.bias)
+        if kind == ONEDNN:
+            return onednn_linear(x, w, self.bias)
+        return nn.functional.linear(x, w, self.bias)
+
+
+def _clone(module: nn.Module, plan: LinearPlan) -> nn.Module:
+    if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.is_floating_point():
+        return LayoutLinear(module, plan)
+    other = copy.copy(module)  # a new object with the same attributes: parameters and buffers shared
+    other.__dict__.pop("forward", None)  # an instance-level forward (a compiled one) would run the original's tree
+    other._modules = {name: None if child is None else _clone(child, plan) for name, child in module._modules.items()}
+    return other
+
+
+_SHADOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def shadow(model, plan: LinearPlan) -> nn.Module:
+    """``model``'s module tree with every eligible ``nn.Linear`` a :class:`LayoutLinear` under ``plan``, parameters,
+    buffers, config and hooks shared; made once per model and plan (again after a linear weight was replaced)."""
+    with _LOCK:
+        kept = _SHADOWS.setdefault(model, {})
+        found = kept.get(plan)
+        if found is None or any(m.weight is not m.original.weight or m.bias is not m.original.bias
+                                for m in found.modules() if isinstance(m, LayoutLinear)):
+            found = kept[plan] = _clone(model, plan)
+        return found
+
+
+def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist):
+    """(the step curve, what runs the steps, the plan in words) for ``model`` on a CPU: the step curves timed in
+    each layout (``measure(sizes, runner)``, kept in ``calibrations`` beside ``linear``, the ``nn.Linear`` one)
+    and the plan :func:`plan_layouts` makes of them; ``model`` itself and ``linear`` where no layout pays."""
+    modules = linear_modules(model)
+    layout = tuning.linear_layout
+    force = FORCED.get(layout)
+    if not modules:
+        return linear, model, KIND_NAMES[LINEAR]
+    if force == ONEDNN and not onednn_fits(modules):
+        dtypes = sorted({str(m.weight.dtype) for m in modules})
+        raise ValueError(f"Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
+                         f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN "
+                         f"(torch.backends.mkldnn.is_available(): {torch.backends.mkldnn.is_available()})")
+
+    def timed(kind: int, most: int, variant: str) -> CostModel:
+        runner = shadow(model, whole_plan(kind))
+        return calibrations.get(model, most, lambda sizes: measure(sizes, runner), STEP_VARIANT + variant,
+                                persist=persist)
+
+    transposed = onednn = None
+    if layout in ("auto", "transposed"):
+        transposed = timed(TRANSPOSED, tuning.layout_max_rows, "+transposed-linears")
+    if layout == "onednn" or (layout == "auto" and onednn_fits(modules)):
+        onednn = timed(ONEDNN, rows, "+onednn-linears")
+    plan, curve = plan_layouts(linear, transposed, onednn, tuning.layout_pays_below, force)
+    if force is not None:
+        plan = whole_plan(force)
+    if not plan:
+        return curve, model, KIND_NAMES[LINEAR]
+    return curve, shadow(model, plan), plan.describe()

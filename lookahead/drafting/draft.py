@@ -1,0 +1,131 @@
+"""`Draft`: one step's finished proposal, immutable, as the loop and the budget see it.
+
+A draft is a tree of candidate tokens after the last context token (``parents[i] < i``, -1 for a child of the
+root) with per-node features that say where each node came from, plus optionally the window's rows. A merged
+draft is in depth-first preorder, each node's first-drafted child right after it, and every subset keeps that
+order: the accepted path is then most often the step's first rows, whose KV entries stay where they are.
+
+Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``: ``5 -> 6``, ``5 -> 7`` and ``8``; accepting
+``5, 6`` keeps rows 0 and 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .kernels import depth_rank, keep_nodes, shallowest_nodes
+
+ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model", "heads",
+           "frequent", "corpus")
+"""Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store, the
+longest-match copy, the model's own predictions, the draft passes (layers skipped, early exit, low rank, a draft
+model), trained heads, the context's frequent tokens, the model's own writing."""
+TRIE, WINDOW, MEMORY, COPY, MODEL = range(5)
+LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL, HEADS, FREQUENT, CORPUS = range(5, 12)
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY8 = np.zeros(0, dtype=np.int8)
+
+
+def tree_depth_rank(parents) -> tuple[np.ndarray, np.ndarray]:
+    """(depth, rank) int64[n] of a parent-first tree: depth 1 for a child of the root; rank 0 for an only child,
+    else 1 + its place among its siblings. Example: ``[-1, -1, 0, 0, 1]`` -> ``[1, 1, 2, 2, 2]``, ``[1, 2, 1, 2, 0]``.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    depth, rank, ok = depth_rank(parents)
+    if not ok:
+        bad = int(np.flatnonzero(parents >= np.arange(len(parents)))[0])
+        raise ValueError(f"parents must be parent-first (parents[i] < i); got parents[{bad}]={parents[bad]}")
+    return depth, rank
+
+
+class WindowRows(NamedTuple):
+    """A step's window rows: ``tokens`` int64[m], position ``offsets`` from the last pending token int64[m],
+    ``visible`` bool[m, m] (``window.py``)."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    visible: np.ndarray
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One step's proposal; arrays are never modified (:meth:`keep` makes a new draft).
+
+    ``tokens``, ``parents`` int64[n]: the tree. ``origin`` int8[n]: index into :data:`ORIGINS`. ``match`` int64[n]:
+    the match bucket its source drafted it after. ``agreement`` int64[n]: how many other sources drafted the same
+    path. ``depth``, ``rank`` int64[n]: in the tree as its source proposed it (a subset keeps them, so a node keeps
+    the cells that estimated it). ``window``: the window's rows, or None.
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    origin: np.ndarray
+    match: np.ndarray
+    depth: np.ndarray
+    rank: np.ndarray
+    agreement: np.ndarray
+    window: WindowRows | None = None
+
+    @classmethod
+    def build(cls, tokens, parents, origin, match, window: WindowRows | None = None, rank=None) -> Draft:
+        """A draft from a proposed tree (depth computed; rank too unless given)."""
+        parents = np.asarray(parents, dtype=np.int64)
+        depth, own_rank = tree_depth_rank(parents)
+        return cls(np.asarray(tokens, dtype=np.int64), parents, np.asarray(origin, dtype=np.int8),
+                   np.asarray(match, dtype=np.int64), depth, own_rank if rank is None else np.asarray(rank),
+                   np.zeros(len(parents), dtype=np.int64), window)
+
+    @classmethod
+    def empty(cls, window: WindowRows | None = None) -> Draft:
+        return NO_DRAFT if window is None else cls(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, _EMPTY, window)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_window_rows(self) -> int:
+        return 0 if self.window is None else len(self.window.tokens)
+
+    @property
+    def rows(self) -> int:
+        """New tokens this draft adds to a forward: its nodes and window rows."""
+        return len(self.tokens) + self.n_window_rows
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether the tree is one chain (node ``i``'s parent is ``i - 1``): its mask is then causal."""
+        n = len(self.depth)
+        return n < 2 or int(self.depth[-1]) == n
+
+    def keep(self, nodes) -> Draft:
+        """The draft with only ``nodes`` (sorted, closed under parents), in their order. Example: parents
+        ``[-1, -1, 0]``, keep ``[1]`` -> parents ``[-1]``, rank still 2 (the second of two siblings)."""
+        if len(nodes) == len(self.tokens):
+            return self
+        if not len(nodes):
+            return Draft.empty(self.window)
+        ints, origin, ok = keep_nodes(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank,
+                                      self.agreement, np.asarray(nodes, dtype=np.int64))
+        if not ok:
+            raise ValueError("keep must contain every kept node's parent")
+        return Draft(ints[0], ints[1], origin, ints[2], ints[3], ints[4], ints[5], self.window)
+
+    def shallowest(self, count: int) -> Draft:
+        """The draft cut to its ``count`` shallowest nodes (equal depths: the earlier first), still a tree.
+        Example: parents ``[-1, 0, 1, -1]``, count 2 -> nodes ``[0, 3]``."""
+        if count >= len(self.tokens):
+            return self
+        return self.keep(shallowest_nodes(self.depth, count))
+
+    def without_window(self) -> Draft:
+        if self.window is None:
+            return self
+        return Draft(self.tokens, self.parents, self.origin, self.match, self.depth, self.rank, self.agreement, None)
+
+
+NO_DRAFT = Draft(_EMPTY, _EMPTY, _EMPTY8, _EMPTY, _EMPTY, _EMPTY, _EMPTY, None)
+"""A plain step's draft."""

@@ -1,0 +1,253 @@
+"""Numba kernels of drafting: tree shape, subsets, the merge of the sources' trees, the window's Jacobi step.
+
+Arrays in, arrays out. A tree is parent-first (``parents[i] < i``, -1 for a child of the root).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def depth_rank(parents):
+    """(depth int64[n], rank int64[n], ok): depth 1 for a child of the root; rank 0 for an only child,
+    else 1 + its place among its siblings; ``ok`` False when ``parents`` is not parent-first.
+
+    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
+    """
+    n = len(parents)
+    depth = np.zeros(n, np.int64)
+    place = np.zeros(n, np.int64)
+    count = np.zeros(n + 1, np.int64)  # children seen so far per parent (index 0: the root)
+    for i in range(n):
+        p = parents[i]
+        if p >= i:
+            return depth, place, False
+        depth[i] = 1 if p < 0 else depth[p] + 1
+        place[i] = count[p + 1]
+        count[p + 1] += 1
+    rank = np.zeros(n, np.int64)
+    for i in range(n):
+        if count[parents[i] + 1] > 1:
+            rank[i] = place[i] + 1
+    return depth, rank, True
+
+
+@njit(cache=True)
+def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
+    """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents), in one pass:
+    (int64[6, m]: tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok),
+    three returns because each returned array costs its boxing; ``ok`` False when a kept node's parent is not kept.
+
+    Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> tokens ``[5, 6, 8]``,
+    parents ``[-1, -1, 1]``, each other array's entries 0, 1 and 3.
+    """
+    n, m = parents.shape[0], keep.shape[0]
+    new_index = np.full(n, -1, np.int64)
+    ints = np.empty((6, m), np.int64)
+    out_origin = np.empty(m, origin.dtype)
+    ok = True
+    for j in range(m):
+        i = keep[j]
+        new_index[i] = j
+        p = parents[i]
+        kept_parent = -1 if p < 0 else new_index[p]
+        if p >= 0 and kept_parent < 0:
+            ok = False
+        ints[0, j], ints[1, j], ints[2, j] = tokens[i], kept_parent, match[i]
+        ints[3, j], ints[4, j], ints[5, j] = depth[i], rank[i], agreement[i]
+        out_origin[j] = origin[i]
+    return ints, out_origin, ok
+
+
+@njit(cache=True)
+def best_chain(parents, weights):
+    """The nodes (sorted) of the root-to-node path of a parent-first tree whose summed ``weights`` float[n] is the
+    largest (equal sums: the node met first); empty for an empty tree. With acceptance probabilities as weights
+    (a node's includes its ancestors') the sum is the path's expected accepted tokens; with ones, its depth.
+
+    Example: parents ``[-1, 0, -1, 2, 3]``, weights ``[0.9, 0.1, 0.5, 0.4, 0.3]`` -> path sums ``[0.9, 1.0, 0.5,
+    0.9, 1.2]`` -> ``[2, 3, 4]``.
+    """
+    n = parents.shape[0]
+    total = np.empty(n)
+    best = -1
+    for i in range(n):
+        p = parents[i]
+        total[i] = weights[i] + (total[p] if p >= 0 else 0.0)
+        if best < 0 or total[i] > total[best]:
+            best = i
+    count = 0
+    j = best
+    while j >= 0:
+        count += 1
+        j = parents[j]
+    out = np.empty(count, np.int64)
+    j = best
+    for c in range(count - 1, -1, -1):
+        out[c] = j
+        j = parents[j]
+    return out
+
+
+@njit(cache=True)
+def shallowest_nodes(depth, count):
+    """int64[min(count, n)]: the ``count`` shallowest nodes of depths ``depth`` int64[n] (equal depths: the earlier
+    first), in increasing order: what ``np.sort(np.argsort(depth, kind="stable")[:count])`` gives, in linear time.
+    In a parent-first tree a node's parent is shallower, so the nodes kept are closed under parents.
+
+    Example: depths ``[1, 2, 3, 1, 2]``, count 3 -> ``[0, 1, 3]`` (both depth-1 nodes, then the first depth-2 one).
+    """
+    n = depth.shape[0]
+    count = max(min(count, n), 0)
+    deepest = 0
+    for i in range(n):
+        deepest = max(deepest, depth[i])
+    per_depth = np.zeros(deepest + 2, np.int64)
+    for i in range(n):
+        per_depth[depth[i]] += 1
+    cut, below = 0, 0  # every node shallower than ``cut`` is kept, and the first ``count - below`` at ``cut``
+    while cut <= deepest and below + per_depth[cut] <= count:
+        below += per_depth[cut]
+        cut += 1
+    at_cut = count - below
+    out = np.empty(count, np.int64)
+    m = 0
+    for i in range(n):
+        d = depth[i]
+        if d < cut:
+            out[m] = i
+            m += 1
+        elif d == cut and at_cut > 0:
+            out[m] = i
+            m += 1
+            at_cut -= 1
+    return out
+
+
+@njit(cache=True)
+def window_step(levels, out, ngram, shift, draws, cursor):
+    """One Jacobi step of the lookahead window (``window.LookaheadWindow.advance``) in one pass: from its levels
+    int64[L, W] and the top level's outputs int64[W], (the new levels int64[L', W] (a new array), the harvested
+    n-grams int64[W, N] (``N`` = ``ngram``; [0, N] while filling), the next unread index of ``draws``). The outputs
+    become the newest level (the oldest is dropped once ``L == N - 1``); then every level slides ``shift``
+    columns left and its new right-hand columns take ``draws[cursor:]`` in row-major order.
+
+    Example: levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``, N 3, shift 1, draws ``[20, 21]``, cursor 0
+    -> levels ``[[9, 4, 20], [2, 3, 21]]``, n-grams ``[[5, 8, 1], [6, 9, 2], [7, 4, 3]]``, cursor 2.
+    """
+    n_levels, width = levels.shape
+    full = n_levels == ngram - 1
+    kept = n_levels - 1 if full else n_levels  # old levels that stay, below the outputs
+    first = n_levels - kept
+    grams = np.empty((width if full else 0, ngram), np.int64)
+    if full:
+        for j in range(width):
+            for lev in range(n_levels):
+                grams[j, lev] = levels[lev, j]
+            grams[j, n_levels] = out[j]
+    new = np.empty((kept + 1, width), np.int64)
+    for lev in range(kept + 1):
+        for j in range(width - shift):
+            new[lev, j] = levels[first + lev, j + shift] if lev < kept else out[j + shift]
+        for j in range(width - shift, width):
+            new[lev, j] = draws[cursor]
+            cursor += 1
+    return new, grams, cursor
+
+
+@njit(cache=True)
+def merge_trees(tokens, parents, origin, match, starts, limit):
+    """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first seven arrays, of its ``m``
+    nodes, in two (a returned array costs its boxing): int64[6, m] (tokens, parents, match, depth, rank, agreement)
+    and origin int8[m]. Per node: the first node of each path, in
+    depth-first order (each node's children right after it, before its next sibling; siblings in the order first
+    drafted), with its origin and match, its depth, its rank in its own tree (0: an only child, else 1 + its
+    place among its siblings there), and how many later trees hold the same path. ``parents`` are per tree
+    (local indices, parent-first); tree ``t`` holds nodes ``starts[t]:starts[t + 1]``. Of more than ``limit`` merged
+    nodes only the ``limit`` shallowest are kept (equal depths: the earlier in that order first), as
+    ``kernels.shallowest_nodes`` picks them."""
+    n = tokens.shape[0]
+    merged = np.empty(n, np.int64)  # node -> its path's first node
+    first_child = np.full(n + 1, -1, np.int64)  # per first node (+1; 0: the root)
+    next_sibling = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
+    is_first = np.zeros(n, np.bool_)
+    tree = np.empty(n, np.int64)
+    place = np.empty(n, np.int64)  # among its siblings in its own tree
+    count = np.zeros(n, np.int64)  # children per node (global index), counted in its own tree
+    agreement = np.zeros(n, np.int64)  # per first node: the later trees that hold its path
+    voted = np.empty(n, np.int64)  # per first node: the last tree that holds its path (its own, at first)
+    for t in range(starts.shape[0] - 1):
+        roots = 0
+        for i in range(starts[t], starts[t + 1]):
+            tree[i] = t
+            p = parents[i]
+            if p >= 0:
+                place[i] = count[starts[t] + p]
+                count[starts[t] + p] += 1
+            else:
+                place[i] = roots
+                roots += 1
+            mp = merged[starts[t] + p] if p >= 0 else -1
+            c = first_child[mp + 1]
+            while c != -1 and tokens[c] != tokens[i]:
+                c = next_sibling[c]
+            if c == -1:
+                c = i
+                is_first[i] = True
+                depth[i] = 1 if mp < 0 else depth[mp] + 1
+                next_sibling[i] = first_child[mp + 1]
+                first_child[mp + 1] = i
+                voted[i] = t
+            elif voted[c] != t:
+                agreement[c] += 1
+                voted[c] = t
+            merged[i] = c
+        for i in range(starts[t], starts[t + 1]):
+            p = parents[i]
+            siblings = count[starts[t] + p] if p >= 0 else roots
+            place[i] = 0 if siblings == 1 else 1 + place[i]
+    # depth-first preorder: a stack of first nodes; each list of children is latest-drafted first, so pushing
+    # a list in its order pops the earliest-drafted child first
+    order = np.empty(int(is_first.sum()), np.int64)
+    stack = np.empty(n, np.int64)
+    top = 0
+    c = first_child[0]
+    while c != -1:
+        stack[top] = c
+        top += 1
+        c = next_sibling[c]
+    m = 0
+    while top:
+        top -= 1
+        v = stack[top]
+        order[m] = v
+        m += 1
+        c = first_child[v + 1]
+        while c != -1:
+            stack[top] = c
+            top += 1
+            c = next_sibling[c]
+    if m > limit:  # the shallowest ``limit`` (parents are shallower: the kept nodes stay a tree)
+        order = order[shallowest_nodes(depth[order], limit)]
+    new_index = np.full(n, -1, np.int64)
+    for j in range(order.shape[0]):
+        new_index[order[j]] = j
+    m = order.shape[0]
+    out = np.empty((6, m), np.int64)  # tokens, parents, match, depth, rank, agreement
+    new_origin = np.empty(m, np.int8)
+    for j in range(m):
+        i = order[j]
+        p = parents[i]
+        out[0, j] = tokens[i]
+        out[1, j] = new_index[merged[starts[tree[i]] + p]] if p >= 0 else -1
+        out[2, j] = match[i]
+        out[3, j] = depth[i]
+        out[4, j] = place[i]
+        out[5, j] = agreement[i]
+        new_origin[j] = origin[i]
+    return out, new_origin
+
+

@@ -1,0 +1,324 @@
+"""The draft sources: the protocol every source follows, the copying and prediction sources, and the merge.
+
+A *source* proposes a tree after the context and learns from what the decoder emits. The policy drives each
+through :class:`DraftSource`'s methods; what a source needs beyond the emitted tokens it declares with a class
+attribute, and the loop hands it over after each verified step:
+
+- ``priced``: proposing costs forwards of its own (draft passes, heads): the policy asks :meth:`priced_depth`
+  how deep drafting pays this step (0: skip);
+- ``wants_rows``: it learns every verified row's top-k successors (:meth:`learn_rows`);
+- ``wants_hidden``: it learns the final hidden states of the accepted path (:meth:`observe_hidden`);
+- ``learns_lazily``: its state depends on the token stream alone, so it may learn several steps' tokens at once,
+  just before it next proposes: steps that draft nothing cost it nothing;
+- ``fallback``: asked only on a priced step no other source drafts for.
+
+The sources here: the request's trie and a shared store (:class:`TrieSource`), the model's own writing
+(:class:`CorpusSource`), the longest-match copy (:class:`CopySource`), the model's own predictions
+(:class:`ModelSource`) and the context's frequent tokens (:class:`FrequentSource`). :func:`merge_proposals` unites
+their trees into one :class:`~lookahead.drafting.draft.Draft`.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache import NgramTrie, SuffixIndex
+from .draft import COPY, CORPUS, FREQUENT, MODEL, Draft, WindowRows
+from .kernels import merge_trees
+from .recycle import SuccessorTable
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One source's tree: ``tokens``, ``parents`` int64[n] (parent-first) and ``match``: the match bucket of every
+    node (an int) or of each (int64[n]). Example: ``Proposal(array([5, 6]), array([-1, 0]), 2)``."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    match: int | np.ndarray
+
+
+class DraftSource:
+    """Base of every source: a subclass sets ``origin`` (an index into ``draft.ORIGINS``), ``max_nodes`` and
+    ``max_depth`` and implements :meth:`propose`; the rest has do-nothing defaults."""
+
+    origin: int
+    max_nodes: int
+    max_depth: int
+    wide: bool = False
+    """Whether this call's steps are the widest ``"auto"`` takes: :meth:`limits` then gives ``wide_nodes`` times
+    the nodes and ``wide_depth`` more of the depth."""
+    wide_nodes: int = 1
+    wide_depth: float = 0.0
+    priced = wants_rows = wants_hidden = learns_lazily = fallback = False
+    transient: tuple[str, ...] = ()
+    """Attributes bound to one model (tensors, modules, a shared store): a copy or a pickle leaves them behind."""
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(dict.fromkeys(self.transient))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        """A call begins: ``prompt`` int64[L], the target ``model`` (None in a replay)."""
+
+    def limits(self) -> tuple[int, int]:
+        """(the most nodes, the deepest path) this source drafts per step in this call. Example: 63 nodes 16 deep,
+        wide_nodes 2, wide_depth 0.5, wide: 126 nodes 24 deep."""
+        if not self.wide:
+            return self.max_nodes, self.max_depth
+        return self.wide_nodes * self.max_nodes, self.max_depth + int(self.wide_depth * self.max_depth)
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        """A tree continuing ``context`` (int64[c], the context's last ``max_match`` tokens), or None."""
+        raise NotImplementedError
+
+    def learn(self, emitted: np.ndarray) -> None:
+        """The step emitted ``emitted`` int64[k] (after :meth:`learn_rows` / :meth:`observe_hidden`)."""
+
+    def priced_depth(self, depth: int, cost, margin: float) -> int:
+        """(``priced``) How deep to draft this step, at most ``depth``, on the cost curve ``cost`` (None: no
+        budget); 0 drafts nothing."""
+        return depth
+
+    def learn_rows(self, draft, accepted_nodes, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        """(``wants_rows``) The last token's row and each node's, with their top-k ids int64[1 + n, k] and logits."""
+
+    def observe_hidden(self, hidden) -> None:
+        """(``wants_hidden``) Final hidden states float[a, H] of the root's row and each accepted node's."""
+
+
+class TrieSource(DraftSource):
+    """Drafts from an n-gram trie, matching up to ``max_match`` context tokens. ``per_request``: the request's
+    trie (``start`` clears it and inserts the prompt); else a shared store (``start`` begins a new stream, and
+    the prompt is not learned: outputs persist, prompts fade)."""
+
+    learns_lazily = True
+    wide_nodes = 2
+
+    def __init__(self, trie: NgramTrie, origin: int, max_match: int, per_request: bool, max_nodes: int = 16,
+                 max_depth: int = 10):
+        self.trie, self.origin, self.per_request = trie, origin, per_request
+        self.max_match = min(max_match, trie.max_n - 1)
+        self.max_nodes, self.max_depth = max_nodes, max_depth
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        if self.per_request:
+            self.trie.clear()
+            self.trie.insert(prompt)
+        else:
+            self.trie.reset_stream()
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        if max_nodes <= 0:
+            return None
+        tokens, parents, match = self.trie.propose(context, max_nodes, max_depth, self.max_match, with_match=True)
+        return Proposal(tokens, parents, match) if len(tokens) else None
+
+    def learn(self, emitted: np.ndarray) -> None:
+        self.trie.insert(emitted)
+
+
+class ReadOnlyStore:
+    """A shared store as a batch row's source sees it: proposals, nothing written while the rows decode (they
+    interleave in one thread, whose one stream would join their n-grams); the batch writes each row's output as a
+    stream of its own when the call ends."""
+
+    def __init__(self, store: NgramTrie):
+        self.store = store
+
+    @property
+    def max_n(self) -> int:
+        return self.store.max_n
+
+    def propose(self, *args, **kwargs):
+        return self.store.propose(*args, **kwargs)
+
+    def insert(self, tokens) -> None:
+        pass
+
+    def reset_stream(self) -> None:
+        pass
+
+
+class CorpusSource(TrieSource):
+    """Drafts from a corpus's read-only store (``corpus.DraftCorpus.shared_store``), which serves every decoder,
+    thread and batch row at once; it learns nothing."""
+
+    learns_lazily = False
+    transient = ("trie",)
+
+    def __init__(self, store: NgramTrie, max_match: int, max_nodes: int = 16, max_depth: int = 10):
+        super().__init__(store, CORPUS, max_match, per_request=False, max_nodes=max_nodes, max_depth=max_depth)
+
+    def bind(self, store: NgramTrie) -> None:
+        """Draft from ``store`` again (a pickle leaves it behind)."""
+        self.trie = store
+
+    def __deepcopy__(self, memo) -> CorpusSource:
+        other = copy.copy(self)  # shares the read-only store (a copy would cost its size)
+        other.bind(self.trie)
+        memo[id(self)] = other
+        return other
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        pass
+
+    def learn(self, emitted: np.ndarray) -> None:
+        pass
+
+
+def _edges(values) -> np.ndarray:
+    edges = np.array(values)
+    edges.flags.writeable = False
+    return edges
+
+
+class CopySource(DraftSource):
+    """Longest-match copies of the request's own context (``lookahead.cache.SuffixIndex``): the continuation of
+    the context's longest earlier match, ``max_depth`` deep, beside up to ``branches - 1`` other continuations of
+    that match or a shorter one (chains of ``branch_depth``). A node's match is the context it follows once its
+    ancestors are accepted, bucketed by ``buckets`` (1 below the first edge, 2 below the second, else 3).
+
+    Example: 2 tokens matched, a chain 5 deep, buckets (4, 16): matches 2..6 -> buckets 1, 1, 2, 2, 2."""
+
+    origin = COPY
+    wide_nodes = 2
+    learns_lazily = True
+
+    def __init__(self, capacity: int, max_nodes: int, max_depth: int, branches: int, branch_depth: int = 8,
+                 buckets=(4, 16)):
+        self.index = SuffixIndex(capacity)
+        self.max_nodes, self.max_depth, self.branches, self.branch_depth = max_nodes, max_depth, branches, branch_depth
+        self.buckets = _edges(buckets)
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        self.index.clear()
+        self.index.extend(prompt)
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        tokens, parents, match = self.index.propose_buckets(max_nodes, max_depth, self.branches, self.branch_depth,
+                                                            self.buckets)
+        return Proposal(tokens, parents, match) if len(tokens) else None
+
+    def learn(self, emitted: np.ndarray) -> None:
+        self.index.extend(emitted)
+
+
+class ModelSource(DraftSource):
+    """The model's own predictions (Token Recycling): a best-first tree from the last two tokens through a
+    :class:`~lookahead.drafting.recycle.SuccessorTable` of every verified row's top-k successors. A node's match
+    is its share of its parent's row, bucketed by ``buckets``. With ``keep`` the table lives across calls on one
+    model; a batch's rows share one table (``table=``)."""
+
+    origin = MODEL
+    wide_nodes, wide_depth = 2, 0.5
+    wants_rows = True
+    transient = ("_model",)
+
+    def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False, table: SuccessorTable | None = None,
+                 calibration: float = 0.62, buckets=(0.95, 2.0)):
+        self.k, self.max_nodes, self.max_depth, self.keep = k, max_nodes, max_depth, keep
+        self.table = SuccessorTable(k, calibration=calibration) if table is None else table
+        self.buckets = _edges(buckets)
+        self.prev = self.last = -1
+        self._model = None  # a weak reference to the model the table was learned from
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        same = model is not None and self._model is not None and self._model() is model
+        if not (self.keep and (same or model is None)):
+            self.table.clear()
+        if model is not None:
+            self._model = weakref.ref(model)
+        self.prev, self.last = (int(t) for t in np.concatenate([[-1, -1], prompt[-2:]])[-2:])
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        if self.last < 0:
+            return None
+        tokens, parents, match = self.table.propose_buckets(self.prev, self.last, max_nodes, max_depth, self.buckets)
+        return Proposal(tokens, parents, match) if len(tokens) else None
+
+    def learn(self, emitted: np.ndarray) -> None:
+        for t in emitted[-2:].tolist():
+            self.prev, self.last = self.last, t
+
+    def learn_rows(self, draft: Draft, accepted_nodes, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
+        path = np.array([0, *(1 + j for j in accepted_nodes)], dtype=np.int64)  # learned last: they win a key
+        self.table.learn_step(self.prev, self.last, draft.tokens, draft.parents, path, top_ids, top_logits)
+
+
+class FrequentSource(DraftSource):
+    """The context's ``max_nodes`` most frequent tokens, each a child of the root, drafted only on a step no other
+    source drafts for (``fallback``): rarely accepted, but where a 2-row step costs less than a 1-row one it makes
+    the step cheaper as well. Ties go to the token that reached the count first.
+
+    Example: prompt ``[5, 7, 5, 9, 7, 5]``, 2 nodes -> ``[5, 7]``; after ``[9, 9]``: ``[5, 9]``."""
+
+    origin = FREQUENT
+    fallback = True
+    learns_lazily = True
+
+    def __init__(self, max_nodes: int):
+        self.max_nodes, self.max_depth = max_nodes, 1
+        self.counts: dict[int, int] = {}
+        self.top: list[int] = []  # most frequent first
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        ids, first, counts = np.unique(prompt, return_index=True, return_counts=True)
+        self.counts = dict(zip(ids.tolist(), counts.tolist()))
+        self.top = ids[np.lexsort((first, -counts))[: self.max_nodes]].tolist()
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        n = min(max_nodes, len(self.top))
+        if not n:
+            return None
+        return Proposal(np.array(self.top[:n], dtype=np.int64), np.full(n, -1, dtype=np.int64), 1)
+
+    def learn(self, emitted: np.ndarray) -> None:
+        counts, top = self.counts, self.top
+        for t in emitted.tolist():
+            c = counts[t] = counts.get(t, 0) + 1
+            if t in top:
+                i = top.index(t)
+            elif len(top) < self.max_nodes:
+                top.append(t)
+                i = len(top) - 1
+            elif c > counts[top[-1]]:
+                top[-1] = t
+                i = len(top) - 1
+            else:
+                continue
+            while i and counts[top[i - 1]] < c:  # an equal count reached first stays ahead
+                top[i - 1], top[i] = top[i], top[i - 1]
+                i -= 1
+
+
+def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | None = None,
+                    limit: int | None = None) -> Draft:
+    """One draft from ``(origin, proposal)`` pairs: a path several sources drafted appears once, with the first
+    one's origin, match and rank, and its agreement (how many others drafted it); depth-first, siblings in the
+    order first drafted; at most ``limit`` nodes (the shallowest).
+
+    Example: tokens ``[5, 6]`` parents ``[-1, 0]``, then tokens ``[5, 7, 8]`` parents ``[-1, 0, -1]`` -> tokens
+    ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``, agreement ``[1, 0, 0, 0]``; with limit 3: tokens ``[5, 6, 8]``."""
+    if not proposals:
+        return Draft.empty(window)
+    total = sum(len(p.tokens) for _, p in proposals)
+    tokens, parents, match = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
+    origin, starts = np.empty(total, np.int8), np.empty(len(proposals) + 1, np.int64)
+    a = 0
+    for t, (o, p) in enumerate(proposals):
+        b = a + len(p.tokens)
+        starts[t] = a
+        tokens[a:b], parents[a:b], match[a:b], origin[a:b] = p.tokens, p.parents, p.match, o
+        a = b
+    starts[-1] = a
+    ints, origin = merge_trees(tokens, parents, origin, match, starts, total if limit is None else limit)
+    return Draft(ints[0], ints[1], origin, ints[2], ints[3], ints[4], ints[5], window)

@@ -1,0 +1,526 @@
+"""One ``generate`` call: its set-up, the step loop written once, and the rows' emission.
+
+Every step, for one row, a batch or a static cache alike::
+
+    draft -> pack -> forward -> verify -> emit -> keep KV -> learn
+
+:class:`Call` holds what the whole call decodes with and runs the loop (:meth:`Call.run`). :class:`Rows` holds
+each row's sequence, where it stops and its draft policy, and emits verdicts against the stopping criteria. What
+differs between one row, a batch and a static cache is a *shape* (``shapes.py``): how a step's drafts are chosen
+and packed, how its forward runs, and how the cache keeps the accepted entries and rolls back the rest.
+
+Batch semantics are plain ``generate``'s: every row runs until all have stopped; with an EOS criterion a stopped
+row's later tokens are ``pad_token_id``; without one, a row stopped by another criterion keeps its real
+continuation until the last row stops. Terms (pending tokens, draft tree, step) are defined in ``config.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from numba import njit
+
+from . import compat
+from .checks import (
+    MEDIA_KWARG,
+    check_cache_layers,
+    check_inputs,
+    check_media,
+    check_model_kwargs,
+    check_store,
+    media_of,
+    prefill_media,
+    prompt_positions,
+    sharded,
+    vocabulary_size,
+)
+from .drafting.draft import Draft
+from .kv import check_rollbackable, grow_in_place, new_cache
+from .sliding import SlidingWindow
+from .stats import DecodeStats
+from .verify import PositionUniforms, Verdict, Verifier
+
+
+class Call:
+    """One ``generate`` call: set up once (the stopping split, the cache and how the forward takes it, the
+    processors and the verifier, the cost curve), then :meth:`run`. ``shape``: the class of its step shape
+    (``shapes.OneRow``, ``shapes.Padded`` or ``shapes.Bucketed``)."""
+
+    def __init__(self, decoder, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                 model_kwargs: dict, shape):
+        gen = self.gen = generation_config if generation_config is not None else model.generation_config
+        b, length = input_ids.shape
+        static = shape.static
+        self.decoder, self.model, self.streamer, self.clock = decoder, model, streamer, decoder.clock
+        self.tuning, self.stats = decoder.tuning, decoder.stats
+        check_model_kwargs(model_kwargs, gen)
+        self.vocab = vocabulary_size(model)
+        check_inputs(input_ids, model_kwargs.get("attention_mask"), self.vocab)
+        check_store(decoder.store, self.vocab)
+        stop_length, eos, self.other_stops = compat.host_stopping(stopping_criteria)
+        self.max_length = stop_length if stop_length is not None else gen.max_length
+        self.eos, self.eos_ids = eos, np.array(sorted(eos), dtype=np.int64)
+        self.pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria or ())
+        given = compat.cache_of(model_kwargs)
+        self.given_cache = given
+        if b > 1 and given is not None and given.get_seq_length():
+            raise ValueError(f"LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds "
+                             f"{given.get_seq_length()} tokens. Pass no cache, or use plain generate().")
+        # a batch decodes into a cache of its own (its columns hold holes); one row fills the one it is handed
+        cache = self.cache = new_cache(model) if given is None or b > 1 else grow_in_place(given)
+        mask = model_kwargs.get("attention_mask")
+        unpadded = mask is None or bool((mask == 1).all())
+        window = None if static else check_cache_layers(cache)
+        self.sliding = SlidingWindow.of(model, cache) if window is not None and gen.max_length > window else None
+        self.chains = not compat.takes_tree_masks(model)
+        if self.chains and not (b == 1 and not static and unpadded):
+            raise ValueError(
+                f"this {model.config.model_type} model builds its attention from a 2D mask (ALiBi), so it cannot take "
+                "a draft tree's 4D mask: LookaheadDecoder decodes it one unpadded row at a time on a dynamic cache, "
+                "one chain of drafts per step. Use plain generate() for a batch, a padded row or a static cache.")
+        self.kv_window = None if self.sliding is not None else window  # past it, entries stay until the verdict
+        self.window = window
+        self.cache_kwarg = compat.cache_kwarg_name(model)
+        self.media = media_of(model_kwargs)
+        if self.media is not None:  # images: one row's prompt forward here, then a continued cache
+            check_media(model, input_ids, model_kwargs, cache, static, self.sliding is not None)
+            if b == 1:
+                prefill_media(model, input_ids, model_kwargs, cache, self.cache_kwarg, self.stats)
+                self.media = None
+        self.past = int(cache.get_seq_length())
+        if self.sliding is not None and not (b == 1 and unpadded and not static):
+            self.sliding.check_widenable(cache)  # a batch's or a padded row's sliding layers will keep every column
+        if self.past >= length:
+            raise ValueError(f"the cache already holds {self.past} tokens but input_ids has {length}: nothing is "
+                             "left to decode from (input_ids must be the whole sequence, the cached prefix included)")
+        self.device, self.dtype = input_ids.device, model.dtype
+        self.keeps_logits = compat.supports_logits_to_keep(model)
+        self.forward_kwargs = {"use_cache": True, self.cache_kwarg: cache}
+        processors = ([logits_processor] if b == 1 else
+                      [row_processors(logits_processor, r, b) for r in range(b)])
+        self.processors = [compat.processors_as_function(p) for p in processors]
+        self.sampling = bool(gen.do_sample)
+        self.keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
+        self.keep_raw = bool(gen.return_dict_in_generate and gen.output_logits)
+        self.return_dict = bool(gen.return_dict_in_generate)
+        self.verifier = Verifier(self.device, getattr(model.config, "vocab_size", 0), self.processors,
+                                 compat.token_bans(logits_processor), self.sampling, self.keep_scores, self.keep_raw)
+        self.sync = None
+        if sharded(model):
+            from .parallel import RankSync
+
+            self.sync = RankSync.for_model(model)
+        self.runner = model  # what runs a step's forward: the model, a layout of it, or a compiled step
+        self.wants_hidden = decoder.heads is not None
+        self.cost = None
+        self.shape = shape(self, input_ids, mask)
+
+    # -- pieces every shape uses -----------------------------------------------------------------------------------
+
+    def forward(self, ids, pos, mask, keep: int, cache=None, extra: dict | None = None, runner=None) -> torch.Tensor:
+        """One forward into ``cache`` (default: the call's), with the model inputs ``extra`` besides; the float
+        logits [b, keep, V] of its last ``keep`` rows. Heads read the output layer's input: ``self.hidden``."""
+        kwargs = self.forward_kwargs if cache is None else {**self.forward_kwargs, self.cache_kwarg: cache}
+        if extra:
+            kwargs = {**kwargs, **extra}
+        if self.sync is not None:  # the same forward on every rank, or a clear error before its collectives break
+            self.sync.check(self.stats.target_calls, ids=ids, positions=pos, keep=keep, mask=_mask_shapes(mask),
+                            cached=(cache if cache is not None else self.cache).get_seq_length())
+        self.stats.target_calls += 1
+        if self.wants_hidden and cache is None:
+            logits, self.hidden = compat.forward_with_hidden(self.model, ids, pos, mask, kwargs, keep)
+        else:
+            run = runner if runner is not None else (self.runner if cache is None else self.model)
+            logits = compat.last_logits(run, ids, pos, mask, kwargs, self.keeps_logits, keep)
+        return logits if logits.device == self.device else logits.to(self.device)
+
+    def shared_seconds(self, seconds: float) -> float:
+        """A time measured here, as rank 0 measured it (decisions every rank makes alike)."""
+        return seconds if self.sync is None else self.sync.broadcast(float(seconds))
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+
+    def run(self):
+        """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
+        shape, rows, stats, clock, verifier = self.shape, self.shape.rows, self.stats, self.clock, self.verifier
+        checked = False
+        try:
+            while rows.running():
+                t0 = clock()
+                p = rows.pending.shape[1]
+                drafts, k = shape.draft()
+                step = shape.pack(drafts)
+                t1 = clock()
+                logits, warm = shape.forward(step, drafts, k)  # [b, q, V]
+                if not checked:
+                    check_rollbackable(self.cache)
+                    checked = True
+                t2 = clock()
+                verdicts, window_argmax, tops = verifier.verify(logits, drafts, rows, k)
+                t3 = clock()
+                emitted = rows.emit(verdicts)
+                accepted = [[] if v is None else v.nodes[: min(len(v.nodes), n)] for v, n in zip(verdicts, emitted)]
+                shape.keep(p, drafts, accepted)
+                seconds = self.shared_seconds(t3 - t1) if self.tuning.refine_cost and rows.b == 1 else 0.0
+                rows.learn(drafts, verdicts, emitted, window_argmax, tops, step.rows if p == 1 else 0, seconds,
+                           self._hidden(accepted, step) if self.wants_hidden else None)
+                t4 = clock()
+                rows.record(drafts, accepted, emitted, t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+                shape.after_step()
+                rows.stream()
+                stats.time_bookkeeping += clock() - t4
+        finally:
+            shape.finish()
+        if self.sync is not None:
+            self.sync.finish(stats.target_calls)
+        return rows.output()
+
+    def _hidden(self, accepted: list[list[int]], step):
+        """The accepted path's final hidden states [1 + a, H] (the root's row, then each accepted node's)."""
+        if self.hidden is None:
+            return None
+        root = self.hidden.shape[1] - step.keep
+        nodes = accepted[0]
+        return self.hidden[0, root : root + 1] if not nodes else self.hidden[0, [root, *(root + 1 + j for j in nodes)]]
+
+
+class Rows:
+    """The call's rows: each one's sequence (``seq``, our own buffer long[b, max_length + 1]), length, limit and
+    stop, its draft policy, statistics and sampling uniforms; ``active``: the rows in the cache, in its batch order
+    (a finished row leaves the cache once it pays). The per-step methods take indices into ``active``.
+
+    ``length``: tokens in a row's sequence, its left padding included (as ``max_length`` counts them); ``limit``:
+    the length it stops at at the latest; ``stop``: the length at which a stopping criterion first held (None: not
+    yet); ``done``: it drafts and emits no more."""
+
+    def __init__(self, call: Call, input_ids: torch.Tensor, attention_mask, policies, limits):
+        self.call = call
+        b, length = input_ids.shape
+        self.b, self.prompt_length = b, length
+        device = call.device
+        pad = compat.pad_token_id(call.gen)
+        if call.pads and pad is None and b > 1:
+            raise ValueError("If `eos_token_id` is defined, make sure that `pad_token_id` is defined.")
+        self.fill = pad if pad is not None else 0
+        cap = max(call.gen.max_length, length) + 1
+        self.seq = torch.full((b, cap), self.fill, dtype=torch.long, device=device)
+        self.seq[:, :length] = input_ids
+        self.seq_host = self.seq.numpy() if device.type == "cpu" else None
+        ids = input_ids.cpu().numpy().astype(np.int64)
+        visible = (np.ones((b, length), dtype=bool) if attention_mask is None
+                   else attention_mask.bool().cpu().numpy())
+        positions = np.maximum(np.cumsum(visible, 1) - 1, 0)
+        past = call.past
+        self.pending, self.pending_pos, self.pending_vis = ids[:, past:], positions[:, past:], visible[:, past:]
+        self.length = np.full(b, length, dtype=np.int64)
+        self.limit = np.full(b, call.max_length, dtype=np.int64)
+        self.stops: list[int | None] = [None] * b
+        self.done = np.zeros(b, dtype=bool)
+        self.last = np.zeros(b, dtype=np.int64)  # each row's last emitted token
+        self.active = list(range(b))
+        self.policies = policies
+        self.stats = [call.stats] if b == 1 else [DecodeStats() for _ in range(b)]
+        self.uniform = ([PositionUniforms(s) for s in (call.sync.seeds(b) if call.sync else _seeds(b))]
+                        if call.sampling else [None] * b)
+        self.scores: list[torch.Tensor] = []
+        self.raw: list[torch.Tensor] = []
+        self.streamed = length
+        for r, policy in enumerate(policies):
+            policy.start(ids[r][visible[r]], limits, call.cost if b == 1 else call.row_cost, call.model)
+
+    # -- what the verifier reads, by active index ------------------------------------------------------------------
+
+    def length_of(self, i: int) -> int:
+        return int(self.length[self.active[i]])
+
+    def is_done(self, i: int) -> bool:
+        return bool(self.done[self.active[i]])
+
+    def prefix(self, i: int) -> torch.Tensor:
+        r = self.active[i]
+        return self.seq[r : r + 1, : self.length[r]]
+
+    def uniforms(self, i: int, n: int) -> list[float]:
+        r = self.active[i]
+        return self.uniform[r].take(self.stats[r].new_tokens, n)
+
+    def processors(self, i: int):
+        return self.call.processors[self.active[i]]
+
+    def running(self) -> bool:
+        return not all(self.done[r] for r in self.active)
+
+    # -- emission --------------------------------------------------------------------------------------------------
+
+    def emit(self, verdicts: list[Verdict | None]) -> list[int]:
+        """Append each row's verdict tokens until it stops; how many each emitted (0: a finished row)."""
+        call = self.call
+        live = [i for i, v in enumerate(verdicts) if v is not None]
+        if self.b == 1:
+            index, by_limit = _first_stop(verdicts[0].tokens, int(self.length[0]), int(self.limit[0]), call.eos)
+        else:
+            index, by_limit = _first_stops([verdicts[i].tokens for i in live],
+                                           np.array([self.length[self.active[i]] for i in live], dtype=np.int64),
+                                           np.array([self.limit[self.active[i]] for i in live], dtype=np.int64),
+                                           call.eos_ids)
+        emitted = [0] * len(verdicts)
+        others = [r for r in self.active if self.stops[r] is None]
+        for j, i in enumerate(live):
+            r, verdict = self.active[i], verdicts[i]
+            tokens, start = verdict.tokens, int(self.length[r])
+            if self.seq_host is not None:
+                self.seq_host[r, start : start + len(tokens)] = tokens
+            else:
+                self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=call.device)
+            n_emit, stop, by_length = len(tokens), int(index[j]), bool(by_limit[j])
+            if self.stops[r] is not None:  # stopped already (no EOS criterion): only its length limit counts
+                stop, by_length = _limit_index(start, len(tokens), int(self.limit[r])), True
+            elif call.other_stops:  # the criteria on tensors, token by token up to the host's stop
+                for t in range(stop + 1 if stop >= 0 else len(tokens)):
+                    scores = verdict.scores[t] if verdict.scores else None
+                    if any(bool(c(self.seq[r : r + 1, : start + t + 1], scores).all()) for c in call.other_stops):
+                        if t < stop or stop < 0:
+                            stop, by_length = t, False
+                        break
+            if stop >= 0 and by_length:
+                n_emit = stop + 1
+            elif stop >= 0:  # a criterion holds at `stop`: with an EOS criterion, or as the last row, it ends there;
+                self.stops[r] = start + stop + 1  # else it keeps its real continuation up to its limit
+                limit = _limit_index(start, len(tokens), int(self.limit[r]))
+                last = others == [r]
+                n_emit = stop + 1 if call.pads or last else (limit + 1 if limit >= 0 else len(tokens))
+            if n_emit < len(tokens):  # past a row's end the buffer holds the padding again
+                self.seq[r, start + n_emit : start + len(tokens)] = self.fill
+            self.length[r] = start + n_emit
+            self.last[r] = tokens[n_emit - 1]
+            if self.length[r] >= self.limit[r] and self.stops[r] is None:
+                self.stops[r] = int(self.length[r])
+            if verdict.scores is not None:
+                self.scores.extend(verdict.scores[:n_emit])
+            if verdict.raw is not None:
+                self.raw.extend(verdict.raw[:n_emit])
+            emitted[i] = n_emit
+        self.finish_rows()
+        return emitted
+
+    def finish_rows(self) -> None:
+        """Mark the rows that are done: stopped (with an EOS criterion, or one row), or, without one, past the
+        length at which the last row stopped (every row runs to it, as in plain ``generate``)."""
+        if self.call.pads or self.b == 1:
+            for r in self.active:
+                if self.stops[r] is not None:
+                    self.done[r] = True
+            return
+        for r in self.active:
+            if self.length[r] >= self.call.max_length:
+                self.done[r] = True
+        if all(s is not None for s in self.stops):
+            final = max(self.stops)
+            for r in self.active:
+                self.limit[r] = final
+                if self.length[r] >= final:
+                    self.done[r] = True
+
+    def learn(self, drafts, verdicts, emitted, window_argmax, tops, rows: int, seconds: float, hidden) -> None:
+        """Each row's policy learns its step (the model-prediction source from its rows' top-k)."""
+        for i, (d, v, n_emit) in enumerate(zip(drafts, verdicts, emitted)):
+            if v is None:
+                continue
+            r = self.active[i]
+            successors = None if tops is None else (tops[0][i, : len(d) + 1], tops[1][i, : len(d) + 1])
+            self.policies[r].learn(d, v.nodes, v.tokens[:n_emit], window_argmax, rows, seconds, successors, hidden)
+
+    def record(self, drafts, accepted, emitted, t_draft, t_forward, t_verify, t_keep) -> None:
+        """The step in the statistics: each row's (a batch's also count its steps), and the call's times."""
+        if self.b == 1:
+            self.stats[0].record_step(drafts[0], accepted[0], emitted[0], t_draft, t_forward, t_verify, t_keep)
+            return
+        for i, (d, nodes, n_emit) in enumerate(zip(drafts, accepted, emitted)):
+            if n_emit:
+                st = self.stats[self.active[i]]
+                st.target_calls += 1
+                st.record_step(d, nodes, n_emit, 0.0, 0.0, 0.0, 0.0)
+        call = self.call.stats
+        call.time_propose += t_draft
+        call.time_forward += t_forward
+        call.time_verify += t_verify
+        call.time_bookkeeping += t_keep
+
+    def next_pending(self, accepted: list[list[int]], done: np.ndarray) -> None:
+        """Every active row's last emitted token becomes its one pending token (a finished row's: a dummy only it
+        sees); ``done``: which active rows were finished before the step (their position stays)."""
+        ids = self.last[self.active][:, None].copy()
+        ids[self.done[self.active]] = self.fill
+        pos = self.pending_pos[:, -1:] + np.array([len(a) + 1 for a in accepted], dtype=np.int64)[:, None]
+        pos[done] = self.pending_pos[done, -1:]
+        self.pending, self.pending_pos = ids, pos
+        self.pending_vis = np.ones((len(self.active), 1), dtype=bool)
+
+    def drop(self, keep: list[int]) -> None:
+        """Only the active rows ``keep`` (indices) stay in the cache."""
+        self.active = [self.active[i] for i in keep]
+        self.pending, self.pending_pos, self.pending_vis = self.pending[keep], self.pending_pos[keep], \
+            self.pending_vis[keep]
+
+    # -- output ----------------------------------------------------------------------------------------------------
+
+    def final_length(self) -> int:
+        if self.call.pads or self.b == 1:
+            return int(self.length.max())
+        return max(s if s is not None else int(n) for s, n in zip(self.stops, self.length))
+
+    def stream(self, final: int | None = None) -> None:
+        """Hand the streamer what every row has emitted: one row's new block, or a batch's columns one ``[B]``
+        tensor each (a finished row's: its padding), as plain ``generate`` puts one per step."""
+        streamer = self.call.streamer
+        if streamer is None:
+            return
+        if final is None:
+            live = [int(self.length[r]) for r in self.active if not self.done[r]]
+            final = (int(self.length[0]) if self.b == 1 else min(live)) if live else self.final_length()
+        if self.b == 1:
+            if final > self.streamed:
+                streamer.put(self.seq[0, self.streamed : final].cpu().clone())
+        else:
+            for c in range(self.streamed, final):
+                streamer.put(self.seq[:, c].cpu().clone())
+        self.streamed = max(self.streamed, final)
+
+    def output(self):
+        call = self.call
+        final = self.final_length()
+        self.stream(final)
+        if call.streamer is not None:
+            call.streamer.end()
+        for policy in self.policies:
+            policy.finish()
+        decoder = call.decoder
+        if self.b > 1:
+            memory = decoder.store
+            if memory is not None:  # each row's output, a stream of its own
+                for r in range(self.b):
+                    end = self.stops[r] if self.stops[r] is not None else int(self.length[r])
+                    memory.reset_stream()
+                    memory.insert(self.seq[r, self.prompt_length : min(end, final)].cpu().numpy())
+                    memory.reset_stream()
+            decoder.row_stats = list(self.stats)
+            stats = call.stats
+            for st in self.stats:
+                stats.budgets += st.budgets
+                stats.accepted_per_step += st.accepted_per_step
+                stats.new_tokens += st.new_tokens
+                stats.drafted_by_origin.update(st.drafted_by_origin)
+                stats.accepted_by_origin.update(st.accepted_by_origin)
+        else:
+            decoder.row_stats = [call.stats]
+        sequences = self.seq[:, :final].clone()
+        if not call.return_dict:
+            return sequences
+        return compat.decoder_only_output(sequences, tuple(self.scores) if call.keep_scores else None,
+                                          tuple(self.raw) if call.keep_raw else None,
+                                          call.given_cache if self.b == 1 else None)
+
+
+def _seeds(count: int) -> list[int]:
+    """Sampling seeds drawn from torch's default generator (``torch.manual_seed`` makes a run repeatable)."""
+    return [int(torch.randint(0, 2**62, (1,)).item()) for _ in range(count)]
+
+
+def _limit_index(start: int, n: int, limit: int) -> int:
+    """The index of the token at which a row of ``start`` tokens reaches ``limit``, or -1 within ``n``."""
+    i = limit - start - 1
+    return i if 0 <= i < n else -1
+
+
+def _first_stop(tokens: list[int], start: int, limit: int, eos) -> tuple[tuple[int], tuple[bool]]:
+    """:func:`first_stops` of one row, in Python (a few tokens: faster than the kernel's call). Example: tokens
+    ``[5, 2, 7]``, EOS 2 -> ((1,), (False,))."""
+    for i, t in enumerate(tokens):
+        if start + i + 1 >= limit:
+            return (i,), (True,)
+        if t in eos:
+            return (i,), (False,)
+    return (-1,), (False,)
+
+
+def _first_stops(tokens: list[list[int]], starts: np.ndarray, limits: np.ndarray, eos_ids: np.ndarray):
+    sizes = [len(t) for t in tokens]
+    offsets = np.zeros(len(tokens) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    flat = np.fromiter((x for t in tokens for x in t), np.int64, int(offsets[-1]))
+    return first_stops(flat, offsets, starts, limits, eos_ids)
+
+
+def _mask_shapes(mask):
+    """A step's mask as its shape (per layer type for a dict of masks): what tensor-parallel ranks compare."""
+    if mask is None:
+        return None
+    if isinstance(mask, dict):
+        return {kind: tuple(m.shape) for kind, m in sorted(mask.items())}
+    return tuple(mask.shape)
+
+
+def row_processors(processors, r: int, b: int) -> list:
+    """Row ``r``'s logits processors (of ``b`` rows), called with that row alone: row-wise processors as they are;
+    the per-row state of the ones ``generate`` builds with one (the repetition penalty's prompt lengths, the
+    encoder repetition penalty's prompt) sliced to the row, in copies. Processors bound to the whole batch raise.
+
+    Example: ``RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=tensor([2, 0]))``, row 1 -> a copy whose
+    ``prompt_ignore_length`` is ``tensor([0])``."""
+    from transformers.generation import logits_process as lp
+
+    bound = tuple(getattr(lp, name) for name in (
+        "PrefixConstrainedLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor",
+        "ClassifierFreeGuidanceLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
+        "EncoderNoRepeatNGramLogitsProcessor") if hasattr(lp, name))
+    sliced = {"RepetitionPenaltyLogitsProcessor": "prompt_ignore_length",
+              "EncoderRepetitionPenaltyLogitsProcessor": "encoder_input_ids"}
+    out = []
+    for proc in processors or ():
+        if isinstance(proc, bound):
+            raise ValueError(f"LookaheadDecoder with batch size > 1 does not support {type(proc).__name__} (it "
+                             "depends on the whole batch); use batch size 1 or plain generate().")
+        attr = sliced.get(type(proc).__name__)
+        state = getattr(proc, attr, None) if attr else None
+        if isinstance(state, torch.Tensor) and state.dim() >= 1 and state.shape[0] > 1 and b % state.shape[0] == 0:
+            i = r // (b // state.shape[0])  # a prompt's row, when generate expanded it (num_return_sequences)
+            proc = copy.copy(proc)
+            setattr(proc, attr, state[i : i + 1])
+        out.append(proc)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def first_stops(tokens, offsets, starts, limits, eos):
+    """Per row of a batch's emitted tokens, the first one at which the sequence stops on the host-checkable
+    criteria: its length reaches the row's limit (``max_length``) or the token is an EOS id.
+
+    ``tokens`` int64[total]: every row's emitted tokens, row ``i``'s at ``offsets[i]:offsets[i + 1]``;
+    ``starts`` int64[b]: the row's sequence length before them; ``limits`` int64[b]; ``eos`` int64[e].
+    Returns (index int64[b]: the stopping token's place in the row's tokens, or -1; by_limit bool[b]: it
+    stopped on its length rather than an EOS id).
+
+    Example: tokens ``[4, 2, 7, 5]``, offsets ``[0, 3, 4]``, starts ``[10, 18]``, limits ``[20, 19]``, eos
+    ``[2]`` -> index ``[1, 0]``, by_limit ``[False, True]``.
+    """
+    b = starts.shape[0]
+    index = np.full(b, -1, np.int64)
+    by_limit = np.zeros(b, np.bool_)
+    for i in range(b):
+        for j in range(offsets[i], offsets[i + 1]):
+            t = tokens[j]
+            end = starts[i] + j - offsets[i] + 1
+            hit = end >= limits[i]
+            if hit:
+                by_limit[i] = True
+            else:
+                for e in range(eos.shape[0]):
+                    if eos[e] == t:
+                        hit = True
+                        break
+            if hit:
+                index[i] = j - offsets[i]
+                break
+    return index, by_limit

@@ -1,0 +1,418 @@
+"""Packing a step: its input ids, position ids and 4D attention mask.
+
+A step's query rows are, in order: the *pending* tokens (causal among themselves; they see the whole cache), the
+draft tree's nodes (node ``i`` sees the cache, the pending tokens and exactly its own ancestors and itself), and
+optionally the window's rows (they see the cache, the pending tokens and what their layout allows; tree and window
+rows never see each other). A batch pads every row's tree to one width with dummy nodes (each sees the pending
+tokens and itself); a static cache's step pads to a bucket's rows the same way, over all its columns.
+
+Worked example: one pending token ``p`` at position 10, tokens ``[a, b, c]``, parents ``[-1, -1, 0]``::
+
+    rows     ids  positions   sees (new columns p a b c)
+    p        p    10          1 0 0 0
+    a        a    11          1 1 0 0
+    b        b    11          1 0 1 0
+    c        c    12          1 1 0 1
+
+Every row also sees the cached columns that are not padding. Masks are additive: 0 where a row sees a column, the
+dtype's minimum elsewhere. The buffers (:class:`StepMask`, :class:`StaticMask`) are written in place, each step only
+its own block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from .drafting.draft import tree_depth_rank
+
+
+def tree_depths(parents: np.ndarray) -> np.ndarray:
+    """Depth of each node (children of the root: 1). Example: ``[-1, -1, 0, 2]`` -> ``[1, 1, 2, 3]``."""
+    return tree_depth_rank(parents)[0]
+
+
+def pack_step(
+    pending: np.ndarray,
+    pending_pos: np.ndarray,
+    tree_tokens: np.ndarray,
+    tree_parents: np.ndarray,
+    col_visible: np.ndarray | None,
+    past_len: int,
+    dtype: torch.dtype,
+    window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    device: torch.device | str = "cpu",
+    tree_depth: np.ndarray | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Build the model inputs of one step, on the host, then copy them to ``device`` once.
+
+    - ``pending``: int[p] token ids; ``pending_pos``: int[p] their positions.
+    - ``tree_tokens``: int[n]; ``tree_parents``: int[n]; ``tree_depth``: int[n], the nodes' depths
+      (computed from the parents when not given).
+    - ``col_visible``: bool[past_len + p], False for padding among the cached and pending tokens,
+      or None when there is no padding.
+    - ``window``: optional (tokens int[m], position offsets from the last pending token int[m],
+      visibility bool[m, m]) of the window rows (a ``draft.WindowRows``).
+    - Returns ``input_ids`` long[1, q], ``position_ids`` long[1, q] and an additive ``mask`` of
+      ``dtype`` [1, 1, q, past_len+q] (0 where visible, dtype's min elsewhere), q = p + n + m.
+    """
+    pending = np.asarray(pending, dtype=np.int64).reshape(-1)
+    pending_pos = np.asarray(pending_pos, dtype=np.int64).reshape(-1)
+    p, n = len(pending), len(tree_tokens)
+    m = 0 if window is None else len(window[0])
+    q = p + n + m
+    host_dtype = np.float64 if dtype == torch.float64 else np.float32  # holds the dtype's min exactly
+    mask = np.empty((q, past_len + q), dtype=host_dtype)
+    fill_step_mask(mask, p, np.asarray(tree_parents, dtype=np.int64),
+                     np.asarray(window[2], dtype=bool) if m else _NO_WINDOW,
+                     _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool),
+                     float(torch.finfo(dtype).min))
+    depth = tree_depths(tree_parents) if tree_depth is None else tree_depth
+    ids, pos = step_inputs(pending, pending_pos, tree_tokens, depth, window, device)
+    return ids, pos, torch.from_numpy(mask[None, None]).to(device, dtype)
+
+
+def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndarray, tree_depth: np.ndarray,
+                window=None, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids long[1, q], position ids long[1, q]) of one step: the pending tokens, the tree nodes one past
+    the last pending position plus their depth - 1, the window rows at their offsets (see :func:`pack_step`).
+    A step with neither (a plain one) on a CPU reads ``pending`` and ``pending_pos`` as they are: views, valid
+    until the caller changes those arrays."""
+    m = 0 if window is None else len(window[0])
+    on_cpu = getattr(device, "type", device) == "cpu"
+    p, n = len(pending), len(tree_tokens)
+    if not m and not n and on_cpu:
+        return torch.from_numpy(pending[None]), torch.from_numpy(pending_pos[None])
+    both = np.empty((2, p + n + m), np.int64)  # [ids; positions]: one array, one copy to the device
+    both[0, :p], both[1, :p] = pending, pending_pos
+    last = pending_pos[-1]
+    if n:
+        both[0, p : p + n], both[1, p : p + n] = tree_tokens, last + np.asarray(tree_depth, dtype=np.int64)
+    if m:
+        both[0, p + n :], both[1, p + n :] = window[0], last + np.asarray(window[1], dtype=np.int64)
+    if on_cpu:
+        return torch.from_numpy(both[0:1]), torch.from_numpy(both[1:2])
+    t = torch.from_numpy(both).to(device)
+    return t[0:1], t[1:2]
+
+
+_NO_WINDOW = np.zeros((0, 0), dtype=bool)
+
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
+
+_NO_COLUMNS = np.zeros(0, dtype=bool)
+
+
+MASK_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class StepMask:
+    """One row's step masks in a preallocated buffer ``[1, 1, rows, columns]`` of the model's dtype, written in
+    place: each step writes only its own ``q x q`` block (``kernels.fill_step_block``) and returns a view
+    ``[1, 1, q, past + q]`` (the attention kernels take it as given; the row stride is the buffer's). What
+    :func:`pack_step` builds anew each step (a ``q x (past + q)`` array, then a copy to the device) this does
+    in O(q^2) host work; the prompt's step, with its many pending rows, stays :func:`pack_step`'s.
+
+    The buffer only ever holds 0 and the dtype's minimum, so the host writes them as integer bit patterns of the
+    same width (bf16 has no NumPy type). On a GPU the block is built on the host and copied into place.
+    Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]))`` ->
+    a [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``.
+    """
+
+    def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
+        self.dtype, self.device = dtype, torch.device(device)
+        self.col_visible = _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool)
+        bits = MASK_BITS[torch.finfo(dtype).bits // 8]
+        self.neg = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(bits).item())
+        self.bits = bits
+        self.buffer = torch.zeros((1, 1, rows, columns), dtype=dtype, device=self.device)
+        pad = np.flatnonzero(~self.col_visible[:columns])
+        if len(pad):
+            self.buffer[..., torch.from_numpy(pad).to(self.device)] = torch.finfo(dtype).min
+        self._host = self._host_view()
+        self.clean = 0  # columns before this are in the invariant state (visible, but padding)
+        self.rows_used = 0
+        self._inputs: torch.Tensor | None = None  # [2, rows] on a CPU: a step's ids and positions (:meth:`step`)
+
+    def _host_view(self) -> np.ndarray | None:
+        """The buffer's bits as a NumPy array sharing its memory (on a CPU), else None."""
+        return self.buffer[0, 0].view(self.bits).numpy() if self.device.type == "cpu" else None
+
+    def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None
+                 ) -> torch.Tensor:
+        """The additive mask [1, 1, q, past + q] of a step with ``pending`` tokens, the tree ``parents`` and the
+        window rows' visibility after ``past`` cached tokens (a view of the buffer, valid until the next call)."""
+        window = _NO_WINDOW if window_visible is None else window_visible
+        q = pending + len(parents) + window.shape[0]
+        host = self._host
+        if host is None or q > host.shape[0] or past + q > host.shape[1]:
+            if q > self.buffer.shape[2] or past + q > self.buffer.shape[3]:
+                self._grow(q, past + q)
+        clean = min(self.clean, past)
+        if host is not None:
+            fill_step_block(self._host, past, pending, parents, window, self.col_visible, self.neg, clean,
+                              self.rows_used)
+        else:
+            self._fill_on_device(past, pending, parents, window, clean, q)
+        return self._written(past, q)
+
+    def _written(self, past: int, q: int) -> torch.Tensor:
+        """After a step's block is written: the buffer's state moved on, and the mask [1, 1, q, past + q]."""
+        self.clean, self.rows_used = past, max(self.rows_used, q)
+        return self.buffer.as_strided((1, 1, q, past + q), self.buffer.stride())  # [:, :, :q, :past + q], cheaper
+
+    def step(self, past: int, pending: np.ndarray, pending_pos: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
+             parents: np.ndarray, window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
+        """(input ids long[1, q], position ids long[1, q], the mask of :meth:`__call__`) of a step: on a CPU written in
+        one kernel call into buffers kept across steps (views valid until the next call), else :func:`step_inputs`
+        and :meth:`__call__`. Arguments as :func:`step_inputs` and :meth:`__call__` take them; ``window``: the
+        window's rows (a ``draft.WindowRows``: tokens, offsets, visibility), or None."""
+        q = len(pending) + len(tokens) + (0 if window is None else len(window[0]))
+        host = self._host
+        if host is None or q > host.shape[0] or past + q > host.shape[1]:
+            mask = self(past, len(pending), parents, None if window is None else window[2])
+            return (*step_inputs(pending, pending_pos, tokens, depth, window, self.device), mask)
+        if self._inputs is None or self._inputs.shape[1] < host.shape[0]:  # new, or the mask's rows grew
+            self._inputs = torch.empty((2, host.shape[0]), dtype=torch.long)
+            self._inputs_host = self._inputs.numpy()
+        w_tokens, w_offsets, w_visible = (_NO_IDS, _NO_IDS, _NO_WINDOW) if window is None else window
+        fill_step(host, self._inputs_host, past, pending, pending_pos, tokens, depth, parents, w_tokens, w_offsets,
+                    w_visible, self.col_visible, self.neg, min(self.clean, past), self.rows_used)
+        inputs, width = self._inputs, self._inputs.shape[1]
+        return inputs.as_strided((1, q), (width, 1)), inputs.as_strided((1, q), (width, 1), width), self._written(past, q)
+
+    def _fill_on_device(self, past, pending, parents, window, clean, q) -> None:
+        block = np.empty((q, q), dtype=np.dtype(f"int{torch.finfo(self.dtype).bits}"))
+        fill_step_block(block, 0, pending, parents, window, _NO_COLUMNS, self.neg, 0, 0)
+        buf = self.buffer[0, 0].view(self.bits)
+        if past > clean and self.rows_used:
+            buf[: self.rows_used, clean:past] = 0
+            pad = np.flatnonzero(~self.col_visible[clean:past]) + clean if len(self.col_visible) else ()
+            if len(pad):
+                buf[:, torch.from_numpy(np.asarray(pad)).to(self.device)] = self.neg
+        buf[:q, past : past + q].copy_(torch.from_numpy(block), non_blocking=True)
+
+    def _grow(self, rows: int, columns: int) -> None:
+        old = self.buffer
+        new_rows, new_cols = max(rows, old.shape[2]), max(columns, 2 * old.shape[3])
+        self.buffer = torch.zeros((1, 1, new_rows, new_cols), dtype=self.dtype, device=self.device)
+        self.buffer[:, :, : old.shape[2], : old.shape[3]] = old
+        pad = np.flatnonzero(~self.col_visible[old.shape[3] : new_cols]) + old.shape[3]
+        if len(pad):
+            self.buffer[..., torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
+        if new_rows > old.shape[2] and old.shape[3]:  # new rows: visible cached columns, padding hidden
+            pad = np.flatnonzero(~self.col_visible[: old.shape[3]])
+            if len(pad):
+                self.buffer[:, :, old.shape[2] :, torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
+        self._host = self._host_view()
+
+
+class StaticMask:
+    """The masks of a static-cache call's steps, over all ``max_cache_len`` columns, in one buffer ``[1, 1, rows,
+    max_cache_len]`` of the model's dtype, written in place (``kernels.fill_static_block``): a step writes its
+    block, restores the columns the last steps touched, and returns the view of its bucket's rows.
+
+    Example: ``StaticMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]), q=8)`` ->
+    a [1, 1, 8, 512] view whose rows p, a, b see the 100 cached columns and ``p``, ``p a``, ``p a b``; the five
+    dummy rows see the cached columns, ``p`` and themselves; columns from 108 on are hidden everywhere.
+    """
+
+    def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
+        self.device = torch.device(device)
+        self.col_visible = np.zeros(0, dtype=bool) if col_visible is None else np.asarray(col_visible, dtype=bool)
+        self.bits = MASK_BITS[torch.finfo(dtype).bits // 8]
+        self.neg = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(self.bits).item())
+        self.buffer = torch.full((1, 1, rows, columns), torch.finfo(dtype).min, dtype=dtype, device=self.device)
+        self._host = self.buffer[0, 0].view(self.bits).numpy() if self.device.type == "cpu" else None
+        if self._host is None:  # on an accelerator: the same buffer on the host, copied over per step (its rows)
+            self._host = np.full((rows, columns), self.neg, dtype=np.dtype(f"int{torch.finfo(dtype).bits}"))
+        self.clean = self.dirty = self.rows_used = 0
+
+    def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None,
+                 q: int | None = None) -> torch.Tensor:
+        window = np.zeros((0, 0), dtype=bool) if window_visible is None else window_visible
+        real = pending + len(parents) + window.shape[0]
+        q = real if q is None else q
+        if q > self._host.shape[0] or past + q > self._host.shape[1]:
+            raise ValueError(f"a step of {q} rows after {past} cached columns does not fit the static cache's "
+                             f"{self._host.shape[1]} columns")
+        fill_static_block(self._host, past, pending, parents, window, self.col_visible, self.neg, self.clean,
+                            self.dirty, self.rows_used, q)
+        self.clean, self.dirty, self.rows_used = past, max(self.dirty, past + q), max(self.rows_used, q)
+        if self.device.type != "cpu":
+            rows = self.buffer[0, 0, :q].view(self.bits)
+            rows.copy_(torch.from_numpy(self._host[:q]), non_blocking=False)
+        return self.buffer[:, :, :q]
+
+
+def canonical(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the strides a new tensor of its shape has (a compiled graph guards on strides, even those of a
+    dimension of size 1, which ``contiguous()`` leaves as they are)."""
+    return t if t.stride() == torch.empty(t.shape, device="meta").stride() else t.clone(memory_format=torch.contiguous_format)
+
+
+def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.ndarray, drafts: list[Draft],
+               width: int, dtype: torch.dtype, device, fill_token: int = 0):
+    """The inputs of one batched step: (input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q])."""
+    b, p = pending.shape
+    q = p + width
+    past = col_visible.shape[1] - p
+    host_dtype = np.float64 if dtype == torch.float64 else np.float32
+    neg = float(torch.finfo(dtype).min)
+    mask = np.empty((b, q, past + q), dtype=host_dtype)
+    ids = np.full((b, q), fill_token, dtype=np.int64)
+    pos = np.empty((b, q), dtype=np.int64)
+    parents = np.full((b, width), -1, dtype=np.int64)  # a dummy node: a child of the root nothing else sees
+    ids[:, :p] = pending
+    pos[:, :p] = pending_pos
+    pos[:, p:] = pending_pos[:, -1:] + 1
+    for i, d in enumerate(drafts):
+        n = len(d)
+        if n:
+            parents[i, :n] = d.parents
+            ids[i, p : p + n] = d.tokens
+            pos[i, p : p + n] = pending_pos[i, -1] + d.depth
+    fill_batch_masks(mask, p, parents, col_visible, neg)
+    return (torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device),
+            torch.from_numpy(mask[:, None]).to(device, dtype))
+
+
+
+# -- kernels ----------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
+    """Fill the additive attention mask of one step in place: 0 where a row sees a column, ``neg`` elsewhere.
+
+    ``mask``: float[q, past_len + q] with q = p + n + m rows (pending tokens, tree nodes, window rows).
+    Pending rows are causal among themselves; node ``i`` sees the pending tokens, itself and its
+    ancestors (``parents``, parent-first); window rows see the pending tokens and what
+    ``window_visible`` bool[m, m] allows; tree and window rows never see each other. Every row sees
+    the cached columns, except those ``col_visible`` bool[past_len + p] marks as padding (an empty
+    ``col_visible`` means no padding).
+
+    Example: p = 1, parents ``[-1, -1, 0]``, no cache: rows ``p a b c`` see ``p``, ``p a``, ``p b``, ``p a c``.
+    """
+    q = mask.shape[0]
+    past = mask.shape[1] - q
+    mask[:, :past] = 0.0
+    _step_block(mask, past, p, parents, window_visible, neg)
+    if len(col_visible):
+        for j in range(past + p):
+            if not col_visible[j]:
+                mask[:, j] = neg
+
+
+@njit(cache=True, inline="always")
+def _step_block(mask, past, p, parents, window_visible, neg):
+    """The step's own block ``mask[:q, past:past + q]`` (see :func:`fill_step_mask`)."""
+    n = len(parents)
+    m = window_visible.shape[0]
+    q = p + n + m
+    for r in range(q):
+        for c in range(past, past + q):
+            mask[r, c] = neg
+    for i in range(p):
+        for j in range(i + 1):
+            mask[i, past + j] = 0
+    for i in range(n):
+        row = p + i
+        for j in range(p):
+            mask[row, past + j] = 0
+        a = i
+        while a >= 0:  # itself and its ancestors
+            mask[row, past + p + a] = 0
+            a = parents[a]
+    for i in range(m):
+        row = p + n + i
+        for j in range(p):
+            mask[row, past + j] = 0
+        for j in range(m):
+            if window_visible[i, j]:
+                mask[row, past + p + n + j] = 0
+
+
+@njit(cache=True)
+def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
+    """One step's additive mask written in place into a preallocated buffer ``mask`` [rows, columns] (any
+    integer or float view: it only ever holds 0 and ``neg``): the block ``mask[:q, past:past + q]`` as
+    :func:`fill_step_mask` would write it (q = p + n + m rows: pending tokens, tree nodes, window rows), after
+    restoring the buffer's invariant that every column before ``past`` is visible (0) in every row, but the
+    padding columns ``col_visible`` marks False (an empty ``col_visible``: none): columns ``clean_from .. past
+    - 1`` (the last step's block, now cached) of the first ``rows_used`` rows (the most rows any step wrote).
+
+    Example: past 3, p 1, parents ``[-1, 0]``, clean_from 2, rows_used 4: column 2 of rows 0-3 becomes 0, and
+    rows 0-2 of columns 3-5 become the block ``[[0, n, n], [0, 0, n], [0, 0, 0]]`` (n: ``neg``).
+    """
+    for r in range(rows_used):
+        for c in range(clean_from, past):
+            mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
+    _step_block(mask, past, p, parents, window_visible, neg)
+
+
+@njit(cache=True)
+def fill_step(mask, inputs, past, pending, pending_pos, tokens, depth, parents, window_tokens, window_offsets,
+              window_visible, col_visible, neg, clean_from, rows_used):
+    """:func:`fill_step_block` and the step's inputs in one call: ``inputs`` int64[2, >= q] gets the ids (row 0) and
+    positions (row 1) of the ``p`` pending tokens (``pending`` / ``pending_pos``), the tree's nodes (``tokens``,
+    one past the last pending position plus ``depth`` - 1) and the window's rows (``window_tokens`` at the last
+    pending position plus ``window_offsets``), as ``tree.step_inputs`` gives them.
+
+    Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]``, no window -> inputs
+    ``[[7, 5, 6], [9, 10, 11]]`` and the block of :func:`fill_step_block`."""
+    p = pending.shape[0]
+    n = tokens.shape[0]
+    fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)
+    last = pending_pos[p - 1]
+    for i in range(p):
+        inputs[0, i] = pending[i]
+        inputs[1, i] = pending_pos[i]
+    for j in range(n):
+        inputs[0, p + j] = tokens[j]
+        inputs[1, p + j] = last + depth[j]
+    for j in range(window_tokens.shape[0]):
+        inputs[0, p + n + j] = window_tokens[j]
+        inputs[1, p + n + j] = last + window_offsets[j]
+
+
+@njit(cache=True)
+def fill_static_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, dirty_to, rows_used,
+                      q):
+    """One step's additive mask in a preallocated buffer over a static cache's every column (``mask`` [rows,
+    max_cache_len], holding only 0 and ``neg``, all ``neg`` when new): the step's ``q`` rows (pending tokens,
+    tree nodes, window rows, then dummy rows up to the bucket's size) see the cached columns (but padding:
+    ``col_visible`` False; empty: none), and in the block ``mask[:q, past:past + q]`` what :func:`fill_step_mask`
+    gives them; a dummy row sees the pending tokens and itself; every later column is hidden.
+
+    Example: past 2, p 1, parents ``[-1]``, q 3 (one dummy): rows ``p a d`` see columns ``0 1 p``, ``0 1 p a``,
+    ``0 1 p d``; every column from 5 on is hidden."""
+    for r in range(rows_used, q):  # rows never used: their cached columns
+        for c in range(past):
+            mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
+    for r in range(rows_used):
+        for c in range(clean_from, min(dirty_to, mask.shape[1])):
+            if c < past:
+                mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
+            else:
+                mask[r, c] = neg
+    _step_block(mask, past, p, parents, window_visible, neg)
+    real = p + len(parents) + window_visible.shape[0]
+    for r in range(real, q):  # dummy rows: the pending tokens and themselves
+        for j in range(p):
+            mask[r, past + j] = 0
+        mask[r, past + r] = 0
+
+
+@njit(cache=True)
+def fill_batch_masks(mask, p, parents, col_visible, neg):
+    """:func:`fill_step_mask` for every row of a batch: ``mask`` float[b, q, T + q], ``parents`` int64[b, w] (a
+    dummy node: -1, a child of the root that nothing else sees), ``col_visible`` bool[b, T + p]."""
+    empty = np.zeros((0, 0), np.bool_)
+    for i in range(mask.shape[0]):
+        fill_step_mask(mask[i], p, parents[i], empty, col_visible[i], neg)
+
+
