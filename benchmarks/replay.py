@@ -3,7 +3,7 @@
 Greedy decoding is exact, so the tokens a decoder emits are plain ``generate``'s whatever the policy;
 and the trie holds, before output position ``i``, exactly the prompt and the first ``i`` output
 tokens however the steps were cut. So one recorded output per prompt is enough to replay any policy:
-at each step the decoder's own :class:`~lookahead.policy.DraftPolicy` drafts and chooses nodes, the
+at each step the decoder's own :class:`~lookahead.drafting.policy.DraftPolicy` drafts and chooses nodes, the
 decoder's own greedy walk accepts the path that matches the recorded output, and the step costs
 ``cost(rows)`` from a measured curve. What comes back is
 noise-free: target calls, tokens per call and the modelled time against plain decoding
@@ -22,7 +22,7 @@ The flat curve (:data:`FLAT_CURVE`, ``t(256) / t(1) = 1.02``) is the GPU regime,
 tokens costs about what one does: there tokens per call is the speed-up, and it measures what the
 draft sources can find, whatever the machine's timing.
 
-The model-prediction source (``recycle_k``) learns from every verified row's logits, which a
+The model-prediction source (``Tuning.recycle_k``) learns from every verified row's logits, which a
 recording lacks: the replay runs it off, or (``--topk``) from the accepted path's rows only, which
 underestimates it (``benchmarks/drafts_real.py`` runs the real decoder for it).
 
@@ -42,36 +42,44 @@ from dataclasses import replace
 
 import numpy as np
 
+from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cache import NgramTrie
-from lookahead.config import LookaheadConfig
+from lookahead.config import FLAT_CURVE, LookaheadConfig
 from lookahead.cost import CostModel
-from lookahead.policy import DraftPolicy, Limits
+from lookahead.drafting.policy import DraftPolicy, Limits
 from lookahead.verify import greedy_verify_argmax
-
-FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))
-"""A GPU-like cost curve: 64 verified tokens cost about what one does."""
 
 FLAT_METHODS = {
     "trie": {"copy_nodes": 0, "recycle_k": 0},
     "copy": {"tree_nodes": 0, "recycle_k": 0},
     "trie+copy": {"recycle_k": 0},
 }
-"""The draft sources compared on the flat curve: ``LookaheadConfig`` fields over the default. With
-``run --topk`` also ``model`` (the model's predictions alone) and ``default`` (all three)."""
+"""The draft sources compared on the flat curve (``config.FLAT_CURVE``: 64 verified tokens cost about what one
+does): ``Tuning`` fields over the default. With ``run --topk`` also ``model`` (the model's predictions alone) and
+``default`` (all three)."""
+
+
+def _replayed(config: LookaheadConfig, tuning: Tuning | None, topk) -> tuple[LookaheadConfig, Tuning]:
+    """``config`` without the window (the replay cannot run its rows) and ``tuning`` (None: the default) without
+    the model's predictions unless ``topk`` is given."""
+    tuning = DEFAULT if tuning is None else tuning
+    return replace(config, window=0), replace(tuning, recycle_k=tuning.recycle_k if topk is not None else 0)
 
 
 def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, config: LookaheadConfig,
-           cost: CostModel, topk: tuple[np.ndarray, np.ndarray] | None = None, tuning=None,
+           cost: CostModel, topk: tuple[np.ndarray, np.ndarray] | None = None, tuning: Tuning | None = None,
            policy: DraftPolicy | None = None) -> dict:
     """Replay one prompt: the decoder's steps on a recorded greedy ``output`` (see the module docstring).
+    ``config`` and ``tuning`` (None: the default ``Tuning``) are what ``LookaheadDecoder(config, _tuning=tuning)``
+    takes.
 
-    The very :class:`~lookahead.policy.DraftPolicy` the decoder uses drafts each step (without the
+    The very :class:`~lookahead.drafting.policy.DraftPolicy` the decoder uses drafts each step (without the
     window, whose rows the replay cannot run: its n-gram store would stay empty), and the very
     greedy walk of ``verify.py`` accepts: the model's argmax after a node of depth ``d`` is taken
     to be the recorded token ``d`` places on, which is exact for every node on the accepted path and
     never consulted elsewhere. ``cost`` prices a step of ``rows`` new tokens.
 
-    The model's own predictions (``recycle_k``) need every verified row's top-k, which a recording
+    The model's own predictions (``Tuning.recycle_k``) need every verified row's top-k, which a recording
     lacks: without ``topk`` that source is off. ``topk`` = (ids int[P + N, k], logits float[P + N, k]),
     the top-k of one forward over the prompt and output (:func:`record_topk`), position ``j``
     predicting token ``j + 1``, lets it learn from the prompt's rows (when the decoder would keep them)
@@ -85,10 +93,10 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
     """
     output = [int(t) for t in output]
     prompt = [int(t) for t in prompt]
-    config = replace(config, window_width=0, recycle_k=config.recycle_k if topk is not None else 0)
+    config, tuning = _replayed(config, tuning, topk)
     if policy is None:  # else one kept across calls, as one decoder's (its carried estimates, its tables)
-        policy = DraftPolicy(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity), None, tuning)
-    policy.start(prompt, Limits(len(prompt) + max_new_tokens), cost if config.adaptive else None)
+        policy = DraftPolicy(config, NgramTrie(max_n=tuning.ngram_size, capacity=tuning.trie_capacity), None, tuning)
+    policy.start(prompt, Limits(len(prompt) + max_new_tokens), cost if tuning.adaptive else None)
     if policy.recycle_k and policy.prompt_rows:  # the decoder keeps the prompt's rows in the first forward
         policy.learn_prompt(prompt[:-1], topk[0][: len(prompt) - 1], topk[1][: len(prompt) - 1])
     i, calls, seconds, budgets, accepted = 0, 0, 0.0, [], 0
@@ -163,10 +171,11 @@ def replay_prompt_lookup(prompt: Sequence[int], output: Sequence[int], max_new_t
 
 
 def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, topk: dict | None = None,
-               tuning=None, per_workload: bool = False) -> dict:
+               tuning: Tuning | None = None, per_workload: bool = False) -> dict:
     """Every recorded prompt; per workload the median, min and tokens/call of the modelled speed-up.
     ``config=None`` replays transformers' prompt lookup (10 tokens) instead of the decoder; ``topk``:
-    per prompt id, what :func:`replay` takes (from :func:`load_topk`); ``tuning``: the budget's constants;
+    per prompt id, what :func:`replay` takes (from :func:`load_topk`); ``tuning``: the decoder's constants (a
+    ``Tuning``; None: the default);
     ``per_workload``: one policy per workload, kept across its prompts in recording order (one decoder serving
     one kind of request), else a fresh one per prompt."""
     kept: dict[str, DraftPolicy] = {}
@@ -175,9 +184,9 @@ def replay_all(records: dict, config: LookaheadConfig | None, cost: CostModel, t
         if not per_workload or config is None:
             return None
         if record["workload"] not in kept:
-            cfg = replace(config, window_width=0, recycle_k=config.recycle_k if topk is not None else 0)
-            kept[record["workload"]] = DraftPolicy(cfg, NgramTrie(max_n=cfg.ngram_size, capacity=cfg.trie_capacity),
-                                                   None, tuning)
+            cfg, tun = _replayed(config, tuning, topk)
+            kept[record["workload"]] = DraftPolicy(cfg, NgramTrie(max_n=tun.ngram_size, capacity=tun.trie_capacity),
+                                                   None, tun)
         return kept[record["workload"]]
 
     per_prompt = {pid: (replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost,
@@ -200,23 +209,31 @@ def record(model, tokenizer, workloads: dict, max_new_tokens: int, cost: CostMod
     import torch
     from tqdm.auto import tqdm
 
-    from lookahead.bench.runner import _generate_kwargs, as_prompts, encode
+    from lookahead.tools.bench.runner import as_prompts, encode
 
     prompts = [(wl, p) for wl, items in workloads.items() for p in as_prompts(wl, items)]
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False}  # greedy, as the bench runs plain generate
+    eos = model.generation_config.eos_token_id
+    if model.generation_config.pad_token_id is None and eos is not None:
+        kwargs["pad_token_id"] = eos[0] if isinstance(eos, (list, tuple)) else eos
     out = {}
     for wl, p in tqdm(prompts, desc="record", disable=not progress, file=sys.stderr):
         inputs = encode(p, tokenizer, model.device)
         with torch.inference_mode():
-            seq = model.generate(**inputs, **_generate_kwargs(model, max_new_tokens, False))
+            seq = model.generate(**inputs, **kwargs)
         n = inputs["input_ids"].shape[1]
         out[p.id] = {"workload": wl, "prompt": seq[0, :n].tolist(), "output": seq[0, n:].tolist(),
                      "max_new_tokens": max_new_tokens}
-    if cost is None:
+    if cost is None:  # the curve the default decoder prices with: what one short call of it reports
         from lookahead import LookaheadDecoder
 
+        decoder = LookaheadDecoder()
+        inputs = encode(prompts[0][1], tokenizer, model.device)
         with torch.inference_mode():
-            cost = LookaheadDecoder().cost_curve(model)  # the curve the default decoder would price with
-    from lookahead.bench.runner import run_context
+            model.generate(**inputs, **{**kwargs, "max_new_tokens": 2}, custom_generate=decoder)
+        s = decoder.stats
+        cost = CostModel(s.cost_curve, provisional=s.cost_provisional, steps=s.cost_steps)
+    from lookahead.tools.bench.runner import run_context
 
     context = run_context(model, model_name, False, " ".join(sys.argv) if sys.argv else None)
     return {"context": context, "cost_curve": [list(p) for p in cost.points], "prompts": out}
@@ -269,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--max-new-tokens", type=int, default=160)
     rec.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     rec.add_argument("--out", default="replay.json")
-    run = sub.add_parser("run", help="replay the default LookaheadConfig, adaptive=False and prompt lookup, "
+    run = sub.add_parser("run", help="replay the default decoder, Tuning(adaptive=False) and prompt lookup, "
                                      "then the draft sources on a flat cost curve")
     run.add_argument("recording")
     run.add_argument("--topk", help="the recording's top-k (from `topk`): also replay the model's predictions")
@@ -283,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "topk":
         import torch
 
-        from lookahead.models import load_smollm2
+        from lookahead.tools.models import load_smollm2
 
         torch.set_num_threads(args.threads)
         with open(args.recording, encoding="utf-8") as f:
@@ -299,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         import torch
 
-        from lookahead.bench.workloads import WORKLOADS, build_workloads
-        from lookahead.models import load_smollm2
+        from lookahead.tools.bench.workloads import WORKLOADS, build_workloads
+        from lookahead.tools.models import load_smollm2
 
         torch.set_num_threads(args.threads)
         model, tok = load_smollm2()
@@ -315,18 +332,18 @@ def main(argv: list[str] | None = None) -> int:
     cost = CostModel(data["cost_curve"])
     results = {
         "lookahead": replay_all(data, LookaheadConfig(), cost),
-        "lookahead-fixed": replay_all(data, LookaheadConfig(adaptive=False), cost),
+        "lookahead-fixed": replay_all(data, LookaheadConfig(), cost, tuning=Tuning(adaptive=False)),
         "prompt-lookup": replay_all(data, None, cost),
     }
     flat = CostModel(FLAT_CURVE)
-    flat_results = {name: replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE, **fields), flat)
+    flat_results = {name: replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE), flat, tuning=Tuning(**fields))
                     for name, fields in FLAT_METHODS.items()}
     flat_results["prompt-lookup"] = replay_all(data, None, flat)
     if args.topk:  # the model's predictions, learned from the accepted path's rows only (a lower bound)
         topk = load_topk(args.topk)
         results["lookahead+model"] = replay_all(data, LookaheadConfig(), cost, topk)
-        flat_results["model"] = replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE, tree_nodes=0, copy_nodes=0),
-                                           flat, topk)
+        flat_results["model"] = replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE), flat, topk,
+                                           tuning=Tuning(tree_nodes=0, copy_nodes=0))
         flat_results["default"] = replay_all(data, LookaheadConfig(cost_curve=FLAT_CURVE), flat, topk)
     ctx = data.get("context") or {}
     if ctx:

@@ -1,10 +1,10 @@
 """The budget's estimates on recorded outputs, noise-free: variants of its constants, its headroom, its calibration.
 
-Each variant is :class:`~lookahead.tuning.BudgetTuning` with some fields replaced; every recorded prompt is
+Each variant is :class:`~lookahead._tuning.Tuning` with some fields replaced; every recorded prompt is
 replayed with a fresh decoder (:func:`benchmarks.replay.replay`) on three cost curves: the recording's own
 (the machine it was recorded on), a step curve (``--curve``, default this CPU family's fp32 step curve
 at 2 threads) and a bf16-like one, and the flat GPU-like curve. Prompts are split into the benchmark's own
-(``lookahead.bench``'s first four per workload: the prompts the goals are measured on, which must not
+(``lookahead.tools.bench``'s first four per workload: the prompts the goals are measured on, which must not
 steer the constants) and the others (the set the constants may be chosen on). For each split the mean
 modelled speed-up and the worst prompt are printed, plus the code-editing median.
 
@@ -34,12 +34,12 @@ from dataclasses import replace
 import numpy as np
 
 from benchmarks.replay import FLAT_CURVE, replay
+from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cache import NgramTrie
 from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
-from lookahead.draft import ORIGINS
-from lookahead.policy import DraftPolicy, Limits
-from lookahead.tuning import BudgetTuning
+from lookahead.drafting.draft import ORIGINS
+from lookahead.drafting.policy import DraftPolicy, Limits
 from lookahead.verify import greedy_verify_argmax
 
 STEP_FP32 = ((1, 0.0559), (2, 0.1019), (16, 0.1019), (32, 0.1212), (64, 0.1756))
@@ -50,9 +50,10 @@ STEP_BF16 = ((1, 0.0340), (2, 0.0340), (4, 0.0373), (8, 0.0402), (16, 0.0469), (
 
 def benchmark_prompt_ids() -> set[str]:
     """The prompt ids ``python -m lookahead bench --prompts-per-workload 4`` runs (the goals' prompts)."""
-    from lookahead.bench.workloads import build_workloads
+    from lookahead.tools.bench.workloads import build_workloads
 
-    return {p.id for prompts in build_workloads(["code-completion", "code-editing", "chat"], 4).values() for p in prompts}
+    workloads = build_workloads(["code-completion", "code-editing", "chat"], 4)
+    return {p.id for prompts in workloads.values() for p in prompts}
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -61,21 +62,22 @@ def parse_variant(text: str) -> tuple[str, dict]:
     fields = {}
     for part in filter(None, re.split(r",(?![^\[]*\])", text)):
         name, _, value = part.partition("=")
-        if name not in BudgetTuning.__dataclass_fields__:
-            raise ValueError(f"--variant: {name!r} is not a BudgetTuning field")
+        if name not in Tuning.__dataclass_fields__:
+            raise ValueError(f"--variant: {name!r} is not a Tuning field")
         parsed = json.loads(value)
         fields[name] = tuple(parsed) if isinstance(parsed, list) else parsed
     return text, fields
 
 
-def evaluate(records: dict, tuning: BudgetTuning, cost: CostModel, held_out: set[str]) -> dict:
+def evaluate(records: dict, tuning: Tuning, cost: CostModel, held_out: set[str]) -> dict:
     """Per split (``tune``: prompts not in ``held_out``, ``held_out``), the mean and worst modelled speed-up;
     ``code_editing_median`` over every code-editing prompt."""
     config = LookaheadConfig()
     speed = {pid: replay(r["prompt"], r["output"], r["max_new_tokens"], config, cost, None, tuning)["speedup"]
              for pid, r in records["prompts"].items()}
     out = {}
-    for split, ids in (("tune", [p for p in speed if p not in held_out]), ("held_out", [p for p in speed if p in held_out])):
+    for split, ids in (("tune", [p for p in speed if p not in held_out]),
+                       ("held_out", [p for p in speed if p in held_out])):
         values = [speed[p] for p in ids]
         out[split] = {"mean": statistics.mean(values), "worst": min(values), "prompts": len(values)} if values else None
     ce = [speed[p] for p, r in records["prompts"].items() if r["workload"] == "code-editing"]
@@ -83,10 +85,12 @@ def evaluate(records: dict, tuning: BudgetTuning, cost: CostModel, held_out: set
     return out
 
 
-def _policy(config: LookaheadConfig, record: dict, cost: CostModel | None) -> DraftPolicy:
-    """A fresh policy (no window, no model predictions: a recording has neither), started on ``record``."""
-    config = replace(config, window_width=0, recycle_k=0)
-    policy = DraftPolicy(config, NgramTrie(max_n=config.ngram_size, capacity=config.trie_capacity))
+def _policy(tuning: Tuning, record: dict, cost: CostModel | None) -> DraftPolicy:
+    """A fresh policy of the default config with ``tuning`` (no window, no model predictions: a recording has
+    neither), started on ``record``."""
+    tuning = replace(tuning, recycle_k=0)
+    policy = DraftPolicy(LookaheadConfig(window=0), NgramTrie(max_n=tuning.ngram_size, capacity=tuning.trie_capacity),
+                         None, tuning)
     policy.start(record["prompt"], Limits(len(record["prompt"]) + record["max_new_tokens"]), cost)
     return policy
 
@@ -103,7 +107,7 @@ def oracle(record: dict, cost: CostModel) -> dict:
     full proposal it verifies the ``a`` nodes that will be accepted when ``(1 + a) / t(1 + a)`` beats
     ``1 / t(1)``, else nothing."""
     output = record["output"]
-    policy = _policy(LookaheadConfig(adaptive=False), record, None)
+    policy = _policy(Tuning(adaptive=False), record, None)
     i, calls, priced = 0, 0, 0.0
     while i < len(output):
         length = len(record["prompt"]) + i
@@ -127,8 +131,8 @@ def calibration(records: dict, cost: CostModel) -> dict[str, np.ndarray]:
     predicted, accepted, origin = [], [], []
     for record in records["prompts"].values():
         output = record["output"]
-        full = _policy(LookaheadConfig(adaptive=False), record, None)  # the same sources, no cut
-        policy = _policy(LookaheadConfig(), record, cost)
+        full = _policy(Tuning(adaptive=False), record, None)  # the same sources, no cut
+        policy = _policy(DEFAULT, record, cost)
         i = 0
         while i < len(output):
             length = len(record["prompt"]) + i
@@ -156,8 +160,8 @@ def calibration_table(cal: dict[str, np.ndarray]) -> str:
     """Markdown: per bin of the estimate, the nodes, their mean estimate and how many were accepted (all, and
     per origin)."""
     origins = [k for k in range(len(ORIGINS)) if np.any(cal["origin"] == k)]
-    lines = ["| estimated | nodes | mean estimate | accepted | " + " | ".join(f"accepted: {ORIGINS[k]}" for k in origins)
-             + " |", "|---" * (4 + len(origins)) + "|"]
+    lines = ["| estimated | nodes | mean estimate | accepted | "
+             + " | ".join(f"accepted: {ORIGINS[k]}" for k in origins) + " |", "|---" * (4 + len(origins)) + "|"]
     p, a = cal["predicted"], cal["accepted"]
     for lo, hi in zip(BINS[:-1], BINS[1:]):
         m = (p >= lo) & ((p < hi) if hi < 1 else (p <= hi))
@@ -201,7 +205,7 @@ def plot_calibration(cal: dict[str, np.ndarray], path: str, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.replay_tuning", description=__doc__.split("\n\n")[0])
     parser.add_argument("recording")
-    parser.add_argument("--variant", action="append", default=[], help="BudgetTuning fields to replace, "
+    parser.add_argument("--variant", action="append", default=[], help="Tuning fields to replace, "
                         "e.g. margin=1.0,depth_cells=16 (repeatable; the default tuning always runs first)")
     parser.add_argument("--oracle", action="store_true", help="also the speed-up of a budget that knew each outcome")
     parser.add_argument("--calibration", action="store_true", help="also the estimates' reliability table")
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     curves = {"recorded": CostModel([tuple(p) for p in records["cost_curve"]]), "step-fp32": CostModel(list(STEP_FP32)),
               "step-bf16": CostModel(list(STEP_BF16)), "flat": CostModel(list(FLAT_CURVE))}
     held_out = benchmark_prompt_ids()
-    base = BudgetTuning()
+    base = DEFAULT
     print("| variant | curve | others: mean / worst | benchmark's: mean / worst | code editing median |")
     print("|---|---|---|---|---|")
     for label, fields in [("default", {})] + [parse_variant(v) for v in args.variant]:

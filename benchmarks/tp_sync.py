@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 benchmarks/tp_sync.py [--out benchmarks/results/tp-sync.json]
 
-On every rank: the per-call time of ``lookahead.distributed.RankSync``'s collectives (a step's
+On every rank: the per-call time of ``lookahead.parallel.RankSync``'s collectives (a step's
 ``check`` with the fields a decode step would compare, the same with ``shared`` floats, ``seeds``, the
 ``broadcast`` of a cost curve) and of a bare all-gather of the same message, then the forward time of two
 random Llamas loaded with ``tp_plan="auto"`` (a tiny one and a 25M-parameter one) for 1, 16 and 64 new
@@ -35,7 +35,7 @@ def median_us(fn, repeats: int) -> float:
 
 def sync_costs(repeats: int) -> dict:
     from lookahead.cost import CostModel
-    from lookahead.distributed import RankSync, encode_message
+    from lookahead.parallel import RankSync, encode_message
 
     sync = RankSync(every=1)
     ids = torch.randint(0, 1000, (1, 64), generator=torch.Generator().manual_seed(0))  # a 64-row step

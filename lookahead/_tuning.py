@@ -106,38 +106,70 @@ class Tuning:
     explain_costly: tuple = (1.2, 1.5)
 
     def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"Tuning.{name}={getattr(self, name)!r} is invalid: {why}")
+
         for f in fields(self):
-            value = getattr(self, f.name)
-            default = f.default
+            value, default = getattr(self, f.name), f.default
             if isinstance(default, bool):
                 ok = isinstance(value, bool)
-            elif isinstance(default, int):
-                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            elif isinstance(default, float):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            elif isinstance(default, (int, float)):
+                ok = (isinstance(value, (int, float) if isinstance(default, float) else int)
+                      and not isinstance(value, bool) and value >= 0)
             else:
                 ok = isinstance(value, type(default))
             if not ok:
-                raise ValueError(f"Tuning.{f.name}={value!r} is invalid: must be a non-negative "
-                                 f"{type(default).__name__}")
-        if self.ngram_size < 2 or not 1 <= self.max_match < self.ngram_size:
-            raise ValueError(f"Tuning.max_match={self.max_match!r} is invalid: needs 1 <= max_match < ngram_size "
-                             f"({self.ngram_size})")
-        if self.trie_capacity < 4 * self.ngram_size ** 2:
-            raise ValueError(f"Tuning.trie_capacity={self.trie_capacity!r} is invalid: at least 4 * ngram_size**2")
-        if self.window_ngram < 2:
-            raise ValueError(f"Tuning.window_ngram={self.window_ngram!r} is invalid: at least 2")
-        for name in ("decay", "belief_relax", "window_gain_keep", "refine_relax"):
+                kind = {bool: "a bool", int: "an int >= 0", float: "a number >= 0"}.get(type(default),
+                                                                                       f"a {type(default).__name__}")
+                raise bad(f.name, f"must be {kind}")
+        for name, low, high in (("ngram_size", 2, 64), ("window_ngram", 2, 64), ("depth_cells", 1, 64),
+                                ("rank_cells", 1, 64), ("probe_every", 1, 1 << 30), ("window_probe_every", 1, 1 << 30),
+                                ("tree_nodes", 0, 256), ("tree_depth", 0, 64), ("copy_nodes", 0, 256),
+                                ("copy_depth", 1, 256), ("copy_branches", 1, 64), ("copy_branch_depth", 1, 256),
+                                ("recycle_k", 0, 64), ("recycle_nodes", 1, 256), ("recycle_depth", 1, 64),
+                                ("fill_nodes", 0, 64), ("window_auto_width", 1, 128), ("window_candidates", 0, 128),
+                                ("corpus_ngram", 2, 64), ("copy_capacity", 16, 1 << 28), ("draft_depth", 1, 64),
+                                ("draft_branches", 1, 8), ("layout_max_rows", 2, 1 << 12)):
+            if not low <= getattr(self, name) <= high:
+                raise bad(name, f"must be in [{low}, {high}]")
+        if not 1 <= self.max_match < self.ngram_size:
+            raise bad("max_match", f"needs 1 <= max_match < ngram_size ({self.ngram_size})")
+        if not 4 * self.ngram_size ** 2 <= self.trie_capacity <= 1 << 27:
+            raise bad("trie_capacity", f"must be in [4 * ngram_size**2 = {4 * self.ngram_size ** 2}, {1 << 27}]")
+        for name in ("decay", "belief_relax", "window_gain_keep", "refine_relax", "self_draft_size"):
             if getattr(self, name) > 1:
-                raise ValueError(f"Tuning.{name}={getattr(self, name)!r} is invalid: must be in [0, 1]")
-        for name in ("belief_prior", "belief_off_scale", "depth_lift", "refine_weight"):
+                raise bad(name, "must be in [0, 1]")
+        for name in ("depth_lift", "refine_weight"):
             if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"Tuning.{name}={getattr(self, name)!r} is invalid: must be in (0, 1]")
+                raise bad(name, "must be in (0, 1]")
+        for name in ("belief_prior", "belief_off_scale"):
+            if not 0 < getattr(self, name) < 1:
+                raise bad(name, "must be in (0, 1)")
+
+        def numbers(value, count=None, positive=True, increasing=False) -> bool:
+            try:
+                xs = [float(x) for x in value]
+            except (TypeError, ValueError):
+                return False
+            return ((count is None or len(xs) == count) and bool(xs) and all(x > 0 or not positive for x in xs)
+                    and (not increasing or all(a < b for a, b in zip(xs, xs[1:]))))
+
+        if not all(isinstance(p, tuple) and numbers(p, 2) for p in self.priors) or not self.priors:
+            raise bad("priors", "needs one (a > 0, b > 0) pair per rank")
+        if not numbers(self.match_scale, 3):
+            raise bad("match_scale", "needs three positive factors (match 1, 2, 3+)")
+        for name in ("copy_buckets", "recycle_buckets", "explain_costly"):
+            if not numbers(getattr(self, name), 2, increasing=name != "explain_costly"):
+                raise bad(name, "needs two positive numbers, increasing")
+        if not numbers(self.step_nodes_auto, 2) or self.step_nodes_auto[0] > self.step_nodes_auto[1]:
+            raise bad("step_nodes_auto", "needs (narrow, wide) with 0 < narrow <= wide")
+        if not numbers(self.step_nodes_levels) or list(self.step_nodes_levels) != sorted(self.step_nodes_levels,
+                                                                                        reverse=True):
+            raise bad("step_nodes_levels", "needs positive sizes, widest first")
+        if not numbers(self.buckets, increasing=True) or self.buckets[0] != 1:
+            raise bad("buckets", "needs increasing sizes from 1")
         if self.linear_layout not in ("auto", "linear", "transposed", "onednn"):
-            raise ValueError(f"Tuning.linear_layout={self.linear_layout!r} is invalid: auto, linear, transposed "
-                             "or onednn")
-        if not self.priors or any(len(p) != 2 or min(p) <= 0 for p in self.priors):
-            raise ValueError(f"Tuning.priors={self.priors!r} is invalid: one (a > 0, b > 0) pair per rank")
+            raise bad("linear_layout", "must be 'auto', 'linear', 'transposed' or 'onednn'")
 
 
 DEFAULT = Tuning()

@@ -38,6 +38,7 @@ list of plain key/value layer classes, so hybrid layers are still refused before
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import sys
@@ -319,3 +320,51 @@ def forward_with_hidden(model, ids, pos, mask, forward_kwargs: dict, keep: int):
     hidden = hidden[:, -keep:]
     logits = model.get_output_embeddings()(hidden)
     return (logits if logits.dtype == torch.float32 else logits.float()), hidden
+
+
+GROUPED_ATTENTION = "lookahead_grouped_sdpa"
+"""The name under which :func:`grouped_attention` is registered in transformers' ``AttentionInterface`` (its public
+plugin point, a registry entry no other model uses): only the modules of a ``lookahead.cpu`` shadow name it."""
+
+
+def grouped_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                      **kwargs):
+    """transformers' SDPA attention (5.25's ``sdpa_attention_forward``), with grouped keys and values handed to SDPA
+    as they are (``enable_gqa``) where a mask is given, as ``TRANSFORMERS_SDPA_FORCE_GQA`` makes it do, instead of
+    repeated per query head first: the same logits, without a copy of every layer's keys and values per step. Every
+    other case is transformers' own function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (attention_mask is None or groups <= 1 or query.shape[2] == 1 or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None or kwargs.get("output_attentions")):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, is_causal=False,
+                                                           enable_gqa=True)
+    return out.reshape(out.shape[0], -1, query.shape[2], value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def grouped_config(config):
+    """A copy of an attention module's ``config`` naming :data:`GROUPED_ATTENTION` (registered on first use) as its
+    attention implementation (the private ``_attn_implementation_internal``)."""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if GROUPED_ATTENTION not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
+    other = copy.copy(config)
+    other.__dict__["_attn_implementation_internal"] = GROUPED_ATTENTION
+    return other
+
+
+def grouped_applies(model) -> bool:
+    """Whether ``model``'s multi-row steps should run :func:`grouped_attention`: on a CPU (CUDA's SDPA has no kernel
+    taking a mask and grouped keys), SDPA attention with fewer key/value heads than query heads, torch 2.5+."""
+    if model.device.type != "cpu" or tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5):
+        return False
+    text = text_config(model)
+    heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or not 0 < kv_heads < heads:
+        return False
+    return getattr(text, "_attn_implementation", None) == "sdpa"

@@ -553,8 +553,9 @@ class Calibrations:
         ``LookaheadDecoder`` measures, :data:`STEP_VARIANT`), or None."""
         curves = self._curves.get(model, {})
         entry = curves.get(model_key(model))
-        if variant is None and entry is None:
-            variant = STEP_VARIANT
+        if variant is None and entry is None:  # the decoder's: with grouped attention on a CPU, else plain steps
+            entry = curves.get(model_key(model) + (STEP_VARIANT + "+grouped",))
+            variant = None if entry is not None else STEP_VARIANT
         if variant:
             entry = curves.get(model_key(model) + (variant,))
         return None if entry is None else entry.curve

@@ -212,41 +212,54 @@ class LookaheadDecoder:
 
     def price(self, call) -> CostModel | None:
         """The cost curve ``call``'s budget prices with (None: no budget), in the call's statistics: the configured
-        one, else the one measured for the model (once per model, machine, dtype and threads; kept on disk); on a CPU
-        in full precision, with the layouts of ``lookahead.cpu`` where they pay (they then run the call's steps)."""
-        if not self.tuning.adaptive:
-            return None
-        stats = self.stats
+        one, else the one measured for the model (once per model, machine, dtype and threads; kept on disk). On a CPU
+        the steps run through ``lookahead.cpu``'s shadow of the model where it applies (grouped attention), and in
+        another linear layout where that pays, or where the tuning forces one."""
+        stats, model, tuning = self.stats, call.model, self.tuning
         t = self.clock()
-        if self.config.cost_curve:
+        cpu = call.sync is None and _on_cpu(model)
+        grouped = cpu and compat.grouped_applies(model)
+        if grouped:
+            from .cpu import LinearPlan, shadow
+
+            call.runner = shadow(model, LinearPlan(), grouped=True)
+        base = call.runner
+        if not tuning.adaptive:
+            curve = None
+        elif self.config.cost_curve:
             curve = CostModel(self.config.cost_curve)
         elif call.sync is not None:
             curve = self._sharded_curve(call)
         else:
-            curve = self._measured_curve(call)
+            curve = self._measured_curve(call, STEP_VARIANT + ("+grouped" if grouped else ""))
+        if tuning.linear_layout in ("transposed", "onednn") and call.runner is base and cpu \
+                and _layouts_may_pay(model, tuning):  # a forced layout, whatever the curve
+            from .cpu import forced
+
+            call.runner, stats.linear_layout = forced(model, tuning, grouped)
         stats.time_calibration = self.clock() - t
-        stats.cost_curve, stats.cost_steps, stats.cost_provisional = curve.points, curve.steps, curve.provisional
+        if curve is not None:
+            stats.cost_curve, stats.cost_steps, stats.cost_provisional = curve.points, curve.steps, curve.provisional
         return curve
 
-    def _measured_curve(self, call) -> CostModel:
-        model = call.model
+    def _measured_curve(self, call, variant: str) -> CostModel:
+        model, base = call.model, call.runner
         rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
         persist = None if self.clock is time.perf_counter else False  # an injected clock is not this machine's
         factory = (lambda: new_cache(model)) if call.window is None else DynamicCache
-        timer = []  # one prefilled timer shared by every curve this call measures
+        timer = []  # one prefilled timer per runner
 
-        def measure(sizes, runner=model):
+        def measure(sizes, runner=base):
             if not timer or timer[0][0] < max(sizes) or timer[0][1] is not runner:
                 timer[:] = [(max(sizes), runner, step_timer(call, factory, self.clock, max(sizes), runner))]
             return calibrate_curve(timer[0][2], sizes, clock=self.clock)
 
-        curve = self.calibrations.get(model, rows, measure, STEP_VARIANT, persist=persist)
+        curve = self.calibrations.get(model, rows, measure, variant, persist=persist)
         if self.tuning.linear_layout != "linear" and _layouts_may_pay(model, self.tuning):
             from .cpu import plan_steps
 
-            curve, call.runner, stats_layout = plan_steps(model, curve, measure, self.calibrations, rows,
-                                                          self.tuning, persist)
-            self.stats.linear_layout = stats_layout
+            curve, call.runner, self.stats.linear_layout = plan_steps(model, curve, measure, self.calibrations, rows,
+                                                                      self.tuning, persist, base, variant)
         return curve
 
     def _sharded_curve(self, call) -> CostModel:
@@ -305,11 +318,16 @@ def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int =
     return time_one
 
 
+def _on_cpu(model) -> bool:
+    """Whether ``model`` runs whole on a CPU (not spread over devices by ``device_map``)."""
+    device = getattr(model, "device", None)
+    return device is not None and torch.device(device).type == "cpu" and not getattr(model, "hf_device_map", None)
+
+
 def _layouts_may_pay(model, tuning: Tuning) -> bool:
     """Whether ``lookahead.cpu``'s layouts are worth timing for ``model``: on a CPU, full-precision weights, big
     enough, forced by the tuning otherwise."""
-    device = getattr(model, "device", None)
-    if device is None or torch.device(device).type != "cpu" or getattr(model, "hf_device_map", None):
+    if not _on_cpu(model):
         return False
     if tuning.linear_layout != "auto":
         return True
@@ -376,9 +394,9 @@ def _warn_if_uncompiled() -> None:
     if _CHECKED:
         return
     _CHECKED.append(True)
-    from .numba_kernels import kernels_compiled
+    from .numba_kernels import kernel_modules, kernels_compiled
 
-    if kernels_compiled() is False:
+    if kernels_compiled(kernel_modules(core=True)) is False:
         import logging
 
         logging.getLogger("lookahead").warning(

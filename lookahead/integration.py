@@ -4,7 +4,7 @@
     from lookahead import LookaheadDecoder
 
     lookahead.enable(model)
-    model.generate(**inputs, assistant=LookaheadDecoder(tree_nodes=8))  # decodes with that decoder
+    model.generate(**inputs, assistant=LookaheadDecoder(window=0))  # decodes with that decoder
     model.generate(**inputs, lookahead=True)                            # with the default decoder
 
     pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
@@ -58,7 +58,7 @@ How it works (the decisions):
   warning that the default is not used; one that passes ``custom_generate=decoder`` runs that decoder,
   without one. What only the decoder's set-up can tell (a batch of an ALiBi model, a padded row on a
   static cache past a sliding window, images on a static cache with sliding layers) is refused there,
-  before any decoding step (``call.is_refusal``), and the call then runs plain ``generate`` the same
+  before any decoding step (``checks.is_refusal``), and the call then runs plain ``generate`` the same
   way (a streamer gets the prompt once). An explicit ``assistant=`` / ``lookahead=True`` raises the
   decoder's error instead.
 - **Shared state.** A decoder holds its trie and its last call's ``stats``: use one decoder per
@@ -73,7 +73,8 @@ import warnings
 
 import torch
 
-from . import call, compat
+from . import compat
+from .checks import check_supported, is_refusal
 from .decoder import LookaheadDecoder
 
 __all__ = ["LookaheadGenerate", "enable", "disable", "is_enabled"]
@@ -129,7 +130,7 @@ class LookaheadGenerate:
         try:
             return type(self.model).generate(self.model, *args, **kwargs)
         except ValueError as err:  # refused in the decoder's own set-up (what _why_not_default cannot see ahead)
-            if not call.is_refusal(err):
+            if not is_refusal(err):
                 raise
             warnings.warn(f"lookahead: this call runs plain generate(), not the default LookaheadDecoder: {err}",
                           UserWarning, stacklevel=2)
@@ -188,7 +189,7 @@ class LookaheadGenerate:
         batch = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() >= 2 else 1
         batch *= max(config.num_return_sequences or 1, 1)
         try:
-            call.check_supported(model, batch, config, bool(kwargs.get("synced_gpus")), self.default)
+            check_supported(model, batch, config, bool(kwargs.get("synced_gpus")), self.default)
         except ValueError as err:
             return str(err)
         return None

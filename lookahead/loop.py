@@ -129,10 +129,11 @@ class Call:
             self.sync.check(self.stats.target_calls, ids=ids, positions=pos, keep=keep, mask=_mask_shapes(mask),
                             cached=(cache if cache is not None else self.cache).get_seq_length())
         self.stats.target_calls += 1
+        # one row of one token (a plain step) runs the model itself: plain generate's computation
+        run = runner if runner is not None else (self.runner if cache is None and ids.numel() > 1 else self.model)
         if self.wants_hidden and cache is None:
-            logits, self.hidden = compat.forward_with_hidden(self.model, ids, pos, mask, kwargs, keep)
+            logits, self.hidden = compat.forward_with_hidden(run, ids, pos, mask, kwargs, keep)
         else:
-            run = runner if runner is not None else (self.runner if cache is None else self.model)
             logits = compat.last_logits(run, ids, pos, mask, kwargs, self.keeps_logits, keep)
         return logits if logits.device == self.device else logits.to(self.device)
 
@@ -181,7 +182,7 @@ class Call:
         """The accepted path's final hidden states [1 + a, H] (the root's row, then each accepted node's)."""
         if self.hidden is None:
             return None
-        root = self.hidden.shape[1] - step.keep
+        root = self.hidden.shape[1] - step.rows
         nodes = accepted[0]
         return self.hidden[0, root : root + 1] if not nodes else self.hidden[0, [root, *(root + 1 + j for j in nodes)]]
 

@@ -11,9 +11,17 @@ import logging
 import pkgutil
 
 
-def kernel_modules() -> list:
-    """The package's modules that define Numba kernels (their source says ``njit``), imported. The n-gram
-    store's folder installs as ``lookahead.cache`` from outside ``lookahead/``, so it is walked too."""
+CORE = ("lookahead.budget", "lookahead.loop", "lookahead.packing", "lookahead.verify", "lookahead.drafting.kernels",
+        "lookahead.drafting.recycle", "lookahead.cache.kernels", "lookahead.cache.primitives", "lookahead.cache.suffix")
+"""The modules whose kernels a default call runs (the optional subpackages have their own)."""
+
+
+def kernel_modules(core: bool = False) -> list:
+    """The package's modules that define Numba kernels (their source says ``njit``), imported; ``core``: only
+    :data:`CORE`'s. The n-gram store's folder installs as ``lookahead.cache`` from outside ``lookahead/``, so it is
+    walked too."""
+    if core:
+        return [importlib.import_module(name) for name in CORE]
     names = set()
     for package in ("lookahead", "lookahead.cache"):
         names.update(info.name for info in pkgutil.walk_packages(importlib.import_module(package).__path__,

@@ -1,4 +1,4 @@
-"""A plain-Python reference of merging draft trees, for the tests of ``proposer.merge_proposals`` (Numba)."""
+"""A plain-Python reference of merging draft trees, for the tests of ``drafting.sources.merge_proposals`` (Numba)."""
 
 from __future__ import annotations
 

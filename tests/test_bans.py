@@ -14,8 +14,11 @@ import torch
 from transformers.generation import logits_process as lp
 
 from lookahead import LookaheadDecoder
-from lookahead import kernels as K
+from lookahead import verify as K
+from lookahead._tuning import Tuning
 from lookahead.compat import token_bans
+
+FIXED = Tuning(adaptive=False)  # no budget: every step verifies the whole (shallowest-cut) draft
 
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 
@@ -97,13 +100,13 @@ def test_min_new_tokens_with_eos_likely_is_exact_on_the_fast_path(tiny_models, a
                         lambda self, i, s: runs.append(i.shape[-1]) or real(self, i, s))
     called = []
     spy = lp.LogitsProcessorList([_Spy(called)])
-    dec = LookaheadDecoder(adaptive=False)
+    dec = LookaheadDecoder(_tuning=FIXED)
     ours = model.generate(ids, **kw, custom_generate=dec)
     assert ours.tolist() == plain.tolist()
     assert not runs  # the bans were applied to the rows' top-k; the processor never ran
     assert dec.stats.target_calls < ours.shape[1] - ids.shape[1] or ours.shape[1] - ids.shape[1] <= 2
     # with a processor of another kind beside it, every verified row is processed: still exact
-    again = model.generate(ids, **kw, logits_processor=spy, custom_generate=LookaheadDecoder(adaptive=False))
+    again = model.generate(ids, **kw, logits_processor=spy, custom_generate=LookaheadDecoder(_tuning=FIXED))
     assert again.tolist() == model.generate(ids, **kw, logits_processor=lp.LogitsProcessorList([_Spy([])])).tolist()
     assert called
 
@@ -136,5 +139,5 @@ def test_bans_in_a_batch_are_exact(tiny_models):
     first = model.generate(ids, max_new_tokens=1, do_sample=False, eos_token_id=None)[:, -1].tolist()
     kw = dict(max_new_tokens=20, min_new_tokens=8, do_sample=False, eos_token_id=first[0], pad_token_id=0)
     plain = model.generate(ids, **kw)
-    ours = model.generate(ids, **kw, custom_generate=LookaheadDecoder(adaptive=False))
+    ours = model.generate(ids, **kw, custom_generate=LookaheadDecoder(_tuning=FIXED))
     assert ours.tolist() == plain.tolist()

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder
-from lookahead import kernels as K
-from lookahead.acceptance import AcceptanceStats, CopyBelief
-from lookahead.budget import Budget, choose_nodes
+from lookahead import budget as K
+from lookahead._tuning import Tuning
+from lookahead.budget import AcceptanceStats, Budget, CopyBelief, choose_nodes
 from lookahead.cost import CostModel
-from lookahead.draft import ORIGINS, Draft, WindowRows
-from lookahead.tree import tree_depth_rank
-from lookahead.tuning import BudgetTuning
+from lookahead.drafting import kernels as DK
+from lookahead.drafting.draft import ORIGINS, Draft, WindowRows, tree_depth_rank
 
 FLAT = CostModel([(1, 0.010), (64, 0.0105)])  # a datacenter GPU: 64 tokens cost as much as one
 STEEP = CostModel([(1, 0.036), (2, 0.041), (4, 0.057), (8, 0.067), (16, 0.075), (32, 0.114), (64, 0.136)])
@@ -72,11 +71,11 @@ def test_keep_reindexes_and_rejects_orphans():
     assert kept.tokens.tolist() == [5, 6, 8] and kept.parents.tolist() == [-1, -1, 1]
     assert kept.origin.tolist() == [0, 1, 1]
     ar = np.arange(4)  # the kernel's docstring example: parents [-1, -1, 0, 1], keep [0, 1, 3]
-    ints, origin, ok = K.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar + 10, ar + 20, ar + 30,
+    ints, origin, ok = DK.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar + 10, ar + 20, ar + 30,
                                     np.array([0, 1, 3]))
     assert ok and ints.tolist() == [[0, 1, 3], [-1, -1, 1], [0, 1, 3], [10, 11, 13], [20, 21, 23], [30, 31, 33]]
     assert origin.dtype == np.int8 and origin.tolist() == [0, 1, 3]
-    assert not K.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar, ar, ar, np.array([0, 3]))[-1]
+    assert not DK.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar, ar, ar, np.array([0, 3]))[-1]
     with pytest.raises(ValueError):
         Draft.build(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), np.ones(2)).keep([1])
 
@@ -99,7 +98,7 @@ def test_depth_rank():
 
 
 def test_acceptance_stats_learn():
-    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(priors=((1.0, 1.0),), decay=1.0))
+    acc = AcceptanceStats(len(ORIGINS), Tuning(priors=((1.0, 1.0),), decay=1.0))
     d = _draft([-1, -1, 0])
     for _ in range(20):
         acc.update(d, [0, 2])  # first child and its child are always accepted
@@ -110,9 +109,9 @@ def test_acceptance_stats_learn():
 
 
 def test_kernel_examples():
-    depth, rank, ok = K.depth_rank(np.array([-1, -1, 0, 0, 1]))
+    depth, rank, ok = DK.depth_rank(np.array([-1, -1, 0, 0, 1]))
     assert ok and depth.tolist() == [1, 1, 2, 2, 2] and rank.tolist() == [1, 2, 1, 2, 0]
-    assert not K.depth_rank(np.array([-1, 1]))[2]
+    assert not DK.depth_rank(np.array([-1, 1]))[2]
     keep, rate = K.choose(np.array([0.9, 0.8, 0.1]), np.array([9.0, 1.0, 1.1, 1.2, 2.0]), 0, 0.0, 1.05, 3)
     assert keep.tolist() == [0, 1] and rate == pytest.approx(2.7 / 1.2)
     keep, rate = K.choose(np.array([0.5, 0.5]), np.array([9.0, 1.0, 1.0, 1.0]), 0, 0.0, 1.05, 2)
@@ -120,7 +119,7 @@ def test_kernel_examples():
 
 
 def test_agreed_nodes_start_from_the_same_prior_and_learn_apart():
-    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0, depth_lift=1.0))
+    acc = AcceptanceStats(len(ORIGINS), Tuning(decay=1.0, depth_lift=1.0))
     alone = _draft([-1, 0], 2)
     agreed = dataclasses.replace(alone, agreement=np.array([1, 2]))  # other sources drafted both nodes
     assert acc.node_probabilities(agreed).tolist() == acc.node_probabilities(alone).tolist()
@@ -134,7 +133,7 @@ def test_agreed_nodes_start_from_the_same_prior_and_learn_apart():
 
 
 def test_match_length_sets_the_prior_and_separates_the_estimates():
-    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0, depth_lift=1.0))  # every depth borrows alike
+    acc = AcceptanceStats(len(ORIGINS), Tuning(decay=1.0, depth_lift=1.0))  # every depth borrows alike
     # before any data: the rank prior (only child: 2/3) scaled by the match bucket's factor
     assert acc.node_probabilities(_draft([-1, 0], 1)) == pytest.approx([1 / 3, 1 / 9])
     assert acc.node_probabilities(_draft([-1, 0], 0)) == pytest.approx([1 / 3, 1 / 9])  # no match: bucket 1
@@ -146,13 +145,13 @@ def test_match_length_sets_the_prior_and_separates_the_estimates():
         acc.update(_draft([-1, 0], 1), [])  # one-token matches miss
     assert acc.node_probabilities(_draft([-1, 0], 3))[1] > 0.8
     assert acc.node_probabilities(_draft([-1, 0], 1))[0] < 0.1
-    unscaled = AcceptanceStats(len(ORIGINS), BudgetTuning(match_scale=(1.0, 1.0, 1.0)))
+    unscaled = AcceptanceStats(len(ORIGINS), Tuning(match_scale=(1.0, 1.0, 1.0)))
     assert unscaled.node_probabilities(_draft([-1, 0], 1))[0] == pytest.approx(2 / 3)
 
 
 def test_depth_lift_makes_a_deeper_node_likelier_to_go_on():
     # the docstring's worked example: 2-token match c = 0.6 at depth 1, 1 - 0.4 * 0.95 = 0.62 at depth 2
-    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(depth_lift=0.95))
+    acc = AcceptanceStats(len(ORIGINS), Tuning(depth_lift=0.95))
     assert acc.node_probabilities(_draft([-1, 0], 2)) == pytest.approx([0.6, 0.6 * 0.62])
     assert acc.node_probabilities(_draft([-1, 0], 1)) == pytest.approx([1 / 3, 1 / 3 * (1 - 2 / 3 * 0.95)])
     # depth cells past the last share it: depth 20 is lifted as the last cell (depth_cells 8: 0.95 ** 7)
@@ -160,9 +159,9 @@ def test_depth_lift_makes_a_deeper_node_likelier_to_go_on():
     c = acc.node_probabilities(chain)
     assert c[19] / c[18] == pytest.approx(1 - 0.4 * 0.95 ** 7)
     with pytest.raises(ValueError, match="depth_lift"):
-        BudgetTuning(depth_lift=0.0)
+        Tuning(depth_lift=0.0)
     with pytest.raises(ValueError, match="depth_lift"):
-        BudgetTuning(depth_lift=1.5)
+        Tuning(depth_lift=1.5)
 
 
 def test_pooled_counts_equal_the_sum_over_depths():
@@ -176,13 +175,13 @@ def test_pooled_counts_equal_the_sum_over_depths():
 
 
 def test_budget_probes_when_it_would_never_draft():
-    budget = Budget(VERY_STEEP, BudgetTuning(priors=((0.0001, 10.0),), probe_every=4))
+    budget = Budget(VERY_STEEP, Tuning(priors=((0.0001, 10.0),), probe_every=4))
     choices = [len(budget.plan(_draft([-1, 0]))) for _ in range(8)]
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
 def test_record_tries_only_children_of_accepted_nodes():
-    acc = AcceptanceStats(len(ORIGINS), BudgetTuning(decay=1.0))
+    acc = AcceptanceStats(len(ORIGINS), Tuning(decay=1.0))
     d = _draft([-1, -1, 0, 2])
     c, hit = acc.update(d, [0])  # node 3's parent (node 2) was rejected: node 3 was never compared
     assert hit.tolist() == [True, False, False] and len(c) == 3
@@ -193,7 +192,7 @@ def test_record_tries_only_children_of_accepted_nodes():
 
 
 def test_copy_belief_worked_example():
-    b = CopyBelief(BudgetTuning(belief_prior=0.9, belief_off_scale=0.3, belief_relax=0.9))
+    b = CopyBelief(Tuning(belief_prior=0.9, belief_off_scale=0.3, belief_relax=0.9))
     assert b.belief == pytest.approx(0.9) and b.scale() == pytest.approx(0.93)
     b.update(np.array([0.87]), np.array([False]))  # log((1 - 0.87) / (1 - 0.3 * 0.87)) = -1.7378
     assert b.log_odds == pytest.approx(np.log(9) - 1.7377635, abs=1e-6)
@@ -208,12 +207,18 @@ def test_copy_belief_worked_example():
     assert b.log_odds == -6.0 and b.scale() == pytest.approx(0.3 + 0.7 / (1 + np.exp(6.0)))  # clipped at -limit
 
 
-@pytest.mark.parametrize("field, value", [("belief_prior", 1.0), ("belief_off_scale", 0.0), ("belief_relax", 1.5),
-                                          ("priors", ((1.0, 0.0),)), ("match_scale", (1.0, 1.0)),
-                                          ("probe_every", 0), ("refine_weight", 0.0)])
+_SCALE_PAIR = ("Tuning accepts a match_scale without three factors; AcceptanceStats then builds a prior table of "
+               "2 * len(match_scale) contexts, not 6, which the Numba kernels index past its end")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("belief_prior", 1.0),
+    ("belief_off_scale", 0.0), ("belief_relax", 1.5), ("priors", ((1.0, 0.0),)),
+    ("match_scale", (1.0, 1.0)),
+    ("probe_every", 0), ("refine_weight", 0.0)])
 def test_tuning_rejects_bad_values(field, value):
-    with pytest.raises(ValueError, match=f"BudgetTuning.{field}="):
-        BudgetTuning(**{field: value})
+    with pytest.raises(ValueError, match=f"Tuning.{field}="):
+        Tuning(**{field: value})
 
 
 CPU = CostModel([(1, 0.0816), (2, 0.1351), (4, 0.1534), (8, 0.1856), (16, 0.2158)])  # SmolLM2 on this CPU
@@ -225,7 +230,7 @@ def test_a_failed_draft_lowers_every_cell_for_a_while():
     chain3, chain4 = np.arange(-1, 8), np.arange(-1, 3)  # parents of a 9-node and a 4-node chain
 
     def budget(off_scale):
-        b = Budget(CPU, BudgetTuning(belief_off_scale=off_scale))
+        b = Budget(CPU, Tuning(belief_off_scale=off_scale))
         assert len(b.plan(_draft(chain3, match=3))) == 9  # the prior trusts a long match
         b.record(_draft(chain3, match=3), [])  # its first node was rejected
         return b
@@ -238,10 +243,10 @@ def test_a_failed_draft_lowers_every_cell_for_a_while():
 
 
 def test_budget_turns_window_off_when_it_does_not_pay():
-    budget = Budget(VERY_STEEP, BudgetTuning(window_probe_every=100))
+    budget = Budget(VERY_STEEP, Tuning(window_probe_every=100))
     budget.window_gain = 0.0
     assert budget.plan(_draft([], window_rows=12)).window is None
-    budget = Budget(FLAT, BudgetTuning(window_probe_every=100))
+    budget = Budget(FLAT, Tuning(window_probe_every=100))
     budget.window_gain = 0.5
     assert budget.plan(_draft([], window_rows=12)).window is not None
 
@@ -251,18 +256,18 @@ def test_budget_keeps_greedy_exact(tiny_models, curve):
     model = tiny_models("llama")
     ids = torch.tensor([[3, 10, 11, 12, 13, 10, 11, 12, 13, 10]])
     plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
-    dec = LookaheadDecoder(cost_curve=curve, window_width=3)
+    dec = LookaheadDecoder(cost_curve=curve, window=3)
     ours = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
     assert ours.tolist() == plain.tolist()
     assert len(dec.stats.budgets) == dec.stats.target_calls
 
 
 def test_stats_record_each_steps_budget_and_acceptance(tiny_models, tmp_path):
-    from lookahead.stats import plot_budgets
+    from lookahead.tools.plots import plot_budgets
 
     model = tiny_models("llama")
     ids = torch.tensor([[3, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10]])
-    for dec in (LookaheadDecoder(cost_curve=FLAT.points), LookaheadDecoder(adaptive=False, window_width=2)):
+    for dec in (LookaheadDecoder(cost_curve=FLAT.points), LookaheadDecoder(window=2, _tuning=Tuning(adaptive=False))):
         model.generate(ids, custom_generate=dec, max_new_tokens=16, eos_token_id=None)
         s = dec.stats
         assert len(s.budgets) == len(s.accepted_per_step) == s.target_calls

@@ -5,14 +5,19 @@ calibration's causal steps."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 import transformers as tf
 from transformers.cache_utils import DynamicCache
 
-from lookahead import LookaheadDecoder, call, compat
-from lookahead.kernels import best_chain
+from lookahead import LookaheadDecoder, compat
+from lookahead._tuning import Tuning
+from lookahead.decoder import step_timer
+from lookahead.drafting.kernels import best_chain
+from lookahead.verify import Verifier
 
 from tiny import TINY_COST_CURVE
 
@@ -69,7 +74,7 @@ def test_which_models_take_tree_masks(models):
 
 @pytest.mark.parametrize("arch", ["bloom", "falcon-alibi"])
 @pytest.mark.parametrize("settings", [dict(cost_curve=TINY_COST_CURVE),
-                                      dict(adaptive=False, tree_nodes=40, tree_depth=12, window_width=4)])
+                                      dict(window=4, _tuning=Tuning(adaptive=False, tree_nodes=40, tree_depth=12))])
 def test_one_chain_per_step_is_plain_generate(models, arch, settings):
     model, ids = models[arch], _prompt()
     kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None)
@@ -115,8 +120,11 @@ def test_best_chain_worked_example():
 
 def test_the_calibration_times_causal_steps(models):
     model = models["bloom"]
-    time_one = call.step_timer(model, DynamicCache, compat.cache_kwarg_name(model), compat.supports_logits_to_keep(model),
-                               8, lambda: 0.0, context=16, max_rows=4, masks=False)
+    call = SimpleNamespace(  # what step_timer reads of a call of a model that takes no 4D mask
+        model=model, device=model.device, dtype=model.dtype, tuning=Tuning(recycle_k=8), chains=True,
+        cache_kwarg=compat.cache_kwarg_name(model), keeps_logits=compat.supports_logits_to_keep(model),
+        verifier=Verifier(model.device, model.config.vocab_size, [None], None, False))
+    time_one = step_timer(call, DynamicCache, lambda: 0.0, 4, model, context=16)
     assert time_one(4) == 0.0 and time_one(1) == 0.0  # (the injected clock) steps of 4 and 1 rows ran
 
 

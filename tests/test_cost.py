@@ -4,16 +4,26 @@ Calibration under load and persisted curves: ``tests/test_calibration.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from lookahead import LookaheadDecoder
+from lookahead._tuning import Tuning
 from lookahead.cost import Calibrations, CostModel, CostRefiner, calibration_sizes, set_cost_curve
 
 IDS = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
+_TUNING_FIELDS = {f.name for f in dataclasses.fields(Tuning)}
+
+
+def _decoder(**settings) -> LookaheadDecoder:
+    """A decoder from settings of either kind: ``Tuning`` fields go to ``_tuning=``, the rest as given."""
+    tuning = {k: settings.pop(k) for k in list(settings) if k in _TUNING_FIELDS}
+    return LookaheadDecoder(_tuning=Tuning(**tuning) if tuning else None, **settings)
 
 
 class FakeClock:
@@ -64,20 +74,20 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        dec = LookaheadDecoder(calibrations=registry, clock=FakeClock())
+        dec = LookaheadDecoder(_calibrations=registry, _clock=FakeClock())
         model.generate(IDS, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
         first = len(calls)
         curve = registry.known(model)
         assert curve is not None and dec.stats.cost_curve == curve.points
         # a fake clock: every forward "took" one tick, so the measured curve is flat at exactly 1 ms
         assert [t for _, t in curve.points] == pytest.approx([0.001] * len(curve.points))
-        # a prefill, an untimed 2-row step (call.step_timer), then a one-token probe and 2 rounds of 7 sizes
-        # (1 + step_nodes = 64 rows) and a probe, trusted at once: 1 + 1 + 1 + 2 * 8 forwards. Ticks between the
+        # a prefill, an untimed 2-row step (decoder.step_timer), then a one-token probe and 2 rounds of 7 sizes
+        # (1 + max_draft_tokens = 64 rows) and a probe, trusted at once: 1 + 1 + 1 + 2 * 8 forwards. Ticks between the
         # call's own two readings: the untimed step's two, calibrate_curve's start, two readings per timed forward,
         # a deadline check before each forward of round 2: 2 + 1 + 2 * 17 + 7, and the second reading
         assert first - dec.stats.target_calls == 1 + 1 + 17 and dec.stats.time_calibration == pytest.approx(0.045)
         calls.clear()
-        again = LookaheadDecoder(calibrations=registry, clock=FakeClock())
+        again = LookaheadDecoder(_calibrations=registry, _clock=FakeClock())
         model.generate(IDS, custom_generate=again, max_new_tokens=10, eos_token_id=None)
         assert len(calls) == again.stats.target_calls  # no second calibration
         assert again.stats.time_calibration == pytest.approx(0.001)  # one tick: a look-up, nothing measured
@@ -94,20 +104,20 @@ def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
     assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
     model = tiny_models("gpt2")
     registry = Calibrations(persist=False)
-    dec = LookaheadDecoder(copy_nodes=0, recycle_k=0, calibrations=registry, clock=FakeClock())  # 1 + 16 tree rows
+    dec = _decoder(copy_nodes=0, recycle_k=0, _calibrations=registry, _clock=FakeClock())  # 1 + 16 tree rows
     model.generate(IDS, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
     assert [k for k, _ in dec.stats.cost_curve] == [1, 2, 4, 8, 16, 32]
     kept = registry.known(model)
-    small = LookaheadDecoder(tree_nodes=4, copy_nodes=4, recycle_k=0, calibrations=registry)  # the kept curve serves
+    small = _decoder(tree_nodes=4, copy_nodes=4, recycle_k=0, _calibrations=registry)  # the kept curve serves
     model.generate(IDS, custom_generate=small, max_new_tokens=4, eos_token_id=None)
     assert registry.known(model) is kept and len(small.stats.cost_curve) == 6
     # a shared memory store doubles the tree, the window adds its rows: 1 + 32 + 3*3 + 4*3 = 54 rows
-    big = LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4, window_candidates=3, copy_nodes=0,
-                           recycle_k=0, calibrations=registry, clock=FakeClock())
+    big = _decoder(store=NgramTrie(12), window=4, window_ngram=4, window_candidates=3, copy_nodes=0, recycle_k=0,
+                   _calibrations=registry, _clock=FakeClock())
     assert big.policy.max_rows() == 54
-    # the copy and model sources add 56 and 63, but a step verifies at most step_nodes = 63: 1 + 63 + 4*3 rows
-    assert LookaheadDecoder(trie=NgramTrie(12), window_width=4, window_ngram=4,
-                            window_candidates=3).policy.max_rows() == 76
+    # the copy and model sources add 56 and 63, but a step verifies at most 63 (max_draft_tokens "auto" before a
+    # call widens it): 1 + 63 + 4*3 rows
+    assert _decoder(store=NgramTrie(12), window=4, window_ngram=4, window_candidates=3).policy.max_rows() == 76
     model.generate(IDS, custom_generate=big, max_new_tokens=4, eos_token_id=None)
     assert [k for k, _ in big.stats.cost_curve] == [1, 2, 4, 8, 16, 32, 64]
     assert registry.known(model) is not kept  # replaced: one per model
@@ -117,9 +127,10 @@ def test_a_pinned_curve_is_never_measured(tiny_models):
     model = tiny_models("qwen2")
     registry = Calibrations()
     set_cost_curve(model, [(1, 0.01), (2, 0.02)], registry)
-    dec = LookaheadDecoder(calibrations=registry)  # needs 17 rows, more than the pinned curve's 2
+    dec = LookaheadDecoder(_calibrations=registry, _clock=FakeClock())  # needs 17 rows, more than the pinned 2
     model.generate(IDS, custom_generate=dec, max_new_tokens=6, eos_token_id=None)
-    assert dec.stats.cost_curve == ((1, 0.01), (2, 0.02)) and dec.stats.time_calibration < 0.05
+    # one tick between the pricing's two readings: a look-up, nothing measured
+    assert dec.stats.cost_curve == ((1, 0.01), (2, 0.02)) and dec.stats.time_calibration == pytest.approx(0.001)
     registry.forget(model)
     assert registry.known(model) is None
 
@@ -127,10 +138,10 @@ def test_a_pinned_curve_is_never_measured(tiny_models):
 def test_explicit_curve_or_fixed_budget_skip_calibration(tiny_models):
     model = tiny_models("qwen2")
     registry = Calibrations()
-    dec = LookaheadDecoder(cost_curve=((1, 0.01), (64, 0.02)), calibrations=registry)
+    dec = LookaheadDecoder(cost_curve=((1, 0.01), (64, 0.02)), _calibrations=registry)
     model.generate(IDS, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
     assert dec.stats.cost_curve == ((1, 0.01), (64, 0.02))
-    fixed = LookaheadDecoder(adaptive=False, calibrations=registry)
+    fixed = _decoder(adaptive=False, _calibrations=registry)
     model.generate(IDS, custom_generate=fixed, max_new_tokens=10, eos_token_id=None)
     assert fixed.stats.cost_curve is None
     assert registry.known(model) is None
@@ -144,7 +155,7 @@ def test_call_counts_do_not_depend_on_the_clock(tiny_models, tick):
     curve = ((1, 0.0025), (2, 0.0027), (16, 0.0030), (64, 0.0036))
     budgets = []
     for clock in (FakeClock(tick), FakeClock(0.0025)):
-        dec = LookaheadDecoder(cost_curve=curve, clock=clock)
+        dec = LookaheadDecoder(cost_curve=curve, _clock=clock)
         model.generate(ids, custom_generate=dec, max_new_tokens=24, eos_token_id=None)
         budgets.append(dec.stats.budgets)
     assert budgets[0] == budgets[1] and any(n for n, _ in budgets[0])
@@ -178,20 +189,28 @@ def test_a_step_that_two_rows_make_cheaper_verifies_a_node_however_unlikely():
 def test_the_step_timer_runs_one_untimed_two_row_step_before_it_times_any(tiny_models):
     """A process's first multi-row step pays one-time costs (5-7x a one-row step on a CPU); the calibration's first
     timing of 2 rows must not be that one."""
-    from lookahead import call, compat
-    from lookahead.kv_cache import new_cache
+    from lookahead import compat
+    from lookahead.decoder import step_timer
+    from lookahead.kv import new_cache
+    from lookahead.verify import Verifier
 
     model = tiny_models("llama")
+
+    def call(keeps_logits: bool) -> SimpleNamespace:  # what step_timer reads of a call
+        return SimpleNamespace(model=model, device=model.device, dtype=model.dtype, tuning=Tuning(recycle_k=4),
+                               cache_kwarg=compat.cache_kwarg_name(model), keeps_logits=keeps_logits, chains=False,
+                               verifier=Verifier(model.device, model.config.vocab_size, [None], None, False))
+
     rows = []
     handle = model.register_forward_pre_hook(lambda m, args, kwargs: rows.append(kwargs["input_ids"].shape[1]),
                                              with_kwargs=True)
     try:
         clock = FakeClock()
-        time_one = call.step_timer(model, lambda: new_cache(model), compat.cache_kwarg_name(model),
-                                   compat.supports_logits_to_keep(model), 4, clock, context=16, max_rows=8)
+        time_one = step_timer(call(compat.supports_logits_to_keep(model)), lambda: new_cache(model), clock, 8, model,
+                              context=16)
         assert rows == [16, 2]  # the prefill, then the untimed 2-row step
         assert time_one(2) == pytest.approx(0.001) and rows == [16, 2, 2]
-        assert call.step_timer(model, lambda: new_cache(model), compat.cache_kwarg_name(model), True, 4, clock,
-                               context=16, max_rows=1) and rows[3:] == [16]  # one row only: nothing to warm
+        assert step_timer(call(True), lambda: new_cache(model), clock, 1, model,
+                          context=16) and rows[3:] == [16]  # one row only: nothing to warm
     finally:
         handle.remove()

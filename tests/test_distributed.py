@@ -4,7 +4,7 @@ One ``torchrun --standalone --nproc-per-node 2 tests/tp_worker.py`` run (module 
 on both ranks; the tests compare the two ranks' results with each other and with this process's own,
 unsharded, model (the same weights). Each rank runs the decoder with a clock of its own that disagrees with
 the other's (``tp_worker.RankClock``), so the decoder cases pass only because the decode loops take their
-clock- and seed-dependent decisions from rank 0 (``lookahead.distributed.RankSync``). The ``RankSync``
+clock- and seed-dependent decisions from rank 0 (``lookahead.parallel.RankSync``). The ``RankSync``
 functions that need no processes are tested here too.
 """
 
@@ -34,7 +34,7 @@ except ImportError:
     pytest.skip("this transformers has no transformers.distributed.DistributedConfig (tensor parallelism)",
                 allow_module_level=True)
 
-from lookahead.distributed import (  # noqa: E402
+from lookahead.parallel import (  # noqa: E402
     MAX_FIELDS,
     RankSync,
     checksum,
@@ -264,7 +264,7 @@ def test_checksum_is_the_same_in_every_process():
     assert checksum([1, 2]) == checksum((1, 2)) == checksum([np.int64(1), 2])
     assert checksum(torch.tensor([1, 2])) == checksum(np.array([1, 2], dtype=np.int64))
     assert checksum("draft") == checksum("draft")
-    code = "from lookahead.distributed import checksum; print(checksum(['draft', (1, 2.5), None]))"
+    code = "from lookahead.parallel import checksum; print(checksum(['draft', (1, 2.5), None]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == checksum(["draft", (1, 2.5), None])
 

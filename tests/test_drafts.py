@@ -4,6 +4,7 @@ and exactness (greedy and sampled) with them on."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
@@ -11,14 +12,14 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cache import NgramTrie
 from lookahead.cost import CostModel
-from lookahead.draft import COPY, FREQUENT, MODEL, ORIGINS, TRIE, Draft
-from lookahead.policy import DraftPolicy, Limits
-from lookahead.proposer import CopySource, FrequentSource, ModelSource, merge_proposals
-from lookahead.recycle import SuccessorTable
-from lookahead.source import Proposal
-from lookahead.tree import tree_depth_rank, tree_depths
+from lookahead.drafting.draft import COPY, FREQUENT, MODEL, ORIGINS, TRIE, Draft, tree_depth_rank
+from lookahead.drafting.policy import DraftPolicy, Limits
+from lookahead.drafting.recycle import SuccessorTable
+from lookahead.drafting.sources import CopySource, FrequentSource, ModelSource, Proposal, merge_proposals
+from lookahead.packing import tree_depths
 
 from draft_reference import merge_trees
 from tiny import TINY_ARCHS
@@ -29,8 +30,20 @@ FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))
 COPY_HEAVY = {
     "copy-only": dict(tree_nodes=0, copy_nodes=64, copy_depth=64, copy_branches=4, cost_curve=FLAT),
     "copy-fixed": dict(copy_nodes=40, copy_depth=40, copy_branches=3, adaptive=False, recycle_k=0),
-    "copy-capped": dict(copy_nodes=56, copy_capacity=16, step_nodes=9, cost_curve=FLAT),
+    "copy-capped": dict(copy_nodes=56, copy_capacity=16, max_draft_tokens=9, cost_curve=FLAT),
 }
+_TUNING_FIELDS = {f.name for f in dataclasses.fields(Tuning)}
+
+
+def _decoder(**settings) -> LookaheadDecoder:
+    """A decoder from settings of either kind: ``Tuning`` fields go to ``_tuning=``, the rest as given."""
+    tuning = {k: settings.pop(k) for k in list(settings) if k in _TUNING_FIELDS}
+    return LookaheadDecoder(_tuning=Tuning(**tuning) if tuning else None, **settings)
+
+
+def _policy(config: LookaheadConfig | None = None, **tuning) -> DraftPolicy:
+    """A policy over a fresh 12-gram trie, with ``tuning``'s fields changed from the defaults."""
+    return DraftPolicy(config or LookaheadConfig(), NgramTrie(12, 4096), tuning=Tuning(**tuning))
 
 
 def _random_tree(rng, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,46 +131,45 @@ def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
 def test_new_origins_and_the_sources_merge_trie_first():
     assert (ORIGINS[COPY], ORIGINS[MODEL]) == ("copy", "model")
     policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
-    # the window last (window_width="auto": it runs only where the call's cost curve makes its rows cheap), the
+    # the window last (window="auto": it runs only where the call's cost curve makes its rows cheap), the
     # frequent tokens before it (asked only when no other source drafts)
     assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource", "FrequentSource",
                                                           "WindowSource"]
-    only = DraftPolicy(LookaheadConfig(copy_nodes=0, recycle_k=0, window_width=0, fill_nodes=0), NgramTrie(12, 4096))
+    only = _policy(LookaheadConfig(window=0), copy_nodes=0, recycle_k=0, fill_nodes=0)
     assert [type(s).__name__ for s in only.sources] == ["TrieSource"]
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_step_nodes_caps_the_merged_draft(adaptive):
     prompt = list(range(50, 90)) + [7] + list(range(50, 70))
-    config = LookaheadConfig(step_nodes=10, copy_nodes=40, copy_depth=40, adaptive=adaptive, cost_curve=FLAT,
-                             window_width=0)
-    policy = DraftPolicy(config, NgramTrie(12, 4096))
+    config = LookaheadConfig(max_draft_tokens=10, cost_curve=FLAT, window=0)
+    policy = _policy(config, copy_nodes=40, copy_depth=40, adaptive=adaptive)
     policy.start(prompt, Limits(1000), CostModel(FLAT) if adaptive else None)
     draft = policy.draft(len(prompt), len(prompt), len(prompt) - 1)
     assert len(draft) == 10
     assert np.all(draft.parents < np.arange(10))  # still a tree, parent-first
-    full = DraftPolicy(LookaheadConfig(copy_nodes=40, copy_depth=40, adaptive=False), NgramTrie(12, 4096))
+    full = _policy(copy_nodes=40, copy_depth=40, adaptive=False)
     full.start(prompt, Limits(1000))
     assert len(full.draft(len(prompt), len(prompt), len(prompt) - 1)) > 10
     assert policy.max_rows() == 11
 
 
 def test_auto_step_nodes_widen_only_where_the_curve_is_flat_that_far():
-    """``step_nodes="auto"``: the widest of 255 and 127 nodes for which a step of all the rows they and the window
+    """``max_draft_tokens="auto"``: the widest of 255 and 127 nodes for which a step of all the rows they and the window
     add costs at most 1.25 one-token steps, else 63; at 255 the sources draft their wide trees
     (``DraftSource.limits``); never past a static cache's largest bucket, without a budget, or when set."""
     prompt = list(range(50, 150)) + [7] + list(range(50, 130))  # a long copy: the copy source alone drafts 100
     steep = CostModel([(1, 0.010), (2, 0.011), (64, 0.012), (128, 0.020)])  # a GPU at its limit: 152 rows 1.9x
     flat_to_200 = CostModel([(1, 0.010), (200, 0.012), (400, 0.040)])  # 127 nodes and the window fit, 255 do not
     for config, cost, max_rows, expected in (
-            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), None, 255),
-            (LookaheadConfig(copy_nodes=100, copy_depth=100), flat_to_200, None, 127),
-            (LookaheadConfig(copy_nodes=100, copy_depth=100), steep, None, 63),
-            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), 64, 63),  # a static cache's buckets
-            (LookaheadConfig(copy_nodes=100, copy_depth=100), CostModel(FLAT), 200, 127),
-            (LookaheadConfig(copy_nodes=100, copy_depth=100), None, None, 63),
-            (LookaheadConfig(copy_nodes=100, copy_depth=100, step_nodes=63), CostModel(FLAT), None, 63)):
-        policy = DraftPolicy(config, NgramTrie(12, 4096))
+            (LookaheadConfig(), CostModel(FLAT), None, 255),
+            (LookaheadConfig(), flat_to_200, None, 127),
+            (LookaheadConfig(), steep, None, 63),
+            (LookaheadConfig(), CostModel(FLAT), 64, 63),  # a static cache's buckets
+            (LookaheadConfig(), CostModel(FLAT), 200, 127),
+            (LookaheadConfig(), None, None, 63),
+            (LookaheadConfig(max_draft_tokens=63), CostModel(FLAT), None, 63)):
+        policy = _policy(config, copy_nodes=100, copy_depth=100)
         assert policy.step_nodes == 63 and policy.max_rows() == 64  # before a call: what the calibration measures
         policy.start(prompt, Limits(1000, max_rows=max_rows), cost)
         assert policy.step_nodes == expected, (cost, max_rows)
@@ -169,7 +181,8 @@ def test_auto_step_nodes_widen_only_where_the_curve_is_flat_that_far():
         if cost is not None and cost(256) == CostModel(FLAT)(256):  # every node pays: the copy alone drafts 70
             assert (len(draft) > 63) == (expected > 63)
         assert policy.max_rows() == 1 + expected + (24 if policy.window_on else 0)
-    assert LookaheadConfig().step_nodes_range == (63, 255) and LookaheadConfig(step_nodes=9).step_nodes_range == (9, 9)
+    assert LookaheadConfig().step_nodes(DEFAULT) == (63, 255)
+    assert LookaheadConfig(max_draft_tokens=9).step_nodes(DEFAULT) == (9, 9)
 
 
 def test_a_source_drafts_its_wide_tree_only_in_the_widest_steps():
@@ -197,8 +210,8 @@ def test_a_source_starts_each_call_with_its_trees_as_configured():
             seen.append(self.wide)
             super().start(prompt, model)
 
-    class Heads:  # what DraftPolicy asks of trained heads: a source for the config
-        def make_source(self, config):
+    class Heads:  # what DraftPolicy asks of trained heads: a source for a step's most nodes and the tuning
+        def make_source(self, max_nodes, tuning):
             return Recording(4)
 
     policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096), heads=Heads())
@@ -212,14 +225,20 @@ def test_a_source_starts_each_call_with_its_trees_as_configured():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("copy_nodes", -1), ("copy_nodes", 257), ("copy_depth", 0), ("copy_depth", 300), ("copy_branches", 0),
-     ("copy_branches", 65), ("copy_capacity", 8), ("copy_capacity", 1 << 29), ("step_nodes", -1),
-     ("step_nodes", 2000), ("copy_nodes", 1.5), ("step_nodes", True), ("step_nodes", "wide")],
+    [("copy_nodes", -1), ("copy_depth", -3), ("copy_branches", -1), ("copy_capacity", -8), ("copy_nodes", 1.5),
+     ("copy_branches", True), ("copy_buckets", [4, 16])],
 )
 def test_bad_copy_settings_name_field_and_value(field, value):
     with pytest.raises(ValueError) as err:
-        LookaheadConfig(**{field: value})
-    assert f"LookaheadConfig.{field}={value!r} is invalid" in str(err.value)
+        Tuning(**{field: value})
+    assert f"Tuning.{field}={value!r} is invalid" in str(err.value)
+
+
+@pytest.mark.parametrize("value", [-1, 2000, True, "wide", 1.5])
+def test_bad_max_draft_tokens_name_field_and_value(value):
+    with pytest.raises(ValueError) as err:
+        LookaheadConfig(max_draft_tokens=value)
+    assert f"LookaheadConfig.max_draft_tokens={value!r} is invalid" in str(err.value)
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -229,7 +248,7 @@ def test_greedy_is_exact_with_copy_drafts(tiny_models, arch, name):
     for prompt in (REPETITIVE, NO_REPEAT):
         ids = torch.tensor([prompt])
         plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
-        dec = LookaheadDecoder(**COPY_HEAVY[name])
+        dec = _decoder(**COPY_HEAVY[name])
         ours = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
         assert ours.tolist() == plain.tolist(), (name, prompt)
         if prompt is REPETITIVE and name != "copy-capped":
@@ -243,8 +262,7 @@ def test_greedy_is_exact_with_copy_drafts_processors_and_eos(tiny_models):
     free = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)[0, len(REPETITIVE):]
     for eos in (None, int(free[25])):
         plain = model.generate(ids, do_sample=False, eos_token_id=eos, **kw)
-        ours = model.generate(ids, custom_generate=LookaheadDecoder(**COPY_HEAVY["copy-only"]), eos_token_id=eos,
-                              **kw)
+        ours = model.generate(ids, custom_generate=_decoder(**COPY_HEAVY["copy-only"]), eos_token_id=eos, **kw)
         assert ours.tolist() == plain.tolist()
 
 
@@ -254,7 +272,7 @@ def test_sampled_text_does_not_depend_on_copy_drafts(tiny_models, name):
     model = tiny_models("qwen2")
     ids = torch.tensor([REPETITIVE])
     outs = []
-    for dec in (LookaheadDecoder(tree_nodes=0, copy_nodes=0), LookaheadDecoder(**COPY_HEAVY[name])):
+    for dec in (_decoder(tree_nodes=0, copy_nodes=0), _decoder(**COPY_HEAVY[name])):
         torch.manual_seed(5)
         outs.append(model.generate(ids, custom_generate=dec, do_sample=True, temperature=0.8, top_k=20,
                                    max_new_tokens=30, eos_token_id=None).tolist())
@@ -277,12 +295,14 @@ def test_successor_table_docstring_example():
 
 def test_successor_table_buckets_its_shares_as_searchsorted_does():
     """``propose_buckets``: the tree ``propose`` gives, each share replaced by 1 + the bucket edges it reaches
-    (``ModelSource.buckets``), a share at an edge (0.95 exactly) in the upper bucket."""
+    (a ``ModelSource``'s ``buckets``, ``Tuning.recycle_buckets``), a share at an edge (0.95 exactly) in the upper
+    bucket."""
     table = SuccessorTable(3, rows=64)
     logits = np.array([[np.log(19.0), 0.0, -30.0], [0.0, 0.0, 0.0], [5.0, -40.0, -40.0]], np.float32)
     table.update(np.array([-1, -1, -1]), np.array([5, 6, 7]), np.array([[6, 7, 8], [9, 10, 11], [12, 13, 14]]),
                  logits)  # 5 -> 6 (share 0.95), 7, 8; 6 -> thirds; 7 -> 12 (share 1.0)
-    edges = ModelSource.buckets
+    edges = ModelSource(3, 12, 3, buckets=DEFAULT.recycle_buckets).buckets
+    assert edges.tolist() == [0.95, 2.0]
     for last in (5, 6, 7, 4):
         tokens, parents, shares = table.propose(-1, last, 12, 3)
         b_tokens, b_parents, buckets = table.propose_buckets(-1, last, 12, 3, edges)
@@ -394,7 +414,7 @@ def test_policy_hands_the_rows_to_the_model_source_and_learns_the_prompt_on_a_fl
     steep = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
     steep.start(prompt, Limits(100), CostModel(((1, 1.0), (2, 1.5), (64, 4.0))))
     assert not steep.prompt_rows
-    assert DraftPolicy(LookaheadConfig(recycle_k=0), NgramTrie(12, 4096)).recycle_k == 0
+    assert _policy(recycle_k=0).recycle_k == 0
     k = 8
     flat.learn_prompt(np.array(prompt[:-1]), np.tile(np.arange(k), (3, 1)), np.zeros((3, k), np.float32))
     assert len(flat.model.table) == 3 + 2  # tokens 3, 5, 7 and pairs (3, 5), (5, 7)
@@ -406,13 +426,13 @@ def test_policy_hands_the_rows_to_the_model_source_and_learns_the_prompt_on_a_fl
 
 @pytest.mark.parametrize(
     "field, value",
-    [("recycle_k", -1), ("recycle_k", 65), ("recycle_nodes", 0), ("recycle_nodes", 257), ("recycle_depth", 0),
-     ("recycle_depth", 65), ("recycle_keep", 1), ("recycle_k", 2.0)],
+    [("recycle_k", -1), ("recycle_nodes", -1), ("recycle_depth", -2), ("recycle_keep", 1), ("recycle_k", 2.0),
+     ("recycle_calibration", -0.5), ("recycle_buckets", 0.95)],
 )
 def test_bad_recycle_settings_name_field_and_value(field, value):
     with pytest.raises(ValueError) as err:
-        LookaheadConfig(**{field: value})
-    assert f"LookaheadConfig.{field}={value!r} is invalid" in str(err.value)
+        Tuning(**{field: value})
+    assert f"Tuning.{field}={value!r} is invalid" in str(err.value)
 
 
 MODEL_HEAVY = {
@@ -428,7 +448,7 @@ def test_greedy_is_exact_with_the_models_predictions(tiny_models, arch, name):
     """One decoder over several calls (the table carries over), each output plain generate's; the second
     pass over the same prompts accepts the model's predictions."""
     model = tiny_models(arch)
-    dec = LookaheadDecoder(**MODEL_HEAVY[name])
+    dec = _decoder(**MODEL_HEAVY[name])
     for rnd in range(2):
         accepted = 0
         for prompt in (REPETITIVE, NO_REPEAT):
@@ -449,7 +469,7 @@ def test_greedy_is_exact_with_the_models_predictions_padding_processors_eos(tiny
     for kw in (dict(repetition_penalty=1.3), dict(eos_token_id=int(free[0, -10]))):
         kw = {"eos_token_id": None, **kw}
         plain = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, **kw)
-        dec = LookaheadDecoder(**MODEL_HEAVY["model-only"])
+        dec = _decoder(**MODEL_HEAVY["model-only"])
         for _ in range(2):
             ours = model.generate(ids, attention_mask=mask, custom_generate=dec, max_new_tokens=30, **kw)
             assert ours.tolist() == plain.tolist()
@@ -459,10 +479,10 @@ def test_greedy_is_exact_with_the_models_predictions_padding_processors_eos(tiny
 def test_sampled_text_does_not_depend_on_the_models_predictions(tiny_models, name):
     model = tiny_models("mistral")
     ids = torch.tensor([REPETITIVE])
-    dec = LookaheadDecoder(**MODEL_HEAVY[name])
+    dec = _decoder(**MODEL_HEAVY[name])
     for _ in range(2):  # the second call drafts from what the first one's rows taught
         outs = []
-        for d in (LookaheadDecoder(tree_nodes=0, copy_nodes=0, recycle_k=0), dec):
+        for d in (_decoder(tree_nodes=0, copy_nodes=0, recycle_k=0), dec):
             torch.manual_seed(11)
             outs.append(model.generate(ids, custom_generate=d, do_sample=True, temperature=0.8, max_new_tokens=30,
                                        eos_token_id=None).tolist())
@@ -470,7 +490,7 @@ def test_sampled_text_does_not_depend_on_the_models_predictions(tiny_models, nam
 
 
 def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypatch):
-    import lookahead.kernels as kernels_module
+    import lookahead.verify as kernels_module  # the Verifier's readout kernels
 
     model = tiny_models("qwen2")
     calls = []  # (rows whose top-k is read, k) of each pass over the logits
@@ -487,7 +507,7 @@ def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypa
     monkeypatch.setattr(kernels_module, "rows_top", spy)
     monkeypatch.setattr(kernels_module, "greedy_row", spy_step)
     ids = torch.tensor([REPETITIVE])
-    dec = LookaheadDecoder(recycle_k=0)
+    dec = _decoder(recycle_k=0)
     model.generate(ids, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
     assert not calls  # greedy's argmax only: no top-k kept
     calls.clear()
@@ -543,11 +563,11 @@ def test_the_frequent_tokens_draft_only_a_priced_step_no_other_source_drafts_for
     policy.learn(draft, [], [5], rows=2)
     draft = policy.draft(len(prompt) + 1, len(prompt) + 1, len(prompt))  # after 5: the trie drafts 7 or 9
     assert len(draft) and FREQUENT not in draft.origin.tolist()
-    for config, cost in ((LookaheadConfig(fill_nodes=0), STEPS), (LookaheadConfig(adaptive=False), None),
-                         (LookaheadConfig(), CostModel(((1, 0.010), (2, 0.015), (64, 0.05))))):
-        policy = DraftPolicy(config, NgramTrie(12, 4096))
+    for tuning, cost in ((dict(fill_nodes=0), STEPS), (dict(adaptive=False), None),
+                         ({}, CostModel(((1, 0.010), (2, 0.015), (64, 0.05))))):
+        policy = _policy(**tuning)
         policy.start(prompt, Limits(100), cost)
-        assert not len(policy.draft(len(prompt), len(prompt), len(prompt) - 1)), config  # off, no budget, too dear
+        assert not len(policy.draft(len(prompt), len(prompt), len(prompt) - 1)), tuning  # off, no budget, too dear
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -561,12 +581,11 @@ def test_greedy_and_sampled_are_exact_with_the_frequent_tokens(tiny_models, arch
     for prompt in (REPETITIVE, NO_REPEAT):
         ids = torch.tensor([prompt])
         plain = model.generate(ids, do_sample=False, max_new_tokens=30, eos_token_id=None)
-        dec = LookaheadDecoder(calibrations=registry, **only)
+        dec = _decoder(_calibrations=registry, **only)
         assert model.generate(ids, custom_generate=dec, max_new_tokens=30, eos_token_id=None).tolist() == plain.tolist()
         assert dec.stats.drafted_by_origin["frequent"] >= dec.stats.target_calls - 1
         outs = []
-        for d in (LookaheadDecoder(calibrations=registry, fill_nodes=0, **only),
-                  LookaheadDecoder(calibrations=registry, **only)):
+        for d in (_decoder(_calibrations=registry, fill_nodes=0, **only), _decoder(_calibrations=registry, **only)):
             torch.manual_seed(5)
             outs.append(model.generate(ids, custom_generate=d, do_sample=True, temperature=0.9, max_new_tokens=30,
                                        eos_token_id=None).tolist())
@@ -589,7 +608,8 @@ def _same(a: Draft, b: Draft) -> None:
 
 
 def test_keep_shallowest_and_the_merges_cut_equal_their_numpy_references():
-    from lookahead import kernels as K
+    from lookahead.drafting import kernels as K
+
     rng = np.random.default_rng(3)
     for _ in range(300):
         trees = [_random_tree(rng, int(rng.integers(1, 20)), 4) for _ in range(int(rng.integers(1, 4)))]
@@ -620,10 +640,10 @@ def _ancestors(parents, i):
 
 
 def test_no_source_is_asked_for_more_nodes_than_a_step_verifies():
-    """The call's step_nodes caps what each source drafts (a trained head's 127-node tree drafts 63 on a CPU call)."""
+    """The call's step nodes (``max_draft_tokens``) cap what each source drafts (a trained head's 127-node tree
+    drafts 63 on a CPU call)."""
     prompt = list(range(50, 90)) + [7] + list(range(50, 70))
-    policy = DraftPolicy(LookaheadConfig(step_nodes=10, copy_nodes=40, copy_depth=40, adaptive=False, window_width=0),
-                         NgramTrie(12, 4096))
+    policy = _policy(LookaheadConfig(max_draft_tokens=10, window=0), copy_nodes=40, copy_depth=40, adaptive=False)
     asked = []
     for source in policy.sources:
         def spy(context, max_nodes, max_depth, propose=source.propose):

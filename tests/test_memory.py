@@ -1,4 +1,4 @@
-"""A trie shared across calls (``LookaheadDecoder(trie=...)``): earlier outputs draft later requests."""
+"""A trie shared across calls (``LookaheadDecoder(store=...)``): earlier outputs draft later requests."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder
+from lookahead._tuning import Tuning
 from lookahead.cache import NgramTrie
 
 PROMPT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
@@ -15,7 +16,7 @@ PROMPT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
 def test_second_request_drafts_from_first_output(tiny_models):
     model = tiny_models("llama")
     memory = NgramTrie(max_n=8, capacity=4096)
-    dec = LookaheadDecoder(trie=memory, adaptive=False)
+    dec = LookaheadDecoder(store=memory, _tuning=Tuning(adaptive=False))
     ids = torch.tensor([PROMPT])
     plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
     first = model.generate(ids, custom_generate=dec, max_new_tokens=40, eos_token_id=None)
@@ -30,7 +31,7 @@ def test_second_request_drafts_from_first_output(tiny_models):
 def test_memory_learns_outputs_not_prompts(tiny_models):
     model = tiny_models("qwen2")
     memory = NgramTrie(max_n=4, capacity=4096)
-    dec = LookaheadDecoder(trie=memory)
+    dec = LookaheadDecoder(store=memory)
     out = model.generate(torch.tensor([PROMPT]), custom_generate=dec, max_new_tokens=12, eos_token_id=None)
     grams = memory.ngrams()
     new = out[0, len(PROMPT):].tolist()
@@ -40,7 +41,7 @@ def test_memory_learns_outputs_not_prompts(tiny_models):
 
 def test_memory_stays_bounded(tiny_models):
     memory = NgramTrie(max_n=3, capacity=64)
-    dec = LookaheadDecoder(trie=memory)
+    dec = LookaheadDecoder(store=memory)
     model = tiny_models("llama")
     for seed in range(4):
         prompt = np.random.default_rng(seed).integers(0, 96, 12).tolist()
@@ -48,9 +49,11 @@ def test_memory_stays_bounded(tiny_models):
         assert len(memory) <= 64
 
 
-def test_trie_argument_is_checked():
+def test_store_argument_is_checked():
     with pytest.raises(TypeError, match="NgramTrie"):
-        LookaheadDecoder(trie={})
+        LookaheadDecoder(store={})
+    with pytest.raises(TypeError, match="unknown setting.*'trie'"):  # the old name
+        LookaheadDecoder(trie=NgramTrie(max_n=3, capacity=64))
 
 
 def test_a_store_from_a_bigger_vocabulary_is_refused_before_any_forward(tiny_models, tmp_path):
@@ -66,7 +69,7 @@ def test_a_store_from_a_bigger_vocabulary_is_refused_before_any_forward(tiny_mod
     try:
         with pytest.raises(ValueError, match=r"token id 120, outside this model's vocabulary of 96"):
             model.generate(torch.tensor([[3, 5, 6]]), max_new_tokens=8,
-                           custom_generate=LookaheadDecoder(trie=loaded, cost_curve=((1, 1.0), (64, 1.0))))
+                           custom_generate=LookaheadDecoder(store=loaded, cost_curve=((1, 1.0), (64, 1.0))))
     finally:
         handle.remove()
     assert calls == []

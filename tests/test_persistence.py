@@ -20,6 +20,7 @@ import torch
 from test_trie import _check_invariants, _written  # pytest puts tests/ on sys.path
 
 from lookahead import LookaheadDecoder
+from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cache import (
     FORMAT_VERSION,
     NgramTrie,
@@ -341,9 +342,10 @@ def test_pickled_empty_stores_and_decoders_are_small():
     """A bare decoder pickled to 16.8 MB, 33.6 MB with a shared store (capacity 2**18 each)."""
     assert len(pickle.dumps(NgramTrie(max_n=12, capacity=1 << 18))) < 10_000
     assert len(pickle.dumps(LookaheadDecoder())) < 200_000
-    assert len(pickle.dumps(LookaheadDecoder(trie=NgramTrie(max_n=12, capacity=1 << 18)))) < 200_000
+    assert len(pickle.dumps(LookaheadDecoder(store=NgramTrie(max_n=12, capacity=1 << 18)))) < 200_000
     twin = copy.deepcopy(LookaheadDecoder())
-    assert twin.trie.capacity == LookaheadDecoder().config.trie_capacity and len(twin.trie) == 0
+    assert twin.trie.capacity == LookaheadDecoder().tuning.trie_capacity == DEFAULT.trie_capacity
+    assert len(twin.trie) == 0
     twin.trie.insert([5, 6, 5, 6, 5])
     assert twin.trie.propose([5], 4, 4)[0].tolist() == [6, 5, 6, 5]
 
@@ -379,15 +381,15 @@ def test_decoder_with_a_reloaded_store_drafts_as_before(tiny_models, tmp_path):
     store it was saved from."""
     model = tiny_models("llama")
     memory = NgramTrie(max_n=6, capacity=4096)
-    first = LookaheadDecoder(trie=memory, adaptive=False)
+    first = LookaheadDecoder(store=memory, _tuning=Tuning(adaptive=False))
     prompt = torch.tensor([[3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]])
     kw = dict(max_new_tokens=40, eos_token_id=None)
     plain = model.generate(prompt, do_sample=False, **kw)
     model.generate(prompt, custom_generate=first, **kw)
     memory.save(tmp_path / "m", vocab_size=model.config.vocab_size)
-    kept = LookaheadDecoder(trie=memory, adaptive=False)
-    restarted = LookaheadDecoder(trie=NgramTrie.load(tmp_path / "m", vocab_size=model.config.vocab_size),
-                                 adaptive=False)
+    kept = LookaheadDecoder(store=memory, _tuning=Tuning(adaptive=False))
+    restarted = LookaheadDecoder(store=NgramTrie.load(tmp_path / "m", vocab_size=model.config.vocab_size),
+                                 _tuning=Tuning(adaptive=False))
     a = model.generate(prompt, custom_generate=kept, **kw)
     b = model.generate(prompt, custom_generate=restarted, **kw)
     assert a.tolist() == b.tolist() == plain.tolist()

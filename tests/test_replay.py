@@ -10,6 +10,7 @@ import torch
 
 from benchmarks.replay import prompt_lookup_draft, replay, replay_all, replay_prompt_lookup
 from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead._tuning import Tuning
 from lookahead.cost import CostModel
 
 CURVE = ((1, 1.0), (2, 1.6), (4, 1.7), (8, 1.9), (16, 2.2), (32, 3.0))
@@ -23,9 +24,10 @@ PROMPTS = [
 def test_worked_example_of_the_docstring():
     # the prompt teaches 5 -> 6 -> 9; the output is 5 6 7: a chain draft accepts 5, 6 and emits 7 as well
     cost = CostModel(((1, 1.0), (4, 2.0)))
-    res = replay([5, 6, 9, 1, 2], [5, 6, 7], 3, LookaheadConfig(adaptive=False, max_match=1), cost)
+    fixed = Tuning(adaptive=False, max_match=1)
+    res = replay([5, 6, 9, 1, 2], [5, 6, 7], 3, LookaheadConfig(), cost, tuning=fixed)
     assert res["budgets"][0] == 0  # the prompt's last token (2) has no continuation in the trie
-    res = replay([2, 5, 6, 9, 1, 2], [5, 6, 7], 3, LookaheadConfig(adaptive=False, max_match=1), cost)
+    res = replay([2, 5, 6, 9, 1, 2], [5, 6, 7], 3, LookaheadConfig(), cost, tuning=fixed)
     assert res["target_calls"] == 1 and res["accepted"] == 2 and res["new_tokens"] == 3
 
 
@@ -35,16 +37,17 @@ def test_replay_makes_the_decoders_decisions(tiny_models, arch, adaptive):
     """With an explicit (non-learning) cost curve the decoder's choices depend on tokens only, so the
     replay on its greedy output must choose the same budgets and make the same number of calls."""
     model = tiny_models(arch)
-    config = LookaheadConfig(cost_curve=CURVE, adaptive=adaptive, recycle_k=0)  # the replay has no logits
+    config = LookaheadConfig(cost_curve=CURVE)
+    tuning = Tuning(adaptive=adaptive, recycle_k=0)  # the replay has no logits
     records = {}
     for k, prompt in enumerate(PROMPTS):
         ids = torch.tensor([prompt])
-        dec = LookaheadDecoder(config)
+        dec = LookaheadDecoder(config, _tuning=tuning)
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
                              do_sample=False, custom_generate=dec)
         output = out[0, len(prompt):].tolist()
         cost = CostModel(CURVE)
-        res = replay(prompt, output, 40, config, cost)
+        res = replay(prompt, output, 40, config, cost, tuning=tuning)
         assert res["budgets"] == [b for b, _ in dec.stats.budgets]
         assert res["target_calls"] == dec.stats.target_calls
         assert res["accepted"] == dec.stats.accepted
@@ -54,7 +57,7 @@ def test_replay_makes_the_decoders_decisions(tiny_models, arch, adaptive):
         assert res["seconds"] == pytest.approx(steps)
         assert res["speedup"] == pytest.approx((len(output) - 1) * 1.0 / steps)
         records[f"p{k}"] = {"workload": "w", "prompt": prompt, "output": output, "max_new_tokens": 40}
-    result = replay_all({"prompts": records}, config, CostModel(CURVE))
+    result = replay_all({"prompts": records}, config, CostModel(CURVE), tuning=tuning)
     per_prompt, summary = result["per_prompt"], result["summary"]["w"]
     ratios = sorted(p["speedup"] for p in per_prompt.values())
     assert summary["prompts"] == len(PROMPTS)

@@ -42,5 +42,5 @@ def test_parse_variant_names_budget_fields_and_refuses_others():
                                                           {"margin": 1.0, "depth_cells": 16})
     text = "match_scale=[0.5,1,1.3],margin=1.0"  # a list keeps its commas, and becomes a tuple as the field's type
     assert parse_variant(text) == (text, {"match_scale": (0.5, 1, 1.3), "margin": 1.0})
-    with pytest.raises(ValueError, match="not a BudgetTuning field"):
+    with pytest.raises(ValueError, match="not a Tuning field"):
         parse_variant("margins=1.0")

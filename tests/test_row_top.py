@@ -1,4 +1,4 @@
-"""``kernels.rows_top``: every row's argmax (exactly torch's) and top-k in one pass."""
+"""``verify.rows_top``: every row's argmax (exactly torch's) and top-k in one pass."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead.kernels import rows_top
+from lookahead.verify import rows_top
 
 
 def run(logits, k):
@@ -68,8 +68,8 @@ def test_matches_torch(rows, vocab, k, seed, levels):
 @given(vocab=st.integers(385, 4000), k=st.integers(1, 9), seed=st.integers(0, 2**31 - 1),
        levels=st.integers(2, 400), masked=st.sampled_from([0.05, 0.99, 1.0]))
 def test_long_rows_and_many_candidates_match_torch(vocab, k, seed, levels, masked):
-    """More than ``kernels.RANKED_MAXIMA`` block maxima (so they are inserted, not ranked), and rows nearly or all
-    masked: more than ``kernels.RANKED`` candidates tie at the bound (inserted too)."""
+    """More than ``verify.RANKED_MAXIMA`` block maxima (so they are inserted, not ranked), and rows nearly or all
+    masked: more than ``verify.RANKED`` candidates tie at the bound (inserted too)."""
     gen = np.random.default_rng(seed)
     logits = gen.integers(0, levels, size=(2, vocab)).astype(np.float32)
     logits[gen.random((2, vocab)) < masked] = -np.inf

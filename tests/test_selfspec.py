@@ -7,18 +7,17 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead import LookaheadDecoder
+from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cost import CostModel, set_cost_curve
-from lookahead.selfspec import (
-    DraftPassSource,
+from lookahead.passes import DraftPassSource, draft_source, self_drafter
+from lookahead.passes.drafters import (
     LayerStack,
     calibrate,
     causal_mask,
-    early_exit_drafter,
     layer_importance,
     low_rank_drafter,
     modelled_speed,
-    self_draft_factory,
     skip_set,
 )
 from lookahead.verify import Verdict, sample_token
@@ -35,6 +34,11 @@ KINDS = ["layer-skip", "early-exit", "low-rank"]
 def _draft_pass(decoder):
     """The decoder's draft-pass source (the priced one)."""
     return next(s for s in decoder.policy.sources if s.priced)
+
+
+def _decoder(draft, **tuning):
+    """A decoder drafting with ``draft=`` and these ``Tuning`` fields."""
+    return LookaheadDecoder(draft=draft, _tuning=Tuning(**tuning))
 
 
 # ------------------------------------------------------------------ the rule for drafts sampled from q
@@ -142,7 +146,7 @@ def test_causal_mask_example():
 def test_layer_stack_of_every_layer_is_the_target(arch):
     """The wrapper runs the target's own modules as its forward does: same logits, prefill and cached."""
     model = tiny_model(arch, layers=3)
-    stack = early_exit_drafter(model, 3)
+    stack = LayerStack(model, list(model.model.layers))  # early exit after every layer
     ids = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = model(input_ids=ids).logits[0]  # [12, V]
@@ -176,9 +180,9 @@ def test_calibration_reports_candidates():
     model = tiny_model("llama", layers=4)
     ids = torch.randint(3, 96, (1, 24), generator=torch.Generator().manual_seed(0))
     choice, stack = calibrate(model, "early-exit", ids, sizes=(1.0, 0.5))
-    assert [c[0] for c in choice.candidates] == [1.0, 0.5]
-    assert choice.candidates[0][1] == 1.0 and choice.candidates[0][2] == pytest.approx(1.0)  # all layers agree
-    assert choice.size in (1.0, 0.5) and len(stack.layers) == len(choice.layers)
+    assert [c[0] for c in choice["candidates"]] == [1.0, 0.5]
+    assert choice["candidates"][0][1] == 1.0 and choice["candidates"][0][2] == pytest.approx(1.0)  # all layers agree
+    assert choice["size"] in (1.0, 0.5) and len(stack.layers) == len(choice["layers"])
 
 
 # ----------------------------------------------------------------------------- exact in the decoder
@@ -209,8 +213,8 @@ def test_self_draft_greedy_identical(deep_models, arch, kind):
     ids = _prompt()
     ref = model.generate(ids, max_new_tokens=32, do_sample=False)
     # a given size: no calibration, whose agreement on a random model would turn the source off (hopeless)
-    alone = LookaheadDecoder(self_draft=kind, self_draft_size=0.5, draft_cost=0.3, **ALONE)
-    merged = LookaheadDecoder(self_draft=kind, self_draft_size=0.5, draft_cost=0.3, draft_branches=2)
+    alone = _decoder(kind, self_draft_size=0.5, draft_cost=0.3, **ALONE)
+    merged = _decoder(kind, self_draft_size=0.5, draft_cost=0.3, draft_branches=2)
     for decoder in (alone, merged):
         out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=decoder)
         assert torch.equal(out, ref), (arch, kind)
@@ -227,7 +231,7 @@ def test_draft_model_greedy_identical(deep_models, arch):
     ids = _prompt()
     ref = model.generate(ids, max_new_tokens=32, do_sample=False)
     for draft in (model, tiny_model("qwen2", layers=1, seed=7)):
-        decoder = LookaheadDecoder(draft_model=draft, draft_cost=0.1, **ALONE)
+        decoder = _decoder(draft, draft_cost=0.1, **ALONE)
         out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=decoder)
         assert torch.equal(out, ref)
         if draft is model:
@@ -235,12 +239,12 @@ def test_draft_model_greedy_identical(deep_models, arch):
 
 
 def test_draft_model_built_from_the_target(deep_models):
-    """``draft_model=`` may be a function of the target (the bench builds a truncated copy that way)."""
+    """``draft=`` may be a function of the target (the bench builds a truncated copy that way)."""
     model = deep_models("llama")
     ids = _prompt()
     ref = model.generate(ids, max_new_tokens=20, do_sample=False)
     seen = []
-    decoder = LookaheadDecoder(draft_model=lambda target: seen.append(target) or target, draft_cost=0.1, **ALONE)
+    decoder = _decoder(lambda target: seen.append(target) or target, draft_cost=0.1, **ALONE)
     out = model.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=decoder)
     assert torch.equal(out, ref) and seen == [model]
 
@@ -253,9 +257,8 @@ def test_sampled_is_the_same_text_as_without_drafts(deep_models, kind):
     ids = _prompt()
     kw = dict(max_new_tokens=32, min_new_tokens=32, do_sample=True, temperature=0.1, top_k=20)
     torch.manual_seed(3)
-    ref = model.generate(ids, custom_generate=LookaheadDecoder(**ALONE), **kw)
-    extra = dict(draft_model=model) if kind == "draft-model" else dict(self_draft=kind, self_draft_size=1.0)
-    decoder = LookaheadDecoder(draft_cost=0.1, **extra, **ALONE)
+    ref = model.generate(ids, custom_generate=LookaheadDecoder(_tuning=Tuning(**ALONE)), **kw)
+    decoder = _decoder(model if kind == "draft-model" else kind, self_draft_size=1.0, draft_cost=0.1, **ALONE)
     torch.manual_seed(3)
     out = model.generate(ids, custom_generate=decoder, **kw)
     assert torch.equal(out, ref)
@@ -266,7 +269,7 @@ def test_sampled_is_the_same_text_as_without_drafts(deep_models, kind):
 
 
 def test_priced_depth():
-    src = DraftPassSource(5, None, depth=6, cost=0.5)
+    src = DraftPassSource("early-exit", depth=6, cost=0.5)
     flat, steep = CostModel(FLAT), CostModel([(1, 0.01), (2, 0.03), (64, 0.3)])
     src._acc, src._tried = 95.0, 100.0  # a ~ 0.93
     assert src.priced_depth(6, flat) == 4  # (1 + a + ... + a^d) / (1 + d / 2) is largest at d = 4
@@ -286,7 +289,7 @@ def test_stays_off_where_it_does_not_pay():
     set_cost_curve(model, ((1, 0.01), (2, 0.03), (64, 0.3)))  # a steep CPU-like curve
     ids = _prompt()
     ref = model.generate(ids, max_new_tokens=24, do_sample=False)
-    decoder = LookaheadDecoder(self_draft="layer-skip", draft_cost=0.5, **ALONE)
+    decoder = _decoder("layer-skip", draft_cost=0.5, **ALONE)
     out = model.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=decoder)
     assert torch.equal(out, ref)
     report = _draft_pass(decoder).report()
@@ -301,7 +304,7 @@ def test_self_draft_refuses_other_layouts(arch):
     model = tiny_model(arch)
     set_cost_curve(model, FLAT)
     with pytest.raises(ValueError, match="Llama-family"):
-        model.generate(_prompt(), max_new_tokens=4, custom_generate=LookaheadDecoder(self_draft="early-exit"))
+        model.generate(_prompt(), max_new_tokens=4, custom_generate=LookaheadDecoder(draft="early-exit"))
 
 
 def test_draft_model_refusals():
@@ -309,39 +312,55 @@ def test_draft_model_refusals():
     set_cost_curve(model, FLAT)
     other = tiny_model("llama", vocab=128)
     with pytest.raises(ValueError, match="vocabulary of 128"):
-        model.generate(_prompt(), max_new_tokens=4, custom_generate=LookaheadDecoder(draft_model=other))
-    with pytest.raises(ValueError, match="draft_model"):
-        LookaheadDecoder(draft_model="small-model")
+        model.generate(_prompt(), max_new_tokens=4, custom_generate=LookaheadDecoder(draft=other))
+    with pytest.raises(ValueError, match="draft must be"):
+        LookaheadDecoder(draft="small-model")
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        LookaheadDecoder(draft=_EncoderDecoder())
 
 
-def test_config_fields():
-    assert LookaheadConfig().self_draft == "none"  # every draft pass off by default
-    for bad in (dict(self_draft="skip"), dict(self_draft_size=1.5), dict(draft_depth=0), dict(draft_branches=9),
-                dict(draft_cost=-1.0), dict(draft_cost="0.5")):
+class _EncoderDecoder(torch.nn.Module):
+    config = type("Config", (), {"vocab_size": 96, "is_encoder_decoder": True})()
+
+
+def test_tuning_fields():
+    assert LookaheadDecoder().draft is None  # every draft pass off by default
+    assert not any(s.priced for s in LookaheadDecoder().policy.sources)
+    with pytest.raises(ValueError, match="draft must be"):
+        LookaheadDecoder(draft="skip")
+    for bad in (dict(self_draft_size=1.5), dict(draft_depth=0), dict(draft_branches=9), dict(draft_cost=101.0)):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            LookaheadConfig(**bad)
+            _decoder("early-exit", **bad)
+    for bad in (dict(draft_cost=-1.0), dict(draft_cost="0.5")):  # refused by Tuning itself
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Tuning(**bad)
+    src = draft_source("low-rank", Tuning(draft_depth=3, draft_branches=2, draft_cost=0.2, self_draft_size=0.25))
+    assert (src.origin, src.max_depth, src.max_nodes, src.ratio, src.size) == (7, 3, 6, 0.2, 0.25)
 
 
-def test_factory_without_size_uses_a_short_prompt_default():
+def test_drafter_without_size_uses_a_short_prompt_default():
     model = tiny_model("llama", layers=4)
-    stack, info = self_draft_factory("early-exit", 0.0)(model, np.arange(3, 7))
+    stack, info = self_drafter(model, "early-exit", 0.0, np.arange(3, 7))
     assert info["size"] == 0.625 and len(stack.layers) == 2  # the middle candidate: no calibration on 4 tokens
-    again, _ = self_draft_factory("early-exit", 0.5)(model, np.arange(3, 30))
+    again, _ = self_drafter(model, "early-exit", 0.5, np.arange(3, 30))
     assert len(again.layers) == 2
+    assert self_drafter(model, "early-exit", 0.0, np.arange(3, 30))[0] is stack  # built once per model and size
+    calibrated, info = self_drafter(model, "layer-skip", 0.0, np.arange(3, 30))
+    assert len(info["candidates"]) == 3 and len(calibrated.layers) == len(info["layers"])
 
 
 def test_source_cache_follows_the_accepted_prefix():
     """The drafter's cache holds exactly the context's tokens it has seen: the accepted part of a chain stays,
     the rest is cropped; the next proposal continues from the context (here a drafter that is the target)."""
     model = tiny_model("llama", layers=2)
-    src = DraftPassSource(8, lambda target, prompt: (early_exit_drafter(target, 2), {}), depth=4, cost=0.1)
+    src = DraftPassSource("early-exit", depth=4, cost=0.1, size=1.0)  # every layer: the target itself
     src.start(np.arange(3, 13), model)
     chain = src.propose(None, 4, 4).tokens.tolist()
     assert src.cached == list(range(3, 13)) + chain[:3]
     wrong = (chain[2] + 1) % 96
     src.learn(np.array([chain[0], chain[1], wrong]))  # two accepted, then a correction
     assert src.cached == list(range(3, 13)) + chain[:2] and src.cache.get_seq_length() == 12
-    assert (src.stats.tried, src.stats.accepted) == (3, 2)
+    assert (src.stats["tried"], src.stats["accepted"]) == (3, 2)
     src.learn(np.array([7]))  # a step it did not draft: nothing to crop
     nxt = src.propose(None, 4, 4).tokens.tolist()
     with torch.no_grad():
@@ -350,12 +369,10 @@ def test_source_cache_follows_the_accepted_prefix():
 
 
 def test_a_calibration_that_cannot_pay_turns_the_source_off_without_probes():
-    src = DraftPassSource(5, None, depth=6, cost=0.5)
+    src = DraftPassSource("early-exit", depth=6, cost=0.5)
     src.hopeless = True  # as start() sets it from a calibrated agreement
     src._acc, src._tried = 95.0, 100.0
     assert [src.priced_depth(6, CostModel(FLAT)) for _ in range(40)] == [0] * 40  # not even a probe
     assert src.priced_depth(6, None) == 6  # adaptive=False: drafted as configured
-    from lookahead.selfspec import modelled_speed
-
     # SmolLM2's early exit after 22 of 30 layers: agreement 0.27 at 0.76 of a target forward
-    assert modelled_speed(0.27, 0.76) < DraftPassSource.hopeless_below <= modelled_speed(0.9, 0.3)
+    assert modelled_speed(0.27, 0.76) < DEFAULT.margin <= modelled_speed(0.9, 0.3)

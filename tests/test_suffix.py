@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lookahead import kernels as K
 from lookahead.cache import SuffixIndex
 from lookahead.cache import suffix as S
+from lookahead.drafting import kernels as K
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead._tuning import Tuning
 from lookahead.cache import NgramTrie
 
 from tiny import tiny_model
@@ -26,20 +27,20 @@ def _model(arch: str, vocab: int, hidden: int, layers: int, seed: int):
 
 
 @st.composite
-def _configs(draw):
+def _configs(draw) -> tuple[LookaheadConfig, Tuning]:
+    """(the config, the tuning) of one decoder."""
     ngram = draw(st.integers(2, 8))
-    return LookaheadConfig(
+    tuning = Tuning(
         ngram_size=ngram,
         max_match=draw(st.integers(1, ngram - 1)),
         tree_nodes=draw(st.sampled_from([0, 1, 3, 8, 16])),
         tree_depth=draw(st.integers(0, 8)),
         trie_capacity=draw(st.sampled_from([4 * ngram * ngram, 1 << 12])),
-        window_width=draw(st.sampled_from([0, 0, 2, 5])),
         window_ngram=draw(st.integers(2, 5)),
         window_candidates=draw(st.integers(0, 4)),
         adaptive=draw(st.booleans()),
-        cost_curve=COST_CURVE,
     )
+    return LookaheadConfig(window=draw(st.sampled_from([0, 0, 2, 5])), cost_curve=COST_CURVE), tuning
 
 
 @st.composite
@@ -93,7 +94,8 @@ def test_sweep_greedy_equivalence(case):
         rng = np.random.default_rng(case["seed"])
         stored = free if case["memory"] == "output" else rng.integers(0, case["vocab"], 60).tolist()
         memory.insert(stored)
-    decoder = LookaheadDecoder(case["config"], trie=memory)
+    config, tuning = case["config"]
+    decoder = LookaheadDecoder(config, store=memory, _tuning=tuning)
     ours = model.generate(ids, custom_generate=decoder, **kw)
     assert ours.tolist() == plain.tolist(), case
     n_new = plain.shape[1] - ids.shape[1]

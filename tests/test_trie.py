@@ -1,5 +1,5 @@
-"""Tests of the n-gram trie (``lookahead.cache``, the repository's ``cache/`` folder): exact hand-worked cases, and property tests against the
-pygtrie reference in ``trie_reference.py``."""
+"""Tests of the n-gram trie (``lookahead.cache``, the repository's ``cache/`` folder): exact hand-worked cases, and
+property tests against the pygtrie reference in ``trie_reference.py``."""
 
 from __future__ import annotations
 
@@ -457,7 +457,8 @@ def test_clear_leaves_a_new_tries_arrays(capacity, tokens):
         trie.insert(rng.integers(0, 50, tokens))
         trie.clear()
         fresh = _empty_arrays(6, capacity)
-        assert np.array_equal(trie._state[:K.S_OPEN], fresh[3][:K.S_OPEN]) and trie._state[K.S_HIGH] == 0  # (no open path)
+        # (no open path)
+        assert np.array_equal(trie._state[:K.S_OPEN], fresh[3][:K.S_OPEN]) and trie._state[K.S_HIGH] == 0
         for got, want in zip(_written(trie) + (trie._table,), _written(new) + (fresh[2],)):
             assert np.array_equal(got, want)
         assert trie._used == min(T.MIN_TABLE, len(trie._table))  # the table in use is a new trie's again

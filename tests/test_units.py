@@ -7,11 +7,14 @@ import pytest
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
-from lookahead import kv_cache
+from lookahead import kv
+from lookahead._tuning import DEFAULT
 from lookahead.compat import cache_kwarg_name
-from lookahead.kv_cache import MAX_MOVES, column_moves, keep_entries
-from lookahead.tree import pack_step, tree_depths
-from lookahead.verify import children_lists, greedy_verify, greedy_verify_argmax
+from lookahead.kv import column_moves, keep_entries
+from lookahead.packing import pack_step, tree_depths
+from lookahead.verify import children_lists, greedy_verify_argmax, verify
+
+MAX_MOVES = DEFAULT.max_moves
 
 # --- tree packing ---------------------------------------------------------------------------
 
@@ -72,8 +75,8 @@ def test_step_mask_steps_equal_pack_step(dtype, padded):
     """``StepMask.step`` (one kernel call into buffers kept across steps) gives each step of a decode what
     ``pack_step`` builds anew: ids, positions and mask, for random trees with and without window rows, while the
     context grows; a step larger than the buffer's rows takes the general path, and the next one the buffers again."""
-    from lookahead.draft import WindowRows
-    from lookahead.tree import StepMask, tree_depth_rank
+    from lookahead.drafting.draft import WindowRows, tree_depth_rank
+    from lookahead.packing import StepMask
 
     rng = np.random.default_rng(0)
     col_visible = np.ones(200, bool)
@@ -139,7 +142,7 @@ def _onehot_logits(argmaxes, vocab=12):
 
 def test_greedy_verify_tensor_path_matches_host_walk():
     logits = _onehot_logits([5, 9, 3, 4])
-    v = greedy_verify(logits, [5, 7, 9], [-1, -1, 0], torch.tensor([[1, 2]]))
+    v = verify(logits, [5, 7, 9], [-1, -1, 0], torch.tensor([[1, 2]]))
     assert v.nodes == [0, 2] and v.tokens == [5, 9, 4]
 
 
@@ -160,7 +163,7 @@ class _Ban:
 def test_greedy_verify_applies_processors_lazily_with_each_prefix():
     logits = _onehot_logits([5, 9, 3, 4])
     ban = _Ban(9, after=2)  # from prefix length 3 on, token 9 is banned: node 0's argmax becomes 10
-    v = greedy_verify(logits, [5, 7, 9], [-1, -1, 0], torch.tensor([[1, 2]]), LogitsProcessorList([ban]),
+    v = verify(logits, [5, 7, 9], [-1, -1, 0], torch.tensor([[1, 2]]), LogitsProcessorList([ban]),
                       keep_scores=True)
     assert v.nodes == [0] and v.tokens == [5, 10]
     assert ban.seen == [[1, 2], [1, 2, 5]]  # only the walked path, each with its own prefix
@@ -207,7 +210,7 @@ def test_keep_entries_equals_a_gather_for_any_kept_columns(dtype, copies, monkey
     """Every kept set (one run, overlapping runs, scattered ones past MAX_MOVES): the gather's result, with the
     copies a CPU makes (on NumPy views; bf16 as its bits) and those of other devices (torch's)."""
     if copies == "torch":
-        monkeypatch.setattr(kv_cache, "host_view", lambda t: None)
+        monkeypatch.setattr(kv, "host_view", lambda t: None)
     rng = np.random.default_rng(0)
     kinds = set()
     for _ in range(300):

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder
-from lookahead.tree import pack_step
-from lookahead.window import LookaheadWindow, window_layout
+from lookahead._tuning import Tuning
+from lookahead.drafting import kernels as K
+from lookahead.drafting.window import LookaheadWindow, window_layout
+from lookahead.packing import pack_step
 
 from tiny import TINY_ARCHS
 
@@ -38,7 +40,6 @@ def harvest_ngrams(levels: np.ndarray, outputs: np.ndarray) -> np.ndarray:
 
 
 def test_harvest_docstring_example():
-    from lookahead import kernels as K
     _, grams, _ = K.window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 0, np.zeros(0, np.int64), 0)
     assert grams.tolist() == harvest_ngrams(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3])).tolist()
     assert grams.tolist() == [[5, 8, 1], [6, 9, 2], [7, 4, 3]]
@@ -80,7 +81,7 @@ def test_greedy_equivalence_with_window(tiny_models, arch):
     model = tiny_models(arch)
     ids = torch.tensor([NO_REPEAT])
     plain = model.generate(ids, do_sample=False, max_new_tokens=48, eos_token_id=None)
-    dec = LookaheadDecoder(window_width=4, window_ngram=4, window_candidates=3)
+    dec = LookaheadDecoder(window=4, _tuning=Tuning(window_ngram=4, window_candidates=3))
     ours = model.generate(ids, custom_generate=dec, max_new_tokens=48, eos_token_id=None)
     assert ours.tolist() == plain.tolist()
     assert dec.stats.target_calls < dec.stats.new_tokens
@@ -89,11 +90,11 @@ def test_greedy_equivalence_with_window(tiny_models, arch):
 def test_window_contributes_accepted_drafts(tiny_models):
     """On a prompt without repetition, some accepted drafts come from window-made n-grams."""
     model = tiny_models("llama")
-    dec = LookaheadDecoder(window_width=4, window_ngram=4, window_candidates=4)
+    dec = LookaheadDecoder(window=4, _tuning=Tuning(window_ngram=4, window_candidates=4))
     model.generate(torch.tensor([NO_REPEAT]), custom_generate=dec, max_new_tokens=60, eos_token_id=None)
     assert dec.stats.accepted_by_origin["window"] > 0
     assert dec.stats.drafted_by_origin["window"] >= dec.stats.accepted_by_origin["window"]
-    off = LookaheadDecoder(window_width=0)
+    off = LookaheadDecoder(window=0)
     model.generate(torch.tensor([NO_REPEAT]), custom_generate=off, max_new_tokens=60, eos_token_id=None)
     assert off.stats.drafted_by_origin["window"] == 0
     assert dec.stats.target_calls < off.stats.target_calls
@@ -101,7 +102,7 @@ def test_window_contributes_accepted_drafts(tiny_models):
 
 def test_window_with_sampling_is_reproducible(tiny_models):
     model = tiny_models("qwen2")
-    dec = LookaheadDecoder(window_width=3, window_ngram=3)
+    dec = LookaheadDecoder(window=3, _tuning=Tuning(window_ngram=3))
     outs = []
     for _ in range(2):
         torch.manual_seed(5)
@@ -111,8 +112,8 @@ def test_window_with_sampling_is_reproducible(tiny_models):
 
 
 def test_window_step_equals_the_numpy_steps_it_replaces():
-    """``kernels.window_step`` (one call per step) against harvest, concatenations and fresh columns in NumPy."""
-    from lookahead import kernels as K
+    """``drafting.kernels.window_step`` (one call per step) against harvest, concatenations and fresh columns in
+    NumPy."""
     rng = np.random.default_rng(0)
     lv, grams, cursor = K.window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 1,
                                       np.array([20, 21]), 0)  # the docstring's example

@@ -32,7 +32,7 @@ PROCESS_GROUP_TIMEOUT = timedelta(seconds=30)
 
 
 class RankClock:
-    """A fake ``clock`` for ``LookaheadDecoder(clock=...)``: rank 0's readings are 1 ms apart (every timed
+    """A fake ``clock`` for ``LookaheadDecoder(_clock=...)``: rank 0's readings are 1 ms apart (every timed
     forward takes the same time: a flat cost curve, on which drafting pays), another rank's ``n``-th reading
     is ``n**3`` ms (each timed forward takes longer than the one before: a steep curve, on which nothing is
     drafted)."""
@@ -136,8 +136,8 @@ def forward_facts(tp, single, spec):
 
 
 def rank_sync(tp, single, spec):
-    """``lookahead.distributed.RankSync`` over the model's group: broadcast, seeds, checks, divergences."""
-    from lookahead.distributed import RankDivergence, RankSync, model_group
+    """``lookahead.parallel.RankSync`` over the model's group: broadcast, seeds, checks, divergences."""
+    from lookahead.parallel import RankDivergence, RankSync, model_group
 
     rank = dist.get_rank()
     sync = RankSync.for_model(tp)
@@ -164,11 +164,11 @@ def rank_sync(tp, single, spec):
     return out
 
 
-def _decoder(rank: int, **config):
+def _decoder(rank: int, **settings):
     from lookahead import LookaheadDecoder
     from lookahead.cost import Calibrations
 
-    return LookaheadDecoder(clock=RankClock(rank), calibrations=Calibrations(), **config)
+    return LookaheadDecoder(_clock=RankClock(rank), _calibrations=Calibrations(), **settings)
 
 
 def _decoded(dec, out) -> dict:
@@ -186,7 +186,7 @@ def decoder_greedy(tp, single, spec):
 
 
 def decoder_window(tp, single, spec):
-    return _one_row(tp, spec, _decoder(dist.get_rank(), window_width=4), False)
+    return _one_row(tp, spec, _decoder(dist.get_rank(), window=4), False)
 
 
 def decoder_batch(tp, single, spec):
@@ -225,12 +225,15 @@ def decoder_ranks_configured_apart(tp, single, spec):
     rank with RankDivergence, before its collectives break; the next case still runs."""
     rank = dist.get_rank()
     flat = ((1, 0.01), (2, 0.01), (256, 0.0102))
-    dec = _decoder(rank, cost_curve=flat, **({"tree_nodes": 1, "copy_nodes": 0, "recycle_k": 0} if rank else {}))
+    from lookahead._tuning import Tuning
+
+    tuning = Tuning(tree_nodes=1, copy_nodes=0, recycle_k=0) if rank else None
+    dec = _decoder(rank, cost_curve=flat, _tuning=tuning)
     return _error_of(lambda: _one_row(tp, spec, dec, False))
 
 
 def decoder_draft_passes_refused(tp, single, spec):
-    return _error_of(lambda: _one_row(tp, spec, _decoder(dist.get_rank(), self_draft="layer-skip"), False))
+    return _error_of(lambda: _one_row(tp, spec, _decoder(dist.get_rank(), draft="layer-skip"), False))
 
 
 CASES = [plain_greedy, plain_sampled, plain_batch, forward_facts, rank_sync, decoder_greedy, decoder_window,

@@ -1,4 +1,4 @@
-"""A step's linear layers on a CPU computed another way where the BLAS is slow for a few rows.
+"""A step on a CPU: linear layers computed another way where the BLAS is slow for a few rows, grouped attention.
 
 ``nn.Linear`` computes ``x @ W^T``. Some CPU BLAS builds run that product far slower for a few rows than for one,
 and every verification step of a draft runs its rows through those products. The same product the other way round,
@@ -7,8 +7,12 @@ several times cheaper there (``benchmarks/results/`` has the figures). Whether, 
 is measured: the decoder times its steps in every layout and each calibrated step size takes the cheapest
 (:func:`plan_layouts`). One-row steps always go through ``nn.Linear``, so a plain step is plain ``generate``'s.
 
+Grouped-query attention with a mask (a draft tree's) hands the grouped keys to SDPA as they are
+(``compat.grouped_attention``) instead of repeating them per query head every step: the same logits, less copying.
+
 Scoped to the call: the steps run a *shadow* of the model (:func:`shadow`), a copy of its module tree that shares
-every parameter and buffer, in which each ``nn.Linear`` is a :class:`LayoutLinear` of the same weight. Nothing is
+every parameter and buffer, in which each ``nn.Linear`` is a :class:`LayoutLinear` of the same weight and each
+attention module reads a copy of its config that names grouped attention. Nothing is
 installed on the user's model, and another thread's forward never meets a layout. The shadow is made once per model
 and plan and shared (it holds no per-call state); it is made again when a linear layer's weight was replaced.
 """
@@ -26,6 +30,7 @@ import torch
 from torch import nn
 
 from .._tuning import DEFAULT, Tuning
+from .. import compat
 from ..cost import STEP_VARIANT, CostModel
 
 LINEAR, TRANSPOSED, ONEDNN = 0, 1, 2
@@ -230,12 +235,20 @@ class LayoutLinear(nn.Module):
         return nn.functional.linear(x, w, self.bias)
 
 
-def _clone(module: nn.Module, plan: LinearPlan) -> nn.Module:
-    if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.is_floating_point():
+def _clone(module: nn.Module, plan: LinearPlan, configs: dict | None) -> nn.Module:
+    """``module``'s tree, ``nn.Linear``s as :class:`LayoutLinear` where ``plan`` has a layout; with ``configs`` (a memo)
+    each attention module names grouped attention in a copy of its config (``compat.grouped_config``)."""
+    if plan and type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.is_floating_point():
         return LayoutLinear(module, plan)
     other = copy.copy(module)  # a new object with the same attributes: parameters and buffers shared
     other.__dict__.pop("forward", None)  # an instance-level forward (a compiled one) would run the original's tree
-    other._modules = {name: None if child is None else _clone(child, plan) for name, child in module._modules.items()}
+    if configs is not None and hasattr(module, "num_key_value_groups") and hasattr(module, "config"):
+        key = id(module.config)
+        if key not in configs:
+            configs[key] = compat.grouped_config(module.config)
+        other.config = configs[key]
+    other._modules = {name: None if child is None else _clone(child, plan, configs)
+                      for name, child in module._modules.items()}
     return other
 
 
@@ -243,37 +256,40 @@ _SHADOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def shadow(model, plan: LinearPlan) -> nn.Module:
-    """``model``'s module tree with every eligible ``nn.Linear`` a :class:`LayoutLinear` under ``plan``, parameters,
-    buffers, config and hooks shared; made once per model and plan (again after a linear weight was replaced)."""
+def shadow(model, plan: LinearPlan, grouped: bool = False) -> nn.Module:
+    """``model``'s module tree with every eligible ``nn.Linear`` a :class:`LayoutLinear` under ``plan`` and, with
+    ``grouped``, every attention module running ``compat.grouped_attention``; parameters, buffers and hooks shared.
+    Made once per model, plan and ``grouped`` (again after a linear weight was replaced)."""
     with _LOCK:
         kept = _SHADOWS.setdefault(model, {})
-        found = kept.get(plan)
+        found = kept.get((plan, grouped))
         if found is None or any(m.weight is not m.original.weight or m.bias is not m.original.bias
                                 for m in found.modules() if isinstance(m, LayoutLinear)):
-            found = kept[plan] = _clone(model, plan)
+            found = kept[(plan, grouped)] = _clone(model, plan, {} if grouped else None)
         return found
 
 
-def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist):
+def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist, runner,
+               variant: str = STEP_VARIANT):
     """(the step curve, what runs the steps, the plan in words) for ``model`` on a CPU: the step curves timed in
-    each layout (``measure(sizes, runner)``, kept in ``calibrations`` beside ``linear``, the ``nn.Linear`` one)
-    and the plan :func:`plan_layouts` makes of them; ``model`` itself and ``linear`` where no layout pays."""
+    each layout (``measure(sizes, runner)``, kept in ``calibrations`` beside ``linear``, the ``nn.Linear`` one timed
+    with ``runner``, under ``variant``) and the plan :func:`plan_layouts` makes of them; ``runner`` and ``linear``
+    where no layout pays."""
     modules = linear_modules(model)
     layout = tuning.linear_layout
     force = FORCED.get(layout)
+    grouped = runner is not model
     if not modules:
-        return linear, model, KIND_NAMES[LINEAR]
+        return linear, runner, KIND_NAMES[LINEAR]
     if force == ONEDNN and not onednn_fits(modules):
         dtypes = sorted({str(m.weight.dtype) for m in modules})
         raise ValueError(f"Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
                          f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN "
                          f"(torch.backends.mkldnn.is_available(): {torch.backends.mkldnn.is_available()})")
 
-    def timed(kind: int, most: int, variant: str) -> CostModel:
-        runner = shadow(model, whole_plan(kind))
-        return calibrations.get(model, most, lambda sizes: measure(sizes, runner), STEP_VARIANT + variant,
-                                persist=persist)
+    def timed(kind: int, most: int, name: str) -> CostModel:
+        steps = shadow(model, whole_plan(kind), grouped)
+        return calibrations.get(model, most, lambda sizes: measure(sizes, steps), variant + name, persist=persist)
 
     transposed = onednn = None
     if layout in ("auto", "transposed"):
@@ -284,5 +300,16 @@ def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tunin
     if force is not None:
         plan = whole_plan(force)
     if not plan:
-        return curve, model, KIND_NAMES[LINEAR]
-    return curve, shadow(model, plan), plan.describe()
+        return curve, runner, KIND_NAMES[LINEAR]
+    return curve, shadow(model, plan, grouped), plan.describe()
+
+
+def forced(model, tuning: Tuning, grouped: bool = False):
+    """(the shadow that runs every step in the layout ``tuning.linear_layout`` forces, the plan in words)."""
+    modules = linear_modules(model)
+    kind = FORCED[tuning.linear_layout]
+    if kind == ONEDNN and not onednn_fits(modules):
+        raise ValueError("Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights and a "
+                         "torch built with oneDNN")
+    plan = whole_plan(kind)
+    return shadow(model, plan, grouped), plan.describe()

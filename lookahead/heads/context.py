@@ -1,30 +1,19 @@
-"""The context head: a feature head that attends over the answer's own features (EAGLE-style, one layer).
+"""The context head: the feature head's map with one causal attention layer over the answer's earlier positions.
 
-The ``"feature"`` head of ``heads.py`` drafts from the last verified hidden state alone. The context head adds
-one causal attention layer over every earlier *position* of the answer, so what it drafts can depend on the
-text it has written (names, the shape of a loop, a phrase it repeats), as EAGLE's draft layer does (Li et al.
-2024), without a second model.
-
-Terms. Position ``i`` of an answer (0: the prompt's last row) is the target row whose hidden state ``f_i``
-(the input of the output embedding) produced token ``t_i``. Its *input* is ``z_i = fc([n(f_i), n(e(t_i))])``
-(``n``: RMS normalisation, ``e``: the model's input embedding). The layer maps it to the next feature::
+Position ``i`` of an answer (0: the prompt's last row) is the target row whose final hidden state ``f_i``
+produced token ``t_i``. Its *input* is ``z_i = fc([n(f_i), n(e(t_i))])`` (``n``: RMS normalisation, ``e``: the
+model's input embedding), and the layer maps it to the next feature::
 
     y = z + W_o attention(q(z) -> keys and values of the earlier inputs)      # causal, rotary positions
     f' = y + down(silu(up(y)))                                                 # ~ f_{i+1}; its LM head: t_{i+1}
 
-*Level 1* at position ``p`` is that map of the true ``z_p`` attending to the true ``z_0..z_p``: it predicts
-``t_{p+1}``. *Level k* feeds the predicted feature back, ``z^k = fc([n(f'^{k-1}), n(e(t_{p+k-1}))])`` at position
-``p + k - 1``; it attends to the true ``z_0..z_p`` and to its own chain ``z^2..z^k`` (the draft tree's
-ancestors), and predicts ``t_{p+k}``. Training unrolls the levels exactly so (fed the true tokens, as an
-accepted path is); drafting runs them over a tree's paths.
+*Level 1* at position ``p`` maps the true ``z_p`` attending to the true ``z_0..z_p``: it predicts ``t_{p+1}``.
+*Level k* feeds the predicted feature back, ``z^k = fc([n(f'^{k-1}), n(e(t_{p+k-1}))])`` at position
+``p + k - 1``, attending to the true ``z_0..z_p`` and to its own chain ``z^2..z^k`` (a draft path's ancestors).
+Training unrolls the levels so (:func:`unrolled_features`); drafting runs them over a tree's paths.
 
-Example (the shapes of one draft): 40 answer positions cached, width 8, 10 candidates per path: level 1 is one
-query over 40 keys; level 2 is 8 queries, each over the 40 cached keys and its own one chain key; level 3 has 2
-chain keys per query; every level ends in the LM-head rows of the heads' vocabulary.
-
-The decoder hands the heads the hidden rows of each step's accepted path (:meth:`ContextCache.observe`); they
-join the cache, one position each, before the next draft. Nothing here changes what is accepted: the exact
-core verifies every drafted node.
+Example: 40 positions cached, 8 paths, 10 candidates each: level 1 is one query over 40 keys; level 2 is 8
+queries, each over the 40 cached keys and its own one chain key; level 3 has 2 chain keys per query.
 """
 
 from __future__ import annotations
@@ -36,14 +25,13 @@ from torch import nn
 
 ROPE_BASE = 10000.0
 HEAD_DIM = 64
-"""Width of one attention head: a model of hidden size ``H`` gets ``max(1, H // 64)`` heads."""
-
+"""Width of one attention head: hidden size ``H`` gets about ``H // 64`` heads (:func:`attention_heads`)."""
 CACHE_WINDOW = 1024
-"""Positions the drafting cache keeps (a sliding window over the answer; training answers are shorter)."""
+"""Positions the drafting cache keeps (a sliding window over the answer)."""
 
 
 def attention_heads(hidden_size: int) -> int:
-    """How many attention heads a context head over hidden size ``hidden_size`` has (it must divide it).
+    """Attention heads of a context head over ``hidden_size``: the most up to ``H // 64`` that divide it.
 
     Example: ``attention_heads(576)`` -> 9; ``attention_heads(100)`` -> 1."""
     n = max(1, hidden_size // HEAD_DIM)
@@ -53,15 +41,13 @@ def attention_heads(hidden_size: int) -> int:
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
-    """RMS normalisation over the last axis, no weight (what both feature-style heads apply to their inputs)."""
+    """RMS normalisation over the last axis, no weight."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of ``x`` float[..., nh, hd] at positions ``pos`` long[...] (rotating the
-    halves of each head's vector, as Llama does); a new tensor."""
-    hd = x.shape[-1]
-    half = hd // 2
+    """Rotary position embedding (Llama's halves) of ``x`` float[..., nh, hd] at positions ``pos`` long[...]."""
+    half = x.shape[-1] // 2
     freq = ROPE_BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)  # [hd/2]
     angle = pos.to(torch.float32)[..., None] * freq  # [..., hd/2]
     cos, sin = angle.cos()[..., None, :], angle.sin()[..., None, :]  # [..., 1, hd/2]
@@ -71,14 +57,12 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            chain_k: torch.Tensor | None = None, chain_v: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of queries over shared keys plus each query's own chain of keys.
+    """Attention of queries over shared keys plus each query's own chain of keys; float[B, Q, nh, hd].
 
-    ``q`` float[B, Q, nh, hd]; ``k``, ``v`` float[B, T, nh, hd] (shared by a batch row's queries); ``mask``
-    bool[B, Q, T] (True: may attend) or None (all); ``chain_k``, ``chain_v`` float[B, Q, c, nh, hd] or None: keys
-    only query ``(b, j)`` sees (its tree ancestors and itself). Returns float[B, Q, nh, hd].
+    ``q`` float[B, Q, nh, hd]; ``k``, ``v`` float[B, T, nh, hd]; ``mask`` bool[B, Q, T] (True: may attend) or None;
+    ``chain_k``, ``chain_v`` float[B, Q, c, nh, hd] or None: keys only query ``(b, j)`` sees.
 
-    Example: one query, keys ``[k0, k1]`` with mask ``[True, False]`` and a chain ``[c0]``: the softmax runs
-    over the scores of ``k0`` and ``c0`` only.
+    Example: one query, keys ``[k0, k1]``, mask ``[True, False]``, chain ``[c0]``: the softmax runs over ``k0``, ``c0``.
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = torch.einsum("bqhd,bthd->bqht", q, k) * scale  # [B, Q, nh, T]
@@ -94,9 +78,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class ContextLayer(nn.Module):
-    """The context head's trainable part (see the module docstring): ``fc`` [2H -> H], the attention's
-    ``q``, ``k``, ``v``, ``o`` [H -> H] (``o`` zero-initialised, as is ``down``: an untrained layer maps ``z`` to
-    itself), and the residual SiLU MLP ``up`` [H -> ffn * H], ``down``."""
+    """The trainable part: ``fc`` [2H -> H], attention ``q``, ``k``, ``v``, ``o`` [H -> H] and the residual SiLU
+    MLP ``up`` [H -> ffn H], ``down`` (``o`` and ``down`` zero-initialised: an untrained layer maps ``z`` to itself)."""
 
     def __init__(self, hidden_size: int, ffn: int = 2, heads: int | None = None, dropout: float = 0.0):
         super().__init__()
@@ -106,15 +89,14 @@ class ContextLayer(nn.Module):
             raise ValueError(f"context head: {self.heads} attention heads do not divide hidden size {h}")
         self.fc = nn.Linear(2 * h, h)
         self.q, self.k, self.v, self.o = (nn.Linear(h, h, bias=False) for _ in range(4))
-        self.up = nn.Linear(h, ffn * h)
-        self.down = nn.Linear(ffn * h, h)
+        self.up, self.down = nn.Linear(h, ffn * h), nn.Linear(ffn * h, h)
         for layer in (self.o, self.down):
             nn.init.zeros_(layer.weight)
         nn.init.zeros_(self.down.bias)
         self.drop = nn.Dropout(dropout)
 
     def inputs(self, feature: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
-        """float[..., H]: ``z`` of features and their emitted tokens' embeddings (both float[..., H])."""
+        """float[..., H]: ``z`` of features and their tokens' embeddings (both float[..., H])."""
         return self.fc(self.drop(torch.cat([rms(feature), rms(embedding)], -1)))
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,20 +112,18 @@ class ContextLayer(nn.Module):
         return rope(self._split(self.q(rms(z))), pos)
 
     def output(self, z: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """float[..., H]: the next feature from inputs ``z`` and what their queries attended, float[..., nh, hd]."""
+        """float[..., H]: the next feature from inputs ``z`` and what their queries attended (float[..., nh, hd])."""
         y = z + self.o(attended.flatten(-2))
         return y + self.down(self.drop(nn.functional.silu(self.up(y))))
 
 
 def unrolled_features(layer: ContextLayer, hidden: torch.Tensor, embedded: torch.Tensor, positions: torch.Tensor,
                       levels: int) -> torch.Tensor:
-    """The features levels ``1..levels`` predict from query positions of padded answers (training, evaluation).
+    """Levels ``1..levels``' features from query positions of padded answers (training, evaluation).
 
-    ``hidden`` float[S, T, H]: the answers' true features; ``embedded`` float[S, T, H]: the embeddings of their
-    tokens ``e(t_i)``; ``positions`` long[S, P]: the query positions ``p`` (each below its answer's length, so
-    the causal mask keeps padding out). Level ``k`` is fed the true token ``t_{p+k-1}`` (positions past an
-    answer's end read a clamped index: their levels' targets are ignored by the caller). Returns
-    float[S, P, levels, H]: level ``k``'s feature, which should match ``f_{p+k}`` and predict ``t_{p+k}``.
+    ``hidden`` float[S, T, H]: true features; ``embedded`` float[S, T, H]: ``e(t_i)``; ``positions`` long[S, P]
+    (each below its answer's length). Level ``k`` is fed the true token ``t_{p+k-1}`` (an index past the end is
+    clamped; the caller ignores those targets). Returns float[S, P, levels, H]: level ``k`` should predict ``t_{p+k}``.
     """
     s, t, _ = hidden.shape
     z = layer.inputs(hidden, embedded)  # [S, T, H]
@@ -152,37 +132,34 @@ def unrolled_features(layer: ContextLayer, hidden: torch.Tensor, embedded: torch
     mask = torch.arange(t, device=z.device)[None, None, :] <= positions[:, :, None]  # [S, P, T]
     zq = z[rows, positions]  # [S, P, H]
     feature = layer.output(zq, attend(layer.query(zq, positions), k_true, v_true, mask))
-    out = [feature]
-    chain_k, chain_v = [], []
+    out, chain_k, chain_v = [feature], [], []
     for level in range(2, levels + 1):
         pos = positions + level - 1
         zc = layer.inputs(feature, embedded[rows, pos.clamp(max=t - 1)])  # [S, P, H]
         kc, vc = layer.keys(zc, pos)
         chain_k.append(kc)
         chain_v.append(vc)
-        attended = attend(layer.query(zc, pos), k_true, v_true, mask, torch.stack(chain_k, 2),
-                          torch.stack(chain_v, 2))
+        attended = attend(layer.query(zc, pos), k_true, v_true, mask, torch.stack(chain_k, 2), torch.stack(chain_v, 2))
         feature = layer.output(zc, attended)
         out.append(feature)
     return torch.stack(out, 2)
 
 
 class ContextCache:
-    """The keys and values of one answer's true positions, for drafting (one per call and device).
+    """Keys and values of one answer's true positions, for drafting (one per call).
 
-    :meth:`observe` takes a step's accepted rows (not yet their tokens); :meth:`learn` pairs them with the
-    emitted tokens and queues them; :meth:`flush` (before a draft) computes their keys and values in one pass and
-    appends them, keeping the last :data:`CACHE_WINDOW` positions. ``keys`` and ``values`` float[n, nh, hd] are
-    views of buffers of twice the window, written in place (the window is moved to the front when they fill up).
-    ``last_input`` is the input ``z`` of the newest position: the level-1 query."""
+    :meth:`observe` takes a step's accepted rows; :meth:`learn` pairs them with the emitted tokens and queues them;
+    :meth:`flush` (before a draft) computes their keys and values in one pass and appends them, keeping the last
+    ``window`` positions in buffers of twice the window (moved to the front when full). ``last_input``: the newest
+    position's ``z``, the level-1 query; ``count``: positions appended so far."""
 
     def __init__(self, window: int = CACHE_WINDOW):
         self.window = window
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # [2 * window, nh, hd] each
-        self._used = 0  # rows of the buffers in use
-        self.count = 0  # positions appended so far (the next one's position)
+        self._used = 0
+        self.count = 0
         self.last_input: torch.Tensor | None = None  # [H]
-        self._rows: torch.Tensor | None = None  # the last observed accepted rows [a, H], waiting for tokens
+        self._rows: torch.Tensor | None = None  # the last observed accepted rows [a, H], waiting for their tokens
         self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows [a, H], tokens long[a])
 
     def observe(self, rows: torch.Tensor) -> None:
@@ -190,7 +167,7 @@ class ContextCache:
         self._rows = rows
 
     def learn(self, emitted, device) -> None:
-        """The step's emitted tokens (int[k]): row ``i`` produced token ``i``; rows beyond them are dropped."""
+        """The step's emitted tokens: row ``i`` produced token ``i``; rows beyond them are dropped."""
         if self._rows is None:
             return
         n = min(len(emitted), self._rows.shape[0])
@@ -199,14 +176,13 @@ class ContextCache:
         self._rows = None
 
     def flush(self, layer: ContextLayer, embed) -> bool:
-        """Append the queued positions (``embed``: token ids long[n] -> float[n, H]); whether any is cached."""
+        """Append the queued positions (``embed``: ids long[n] -> float[n, H]); whether any position is cached."""
         if self._queued:
             rows = torch.cat([r for r, _ in self._queued]).to(layer.fc.weight.dtype)  # [n, H]
             tokens = torch.cat([t for _, t in self._queued])
             self._queued = []
             z = layer.inputs(rows, embed(tokens))  # [n, H]
-            pos = torch.arange(self.count, self.count + len(tokens), device=z.device)
-            k, v = layer.keys(z, pos)
+            k, v = layer.keys(z, torch.arange(self.count, self.count + len(tokens), device=z.device))
             self._append(k[-self.window:], v[-self.window:])
             self.count += len(tokens)
             self.last_input = z[-1]
@@ -228,10 +204,10 @@ class ContextCache:
 
     @property
     def keys(self) -> torch.Tensor:
-        """float[n, nh, hd]: the cached positions' keys, oldest first (at most the window's)."""
+        """float[n, nh, hd]: the cached positions' keys, oldest first."""
         return self._buffers[0][max(0, self._used - self.window) : self._used]
 
     @property
     def values(self) -> torch.Tensor:
-        """float[n, nh, hd]: their values, in the same order."""
+        """float[n, nh, hd]: their values."""
         return self._buffers[1][max(0, self._used - self.window) : self._used]

@@ -1,0 +1,457 @@
+"""`HeadsSource`: the heads as a draft source. It builds a tree from the last accepted hidden state and prices it.
+
+Trees: Medusa heads give independent per-depth top-k lists, combined best first (:func:`best_first_tree`); a
+feature or context head drafts level by level, expanding the ``width`` best paths into their ``topk`` next tokens,
+and keeps the ``max_nodes`` best nodes overall (:func:`grow_tree`, :func:`select_best`). Every score is a path's
+log-probability at the calibrated temperatures; everything stays on the device until one copy to the host.
+
+Pricing: each step the source picks the depth ``d`` maximising modelled tokens per second
+``(1 + a_1 + a_1 a_2 + ...) / (t(1 + d) + s(d))`` (``a_j``: the measured chance that its tree holds the emitted
+token at depth ``j`` given it held depth ``j - 1``; ``t``: the call's cost curve; ``s(d) = base + d * per_level``:
+the heads' own seconds, measured once per model and tree shape, or given) and drafts only when that beats a plain
+step ``1 / t(1)`` by the budget's margin, with a depth-2 probe now and then.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..drafting.draft import HEADS, tree_depth_rank
+from ..drafting.sources import DraftSource, Proposal
+from .context import ContextCache, attend
+from .model import DTYPES, DraftHeads
+
+WIDE_DEPTH, WIDE_WIDTH = 10, 12  # in the widest steps (DraftSource.wide): trees at least this deep and this wide
+PRIOR, DECAY = (2.0, 2.0), 0.98  # Beta prior (reached, missed) of each depth's acceptance; per-step decay of the counts
+PROBE_EVERY = (16, 256)  # while drafting does not pay: a short probe after 16 idle steps, the wait doubling up to 256
+
+
+def best_first_tree(probs: np.ndarray, max_nodes: int, max_depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``max_nodes`` most probable paths through independent per-depth candidate lists, as a tree.
+
+    ``probs`` float[K, k]: row ``d`` holds depth ``d + 1``'s candidate probabilities, sorted descending; a path
+    ``(i_1, ..., i_d)`` scores ``probs[0, i_1] * ... * probs[d - 1, i_d]``. Returns (depth int64[n], 1-based; index
+    int64[n] into its depth's list; parents int64[n], -1 for the root's children), parent-first, best first.
+
+    Example: ``probs = [[0.6, 0.3], [0.6, 0.4]]``, 3 nodes: ``(0)`` 0.6, ``(0, 0)`` 0.36, ``(1)`` 0.3 ->
+    depth ``[1, 2, 1]``, index ``[0, 0, 1]``, parents ``[-1, 0, -1]``.
+    """
+    depth_cap = min(max_depth, probs.shape[0])
+    if max_nodes <= 0 or depth_cap <= 0 or probs.shape[1] == 0:
+        return (np.zeros(0, np.int64),) * 3
+    out, order = [], itertools.count(1)
+    heap = [(-float(probs[0, 0]), 0, 1, 0, -1, 1.0)]  # (-score, order, depth, index, parent node, parent score)
+    while heap and len(out) < max_nodes:
+        neg, _, d, i, parent, parent_score = heapq.heappop(heap)
+        out.append((d, i, parent))
+        if i + 1 < probs.shape[1]:  # the next sibling
+            heapq.heappush(heap, (-parent_score * float(probs[d - 1, i + 1]), next(order), d, i + 1, parent,
+                                  parent_score))
+        if d < depth_cap:  # the first child
+            heapq.heappush(heap, (neg * float(probs[d, 0]), next(order), d + 1, 0, len(out) - 1, -neg))
+    return tuple(np.ascontiguousarray(column) for column in np.array(out, np.int64).T)
+
+
+def select_best(scores: np.ndarray, parents: np.ndarray, max_nodes: int) -> np.ndarray:
+    """Indices (sorted) of the ``max_nodes`` best-scored nodes of a parent-first tree whose scores never rise from
+    parent to child; ties keep the earlier node, so the set is closed under parents.
+
+    Example: scores ``[-0.1, -0.5, -0.2, -0.9]``, parents ``[-1, -1, 0, 2]``, 2 nodes -> ``[0, 2]``.
+    """
+    if len(scores) <= max_nodes:
+        return np.arange(len(scores))
+    keep = np.sort(np.argsort(-scores, kind="stable")[:max_nodes])
+    inside = np.zeros(len(scores), bool)
+    inside[keep] = True
+    return keep[(parents[keep] < 0) | inside[np.maximum(parents[keep], 0)]]  # a float tie may only drop a child
+
+
+def confidence_bucket(p: np.ndarray, edges: tuple[float, float] = (0.25, 0.6)) -> np.ndarray:
+    """int64[n] match buckets of nodes' calibrated conditional probabilities ``p``: 1 below ``edges[0]``, 2 below
+    ``edges[1]``, else 3. Example: ``[0.1, 0.3, 0.9]`` -> ``[1, 2, 3]``."""
+    p = np.asarray(p)
+    return 1 + (p >= edges[0]).astype(np.int64) + (p >= edges[1])
+
+
+def tree_reach(tokens: np.ndarray, parents: np.ndarray, emitted: np.ndarray) -> int:
+    """How many of ``emitted`` (from the first) a path of the tree spells.
+
+    Example: tokens ``[5, 6, 7]``, parents ``[-1, -1, 1]``, emitted ``[6, 7, 9]`` -> 2."""
+    node, reached = -1, 0
+    for tok in emitted.tolist():
+        kids = np.nonzero((parents == node) & (tokens == tok))[0]
+        if not len(kids):
+            break
+        node, reached = int(kids[0]), reached + 1
+    return reached
+
+
+class Bound:
+    """Heads bound to one model on its output layer's device, computing in ``dtype``: their copy there
+    (``net``), the LM-head rows of their vocabulary (``weight`` [Vk, H], ``bias``), the model's input embedding.
+    Logits come out float32 whatever ``dtype``, so path scores add up in float32."""
+
+    def __init__(self, heads: DraftHeads, model, dtype: torch.dtype = torch.float32):
+        out = model.get_output_embeddings()
+        device = self.device = out.weight.device
+        self.dtype = dtype
+        self.net = heads.on_device(device, dtype)
+        ids = heads.vocab_ids.to(device)
+        bias = getattr(out, "bias", None)
+        if heads.own_outputs:  # the heads' own output layers replace the LM-head rows
+            self.weight, self.bias = torch.empty(0, heads.hidden_size, device=device, dtype=dtype), None
+        else:
+            self.weight = out.weight.detach()[ids].to(dtype).contiguous()
+            self.bias = None if bias is None else bias.detach()[ids].to(dtype)
+        self.embed = model.get_input_embeddings()
+        self.vocab = heads.vocab_ids.numpy()  # host int64[Vk]
+        self.temperatures = heads.temperature.tolist()
+        self.lookup = {int(t): i for i, t in enumerate(self.vocab.tolist())}  # token -> vocabulary position
+
+    def temperature(self, level: int) -> float:  # of head / level ``level`` (1-based; deeper levels: the last)
+        return self.temperatures[min(level, len(self.temperatures)) - 1]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:  # float32[..., Vk] of features [..., H]
+        return nn.functional.linear(x, self.weight, self.bias).float()
+
+    def embedding(self, vocab_index: torch.Tensor) -> torch.Tensor:  # [N, H] of vocabulary positions long[N]
+        return self.embed(self.net.vocab_ids[vocab_index]).to(self.dtype)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:  # [N, H] of token ids long[N]
+        return self.embed(ids).to(self.dtype)
+
+
+_LOCK = threading.RLock()  # the per-model tables below: the first concurrent calls of a model bind and measure once
+_BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(id(heads), dtype): (heads, Bound)}
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {tree shape + dtype: (base, per level)}
+
+
+def bind(heads: DraftHeads, model, dtype: torch.dtype = torch.float32) -> Bound:
+    """``heads`` bound to ``model`` in ``dtype``, made once per model, heads and dtype; ValueError for another model."""
+    heads.check_model(model)
+    with _LOCK:
+        kept = _BOUND.setdefault(model, {})
+        entry = kept.get((id(heads), dtype))
+        if entry is None or entry[0] is not heads:
+            entry = kept[(id(heads), dtype)] = (heads, Bound(heads, model, dtype))
+        return entry[1]
+
+
+def heads_dtypes(setting: str, kind: str, device: torch.device, measured: bool) -> tuple[torch.dtype, ...]:
+    """The dtypes a source may compute in: a fixed one's alone; for ``"auto"`` float32 and bfloat16 on a CPU when
+    the cost is measured (the cheaper is kept: :func:`cheapest`), else float32; a context head always float32.
+
+    Example: ``heads_dtypes("auto", "feature", torch.device("cpu"), True)`` -> ``(float32, bfloat16)``."""
+    if kind == "context":
+        return (torch.float32,)
+    if DTYPES[setting] is not None:
+        return (DTYPES[setting],)
+    return (torch.float32, torch.bfloat16) if measured and device.type == "cpu" else (torch.float32,)
+
+
+def cheapest(costs: dict, depth: int):
+    """The key of ``costs`` ({key: (base, per level)}) whose tree ``depth`` deep costs least (the first of equals).
+    Example: ``cheapest({"a": (0.0, 0.002), "b": (0.001, 0.0006)}, 6)`` -> ``"b"``."""
+    return min(costs, key=lambda k: costs[k][0] + costs[k][1] * depth)
+
+
+@dataclass
+class HeadsStats:
+    """One call's figures: steps seen, ``proposals`` made, their ``nodes``, ``seconds`` drafting, and per proposal
+    how deep its tree held the emitted tokens (``reached``)."""
+
+    steps: int = 0
+    proposals: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    reached: list = field(default_factory=list)
+
+
+class HeadsSource(DraftSource):
+    """The draft source of :class:`DraftHeads` (origin ``heads``).
+
+    :meth:`observe_hidden` keeps the accepted path's last row (a context head: every row, for its cache);
+    :meth:`propose` drafts from it and the last emitted token; :meth:`learn` measures how deep the last tree held
+    the emitted tokens (the ``a_j`` of the pricing). A node's match bucket is its calibrated conditional probability.
+    """
+
+    origin = HEADS
+    wants_hidden = priced = True
+    wide_nodes = 2
+    transient = ("bound", "hidden", "cache", "_model")
+
+    def __init__(self, heads: DraftHeads, max_nodes: int, max_depth: int, topk: int = 8, width: int = 4,
+                 cost: tuple[float, float] | None = None, dtype: str = "auto"):
+        if dtype not in DTYPES:
+            raise ValueError(f"HeadsSource dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")
+        self.heads, self.max_nodes, self.max_depth = heads, max_nodes, max_depth
+        self.topk, self.width, self.given_cost, self.dtype = topk, width, cost, dtype
+        self.cost = cost or (0.0, 0.0)
+        self._model = None  # a weak reference to the call's model (pricing)
+        self.bound: Bound | None = None
+        self.hidden: torch.Tensor | None = None  # float[H]
+        self.cache: ContextCache | None = None
+        self.last = -1
+        self._tree: tuple[np.ndarray, np.ndarray] | None = None  # (tokens, parents) of the last proposal
+        self._reach = np.zeros(max(max_depth, WIDE_DEPTH))  # decayed counts per depth: reached given the parent was
+        self._tried = np.zeros(max(max_depth, WIDE_DEPTH))
+        self._idle, self._probe = 0, PROBE_EVERY[0]
+        self.stats = HeadsStats()
+
+    def limits(self) -> tuple[int, int]:
+        """(nodes, depth): in the widest steps twice the nodes, at least :data:`WIDE_DEPTH` deep."""
+        nodes, depth = super().limits()
+        return nodes, (max(depth, WIDE_DEPTH) if self.wide else depth)
+
+    def paths(self) -> int:
+        """Paths a feature or context head expands per level in this call's steps."""
+        return max(self.width, WIDE_WIDTH) if self.wide else self.width
+
+    @property
+    def alphas(self) -> np.ndarray:
+        """float[max(max_depth, WIDE_DEPTH)]: P(the tree holds depth j's emitted token | it held depth j - 1)."""
+        a, b = PRIOR
+        return (self._reach + a) / (self._tried + a + b)
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        if model is None:
+            raise ValueError("trained draft heads need the target model at start")
+        device = model.get_output_embeddings().weight.device
+        dtypes = heads_dtypes(self.dtype, self.heads.kind, device, self.given_cost is None)
+        self.bound = bind(self.heads, model, dtypes[0])  # ValueError for another model, before any forward
+        self._model = weakref.ref(model)
+        self._price()  # this call's widest steps price their tree at the first step
+        self.hidden, self._tree = None, None
+        self.cache = ContextCache() if self.heads.kind == "context" else None
+        self.last = int(prompt[-1]) if len(prompt) else -1
+        self._idle, self._probe = 0, PROBE_EVERY[0]
+        self.stats = HeadsStats()
+
+    def observe_hidden(self, hidden) -> None:
+        """``hidden`` float[a, H]: the accepted path's final hidden states, the root's first (copies are kept)."""
+        if self.cache is not None:
+            self.cache.observe(hidden.detach().clone())
+        else:
+            self.hidden = hidden[-1].detach().clone()
+
+    def _price(self) -> None:
+        """The heads' own cost for this call's tree shape, measured once per model, shape and dtype unless given;
+        with several dtypes to choose from, they compute in the one whose tree of this call's depth costs least."""
+        model = self._model() if self._model is not None else None
+        if self.given_cost is not None or model is None:
+            return
+        h, device = self.heads, self.bound.device
+        shape = (h.kind, h.num_heads, h.hidden_size, h.ffn, len(h.vocab_ids), h.own_outputs, str(device),
+                 *self.limits(), self.topk, self.paths())
+        options = {}
+        with _LOCK:
+            costs = _COSTS.setdefault(model, {})
+            for dtype in heads_dtypes(self.dtype, h.kind, device, True):
+                if (*shape, dtype) not in costs:
+                    self.bound = bind(h, model, dtype)
+                    costs[(*shape, dtype)] = measure_cost(self)
+                options[dtype] = costs[(*shape, dtype)]
+        best = cheapest(options, self.limits()[1])
+        self.bound, self.cost = bind(h, model, best), options[best]
+
+    def priced_depth(self, depth: int, cost, margin: float = 1.05) -> int:
+        """How deep to draft this step on the cost curve ``cost`` (None: ``depth``); 0: not at all."""
+        if self.stats.steps == 0:  # this call's first step: its tree shape is known now
+            self._price()
+        self.stats.steps += 1
+        depth = min(depth, self.limits()[1])
+        if cost is None or depth <= 0:
+            return depth
+        d = np.arange(1, depth + 1)
+        rate = (1 + np.cumsum(np.cumprod(self.alphas[:depth]))) / (cost(1 + d) + self.cost[0] + self.cost[1] * d)
+        if rate.max() * float(cost(1)) >= margin:
+            self._idle, self._probe = 0, PROBE_EVERY[0]
+            return int(d[int(np.argmax(rate))])
+        self._idle += 1
+        if self._idle >= self._probe:
+            self._idle, self._probe = 0, min(2 * self._probe, PROBE_EVERY[1])
+            return min(depth, 2)
+        return 0
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        """A tree from the last observed hidden state (None before the first one)."""
+        if self.bound is None or (self.hidden is None and self.cache is None):
+            return None
+        most_nodes, deepest = self.limits()
+        depth, nodes = min(max_depth, deepest), min(max_nodes, most_nodes)
+        if depth <= 0 or nodes <= 0:
+            return None
+        bound, last = self.bound, int(context[-1]) if len(context) else self.last
+        t = time.perf_counter()
+        with torch.no_grad():
+            if self.cache is not None:
+                if not self.cache.flush(bound.net.context, bound.embed_tokens):
+                    return None
+                tokens, parents, cond = context_propose(bound, self.cache, nodes, depth, self.topk, self.paths())
+            elif self.heads.kind == "medusa":
+                tokens, parents, cond = medusa_propose(bound, self.hidden, nodes, depth, self.topk)
+            else:
+                tokens, parents, cond = feature_propose(bound, self.hidden, last, nodes, depth, self.topk, self.paths())
+        self.stats.seconds += time.perf_counter() - t
+        if not len(tokens):
+            return None
+        self._tree = (tokens, parents)
+        self.stats.proposals += 1
+        self.stats.nodes += len(tokens)
+        return Proposal(tokens, parents, confidence_bucket(cond))
+
+    def learn(self, emitted: np.ndarray) -> None:
+        if len(emitted):
+            self.last = int(emitted[-1])
+        if self.cache is not None and self.bound is not None:
+            self.cache.learn(emitted, self.bound.device)
+        if self._tree is None:
+            return
+        (tokens, parents), self._tree = self._tree, None
+        reached = tree_reach(tokens, parents, np.asarray(emitted, dtype=np.int64))
+        self.stats.reached.append(reached)
+        deepest = int(tree_depth_rank(parents)[0].max()) if len(parents) else 0
+        tried = min(deepest, reached + 1, len(emitted))  # depths whose parent the tree held
+        self._reach *= DECAY
+        self._tried *= DECAY
+        self._tried[:tried] += 1
+        self._reach[:reached] += 1
+
+    def report(self) -> dict:
+        """This call's figures (JSON-safe)."""
+        s = self.stats
+        return {"kind": self.heads.kind, "dtype": None if self.bound is None else str(self.bound.dtype).split(".")[-1],
+                "cost_seconds": list(self.cost), "alphas": self.alphas.round(3).tolist(), "proposals": s.proposals,
+                "nodes": s.nodes, "seconds": s.seconds, "steps": s.steps,
+                "mean_reached": float(np.mean(s.reached)) if s.reached else 0.0}
+
+
+def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth: int, topk: int):
+    """(tokens int64[n], parents int64[n], conditional probabilities float[n]) of the Medusa heads' best-first tree
+    after ``hidden`` float[H]."""
+    net = bound.net
+    depth = min(max_depth, net.num_heads)
+    rows = net.medusa_hidden(hidden.to(bound.weight.dtype)[None])[0, :depth]  # [d, H]
+    logits = net.medusa_logits(rows, bound.weight, bound.bias).float() / net.temperature[:depth, None].float()
+    top = torch.softmax(logits, -1).topk(min(topk, logits.shape[-1]), -1)
+    probs, ids = top.values.cpu().numpy(), top.indices.cpu().numpy()  # [d, k] each
+    node_depth, index, parents = best_first_tree(probs, max_nodes, depth)
+    return bound.vocab[ids[node_depth - 1, index]].astype(np.int64), parents, probs[node_depth - 1, index]
+
+
+def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: int, max_depth: int, topk: int,
+                    width: int):
+    """The feature head's tree (as :func:`medusa_propose`) after ``hidden`` float[H] and the last token ``last``."""
+    def advance(level, feature, emb):
+        feature = bound.net.feature_step(feature, emb)  # [m, H]
+        return feature, feature
+
+    vocab_pos = bound.lookup.get(int(last), -1)  # the last token's embedding, through the vocabulary when inside it
+    emb = (bound.embedding(torch.tensor([vocab_pos], device=bound.device)) if vocab_pos >= 0
+           else bound.embed_tokens(torch.tensor([last], device=bound.device)))
+    return grow_tree(bound, hidden.to(bound.weight.dtype)[None], emb, advance, lambda state, rows: state[rows],
+                     max_nodes, max_depth, topk, width)
+
+
+def context_propose(bound: Bound, cache: ContextCache, max_nodes: int, max_depth: int, topk: int, width: int):
+    """The context head's tree after the answer ``cache`` holds (its newest position's input is the level-1 query),
+    each path's queries also attending to its own ancestors' keys."""
+    layer = bound.net.context
+    keys, values = cache.keys[None], cache.values[None]  # [1, T, nh, hd]
+    first = cache.count - 1  # the level-1 query's position
+
+    def advance(level, state, emb):
+        if state is None:  # level 1: the newest cached position's own input
+            z = cache.last_input[None]  # [1, H]
+            pos = torch.full((1,), first, device=z.device)
+            feature = layer.output(z, attend(layer.query(z, pos)[None], keys, values, None)[0])
+            empty = torch.zeros((1, 0) + keys.shape[2:], device=z.device, dtype=keys.dtype)
+            return feature, (feature, empty, empty)
+        feature, chain_k, chain_v = state  # [m, H], [m, c, nh, hd] x 2
+        z = layer.inputs(feature, emb)
+        pos = torch.full((z.shape[0],), first + level - 1, device=z.device)
+        k, v = layer.keys(z, pos)
+        chain_k, chain_v = torch.cat([chain_k, k[:, None]], 1), torch.cat([chain_v, v[:, None]], 1)
+        attended = attend(layer.query(z, pos)[None], keys, values, None, chain_k[None], chain_v[None])[0]
+        feature = layer.output(z, attended)
+        return feature, (feature, chain_k, chain_v)
+
+    return grow_tree(bound, None, None, advance, lambda state, rows: tuple(x[rows] for x in state), max_nodes,
+                     max_depth, topk, width)
+
+
+def grow_tree(bound: Bound, state, emb, advance, select, max_nodes: int, max_depth: int, topk: int, width: int):
+    """A tree grown level by level. ``advance(level, state, emb) -> (features float[m, H], state)`` gives each
+    expanded path's next feature (``emb`` float[m, H]: its last token's embedding); the ``width`` best paths so far
+    are expanded into their ``topk`` next tokens (``select(state, rows)``: the state of those rows); the
+    ``max_nodes`` best nodes overall are kept. Returns (tokens, parents, conditional probabilities)."""
+    device = bound.device
+    parent_scores = torch.zeros(1, device=device)  # [m]: log-probability of each expanded path
+    parent_index = torch.full((1,), -1, dtype=torch.long, device=device)  # [m]: its node index
+    toks, pars, logps, scores_all = [], [], [], []
+    count, k = 0, min(topk, len(bound.vocab))
+    for level in range(1, max_depth + 1):
+        feature, state = advance(level, state, emb)
+        top = torch.log_softmax(bound.logits(feature) / bound.temperature(level), -1).topk(k, -1)  # [m, k]
+        scores = (parent_scores[:, None] + top.values).reshape(-1)  # [m * k]
+        toks.append(top.indices.reshape(-1))
+        pars.append(parent_index.repeat_interleave(k))
+        logps.append(top.values.reshape(-1))
+        scores_all.append(scores)
+        if level == max_depth:
+            break
+        best = scores.topk(min(width, scores.shape[0])).indices
+        state, emb = select(state, best // k), bound.embedding(toks[-1][best])
+        parent_scores, parent_index = scores[best], count + best
+        count += scores.shape[0]
+    tok, par = torch.cat(toks).cpu().numpy(), torch.cat(pars).cpu().numpy()
+    cond, score = torch.cat(logps).exp().cpu().numpy(), torch.cat(scores_all).cpu().numpy()
+    keep = select_best(score, par, max_nodes)
+    new_index = np.full(len(tok), -1, np.int64)
+    new_index[keep] = np.arange(len(keep))
+    parents = np.where(par[keep] < 0, -1, new_index[np.maximum(par[keep], 0)])
+    return bound.vocab[tok[keep]].astype(np.int64), parents, cond[keep]
+
+
+def measure_cost(source: HeadsSource, repeats: int = 5, context: int = 128, accepted: int = 4) -> tuple[float, float]:
+    """(base, per level) seconds of ``source``'s proposals: the fastest of ``repeats`` timings of a depth-1 and a
+    full-depth tree on random hidden states. A context head drafts after ``context`` cached positions, each timed
+    proposal first caching ``accepted`` new ones, as after a step that accepted that many."""
+    bound, h = source.bound, source.heads.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    saved = source.hidden, source.cache, source.stats
+    source.hidden = torch.randn(h, generator=gen).to(bound.device)
+    source.cache = ContextCache() if source.heads.kind == "context" else None
+    vocab = torch.as_tensor(bound.vocab)
+
+    def queue(n):  # n accepted rows and their tokens, as a step hands them over
+        if source.cache is not None:
+            source.cache.observe(torch.randn(n, h, generator=gen).to(bound.device))
+            source.cache.learn(vocab[torch.randint(0, len(vocab), (n,), generator=gen)].numpy(), bound.device)
+
+    queue(context)
+    sync = torch.cuda.synchronize if bound.device.type == "cuda" else (lambda: None)
+    most_nodes, full = source.limits()
+    best = {}
+    try:
+        for depth in (1, full):
+            for _ in range(repeats):
+                queue(accepted)
+                sync()
+                t = time.perf_counter()
+                source.propose(np.array([0], np.int64), most_nodes, depth)
+                sync()
+                best[depth] = min(best.get(depth, float("inf")), time.perf_counter() - t)
+    finally:
+        (source.hidden, source.cache, source.stats), source._tree = saved, None
+    per = max(best[full] - best[1], 0.0) / max(full - 1, 1)
+    return max(best[1] - per, 0.0), per

@@ -1,0 +1,242 @@
+"""Draft passes: a cheaper forward drafts a chain, the target verifies it in its one forward per step.
+
+``LookaheadDecoder(draft=...)`` takes ``"layer-skip"``, ``"early-exit"``, ``"low-rank"`` (the target's own cheaper
+forward, ``drafters.py``), a causal LM with the target's tokenizer, or a function ``target -> causal LM`` (built on
+the first call). :func:`draft_source` makes its one :class:`DraftPassSource`, which runs the drafter greedily from
+a KV cache of its own and crops that cache to the accepted prefix as it learns the emitted tokens.
+
+Pricing: a draft forward is not free. Each step the source drafts the depth ``d`` that maximises modelled tokens per
+second ``(1 + a + ... + a^d) / (t(1 + d) + d * c * t(1))`` (``a``: its measured acceptance per token, ``c``: one
+draft forward over one target forward, ``t``: the call's cost curve), if that beats a plain step ``1 / t(1)`` by
+the budget's margin; else nothing, with a depth-2 probe now and then to keep ``a`` measured. Example: a = 0.8,
+c = 0.5, a flat curve: d = 1 gives 1.8 / 1.5 = 1.2 tokens per t(1), d = 2 gives 2.44 / 2 = 1.22, d = 4 gives
+3.36 / 3 = 1.12: two deep.
+
+Sampling: drafts are greedy, so deterministic given the context: the decoder's point-mass acceptance is exact for
+them, as for any draft chosen independently of the verification's uniforms.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._tuning import DEFAULT, Tuning
+from ..compat import crop_cache
+from ..drafting.draft import DRAFT_MODEL, EARLY_EXIT, LAYER_SKIP, LOW_RANK
+from ..drafting.sources import DraftSource, Proposal
+from . import drafters
+from .drafters import ModelDrafter, check_draft_model, truncated_copy
+
+__all__ = ["DraftPassSource", "check_draft_model", "draft_source", "self_drafter", "truncated_copy"]
+
+SELF_ORIGINS = {"layer-skip": LAYER_SKIP, "early-exit": EARLY_EXIT, "low-rank": LOW_RANK}
+
+_LOCK = threading.Lock()  # guards _BUILT and every drafter's measured ratio
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(kind, size): (drafter, info)}
+
+
+def draft_source(draft, tuning: Tuning = DEFAULT) -> DraftPassSource:
+    """The one source for ``draft=`` (a name of :data:`SELF_ORIGINS`, a causal LM, or a function of the target),
+    shaped by the tuning's ``self_draft_size``, ``draft_depth``, ``draft_branches``, ``draft_cost``; ValueError for
+    a bad value."""
+    if not (draft in SELF_ORIGINS if isinstance(draft, str) else callable(draft)):
+        raise ValueError(f"draft must be one of {tuple(SELF_ORIGINS)}, a causal LM or a function target -> causal LM;"
+                         f" got {draft!r}")
+    t = tuning
+    for name, ok, why in (("self_draft_size", t.self_draft_size <= 1, "in [0, 1] (0: chosen by calibration)"),
+                          ("draft_depth", 1 <= t.draft_depth <= 64, "in [1, 64]"),
+                          ("draft_branches", 1 <= t.draft_branches <= 8, "in [1, 8]"),
+                          ("draft_cost", t.draft_cost <= 100, "in [0, 100] (0: measured)")):
+        if not ok:
+            raise ValueError(f"Tuning.{name}={getattr(t, name)!r} is invalid: must be {why}")
+    return DraftPassSource(draft, t.draft_depth, t.draft_branches, t.draft_cost, t.self_draft_size, t.margin)
+
+
+def self_drafter(target, kind: str, size: float, prompt: np.ndarray) -> tuple[object, dict]:
+    """(drafter, info) of ``kind`` for ``target``, built under a lock once per target, kind and size in the process
+    and shared read-only: at ``size``, or when it is 0 chosen by :func:`~lookahead.passes.drafters.calibrate` on the
+    last 64 tokens of a first prompt of at least 8 (else the middle candidate)."""
+    with _LOCK:
+        built = _BUILT.setdefault(target, {})
+        if (kind, size) not in built:
+            drafters.check_llama_family(target)
+            if size or len(prompt) < 8:
+                chosen = size or drafters.CANDIDATE_SIZES[kind][1]
+                drafter, layers = drafters.build(target, kind, chosen)
+                info = {"size": chosen, "layers": layers}
+            else:
+                ids = torch.as_tensor(np.ascontiguousarray(prompt[-64:]))[None].to(next(target.parameters()).device)
+                info, drafter = drafters.calibrate(target, kind, ids)
+            built[kind, size] = (drafter, info)
+        return built[kind, size]
+
+
+STATS = ("forwards", "seconds", "proposed", "tried", "accepted", "steps", "drafting_steps")
+"""A call's figures: drafter ``forwards`` and their ``seconds``; ``proposed`` chain tokens; ``tried`` / ``accepted``:
+chain tokens whose verdict the emitted tokens tell (accepted: the target emitted that very token), verified or not;
+``steps`` asked, ``drafting_steps`` that drafted."""
+
+
+class DraftPassSource(DraftSource):
+    """Runs a drafter autoregressively from its own KV cache (see the module docstring).
+
+    ``propose`` feeds the drafter the context tokens it has not seen, then drafts a greedy chain ``depth`` deep with
+    the ``branches - 1`` runner-ups at each depth as leaves (no extra forward); a node's match bucket is the drafter's
+    probability of it (>= 0.8: 3, >= 0.4: 2, else 1). ``learn(emitted)`` crops the drafter's cache to the longest
+    prefix it shares with the context (the accepted part of the chain stays) and updates the acceptance ``a``.
+
+    ``cost``: one draft forward over one target forward (0: measured once per drafter); ``size``: the self draft's
+    (0: calibrated); ``margin``: under the modelled speed of the calibration's agreement, the source never drafts.
+    """
+
+    priced = True
+    prior = (3.0, 2.0)  # Beta prior (accepted, rejected) of a: 0.6, before anything is tried
+    decay = 0.98
+    probe_every = (16, 256)  # a depth-2 probe after this many undrafted steps, doubling up to the second
+    transient = ("drafter", "cache", "_built")
+
+    def __init__(self, draft, depth: int, branches: int = 1, cost: float = 0.0, size: float = 0.0,
+                 margin: float = DEFAULT.margin):
+        self.draft, self.size, self.branches, self.cost_ratio, self.margin = draft, size, branches, cost, margin
+        self.origin = SELF_ORIGINS[draft] if isinstance(draft, str) else DRAFT_MODEL
+        self.max_depth, self.max_nodes = depth, depth * branches
+        self.drafter = self.cache = self._built = None  # _built: (weakref to the target, its ModelDrafter)
+        self.info: dict = {}
+        self.ratio = cost or 0.5
+        self.hopeless = False
+        self._acc = self._tried = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.stats = dict.fromkeys(STATS, 0)
+        self._idle, self._probe = 0, self.probe_every[0]
+        self.tokens: list[int] = []  # the context
+        self.cached: list[int] = []  # the tokens whose keys and values the drafter's cache holds, in order
+        self.chain: list[int] = []
+
+    @property
+    def alpha(self) -> float:
+        """Measured P(chain token accepted | its parent was), shrunk to the prior."""
+        a, b = self.prior
+        return (self._acc + a) / (self._tried + a + b)
+
+    def _model_drafter(self, target) -> ModelDrafter:
+        if self._built is None or self._built[0]() is not target:
+            model = self.draft if isinstance(self.draft, nn.Module) else self.draft(target)
+            check_draft_model(model, target)
+            self._built = (weakref.ref(target), ModelDrafter(model))
+        return self._built[1]
+
+    def start(self, prompt: np.ndarray, model=None) -> None:
+        if model is None:
+            raise ValueError("a draft pass needs the target model at start")
+        if isinstance(self.draft, str):
+            self.drafter, self.info = self_drafter(model, self.draft, self.size, prompt)
+        else:
+            self.drafter = self._model_drafter(model)
+            self.info = {"draft_model": type(self.drafter.model).__name__,
+                         "layers": getattr(self.drafter.model.config, "num_hidden_layers", None)}
+        if self.cost_ratio:
+            self.ratio = self.cost_ratio
+        else:
+            with _LOCK:
+                if self.drafter.ratio is None:
+                    self.drafter.ratio = drafters.measure_cost_ratio(model, self.drafter)
+                self.ratio = self.drafter.ratio
+        # a calibrated agreement that cannot pay even with free verification: no draft, no probe
+        agreement = self.info.get("agreement")
+        self.hopeless = agreement is not None and drafters.modelled_speed(agreement, self.ratio) < self.margin
+        self.cache = self.drafter.new_cache()
+        self._reset()
+        self.tokens = [int(t) for t in prompt]
+
+    def priced_depth(self, depth: int, cost, margin: float = DEFAULT.margin) -> int:
+        """How deep to draft this step on the cost curve ``cost`` (a ``CostModel``; None: ``depth``); see the module
+        docstring."""
+        if cost is None or depth <= 0:
+            return depth
+        if self.hopeless:
+            return 0
+        d = np.arange(1, depth + 1)
+        t1 = float(cost(1))
+        rate = (1 + np.cumsum(self.alpha ** d)) / (cost(1 + d) + d * self.ratio * t1)
+        if rate.max() * t1 >= margin:
+            self._idle, self._probe = 0, self.probe_every[0]
+            return int(d[int(np.argmax(rate))])
+        self._idle += 1
+        if self._idle >= self._probe:
+            self._idle, self._probe = 0, min(2 * self._probe, self.probe_every[1])
+            return min(depth, 2)
+        return 0
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        t = time.perf_counter()
+        logits = self.drafter.forward(torch.tensor([ids], device=self.drafter.device), len(self.cached), self.cache)
+        self.cached.extend(ids)
+        self.stats["forwards"] += 1
+        self.stats["seconds"] += time.perf_counter() - t
+        return logits
+
+    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
+        """A chain with its runner-ups, breadth-first; ``context`` is not read (the source keeps the whole one)."""
+        depth = min(max_depth, max_nodes // self.branches)
+        self.stats["steps"] += 1
+        if depth <= 0 or self.drafter is None:
+            return None
+        if len(self.cached) >= len(self.tokens):  # a stop cut the emitted tokens inside the chain: re-feed the last
+            crop_cache(self.cache, len(self.cached) - len(self.tokens) + 1)
+            del self.cached[len(self.tokens) - 1:]
+        logits = self._forward(self.tokens[len(self.cached):])
+        tokens, parents, match, chain = [], [], [], []
+        for level in range(depth):
+            top = torch.topk(torch.softmax(logits, -1), self.branches)
+            ids, shares = top.indices.tolist(), top.values.tolist()
+            parent = len(tokens) - self.branches if level else -1  # the previous level's first node
+            tokens += ids
+            parents += [parent] * len(ids)
+            match += [3 if s >= 0.8 else 2 if s >= 0.4 else 1 for s in shares]
+            chain.append(ids[0])
+            if level + 1 < depth:
+                logits = self._forward([ids[0]])
+        self.chain = chain
+        self.stats["proposed"] += len(chain)
+        self.stats["drafting_steps"] += 1
+        return Proposal(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
+                        np.array(match, dtype=np.int64))
+
+    def learn(self, emitted: np.ndarray) -> None:
+        emitted = [int(t) for t in emitted]
+        if self.chain:
+            n = min(len(self.chain), len(emitted))
+            accepted = _common_prefix(self.chain, emitted)
+            tried = accepted + (accepted < n)
+            self._acc = self.decay * self._acc + accepted
+            self._tried = self.decay * self._tried + tried
+            self.stats["tried"] += tried
+            self.stats["accepted"] += accepted
+            self.chain = []
+        old = len(self.tokens)
+        self.tokens.extend(emitted)
+        if len(self.cached) > old:  # drafted tokens are cached: keep those the context shares
+            keep = old + _common_prefix(self.cached[old:], emitted)
+            if keep < len(self.cached):
+                crop_cache(self.cache, len(self.cached) - keep)
+                del self.cached[keep:]
+
+    def report(self) -> dict:
+        """This call's :data:`STATS`, the drafter's settings and the source's estimates (JSON-safe)."""
+        return {**self.stats, "info": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.info.items()},
+                "cost_ratio": self.ratio, "alpha": self.alpha, "hopeless": self.hopeless}
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n, i = min(len(a), len(b)), 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
