@@ -304,6 +304,18 @@ def refill_sliding(layer, full) -> None:
     layer.cumulative_length = total
 
 
+def adopt_ring(full, ring) -> None:
+    """Fill the empty full-length layer ``full`` from the written static sliding layer ``ring`` (transformers' ring:
+    its last ``max_cache_len`` tokens oldest first, ``cumulative_length_int`` of them in all): those tokens at their
+    own columns, the earlier ones left zero (the window's mask hides them), and the same length."""
+    total = int(ring.cumulative_length_int)
+    kept = min(total, ring.max_cache_len)
+    full.lazy_initialization(ring.keys[:, :, :1], ring.values[:, :, :1])
+    full.keys[:, :, total - kept : total] = ring.keys[:, :, :kept]
+    full.values[:, :, total - kept : total] = ring.values[:, :, :kept]
+    full.cumulative_length.fill_(total)
+
+
 def splits_head(model) -> bool:
     """Whether ``model``'s logits are its output layer applied to its decoder's last hidden state, nothing after
     (no logit soft-capping or scaling), so :func:`forward_with_hidden` gives its forward's very logits."""

@@ -131,8 +131,9 @@ class Call:
         self.stats.target_calls += 1
         # one row of one token (a plain step) runs the model itself: plain generate's computation
         run = runner if runner is not None else (self.runner if cache is None and ids.numel() > 1 else self.model)
-        if self.wants_hidden and cache is None:
-            logits, self.hidden = compat.forward_with_hidden(run, ids, pos, mask, kwargs, keep)
+        if self.wants_hidden and cache is None:  # (a compiled static step is a function: its model runs eagerly)
+            module = run if isinstance(run, torch.nn.Module) else self.model
+            logits, self.hidden = compat.forward_with_hidden(module, ids, pos, mask, kwargs, keep)
         else:
             logits = compat.last_logits(run, ids, pos, mask, kwargs, self.keeps_logits, keep)
         return logits if logits.device == self.device else logits.to(self.device)

@@ -155,9 +155,6 @@ def test_a_multimodal_model_with_an_image_is_plain_generate(name, cache):
     assert decoder.stats.accepted > 0
 
 
-
-
-
 @pytest.mark.parametrize("name, cache", [("llava", "dynamic"), ("llava", "static"), ("qwen2-vl", "dynamic")])
 def test_one_padded_row_with_an_image_is_plain_generate(name, cache):
     """A row with three padding columns before its image: the prompt's forward takes the padding mask, and the row

@@ -1,4 +1,4 @@
-"""Batched decoding (batch size > 1, ``lookahead/batch.py``): every row exactly what plain batched generate gives.
+"""Batched decoding (batch size > 1, ``shapes.Padded``): every row exactly what plain batched generate gives.
 
 Greedy: token for token, the padding of finished rows and the final length included, on several tiny
 float64 architectures (left padding, EOS in some rows, several lengths), and on SmolLM2 when installed.
@@ -23,22 +23,16 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
-import lookahead.batch as batch_mod
 import lookahead.verify as verify_mod
 from lookahead import LookaheadDecoder, NgramTrie
-from lookahead.batch import (
-    choose_width,
-    pack_batch,
-    prefill_groups,
-    realign_index,
-    row_processors,
-    step_gather_index,
-    token_values,
-    top_nodes,
-)
+from lookahead._tuning import DEFAULT, Tuning
+from lookahead.budget import choose_width, prefill_groups, token_values, top_nodes
 from lookahead.compat import cache_kwarg_name
 from lookahead.cost import CostModel
-from lookahead.draft import Draft
+from lookahead.drafting.draft import Draft
+from lookahead.kv import keep_rows_entries, realign_index
+from lookahead.loop import row_processors
+from lookahead.packing import pack_batch
 
 from tiny import peaky_llama
 
@@ -86,15 +80,15 @@ def test_greedy_rows_identical_to_plain_batched(tiny, arch, size):
 
 @pytest.mark.parametrize("arch", ["llama", "phi3"])
 @pytest.mark.parametrize("copy_cost", [0.0, 1.0])  # finished rows leave the cache at once / stay to the end
-def test_eos_in_some_rows_pads_them_as_plain_does(tiny, monkeypatch, arch, copy_cost):
-    monkeypatch.setattr(batch_mod, "COPY_SECONDS_PER_BYTE", copy_cost)
+def test_eos_in_some_rows_pads_them_as_plain_does(tiny, arch, copy_cost):
     model = tiny(arch)
     inputs = _batch(PROMPTS)
     kw = dict(max_new_tokens=30, do_sample=False, pad_token_id=0)
     free = model.generate(**inputs, **kw, eos_token_id=None)
     width = inputs["input_ids"].shape[1]
     eos = int(free[0, width + 4])  # row 0 stops at its fifth token; rows without it run on
-    plain, ours, _ = _both(model, inputs, **kw, eos_token_id=eos)
+    dec = LookaheadDecoder(_tuning=Tuning(copy_seconds_per_byte=copy_cost))
+    plain, ours, _ = _both(model, inputs, dec, **kw, eos_token_id=eos)
     assert ours.shape == plain.shape and ours.tolist() == plain.tolist()
     rows_with_eos = [(plain[i, width:] == eos).any().item() for i in range(len(PROMPTS))]
     assert any(rows_with_eos) and not all(rows_with_eos), "some rows must stop early, others not"
@@ -109,11 +103,11 @@ def test_max_new_tokens(tiny, new):
     assert ours.tolist() == plain.tolist()
 
 
-def test_realigned_cache_every_step_still_identical(tiny, monkeypatch):
+def test_realigned_cache_every_step_still_identical(tiny):
     """No hole slack: the cache is squeezed (every row right-aligned, the padding dropped) at every step."""
-    monkeypatch.setattr(batch_mod, "HOLE_SLACK", 0)
     model = tiny("qwen2")
-    plain, ours, dec = _both(model, _batch(PROMPTS), max_new_tokens=30, do_sample=False, eos_token_id=None,
+    dec = LookaheadDecoder(_tuning=Tuning(hole_slack=0))
+    plain, ours, dec = _both(model, _batch(PROMPTS), dec, max_new_tokens=30, do_sample=False, eos_token_id=None,
                              pad_token_id=0)
     assert ours.tolist() == plain.tolist() and dec.stats.accepted > 0
 
@@ -136,7 +130,7 @@ def test_cache_never_holds_more_than_plain_plus_one_step(tiny):
     finally:
         handle.remove()
     plain_most = inputs["input_ids"].shape[1] + 40 - 1  # plain's cache before its last forward
-    assert max(t for t, _ in seen) <= plain_most + batch_mod.HOLE_SLACK
+    assert max(t for t, _ in seen) <= plain_most + DEFAULT.hole_slack
     assert ours.shape[1] == inputs["input_ids"].shape[1] + 40 and dec.stats.accepted > 0
 
 
@@ -203,7 +197,7 @@ def test_text_streamer_refuses_a_batch_as_plain_does(tiny):
 def test_shared_store_learns_each_row_as_its_own_stream(tiny):
     model = tiny("llama")
     store = NgramTrie(max_n=8, capacity=4096)
-    dec = LookaheadDecoder(trie=store)
+    dec = LookaheadDecoder(store=store)
     inputs = _batch(PROMPTS)
     kw = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     plain = model.generate(**inputs, **kw)
@@ -287,7 +281,7 @@ def _draw(model) -> tuple[list[np.ndarray], int, int]:
     inputs = _batch(SAMPLE_PROMPTS)
     width = inputs["input_ids"].shape[1]
     counts = [np.zeros((VOCAB, VOCAB)) for _ in SAMPLE_PROMPTS]
-    dec = LookaheadDecoder(trie_capacity=4096, adaptive=False)  # the whole tree: tests the acceptance rule
+    dec = LookaheadDecoder(_tuning=Tuning(trie_capacity=4096, adaptive=False))  # the whole tree: the acceptance rule
     drafted = accepted = 0
     for _ in range(CALLS):
         out = model.generate(**inputs, custom_generate=dec, do_sample=True, max_new_tokens=2, eos_token_id=None,
@@ -342,13 +336,31 @@ def test_token_values_docstring_example():
 
 def test_small_helpers_docstring_examples():
     assert top_nodes(np.array([0.9, 0.2, 0.8]), 2).tolist() == [0, 2]
-    assert step_gather_index([[0, 2, 3], [0]], 3).tolist() == [[0, 2, 3], [0, 0, 0]]
     idx, vis = realign_index(np.array([[False, True, False, True], [True, True, True, False]]))
     assert idx.tolist() == [[1, 1, 3], [0, 1, 2]] and vis.tolist() == [[False, True, True], [True, True, True]]
     penalty = RepetitionPenaltyLogitsProcessor(1.3)
-    penalty.prompt_ignore_length = torch.tensor([2, 0])  # as generate builds it on 5.24 (5.17's __init__ takes ints only)
+    penalty.prompt_ignore_length = torch.tensor([2, 0])  # as generate builds it on 5.24 (5.17's takes ints only)
     procs = row_processors([penalty], 1, 2)
     assert procs[0].prompt_ignore_length.tolist() == [0]
+
+
+def test_keep_rows_entries_docstring_example():
+    """keeps [[0, 2, 3], [0]]: row 0 keeps the step's columns 0, 2, 3, row 1 column 0 and two holes (its last kept
+    column repeated); the step's region is cropped to 3 columns, the cached ones before it untouched."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    old = torch.arange(2 * 2 * 3 * 1, dtype=torch.float64).view(2, 2, 3, 1)
+    step = 100 + torch.arange(2 * 2 * 5 * 1, dtype=torch.float64).view(2, 2, 5, 1)
+    cache.update(old, -old, 0)
+    cache.update(step, -step, 0)
+    assert keep_rows_entries(cache, 5, [[0, 2, 3], [0]]) == 3
+    keys, values = cache.layers[0].keys, cache.layers[0].values
+    assert cache.get_seq_length() == 6 and keys.shape == (2, 2, 6, 1)
+    torch.testing.assert_close(keys[:, :, :3], old)
+    torch.testing.assert_close(keys[0, :, 3:], step[0, :, [0, 2, 3]])
+    torch.testing.assert_close(keys[1, :, 3:], step[1, :, [0, 0, 0]])
+    torch.testing.assert_close(values, -keys)
 
 
 def test_pack_batch_docstring_example():
@@ -419,7 +431,7 @@ def test_grouped_prefill_with_eos_and_padded_off(tiny):
     dec = LookaheadDecoder(cost_curve=LINEAR)
     plain, ours, _ = _both(model, inputs, dec, **kw, eos_token_id=eos)
     assert dec.prefill_groups is not None and ours.tolist() == plain.tolist()
-    padded = LookaheadDecoder(cost_curve=LINEAR, batch_prefill="padded")
+    padded = LookaheadDecoder(cost_curve=LINEAR, _tuning=Tuning(grouped_prefill=False))
     again = model.generate(**inputs, **kw, eos_token_id=eos, custom_generate=padded)
     assert padded.prefill_groups is None and again.tolist() == plain.tolist()
 

@@ -3,12 +3,12 @@ and the package's independence from anything generic on ``sys.path``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import transformers
 from transformers import StoppingCriteriaList, TextStreamer
@@ -136,83 +136,28 @@ def test_processors_as_function_chains_like_the_list():
     assert compat.processors_as_function(LogitsProcessorList()) is None
 
 
-def test_masked_gqa_applies_to_grouped_sdpa_models_on_a_cpu(tiny_models, monkeypatch):
-    """The tiny Llama (4 query heads, 2 key/value heads, SDPA) on a CPU; not a model whose heads are not grouped,
-    not eager attention, and not when the process set the variable itself."""
-    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
-    llama = tiny_models("llama")
-    assert llama.config.num_key_value_heads < llama.config.num_attention_heads
-    assert compat.masked_gqa_applies(llama)
-    assert not compat.masked_gqa_applies(tiny_models("gpt2"))  # one key/value head per query head
-    with compat.FORCED_GQA:  # set by a decoder's step (another thread's): not the process's own choice
-        assert compat.masked_gqa_applies(llama)
-    monkeypatch.setenv(compat.SDPA_FORCE_GQA, "0")
-    assert not compat.masked_gqa_applies(llama)
-    monkeypatch.delenv(compat.SDPA_FORCE_GQA)
-    assert compat.masked_gqa_applies(llama)
-    monkeypatch.setattr(llama.config, "_attn_implementation", "eager")  # (the shared tiny model: undone after)
-    assert not compat.masked_gqa_applies(llama)
-
-
-def test_the_variable_stays_until_the_last_step_in_it_leaves(monkeypatch):
-    """Two steps in it at once (two threads' decoders): the first to leave does not remove it from the other."""
-    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
-    first, second = compat.FORCED_GQA, compat.FORCED_GQA
-    first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)
-    assert os.environ.get(compat.SDPA_FORCE_GQA) == "1" and compat.FORCED_GQA.entered == 1
-    second.__exit__(None, None, None)
-    assert compat.SDPA_FORCE_GQA not in os.environ and compat.FORCED_GQA.entered == 0
-
-
-def test_sdpa_reads_the_variable_and_computes_the_same_logits(tiny_models, monkeypatch):
-    """transformers' SDPA attention hands grouped keys to the kernel while the variable is set (no repeat_kv), and a
-    step with a tree's mask gives the same logits, bit for bit, either way."""
-    from transformers.integrations import sdpa_attention
-
-    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
-    model = tiny_models("llama")
-    repeats = []
-    original = sdpa_attention.repeat_kv
-    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: repeats.append(1) or original(*a))
-    ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
-    mask = torch.zeros(1, 1, 4, 12)
-    mask[..., 8:] = torch.triu(torch.full((4, 4), torch.finfo(torch.float32).min), 1)
-    mask[..., 2, 9] = torch.finfo(torch.float32).min  # a tree: row 2 does not see column 9
-    logits = []
-    with torch.no_grad():
-        for forced in (False, True):
-            cache = transformers.DynamicCache(config=model.config)
-            model(input_ids=ids[:, :8], use_cache=True, **{compat.cache_kwarg_name(model): cache})
-            repeats.clear()
-            with compat.FORCED_GQA if forced else contextlib.nullcontext():
-                logits.append(model(input_ids=ids[:, 8:], position_ids=torch.arange(8, 12)[None], attention_mask=mask,
-                                    use_cache=True, **{compat.cache_kwarg_name(model): cache}).logits)
-            assert bool(repeats) != forced
-        assert compat.SDPA_FORCE_GQA not in os.environ  # removed on exit
-    assert torch.equal(logits[0], logits[1])
-
-
-def test_the_decoder_sets_the_variable_only_around_its_steps_of_several_rows(tiny_models, monkeypatch):
-    """Forwards of several rows run with the variable set, with a tree's mask or causal (the prompt's, which carries a
-    chain of drafts here: transformers builds its mask itself); one-row steps (plain generate's own computation) and
-    everything after the call without it; the tokens are plain generate's. On a CPU a chain after one pending token
-    takes the step's 4D mask (``SingleCall.pack``)."""
+def test_the_decoder_sets_no_environment_variable_and_masks_its_steps_of_several_rows(tiny_models):
+    """Nothing process-wide changes during a call (the decoder no longer sets ``TRANSFORMERS_SDPA_FORCE_GQA`` around
+    its steps: another thread's forward would see it): ``os.environ`` at every forward, and after, is what it was
+    before. The prompt's forward (which carries a chain of drafts here) is causal, transformers building its mask;
+    after it every step of several rows, a tree's or a chain's, takes the step's 4D mask (on a CPU a chain after one
+    pending token does too: ``shapes.OneRow.pack``), and one-row steps none; the tokens are plain generate's."""
     from lookahead import LookaheadDecoder
+    from lookahead._tuning import Tuning
 
-    monkeypatch.delenv(compat.SDPA_FORCE_GQA, raising=False)
     model = tiny_models("llama")
+    before = dict(os.environ)
     seen = []
 
     def spy(module, args, kwargs):
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-        seen.append((ids.shape[1], mask is not None and mask.dim() == 4, os.environ.get(compat.SDPA_FORCE_GQA)))
+        seen.append((ids.shape[1], mask is not None and mask.dim() == 4, dict(os.environ) == before))
 
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 9, 5, 6]])
     plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
-    trees = LookaheadDecoder(adaptive=False, tree_nodes=3)
-    chains = LookaheadDecoder(adaptive=False, tree_nodes=0, recycle_k=0, copy_branches=1, fill_nodes=0)  # the copy's
+    trees = LookaheadDecoder(_tuning=Tuning(adaptive=False, tree_nodes=3))
+    chains = LookaheadDecoder(_tuning=Tuning(adaptive=False, tree_nodes=0, recycle_k=0, copy_branches=1,
+                                             fill_nodes=0))  # the copy's
     for decoder in (trees, chains):
         seen.clear()
         handle = model.register_forward_pre_hook(spy, with_kwargs=True)
@@ -222,9 +167,55 @@ def test_the_decoder_sets_the_variable_only_around_its_steps_of_several_rows(tin
             handle.remove()
         assert ours.tolist() == plain.tolist()
         prompt, steps = seen[0], seen[1:]
-        assert prompt[0] > 1 and not prompt[1] and prompt[2] == "1"  # causal, several rows: set
+        assert prompt[0] > 1 and not prompt[1]  # causal, several rows
         assert any(rows > 1 and masked for rows, masked, _ in steps) and any(rows == 1 for rows, _, _ in steps)
-        for rows, masked, env in seen:
-            assert env == ("1" if rows > 1 else None), (rows, masked, env)
         assert all(masked == (rows > 1) for rows, masked, _ in steps)  # after the prompt: chains masked too
-        assert compat.SDPA_FORCE_GQA not in os.environ
+        assert all(same for _, _, same in seen) and dict(os.environ) == before
+
+
+needs_grouped = pytest.mark.skipif(not hasattr(compat, "grouped_attention"),
+                                   reason="compat.grouped_attention (the shadow's grouped SDPA) is not there")
+
+
+@needs_grouped
+def test_grouped_attention_applies_to_grouped_sdpa_models_on_a_cpu(tiny_models, monkeypatch):
+    """The tiny Llama (4 query heads, 2 key/value heads, SDPA) on a CPU; not a model whose heads are not grouped,
+    and not eager attention. (The masked-GQA environment variable it replaces is gone.)"""
+    llama = tiny_models("llama")
+    assert llama.config.num_key_value_heads < llama.config.num_attention_heads
+    assert compat.grouped_applies(llama)
+    assert not compat.grouped_applies(tiny_models("gpt2"))  # one key/value head per query head
+    monkeypatch.setattr(llama.config, "_attn_implementation", "eager")  # (the shared tiny model: undone after)
+    assert not compat.grouped_applies(llama)
+
+
+@needs_grouped
+def test_the_grouped_shadow_computes_sdpas_logits_and_leaves_the_model_alone(tiny_models, monkeypatch):
+    """A step with a tree's mask through the shadow whose attention hands grouped keys to SDPA as they are (no
+    ``repeat_kv``) gives the model's own logits; the model's config and attention modules are untouched."""
+    from transformers.integrations import sdpa_attention
+
+    from lookahead.cpu import LinearPlan, shadow
+
+    model = tiny_models("llama")
+    configs = [(m, m.config) for m in model.modules() if hasattr(m, "num_key_value_groups")]
+    steps = shadow(model, LinearPlan(), grouped=True)
+    repeats = []
+    original = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: repeats.append(1) or original(*a))
+    ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(1, 1, 4, 12, dtype=torch.float64)
+    mask[..., 8:] = torch.triu(torch.full((4, 4), torch.finfo(torch.float64).min, dtype=torch.float64), 1)
+    mask[..., 2, 9] = torch.finfo(torch.float64).min  # a tree: row 2 does not see column 9
+    logits = []
+    with torch.no_grad():
+        for runner in (model, steps):
+            cache = transformers.DynamicCache(config=model.config)
+            model(input_ids=ids[:, :8], use_cache=True, **{compat.cache_kwarg_name(model): cache})
+            repeats.clear()
+            logits.append(runner(input_ids=ids[:, 8:], position_ids=torch.arange(8, 12)[None], attention_mask=mask,
+                                 use_cache=True, **{compat.cache_kwarg_name(model): cache}).logits)
+            assert bool(repeats) == (runner is model)
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-12, atol=1e-12)
+    assert model.config._attn_implementation == "sdpa"
+    assert all(m.config is config for m, config in configs)

@@ -99,8 +99,13 @@ def test_threads_on_the_real_model_give_plain_outputs(smollm):
     """SmolLM2 in fp32 on a CPU, its steps in a forced CPU layout (a shadow of its module tree: nothing on the
     model itself), beside plain generate in other threads."""
     model, _ = smollm
-    check_mix(model, 12, lambda: LookaheadDecoder(cost_curve=((1, 0.06), (2, 0.05), (16, 0.09), (64, 0.2)),
-                                                  _tuning=Tuning(linear_layout="transposed")), PROMPTS[:3])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # four decoding threads on a shared machine: no intra-op threads spinning against them
+    try:
+        check_mix(model, 12, lambda: LookaheadDecoder(cost_curve=((1, 0.06), (2, 0.05), (16, 0.09), (64, 0.2)),
+                                                      _tuning=Tuning(linear_layout="transposed")), PROMPTS[:3])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_concurrent_first_calls_calibrate_once(monkeypatch):

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder, NgramTrie
-from lookahead.corpus import DraftCorpus, store_capacity
+from lookahead.corpus import DraftCorpus, fingerprint, store_capacity
 from lookahead.cost import set_cost_curve
-from lookahead.heads import fingerprint
 
 from tiny import TINY_COST_CURVE, tiny_model
 
@@ -242,19 +241,24 @@ def test_a_batch_finds_the_installed_corpus_too(llama, own_cache):
     assert sum(r.accepted_by_origin["corpus"] for r in decoder.row_stats) > 0
 
 
-def test_no_corpus_is_found_beside_heads_with_the_cache_off_or_from_a_damaged_file(llama, own_cache, monkeypatch,
-                                                                                  caplog):
-    from lookahead.corpus import DATA_FILE, corpus_for, forget
+def test_no_corpus_is_found_beside_heads(llama, own_cache):
     from lookahead.heads import DraftHeads
 
     prompt = _prompt(0)
-    folder = DraftCorpus.from_streams([_greedy(llama, prompt, 24)[0, 8:]], llama).install()
+    DraftCorpus.from_streams([_greedy(llama, prompt, 24)[0, 8:]], llama).install()
     torch.manual_seed(0)
     heads = DraftHeads.for_model(llama, "medusa", 2, torch.arange(96))
     with_heads = LookaheadDecoder(heads=heads)  # "auto" beside heads: none (measured: it added nothing there)
     assert torch.equal(llama.generate(prompt, max_new_tokens=24, custom_generate=with_heads, pad_token_id=0),
                        _greedy(llama, prompt, 24))
     assert with_heads.corpus is None and with_heads.stats.drafted_by_origin["corpus"] == 0
+
+
+def test_no_corpus_is_found_with_the_cache_off_or_from_a_damaged_file(llama, own_cache, monkeypatch, caplog):
+    from lookahead.corpus import DATA_FILE, corpus_for, forget
+
+    prompt = _prompt(0)
+    folder = DraftCorpus.from_streams([_greedy(llama, prompt, 24)[0, 8:]], llama).install()
 
     monkeypatch.setenv("LOOKAHEAD_PERSIST", "0")  # the user cache is not read
     forget()
@@ -289,7 +293,7 @@ def test_installing_needs_a_corpus_bound_to_a_model_and_the_cache_on(llama, own_
 
 def test_the_bundled_corpus_is_found_for_no_tiny_model_without_hashing_it(monkeypatch, own_cache):
     """A model whose shape no kept corpus has is answered from the headers alone: its LM head is never hashed."""
-    from lookahead import heads as heads_module
+    from lookahead import corpus as corpus_module
     from lookahead.corpus import BUNDLED, corpus_for, kept_corpora
 
     assert [folder for folder, _ in kept_corpora()] == [BUNDLED]
@@ -298,7 +302,7 @@ def test_the_bundled_corpus_is_found_for_no_tiny_model_without_hashing_it(monkey
     def no_hash(m):
         raise AssertionError("hashed")
 
-    monkeypatch.setattr(heads_module, "fingerprint", no_hash)
+    monkeypatch.setattr(corpus_module, "fingerprint", no_hash)
     assert corpus_for(model) is None
 
 
@@ -307,7 +311,7 @@ def test_a_copied_decoder_shares_the_corpus_and_its_store(llama, own_cache):
     about 90 MB for the bundled one) instead of copying them; the copy decodes plain's tokens with it."""
     import copy
 
-    from lookahead.proposer import CorpusSource
+    from lookahead.drafting.sources import CorpusSource
 
     prompt = _prompt(0)
     corpus = DraftCorpus.from_streams([_greedy(llama, prompt, 32)[0, 8:]], llama)
@@ -331,7 +335,7 @@ def test_a_pickled_decoder_leaves_the_store_behind_and_binds_it_again(llama, own
     corpus's store again and decodes plain's tokens, for one row and for a batch's row policies."""
     import pickle
 
-    from lookahead.proposer import CorpusSource
+    from lookahead.drafting.sources import CorpusSource
 
     prompt = _prompt(0)
     corpus = DraftCorpus.from_streams([_greedy(llama, prompt, 32)[0, 8:]], llama)

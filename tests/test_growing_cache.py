@@ -12,11 +12,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from lookahead import kv_cache
 from lookahead.compat import cache_kwarg_name
-from lookahead.kv_cache import GROW_COLUMNS, GrowingLayer, keep_entries, new_cache
+from lookahead.kv import GrowingLayer, keep_entries, new_cache
 
 from tiny import TINY_ARCHS
+
+GROW_COLUMNS = GrowingLayer.grow  # spare columns a growing layer allocates
 
 
 def _entries(start: int, n: int, rows: int = 1) -> torch.Tensor:
@@ -158,7 +159,7 @@ def test_new_cache_replaces_only_plain_layers():
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_forwards_with_growing_layers_equal_plain_cache_bit_for_bit(arch, tiny_models, monkeypatch):
     """A prompt, then single tokens and a crop, past a reallocation: logits identical to DynamicCache's."""
-    monkeypatch.setattr(kv_cache, "GROW_COLUMNS", 3)  # reallocate often
+    monkeypatch.setattr(GrowingLayer, "grow", 3)  # reallocate often
     model = tiny_models(arch)
     kw = cache_kwarg_name(model)
     gen = torch.Generator().manual_seed(0)
@@ -181,18 +182,27 @@ def test_forwards_with_growing_layers_equal_plain_cache_bit_for_bit(arch, tiny_m
     assert torch.equal(logits[0], logits[1])
 
 
-def test_generate_fills_its_own_cache_with_growing_layers(tiny_models):
-    """generate() hands the decoder an empty DynamicCache: the decoder fills that object, its layers now growing,
-    and returns it; plain generate continues from it as from its own."""
+def test_generate_fills_its_own_cache_and_hands_it_back_plain(tiny_models):
+    """generate() hands the decoder an empty DynamicCache: the decoder fills that object (its layers growing during
+    the call) and returns it with plain ``DynamicLayer``s again (``kv.settle``); plain generate continues from it as
+    from its own."""
     from lookahead import LookaheadDecoder
 
     model = tiny_models("llama")
     ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
     given = DynamicCache(config=model.config)
-    out = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, custom_generate=LookaheadDecoder(),
-                         return_dict_in_generate=True, **{cache_kwarg_name(model): given})
+    seen = []  # the layers' classes at each forward of the call
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append({type(layer) for layer in kwargs[cache_kwarg_name(model)].layers}),
+        with_kwargs=True)
+    try:
+        out = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, custom_generate=LookaheadDecoder(),
+                             return_dict_in_generate=True, **{cache_kwarg_name(model): given})
+    finally:
+        hook.remove()
+    assert seen and all(types == {GrowingLayer} for types in seen)  # the given cache's layers grew in place
     cache = getattr(out, "cache", None) or out.past_key_values
-    assert cache is given and all(type(layer) is GrowingLayer for layer in cache.layers)
+    assert cache is given and all(type(layer) is DynamicLayer for layer in cache.layers)
     plain = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain.sequences)
     more = model.generate(input_ids=out.sequences, max_new_tokens=4, do_sample=False,

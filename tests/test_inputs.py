@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder
-from lookahead.call import check_inputs
+from lookahead.checks import check_inputs
 from lookahead.cost import Calibrations
 
 
@@ -24,7 +24,7 @@ class _Spy(Calibrations):
 
 def _decoder():
     spy = _Spy()
-    return LookaheadDecoder(calibrations=spy), spy
+    return LookaheadDecoder(_calibrations=spy), spy
 
 
 def test_token_ids_outside_the_vocabulary_fail_before_calibration(tiny_models):

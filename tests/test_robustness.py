@@ -18,7 +18,7 @@ Decisions pinned here:
   falls back; ``lookahead.enable(model, default=...)`` falls back to plain ``generate`` with one warning.
 - ``output_attentions`` / ``output_hidden_states``: refused (the decoder returns neither).
 - Threads: a second concurrent call on one decoder raises ``RuntimeError``; decoders in two threads
-  sharing one ``trie=`` store both decode exactly, and the store ends up as if they had run one after
+  sharing one ``store=`` both decode exactly, and the store ends up as if they had run one after
   the other.
 """
 
@@ -37,9 +37,10 @@ from transformers import StaticCache, StoppingCriteria, StoppingCriteriaList
 
 import lookahead
 from lookahead import LookaheadConfig, LookaheadDecoder
+from lookahead._tuning import Tuning
 from lookahead.cache import NgramTrie
 from lookahead.compat import cache_kwarg_name
-from lookahead.kv_cache import CacheNotRollbackable
+from lookahead.kv import CacheNotRollbackable
 
 PROMPT = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 IDS = torch.tensor([PROMPT])
@@ -81,8 +82,8 @@ class _CountForwards:
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("window_width", -1), ("window_ngram", 1), ("window_candidates", -3), ("adaptive", "yes"),
-        ("cost_curve", ((0, 1.0),)), ("cost_curve", "fast"), ("trie_capacity", 2.0), ("max_match", -1),
+        ("window", -1), ("window", 129), ("window", "wide"), ("max_draft_tokens", -1), ("max_draft_tokens", True),
+        ("cost_curve", ((0, 1.0),)), ("cost_curve", "fast"),
     ],
 )
 def test_invalid_config_values_are_refused_naming_the_field(field, value):
@@ -92,11 +93,27 @@ def test_invalid_config_values_are_refused_naming_the_field(field, value):
         LookaheadDecoder(**{field: value})
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("window_ngram", 1), ("window_candidates", -3), ("adaptive", "yes"), ("trie_capacity", 2.0), ("max_match", -1),
+     ("linear_layout", "fast")],
+)
+def test_invalid_tuning_values_are_refused_naming_the_field(field, value):
+    """The old config knobs are the private ``Tuning``'s fields now, validated as before."""
+    with pytest.raises(ValueError, match=f"Tuning.{field}="):
+        Tuning(**{field: value})
+
+
 def test_unknown_decoder_options_and_bad_store_are_refused():
     with pytest.raises(TypeError, match="tree_size"):
         LookaheadDecoder(tree_size=3)
+    for old in ("trie", "window_width", "step_nodes", "tree_nodes", "adaptive", "calibrations", "clock"):
+        with pytest.raises(TypeError, match=old):  # the old spellings: renamed, or a field of the private Tuning
+            LookaheadDecoder(**{old: None})
     with pytest.raises(TypeError, match="NgramTrie"):
-        LookaheadDecoder(trie=NgramTrie)  # the class, not an instance
+        LookaheadDecoder(store=NgramTrie)  # the class, not an instance
+    with pytest.raises(TypeError, match="Tuning"):
+        LookaheadDecoder(_tuning=dict(adaptive=False))
 
 
 # -- lengths ---------------------------------------------------------------------------------------
@@ -126,7 +143,7 @@ def test_window_rows_stay_within_the_positions_plain_generate_uses(tiny_models, 
     """GPT-2 has 512 learned positions: prompt + new tokens fit, but a window row past them would not."""
     gpt2 = tiny_models("gpt2")
     ids = torch.tensor([(PROMPT * 40)[:length]])
-    dec = LookaheadDecoder(window_width=6, window_ngram=5, adaptive=False)
+    dec = LookaheadDecoder(window=6, _tuning=Tuning(window_ngram=5, adaptive=False))
     plain, ours = _plain_and_ours(gpt2, ids, decoder=dec, max_new_tokens=new, eos_token_id=None)
     assert plain[0] == "ok" and ours == plain
 
@@ -138,7 +155,7 @@ def test_eos_as_the_first_generated_token(tiny_models):
     memory.insert([first, 5, 6, 7])  # a store that drafts past the EOS
     kw = dict(max_new_tokens=20, eos_token_id=first, return_dict_in_generate=True, output_scores=True)
     plain = model.generate(IDS, do_sample=False, **kw)
-    ours = model.generate(IDS, custom_generate=LookaheadDecoder(trie=memory), **kw)
+    ours = model.generate(IDS, custom_generate=LookaheadDecoder(store=memory), **kw)
     assert ours.sequences.tolist() == plain.sequences.tolist() == [PROMPT + [first]]
     assert len(ours.scores) == len(plain.scores) == 1
 
@@ -155,7 +172,7 @@ def test_all_ones_and_left_padded_masks_with_a_shared_store(tiny_models, arch, p
     kw = dict(attention_mask=mask, max_new_tokens=30, eos_token_id=None)
     plain = model.generate(ids, do_sample=False, **kw)
     for _ in range(2):  # the second call drafts from the store
-        dec = LookaheadDecoder(trie=memory, adaptive=False)
+        dec = LookaheadDecoder(store=memory, _tuning=Tuning(adaptive=False))
         assert model.generate(ids, custom_generate=dec, **kw).tolist() == plain.tolist()
     assert dec.stats.accepted_by_origin["memory"] > 0
 
@@ -194,10 +211,12 @@ def test_cache_implementation_that_generate_maps_to_dynamic_decodes(tiny_models)
     assert plain[0] == "ok" and ours == plain  # transformers 5 turns "hybrid" into a DynamicCache
 
 
-def test_a_sliding_window_static_cache_decodes_and_one_written_already_is_refused(tiny_models):
+def test_a_sliding_window_static_cache_decodes_and_one_written_already_is_continued(tiny_models):
     """A new static cache of sliding-window layers (mistral's) decodes: its layers are given the cache's length
     before the first forward (``tests/test_sliding.py``). One an earlier call wrote into holds a window's columns in a
-    ring, not the sequence's: refused before any forward."""
+    ring: its tokens are adopted at their own columns, and the call continues it as plain ``generate`` does."""
+    import copy
+
     model = tiny_models("mistral")
     kw = cache_kwarg_name(model)  # `cache` or (5.17) `past_key_values`
     plain = model.generate(IDS, max_new_tokens=5, do_sample=False, **{kw: StaticCache(config=model.config,
@@ -206,18 +225,19 @@ def test_a_sliding_window_static_cache_decodes_and_one_written_already_is_refuse
                           **{kw: StaticCache(config=model.config, max_cache_len=64)})
     assert ours.tolist() == plain.tolist()
     written = StaticCache(config=model.config, max_cache_len=64)
-    model.generate(IDS, max_new_tokens=2, do_sample=False, **{kw: written})
-    with _CountForwards(model) as fw:
-        with pytest.raises(CacheNotRollbackable, match="StaticSlidingWindowLayer"):
-            model.generate(torch.cat([IDS, IDS], 1), custom_generate=LookaheadDecoder(), max_new_tokens=5,
-                           **{kw: written})
-    assert fw.n == 0
+    first = model.generate(IDS, max_new_tokens=2, do_sample=False, **{kw: written})
+    again = copy.deepcopy(written)
+    plain = model.generate(first, max_new_tokens=5, do_sample=False, **{kw: again})
+    ours = model.generate(first, custom_generate=LookaheadDecoder(), max_new_tokens=5, do_sample=False,
+                          **{kw: written})
+    assert ours.tolist() == plain.tolist()
+    assert [type(layer) for layer in written.layers] == [type(layer) for layer in again.layers]
 
 
 def test_quantized_layers_are_refused():
     from transformers.cache_utils import DynamicCache, QuantoQuantizedLayer
 
-    from lookahead.call import check_cache_layers as _check_cache_layers
+    from lookahead.checks import check_cache_layers as _check_cache_layers
 
     cache = DynamicCache()
     cache.layers = [QuantoQuantizedLayer.__new__(QuantoQuantizedLayer)]  # (no quantization backend needed)
@@ -279,7 +299,7 @@ def windowed():
     return tf.MistralForCausalLM(cfg).eval().to(torch.float64)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(window_width=4, tree_nodes=20, adaptive=False)])
+@pytest.mark.parametrize("kw", [dict(), dict(window=4, _tuning=Tuning(tree_nodes=20, adaptive=False))])
 def test_sliding_window_up_to_its_length_is_exact(windowed, kw):
     """Up to the window, the same tokens; drafts are cut so that no forward reaches the window."""
     plain, ours = _plain_and_ours(windowed, decoder=LookaheadDecoder(**kw), max_new_tokens=40 - len(PROMPT),
@@ -328,7 +348,7 @@ class _Hold(StoppingCriteria):
 
 def test_second_concurrent_call_on_one_decoder_is_refused(tiny_models):
     model = tiny_models("llama")
-    dec = LookaheadDecoder(adaptive=False)
+    dec = LookaheadDecoder(_tuning=Tuning(adaptive=False))
     plain = model.generate(IDS, do_sample=False, max_new_tokens=20, eos_token_id=None)
     hold = _Hold()
     result = {}
@@ -381,7 +401,7 @@ def test_two_threads_share_one_store_correctly(tiny_models):
 
     def run(i):
         try:
-            dec = LookaheadDecoder(trie=memory, adaptive=False)
+            dec = LookaheadDecoder(store=memory, _tuning=Tuning(adaptive=False))
             out[i] = model.generate(prompts[i], custom_generate=dec, **kw,
                                     stopping_criteria=StoppingCriteriaList([_Lockstep(barrier)]))
         except Exception as err:  # noqa: BLE001

@@ -22,6 +22,7 @@ from transformers import (
 
 import lookahead.verify as verify_mod
 from lookahead import LookaheadDecoder
+from lookahead._tuning import Tuning
 
 from tiny import peaky_llama
 
@@ -31,6 +32,8 @@ VOCAB = 16
 PROMPT = [1, 2, 2, 7, 2, 2, 12, 2, 2, 3, 2, 2]
 N_SAMPLES = 1500
 LEVEL = 1e-4  # the exact rule fails this only once in 10,000 seeds; the wrong rule fails it by far
+SMALL = Tuning(trie_capacity=4096)
+FULL_TREE = Tuning(trie_capacity=4096, adaptive=False)  # no budget: every step verifies the whole draft
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,7 @@ def _exact_two_token_distribution(model, kw) -> np.ndarray:
 def _draw(model, kw, n, dec=None) -> tuple[np.ndarray, int, int]:
     counts = np.zeros((VOCAB, VOCAB))
     # the full tree every step: this tests the acceptance rule, not the budget's choices
-    dec = dec or LookaheadDecoder(trie_capacity=4096, adaptive=False)
+    dec = dec or LookaheadDecoder(_tuning=FULL_TREE)
     ids = torch.tensor([PROMPT])
     drafted = accepted = 0
     for _ in range(n):
@@ -114,7 +117,7 @@ def test_sampling_with_a_corpus_is_exact(model):
     from lookahead.corpus import DraftCorpus
 
     corpus = DraftCorpus.from_streams([[2, 2, 5, 2], [2, 2, 9, 1], [2, 2, 7, 7], [2, 2, 4], [2, 2, 12, 12]], model)
-    dec = LookaheadDecoder(trie_capacity=4096, adaptive=False, corpus=corpus)
+    dec = LookaheadDecoder(_tuning=FULL_TREE, corpus=corpus)
     kw = SETTINGS["temperature"]
     torch.manual_seed(7)
     counts, drafted, accepted = _draw(model, kw, N_SAMPLES, dec)
@@ -156,7 +159,7 @@ def test_wrong_rule_fails_the_same_check(model, monkeypatch, wrong):
 
 
 def test_seeded_runs_repeat(model):
-    dec = LookaheadDecoder(trie_capacity=4096)
+    dec = LookaheadDecoder(_tuning=SMALL)
     ids = torch.tensor([PROMPT])
     outs = []
     for _ in range(2):
@@ -171,13 +174,15 @@ def test_sample_token_docstring_example():
     assert [verify_mod.sample_token(probs, u) for u in (0.1, 0.2, 0.95, 0.0)] == [0, 2, 3, 0]
 
 
-@pytest.mark.parametrize("settings", [dict(adaptive=False), dict(adaptive=False, tree_nodes=0),
-                                      dict(window_width=3), dict(tree_nodes=2, tree_depth=1)])
+@pytest.mark.parametrize("settings", [dict(_tuning=FULL_TREE),
+                                      dict(_tuning=Tuning(trie_capacity=4096, adaptive=False, tree_nodes=0)),
+                                      dict(_tuning=SMALL, window=3),
+                                      dict(_tuning=Tuning(trie_capacity=4096, tree_nodes=2, tree_depth=1))])
 def test_sampled_text_does_not_depend_on_drafts(model, settings):
     """The uniforms belong to positions, so any tree, budget or window gives the same text per seed."""
     ids = torch.tensor([PROMPT])
     outs = []
-    for dec in (LookaheadDecoder(trie_capacity=4096), LookaheadDecoder(trie_capacity=4096, **settings)):
+    for dec in (LookaheadDecoder(_tuning=SMALL), LookaheadDecoder(**settings)):
         torch.manual_seed(123)
         outs.append(model.generate(ids, custom_generate=dec, do_sample=True, temperature=0.9, max_new_tokens=25,
                                    eos_token_id=None, pad_token_id=0).tolist())
@@ -186,7 +191,7 @@ def test_sampled_text_does_not_depend_on_drafts(model, settings):
 
 def test_trie_drafts_siblings_for_this_prompt(model):
     """Guards the premise above: multi-candidate rejection sampling is what gets tested."""
-    dec = LookaheadDecoder(trie_capacity=4096)
+    dec = LookaheadDecoder(_tuning=SMALL)
     dec.trie.insert(np.array(PROMPT))
     tokens, parents = dec.trie.propose(np.array(PROMPT[-3:]), 12, 2, 3)
     assert sorted(tokens[parents == -1].tolist()) == [3, 7, 12]

@@ -16,15 +16,23 @@ from scipy.stats import chisquare
 from transformers import CompileConfig, GenerationConfig, StaticCache
 
 from lookahead import LookaheadDecoder
+from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cost import CostModel
-from lookahead.static import StaticMask, bucket_of, bucketed_curve, buckets_for, keep_static
-from lookahead.tree import pack_step
+from lookahead.kv import keep_static
+from lookahead.packing import StaticMask, pack_step
+from lookahead.shapes import bucket_of, bucketed_curve, buckets_for
 
 from tiny import TINY_COST_CURVE, peaky_llama, tiny_model
 
 FLAT = ((1, 0.010), (2, 0.010), (256, 0.0102))
 REPETITIVE = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 STATIC_ARCHS = ["llama", "qwen2", "gpt2", "phi3", "gemma"]  # sliding-window static layers: tests/test_sliding.py
+NO_BUDGET = Tuning(adaptive=False)  # every step verifies the whole draft
+CODE_PROMPT = ("Here is a Python class. Add a docstring to every method and return the whole class.\n\n```python\n"
+               "class Inventory:\n    def __init__(self):\n        self.items = {}\n\n    def add(self, name, count):\n"
+               "        self.items[name] = self.items.get(name, 0) + count\n\n    def remove(self, name, count):\n"
+               "        if self.items.get(name, 0) < count:\n            raise ValueError(name)\n"
+               "        self.items[name] -= count\n```")
 
 
 class FakeClock:
@@ -39,7 +47,7 @@ class FakeClock:
 
 
 def test_bucket_helpers_docstring_examples():
-    assert buckets_for(20) == (1, 8, 16, 32)
+    assert buckets_for(20, DEFAULT.buckets) == (1, 8, 16, 32)
     assert bucket_of(9, (1, 8, 16), 100) == 16 and bucket_of(9, (1, 8, 16), 12) == 8
     curve = bucketed_curve(CostModel([(1, 0.010), (8, 0.012), (16, 0.015)]), (1, 8, 16))
     assert [round(float(curve(k)), 6) for k in (1, 2, 8, 9, 16, 24)] == [0.010, 0.012, 0.012, 0.015, 0.015, 0.018]
@@ -91,7 +99,7 @@ def test_greedy_on_a_static_cache_is_plain_static_generate(tiny_models, arch):
     dec = LookaheadDecoder(cost_curve=FLAT)
     assert model.generate(ids, **kw, custom_generate=dec).tolist() == plain.tolist()
     assert dec.stats.target_calls < 40
-    calibrated = LookaheadDecoder(clock=FakeClock(), calibrations=None)  # measured on the static path itself
+    calibrated = LookaheadDecoder(_clock=FakeClock(), _calibrations=None)  # measured on the static path itself
     assert model.generate(ids, **kw, custom_generate=calibrated).tolist() == plain.tolist()
     assert calibrated.stats.cost_curve is not None
 
@@ -103,7 +111,7 @@ def test_every_bucket_boundary_rolls_back_exactly(tiny_models, nodes):
     ids = torch.tensor([REPETITIVE * 3])
     kw = dict(max_new_tokens=48, do_sample=False, cache_implementation="static", pad_token_id=0)
     plain = model.generate(ids, **kw)
-    dec = LookaheadDecoder(adaptive=False, step_nodes=nodes, tree_nodes=min(nodes, 16))
+    dec = LookaheadDecoder(max_draft_tokens=nodes, _tuning=Tuning(adaptive=False, tree_nodes=min(nodes, 16)))
     assert model.generate(ids, **kw, custom_generate=dec).tolist() == plain.tolist()
     assert max(n for n, _ in dec.stats.budgets[1:]) <= nodes
 
@@ -117,7 +125,7 @@ def test_a_cache_too_short_is_refused_and_one_just_long_enough_decodes_to_the_en
         model.generate(ids, max_new_tokens=30, cache=short, custom_generate=LookaheadDecoder(cost_curve=FLAT))
     plain = model.generate(ids, max_new_tokens=30, do_sample=False, cache=StaticCache(config=model.config,
                                                                                       max_cache_len=needed))
-    dec = LookaheadDecoder(adaptive=False)  # the full tree every step: near the end it must shrink to the room
+    dec = LookaheadDecoder(_tuning=NO_BUDGET)  # the full tree every step: near the end it must shrink to the room
     exact = StaticCache(config=model.config, max_cache_len=needed)
     assert model.generate(ids, max_new_tokens=30, cache=exact, custom_generate=dec).tolist() == plain.tolist()
 
@@ -138,14 +146,13 @@ def test_compiled_buckets_are_exact_with_no_graph_break_and_no_recompile(tiny_mo
                            pad_token_id=0)
     plain = model.generate(ids, generation_config=gen)
     torch._dynamo.reset()
-    first = LookaheadDecoder(adaptive=False)  # the full tree: several buckets
+    first = LookaheadDecoder(_tuning=NO_BUDGET)  # the full tree: several buckets
     assert model.generate(ids, generation_config=gen, custom_generate=first).tolist() == plain.tolist()
     assert first.stats.time_compile > 0
-    again = LookaheadDecoder(adaptive=False)
+    again = LookaheadDecoder(_tuning=NO_BUDGET)
     with torch.compiler.set_stance("fail_on_recompile"):  # every bucket's graph is reused
         assert model.generate(ids, generation_config=gen, custom_generate=again).tolist() == plain.tolist()
     assert again.stats.time_compile == 0.0
-
 
 
 @pytest.mark.parametrize("cache", [None, "static"])
@@ -170,7 +177,7 @@ def test_a_forward_the_user_compiled_runs_eagerly_and_the_decoder_says_so(cache)
     plain = model.generate(ids, **kw)
     assert graphs  # plain generate compiled its steps
     compiled = len(graphs)
-    decoder = LookaheadDecoder(adaptive=False)
+    decoder = LookaheadDecoder(_tuning=NO_BUDGET)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         ours = model.generate(ids, custom_generate=decoder, **kw)
@@ -192,7 +199,7 @@ def test_sampling_on_a_static_cache_follows_the_target_distribution():
     exact = (p1[:, None] * p2).double().numpy()
     torch.manual_seed(0)
     counts = np.zeros((16, 16))
-    dec = LookaheadDecoder(trie_capacity=4096, adaptive=False)
+    dec = LookaheadDecoder(_tuning=Tuning(trie_capacity=4096, adaptive=False))
     n = 1200
     for _ in range(n):
         out = model.generate(ids, custom_generate=dec, do_sample=True, temperature=0.7, max_new_tokens=2,
@@ -206,10 +213,9 @@ def test_sampling_on_a_static_cache_follows_the_target_distribution():
 
 @pytest.mark.smollm
 def test_smollm2_on_a_static_cache_is_plain_static_generate(smollm):
-    from lookahead.demo import DEMO_PROMPT, chat_inputs
-
     model, tok = smollm
-    inputs = chat_inputs(tok, DEMO_PROMPT)
+    inputs = dict(tok.apply_chat_template([{"role": "user", "content": CODE_PROMPT}], add_generation_prompt=True,
+                                          return_tensors="pt", return_dict=True))
     kw = dict(max_new_tokens=48, do_sample=False, cache_implementation="static")
     plain = model.generate(**inputs, **kw)
     dec = LookaheadDecoder(cost_curve=FLAT)

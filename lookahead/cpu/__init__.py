@@ -210,6 +210,10 @@ def linear_modules(model) -> list[nn.Linear]:
             and m.weight.dim() == 2 and m.weight.is_floating_point()]
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+          "_forward_hooks_always_called", "_backward_hooks", "_backward_pre_hooks")
+
+
 class LayoutLinear(nn.Module):
     """``nn.Linear``'s product over the same ``weight`` and ``bias``, in the layout ``plan`` gives its input's rows
     (one row, any call that records gradients, or an input ``nn.Linear`` would not take: ``nn.Linear``'s)."""
@@ -218,6 +222,8 @@ class LayoutLinear(nn.Module):
         super().__init__()
         self.weight, self.bias, self.plan = linear.weight, linear.bias, plan
         object.__setattr__(self, "original", linear)  # not a child module
+        for name in _HOOKS:  # the user's hooks on the layer act in the shadow's steps too (the same dicts)
+            setattr(self, name, getattr(linear, name))
         self._kinds: dict[int, int] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -259,14 +265,22 @@ _LOCK = threading.Lock()
 def shadow(model, plan: LinearPlan, grouped: bool = False) -> nn.Module:
     """``model``'s module tree with every eligible ``nn.Linear`` a :class:`LayoutLinear` under ``plan`` and, with
     ``grouped``, every attention module running ``compat.grouped_attention``; parameters, buffers and hooks shared.
-    Made once per model, plan and ``grouped`` (again after a linear weight was replaced)."""
+    Made once per model, plan and ``grouped``, and again whenever the model's tree changed (a module, parameter or
+    attention implementation replaced): :func:`_tree`."""
     with _LOCK:
         kept = _SHADOWS.setdefault(model, {})
+        tree = _tree(model)
         found = kept.get((plan, grouped))
-        if found is None or any(m.weight is not m.original.weight or m.bias is not m.original.bias
-                                for m in found.modules() if isinstance(m, LayoutLinear)):
-            found = kept[(plan, grouped)] = _clone(model, plan, {} if grouped else None)
-        return found
+        if found is None or found[0] != tree:
+            found = kept[(plan, grouped)] = (tree, _clone(model, plan, {} if grouped else None))
+        return found[1]
+
+
+def _tree(model) -> tuple:
+    """What a shadow was made from: every module, parameter and buffer object of ``model`` and its attention
+    implementation; a shadow whose tree differs is made again."""
+    return (tuple(id(m) for m in model.modules()), tuple(id(p) for p in model.parameters()),
+            tuple(id(b) for b in model.buffers()), getattr(compat.text_config(model), "_attn_implementation", None))
 
 
 def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist, runner,
