@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from ._tuning import DEFAULT, Tuning
-from .cost import CostModel, CostRefiner
+from .cost import CostModel
 from .drafting.draft import ORIGINS, WINDOW, Draft
 
 MATCH_BUCKETS = 3
@@ -181,8 +181,6 @@ def _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k
     return best_k, best_rate
 
 
-
-
 # -- estimates --------------------------------------------------------------------------------------------------
 
 
@@ -320,7 +318,11 @@ class Budget:
         self.tuning = tuning
         self.cost = cost
         self._table = cost(np.arange(cost_rows + 2))
-        self.refiner = CostRefiner(cost, tuning.refine_weight, tuning.refine_relax) if tuning.refine_cost else None
+        self.refiner = None
+        if tuning.refine_cost:
+            from .calibrate import CostRefiner
+
+            self.refiner = CostRefiner(cost, tuning.refine_weight, tuning.refine_relax)
         self.acceptance = AcceptanceStats(len(ORIGINS), tuning)
         self.belief = CopyBelief(tuning)
         self.window_gain = tuning.window_gain_start
@@ -385,65 +387,3 @@ class Budget:
 # -- a batch's width --------------------------------------------------------------------------------------------
 
 
-def prefill_groups(lengths: np.ndarray, cost, margin: float = DEFAULT.prefill_margin) -> list[np.ndarray] | None:
-    """The rows of a left-padded prompt batch in groups, each prefilled padded only to its own longest row, when
-    the cost curve puts the groups' forwards below one padded forward of the batch by ``margin``; else None. A group
-    of ``g`` rows whose longest has ``l`` tokens costs ``t(g * l)``; an optimal split is a run of the rows sorted by
-    length, found by dynamic programming over the cut points.
-
-    Example: lengths [10, 200, 12, 190], ``t(k) = 0.1 + 0.001 k``: one padded forward 0.9 s; groups [0, 2] and
-    [3, 1] cost 0.624 s -> ``[array([0, 2]), array([3, 1])]``."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n = len(lengths)
-    if n < 2 or lengths.min() < 1 or lengths.min() == lengths.max():
-        return None
-    order = np.argsort(lengths, kind="stable")
-    sl = lengths[order]
-    best, cut = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
-    for j in range(1, n + 1):  # best[j]: rows order[:j] in groups; the last group is order[i:j]
-        i = np.arange(j)
-        total = best[:j] + cost((j - i) * sl[j - 1])
-        cut[j] = int(np.argmin(total))
-        best[j] = total[cut[j]]
-    if best[n] * margin >= float(cost(n * sl[-1])):
-        return None
-    groups, j = [], n
-    while j > 0:
-        groups.append(order[cut[j] : j])
-        j = cut[j]
-    return groups[::-1]
-
-
-def choose_width(gains: list[np.ndarray], values: np.ndarray, cost: np.ndarray, margin: float = DEFAULT.margin) -> int:
-    """Draft nodes per row (the step's padded width ``w``) that save the batch the most time until its last row
-    ends: maximises ``sum_i values[i] * gains[i][min(w, n_i)] - (cost[w] - cost[0])``; a ``w > 0`` must save
-    ``margin`` times its extra cost. Ties: the smaller width.
-
-    Example: gains ``[0, .9, 1.7]`` and ``[0]``, values ``[0.02, 0.1]``, cost ``[1.0, 1.02, 1.2]`` -> 0; with
-    values ``[0.1, 0.1]`` -> 1."""
-    width = len(cost) - 1
-    saved = np.zeros(width + 1)
-    for g, value in zip(gains, values):
-        g = np.asarray(g, dtype=np.float64)[: width + 1] * value
-        saved[: len(g)] += g
-        saved[len(g):] += g[-1]
-    extra = np.asarray(cost, dtype=np.float64) - float(cost[0])
-    best = int(np.argmax(saved - extra))
-    if best and saved[best] < margin * extra[best]:
-        return 0
-    return best
-
-
-def token_values(remaining: np.ndarray, paces: np.ndarray, step: float, single: float) -> np.ndarray:
-    """Seconds one more accepted token of each live row saves before the batch ends: the row expected to end last
-    (most ``remaining / paces``) saves a 1-row step, ``single``; any other row its share of the steps it is in,
-    ``(step - single) / (b - 1)``. Example: remaining [100, 40], paces [1, 2], step 0.12, single 0.1: [0.1, 0.02]."""
-    b = len(remaining)
-    values = np.full(b, max(step - single, 0.0) / (b - 1) if b > 1 else single)
-    values[int(np.argmax(remaining / paces))] = single
-    return values
-
-
-def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` likeliest nodes, sorted (closed under parents). Example: ``[.9, .2, .8]``, 2 -> ``[0, 2]``."""
-    return np.sort(np.argsort(-np.asarray(probs), kind="stable")[:k])

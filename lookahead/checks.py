@@ -12,7 +12,6 @@ import contextlib
 
 import numpy as np
 import torch
-from transformers.cache_utils import StaticLayer
 
 from . import compat
 from .kv import PLAIN_LAYERS, CacheNotRollbackable, cache_layers
@@ -181,7 +180,7 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, v
                          "tokenizer.padding_side = 'left' before tokenizing the batch")
 
 
-def _given(value) -> bool:
+def given(value) -> bool:
     """Whether a model input holds something: not None, nor a mapping of nothing (``generate`` hands a multimodal
     model's text-only call ``mm_encoder_outputs={}``)."""
     if isinstance(value, dict):
@@ -199,9 +198,9 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
             "the draft rows of each forward would make them differ from plain generate's. Use plain "
             "generate() for them."
         )
-    media = _given(model_kwargs.get(MEDIA_KWARG))
+    media = given(model_kwargs.get(MEDIA_KWARG))
     unknown = {k for k, v in model_kwargs.items()
-               if _given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG and not (media and k in MEDIA_TYPE_KWARGS)}
+               if given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG and not (media and k in MEDIA_TYPE_KWARGS)}
     if unknown:
         raise ValueError(
             f"LookaheadDecoder does not support these model inputs: {sorted(unknown)} (it decodes from token ids, with "
@@ -215,84 +214,10 @@ MEDIA_KWARG = "mm_encoder_outputs"
 MEDIA_TYPE_KWARGS = ("token_type_ids", "mm_token_type_ids")
 
 
-def media_token_ids(config) -> set[int]:
-    """The ids of the placeholder tokens a multimodal model's config names for its media (``image_token_id``,
-    ``video_token_index``, ...): the prompt positions whose embeddings its encoded features replace."""
-    names = [f"{kind}_token_{suffix}" for kind in ("image", "video", "audio") for suffix in ("id", "index")]
-    return {int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)}
-
-
 def media_of(model_kwargs: dict):
     """The encoded media features ``generate`` handed the call (``model_kwargs[MEDIA_KWARG]``), or None."""
     media = model_kwargs.get(MEDIA_KWARG)
-    return media if _given(media) else None
-
-
-def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool, windowed: bool) -> None:
-    """Before any forward: refuse a call with media features (:func:`media_of`) the decoder would not decode as plain
-    ``generate`` does, with the reason.
-
-    Refused:
-
-    - a static cache with other layers than full-attention ``StaticLayer``s (a sliding one's prompt forward would need
-      the decoder's own masks, ``static.py``);
-    - a cache that holds tokens already (the features belong to the prompt's first forward);
-    - positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
-      every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
-      per token);
-    - one row (:func:`prefill_media`): a padded row with sliding layers past their window (``windowed``), a prompt
-      whose last token is a media placeholder, and token types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens
-      than the placeholders;
-    - a batch: token types."""
-    mask = model_kwargs.get("attention_mask")
-    positions = model_kwargs.get("position_ids")
-    placeholders = media_token_ids(model.config)
-    types = [k for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))]
-    why = None
-    if static and any(type(layer) is not StaticLayer for layer in cache_layers(cache)):
-        why = ("decodes images on a static cache of full-attention layers only (a sliding layer's prompt forward would "
-               "need the decoder's own masks); drop cache_implementation='static'")
-    elif cache.get_seq_length():
-        why = "decodes images from an empty cache (their features belong to the prompt's first forward)"
-    elif positions is not None and positions.dim() != 2 and not bool((positions == positions[:1]).all()):
-        why = (f"takes one position per token; this call's positions have {positions.shape[0]} sections that differ "
-               "(multimodal RoPE)")
-    elif input_ids.shape[0] > 1:
-        if types:
-            why = (f"decodes a batch with images without {types[0]} (its 4D masks would override the attention they "
-                   "ask for); call generate once per prompt")
-    elif windowed and mask is not None and not bool((mask == 1).all()):
-        why = ("decodes one padded row with images only where no sliding window is shorter than the call (its sliding "
-               "layers' prompt columns would have to be widened after the prompt's forward); drop the padding")
-    elif input_ids.shape[1] < 2 or int(input_ids[0, -1]) in placeholders:
-        why = "needs a prompt that ends in a text token after its images (a chat template's assistant turn does)"
-    else:
-        is_media = torch.isin(input_ids[0], torch.tensor(sorted(placeholders), dtype=input_ids.dtype,
-                                                         device=input_ids.device))
-        typed = [k for k in types if not torch.equal(model_kwargs[k][0] != 0, is_media)]
-        if typed:
-            why = (f"reads {typed[0]} only where they mark the image placeholders (Gemma 3's); these mark other "
-                   "tokens (a prefix-LM's types, PaliGemma's, which its text steps would also need)")
-    if why is not None:
-        raise ValueError(f"LookaheadDecoder {why}. Use plain generate() for this call.")
-
-
-def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cache_kwarg: str, stats) -> None:
-    """One row with media features (checked by :func:`check_media`): run the prompt's forward for every prompt token
-    but the last, into ``cache``, with the features, as plain ``generate``'s first forward runs it. The decode loop
-    then continues that cache from the last prompt token on, as it continues any cache that holds a prefix of
-    ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are (a static cache's too). Token
-    types go to this forward too. (A batch passes the features to its prompt's step instead: ``batch.BatchCall``.)
-
-    Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
-    with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
-    mask = model_kwargs.get("attention_mask")
-    positions = model_kwargs.get("position_ids")
-    model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],
-          position_ids=None if positions is None else positions[..., :-1], use_cache=True,
-          **{k: model_kwargs[k][:, :-1] for k in MEDIA_TYPE_KWARGS if _given(model_kwargs.get(k))},
-          **{cache_kwarg: cache, MEDIA_KWARG: model_kwargs[MEDIA_KWARG]})
-    stats.target_calls += 1
+    return media if given(media) else None
 
 
 def check_cache_layers(cache) -> int | None:

@@ -13,7 +13,6 @@ a datacenter GPU and costs real time on a CPU, so the budget (``budget.py``) pri
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
@@ -24,8 +23,7 @@ import platform
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +38,6 @@ CURVE_FORMAT = 3  # the version of a persisted curve's file
 _CURVE_KIND = "lookahead cost curve"
 STEP_VARIANT = "step"
 """What a decoder's calibration times (curves are kept per variant): whole decoding steps."""
-_BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
 
 
 def calibration_sizes(max_rows: int) -> tuple[int, ...]:
@@ -102,246 +99,6 @@ def describe(curve: CostModel) -> str:
     t1 = float(curve(1))
     big = [k for k in (16, 64) if k <= curve.max_k] or [curve.max_k]
     return f"t(1) = {t1 * 1e3:.1f} ms; " + ", ".join(f"{k} tokens {float(curve(k)) / t1:.1f}x" for k in big)
-
-
-class CostRefiner:
-    """Online refinement of one call's cost curve from measured step times (opt-in). The refined curve is
-    ``base(k) * scale * shape[k]``: ``scale`` an exponential mean of measured / base over every observation (a
-    uniformly faster machine moves it and no decision), ``shape[i]`` a per-point correction moved only by
-    observations nearest point ``i`` and relaxed towards 1 at every other one. Moving each point towards its own
-    measurements would ratchet: a decoder that stops drafting observes only ``k = 1``, and stale large points
-    would make drafting look ever worse.
-
-    Example: base ``t(1) = 10 ms, t(16) = 30 ms``; every step measures ``t(1) = 5 ms``. ``scale``
-    tends to 0.5, ``shape[1]`` stays 1 and ``shape[16]`` stays 1: the curve becomes 5 ms / 15 ms,
-    the ratio 3 is kept, where a per-point refinement would have drifted to 5 ms / 30 ms."""
-
-    def __init__(self, base: CostModel, weight: float = DEFAULT.refine_weight, relax: float = DEFAULT.refine_relax):
-        if not 0.0 < weight <= 1.0 or not 0.0 <= relax <= 1.0:
-            raise ValueError(f"CostRefiner needs 0 < weight <= 1 and 0 <= relax <= 1; got {weight}, {relax}")
-        self.base = base
-        self.weight, self.relax = weight, relax
-        self._log_k = np.log(base._ks)
-        self.scale = 1.0
-        self.shape = np.ones(len(base._ks))
-        self.curve = base
-
-    def observe(self, k: int, seconds: float) -> CostModel:
-        """Fold one forward of ``k`` new tokens that took ``seconds``; returns the refined curve."""
-        if k < 1 or seconds <= 0:
-            return self.curve
-        i = int(np.argmin(np.abs(self._log_k - np.log(k))))
-        ratio = seconds / float(self.base(k))
-        self.scale = float(np.exp((1 - self.weight) * np.log(self.scale) + self.weight * np.log(ratio)))
-        others = np.arange(len(self.shape)) != i
-        self.shape[others] = self.shape[others] ** self.relax  # relax towards 1 in log space
-        self.shape[i] = float(np.exp((1 - self.weight) * np.log(self.shape[i])
-                                     + self.weight * np.log(ratio / self.scale)))
-        self.curve = self.base.scaled(self.scale * self.shape)
-        return self.curve
-
-
-def round_order(sizes: Sequence[int], r: int) -> tuple[int, ...]:
-    """The order round ``r`` times ``sizes`` in: rotated by ``r``, reversed on odd rounds, so that no size is
-    always timed first, last, or right after the same other size.
-
-    Example: ``round_order((1, 2, 4), 0)`` -> ``(1, 2, 4)``; ``1`` -> ``(1, 4, 2)``; ``2`` -> ``(4, 1, 2)``.
-    """
-    s = tuple(sizes)
-    r %= 2 * len(s)
-    rotated = s[r % len(s):] + s[: r % len(s)]
-    return rotated[::-1] if r % 2 else rotated
-
-
-def fastest(samples: dict[int, list[float]]) -> dict[int, float]:
-    """Per size, its fastest timing: load only ever adds time, so the minimum is the best estimate."""
-    return {k: min(v) for k, v in samples.items() if v}
-
-
-def disagreement(samples: dict[int, list[float]], agreement: float = DEFAULT.agreement) -> str | None:
-    """Why the fastest timings are not yet trusted, or None when, for every size, the two fastest of its
-    timings agree within ``agreement`` (so the minimum is not one lucky or one slowed reading).
-
-    Example: ``{1: [.010, .011], 16: [.030, .050, .070]}`` -> ``"the two fastest timings of 16 tokens
-    differ by 1.67x"``.
-    """
-    for k, v in sorted(samples.items()):
-        if len(v) < 2:
-            return f"{len(v)} usable timing(s) of {_tokens(k)}"
-        a, b = sorted(v)[:2]
-        if b > agreement * a:
-            return f"the two fastest timings of {_tokens(k)} differ by {b / a:.2f}x"
-    return None
-
-
-def _tokens(k: int) -> str:
-    return f"{k} token" + ("s" if k != 1 else "")
-
-
-def capped_curve(times: dict[int, float]) -> dict[int, float]:
-    """``times`` with every ``t(k)`` at most ``k * t(1)``: ``k`` one-token forwards compute the same as one of
-    ``k`` tokens, so a larger figure can only come from load. Needs ``times[1]``.
-
-    Example: ``{1: .010, 4: .060, 16: .100}`` -> ``{1: .010, 4: .040, 16: .100}``.
-    """
-    t1 = times[1]
-    return {k: min(t, k * t1) for k, t in times.items()}
-
-
-@contextlib.contextmanager
-def calibration_progress(desc: str) -> Iterator[object | None]:
-    """While entered, :func:`calibrate_curve` counts its timed runs on a progress bar (``tqdm.auto``: a notebook
-    widget or a line on stderr) labelled ``desc``, shown once it has run :data:`PROGRESS_DELAY` seconds and
-    removed when done. None (no bar) when transformers' progress bars are switched off
-    (``transformers.utils.logging.disable_progress_bar()``). Yields the bar or None."""
-    from transformers.utils import logging as hf_logging
-
-    bar = None
-    if hf_logging.is_progress_bar_enabled():
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=desc, unit="step", delay=DEFAULT.progress_delay, leave=False, dynamic_ncols=True)
-    token = _BAR.set(bar)
-    try:
-        yield bar
-    finally:
-        _BAR.reset(token)
-        if bar is not None:
-            bar.close()
-
-
-def _counted(time_one: Callable[[int], float], bar) -> Callable[[int], float]:
-    """``time_one`` that also advances ``bar`` (None: ``time_one`` itself)."""
-    if bar is None:
-        return time_one
-
-    def timed(k: int) -> float:
-        seconds = time_one(k)
-        bar.update(1)
-        return seconds
-
-    return timed
-
-
-def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callable[[], bool],
-           enough: Callable[[int, float], bool] | None = None) -> dict[int, float] | None:
-    """One round's timings, ``{k: seconds}`` in ``order``; None when ``over()`` says time is up before the
-    round ends. ``enough(k, seconds)``: True ends the round after timing ``k`` (what was timed is returned)."""
-    times = {}
-    for k in order:
-        if over():
-            return None
-        times[k] = time_one(k)
-        if enough is not None and enough(k, times[k]):
-            break
-    return times
-
-
-def _steep(time_one: Callable[[int], float], probe: float, ratio: float, agreement: float = DEFAULT.agreement,
-           drift: float = DEFAULT.drift) -> Callable[[int, float], bool]:
-    """The first round's stop test: ``k`` >= 2 rows took at least ``ratio`` one-token forwards (``probe``), and
-    timed once more beside a new probe, the two timings of ``k`` agree within ``agreement``, the probes within
-    ``drift``, and the lesser of each pair still says so. A size that does not pass lets the round go on, and the
-    next steep size is tested the same way; a machine whose load slows some timings and not others (the pairs
-    disagree) is timed at every size, as before."""
-
-    def enough(k: int, seconds: float) -> bool:
-        if k < 2 or seconds < ratio * probe:
-            return False
-        again, one = time_one(k), time_one(1)
-        return (_agree(seconds, again, agreement) and _agree(probe, one, drift)
-                and min(seconds, again) >= ratio * min(probe, one))
-
-    return enough
-
-
-def _agree(a: float, b: float, factor: float) -> bool:
-    """Whether two timings of the same thing agree within ``factor`` (the larger at most ``factor`` times the other)."""
-    return max(a, b) <= factor * min(a, b)
-
-
-def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
-                    clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT.rounds,
-                    attempts: int = DEFAULT.attempts, max_seconds: float = DEFAULT.max_seconds, agreement: float = DEFAULT.agreement,
-                    drift: float = DEFAULT.drift, stop_ratio: float | None = DEFAULT.stop_ratio) -> CostModel:
-    """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k``
-    new tokens, or a whole decoding step with ``k`` rows), robust to a machine that other work slows.
-
-    Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
-    2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 2 * 4 calls of ``time_one``. With ``lambda k: 0.010 * k`` and
-    sizes ``(1, 2, 4, 8, 16)``: 8 rows cost 8x the probe (and again, timed once more), so 16 is never timed:
-    ``CostModel(1: 10.0 ms, 2: 20.0 ms, 4: 40.0 ms, 8: 80.0 ms, steps)`` covering 16 rows (priced 160 ms)."""
-    sizes = tuple(sorted({int(k) for k in sizes} | {1}))
-    covers = sizes[-1]
-    if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0 or (stop_ratio is not None and stop_ratio <= 1):
-        raise ValueError(f"calibrate_curve needs rounds, attempts >= 1, agreement, drift >= 1 and stop_ratio > 1 "
-                         f"or None; got {rounds}, {attempts}, {agreement}, {drift}, {stop_ratio}")
-    start = clock()
-
-    def over() -> bool:
-        return clock() - start > max_seconds
-
-    bar = _BAR.get()  # calibration_progress's, when one is entered
-    if bar is not None:
-        bar.total = 1 + rounds * (len(sizes) + 1)  # a quiet machine's runs: the first probe, then the rounds
-    time_one = _counted(time_one, bar)
-    usable: dict[int, list[float]] = {k: [] for k in sizes}
-    every: dict[int, list[float]] = {k: [] for k in sizes}
-    probe = time_one(1)
-    why = None
-    for done in range(rounds * attempts):
-        if bar is not None and done >= rounds:  # a round more than a quiet machine's
-            bar.total += len(sizes) + 1
-        enough = None
-        if not done and stop_ratio is not None:  # round 0 times the sizes in increasing order
-            enough = _steep(time_one, probe, stop_ratio, agreement, drift)
-        times = _round(time_one, round_order(sizes, done), over if done else (lambda: False), enough)
-        if times is None:  # out of time: the unfinished round is dropped
-            why = f"{disagreement(usable, agreement)}; stopped after {max_seconds:.0f} s"
-            break
-        if len(times) < len(sizes):  # stopped early: the sizes above its last are never timed
-            sizes = sizes[: len(times)]
-            usable, every = {k: usable[k] for k in sizes}, {k: every[k] for k in sizes}
-        if bar is not None and not done:  # what round 0 ran (2 runs per stop test), then a quiet machine's rest
-            bar.total = bar.n + 1 + (rounds - 1) * (len(sizes) + 1)
-        after = time_one(1)
-        for k, t in times.items():
-            every[k].append(t)
-        if _agree(probe, after, drift):
-            for k, t in times.items():
-                usable[k].append(t)
-        probe = after
-        if done + 1 < rounds:
-            continue
-        why = disagreement(usable, agreement)
-        if why is None:
-            return CostModel(sorted(fastest(usable).items()), steps=True, covers=covers)
-        if done + 1 == rounds:
-            log.info("the machine looks busy (%s): timing more rounds", why)
-        if over():
-            why += f"; stopped after {max_seconds:.0f} s"
-            break
-    curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True, steps=True, covers=covers)
-    log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
-                "measured again later in this process, and not saved", why)
-    return curve
-
-
-def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT.rounds) -> float:
-    """A rough forecast of :func:`measure_cost_curve`'s time on a quiet machine, for the line that says a
-    calibration is starting: each forward reads every weight once (about 10 GB/s on a CPU, 1 TB/s on a GPU)
-    or computes ``2 * parameters * k`` operations (about 100 GFLOP/s on a CPU, 100 TFLOP/s on a GPU),
-    whichever takes longer. Example: SmolLM2-135M in fp32 on a 2-core CPU: about 2 s."""
-    params = sum(p.numel() for p in model.parameters())
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    gpu = model.device.type != "cpu"
-    bandwidth, flops, overhead = (1e12, 1e14, 0.01) if gpu else (1e10, 1e11, 0.0)
-
-    def forward(k: int) -> float:
-        return overhead + max(nbytes / bandwidth, 2.0 * params * k / flops)
-
-    per_round = sum(forward(k) for k in sizes) + forward(1)
-    return forward(128) + forward(1) + rounds * per_round
 
 
 def model_key(model) -> tuple:
@@ -513,6 +270,8 @@ class Calibrations:
                          describe(stored.curve), stored.path)
                 self._keep(model, key, _Entry(stored.curve, False, self.clock()))
                 return stored.curve
+            from .calibrate import calibration_progress, estimate_calibration_seconds
+
             sizes = calibration_sizes(max_rows)
             about = max(1.0, estimate_calibration_seconds(model, sizes))
             if entry is None:

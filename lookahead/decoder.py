@@ -18,6 +18,7 @@ from dataclasses import fields, replace
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import StaticLayer
 
 from . import compat
 from ._tuning import DEFAULT, Tuning
@@ -32,13 +33,13 @@ from .checks import (
 )
 from .config import LookaheadConfig
 from .corpus import AUTO, DraftCorpus, corpus_for
-from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, calibrate_curve, calibration_sizes
+from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, calibration_sizes
 from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
 from .kv import keep_entries, new_cache, settle
 from .loop import Call
 from .packing import StepMask
-from .shapes import Bucketed, OneRow, Padded, compile_settings
+from .shapes import OneRow
 from .stats import DecodeStats
 
 DRAFTS = ("layer-skip", "early-exit", "low-rank")
@@ -175,9 +176,15 @@ class LookaheadDecoder:
             if self._corpus_auto:
                 self._use_corpus(corpus_for(model))
             self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
-            shape = Padded if b > 1 else Bucketed if _static(generation_config, model_kwargs) else OneRow
-            compiles = shape is Bucketed and compile_settings(model, generation_config or model.generation_config)
-            with _eager_steps(model, compiles is not None and compiles is not False):
+            shape, compiles = OneRow, False
+            if b > 1:
+                from .batch import Padded as shape
+            elif _static(generation_config, model_kwargs):
+                from .static import Bucketed as shape
+                from .static import compile_settings
+
+                compiles = compile_settings(model, generation_config or model.generation_config) is not None
+            with _eager_steps(model, compiles):
                 with refusals():  # the call's checks and set-up
                     call = Call(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                                 streamer, model_kwargs, shape)
@@ -250,6 +257,8 @@ class LookaheadDecoder:
         timer = []  # one prefilled timer per runner
 
         def measure(sizes, runner=base):
+            from .calibrate import calibrate_curve
+
             if not timer or timer[0][0] < max(sizes) or timer[0][1] is not runner:
                 timer[:] = [(max(sizes), runner, step_timer(call, factory, self.clock, max(sizes), runner))]
             return calibrate_curve(timer[0][2], sizes, clock=self.clock)
@@ -269,6 +278,8 @@ class LookaheadDecoder:
         known = self._tp_curves.get(model)
         sync.check("calibration", known=known is not None and known.covers >= rows)
         if known is None or known.covers < rows:
+            from .calibrate import calibrate_curve
+
             clock = sync.shared_clock(self.clock)
             timer = step_timer(call, DynamicCache if call.window is not None else (lambda: new_cache(model)), clock,
                                max(calibration_sizes(rows)), model)
@@ -337,13 +348,12 @@ def _layouts_may_pay(model, tuning: Tuning) -> bool:
 
 
 def _static(generation_config, model_kwargs: dict) -> bool:
-    """Whether the call decodes on a static cache (``cache_implementation="static"`` or a static cache given)."""
-    from .kv import static_cache
-
+    """Whether the call decodes on a static cache (``cache_implementation="static"``, or a cache of static layers
+    given: ``static.Bucketed`` checks which)."""
     if getattr(generation_config, "cache_implementation", None) in STATIC_IMPLEMENTATIONS:
         return True
-    cache = compat.cache_of(model_kwargs)
-    return cache is not None and static_cache(cache)
+    layers = getattr(compat.cache_of(model_kwargs), "layers", None)
+    return bool(layers) and all(isinstance(layer, StaticLayer) for layer in layers)
 
 
 def _eager_steps(model, compiles_itself: bool):

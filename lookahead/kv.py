@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer, StaticLayer, StaticSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer
 
 from . import compat
 from ._tuning import DEFAULT
@@ -62,37 +62,6 @@ def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
         layers = kv_layers(cache)
         move_kept(layers, [layer.keys.shape[-2] - n_new for layer in layers], keep, moves)
     crop_cache(cache, n_new - len(keep))
-
-
-def keep_rows_entries(cache: Cache, n_new: int, keeps: list[list[int]]) -> int:
-    """After a step of ``n_new`` query rows (the cache's last ``n_new`` columns): keep, per row of the batch,
-    the step's columns ``keeps[i]`` (increasing) at the front of the step's region, in one gather per layer
-    for every row, and crop the step's region to the longest row's. Returns that kept width. Mutates ``cache``.
-
-    A row that kept fewer columns than the longest has *holes* there (its last kept column repeated), which
-    a batch masks. Example: ``keeps [[0, 2, 3], [0]]``: row 0 keeps columns 0, 2, 3 of the step, row 1 column 0
-    and two holes; the region is cropped to 3 columns.
-    """
-    most = max(len(k) for k in keeps)
-    if len(keeps) == 1:  # one row: move the kept columns into place
-        layers = kv_layers(cache)
-        move_kept(layers, [layer.keys.shape[-2] - n_new for layer in layers], keeps[0])
-    elif any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
-        idx = np.empty((len(keeps), most), dtype=np.int64)
-        for i, keep in enumerate(keeps):
-            idx[i, : len(keep)] = keep
-            idx[i, len(keep):] = keep[-1]
-        index = None
-        for layer in kv_layers(cache):
-            first = layer.keys.shape[-2] - n_new  # the layer's own first column of the step
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                if index is None or index.device != t.device:
-                    index = torch.from_numpy(idx).to(t.device)[:, None, :, None]
-                region = index.expand(t.shape[0], t.shape[1], most, t.shape[3])
-                t[:, :, first : first + most] = t[:, :, first:].gather(2, region)
-    crop_cache(cache, n_new - most)  # a negative count crops on every transformers version
-    return most
 
 
 def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
@@ -278,69 +247,6 @@ PLAIN_LAYERS = (DynamicLayer, GrowingLayer)
 def new_cache(model) -> DynamicCache:
     """A ``DynamicCache`` for ``model`` whose plain layers are :class:`GrowingLayer` (:func:`grow_in_place`)."""
     return grow_in_place(DynamicCache(config=model.config))
-
-
-def static_layers(cache) -> bool:
-    """Whether ``cache`` is a static one the decoder can roll back: every layer a plain ``StaticLayer`` or one
-    :func:`full_length_layers` made (sliding-window or offloaded static layers are not: their columns are not the
-    sequence's)."""
-    layers = cache_layers(cache)
-    return bool(layers) and all(type(layer) in (StaticLayer, FullLengthSlidingLayer) for layer in layers)
-
-
-class FullLengthSlidingLayer(StaticLayer):
-    """A static sliding-window layer given its cache's whole length (:func:`full_length_layers`): a plain
-    ``StaticLayer`` that keeps its ``sliding_window``, so that every later call on the cache masks it so."""
-
-    def __init__(self, max_cache_len: int, sliding_window: int, replaces=None, **kwargs):
-        super().__init__(max_cache_len=max_cache_len, **kwargs)
-        self.sliding_window, self.replaces = sliding_window, replaces
-
-
-def static_cache(cache) -> bool:
-    """Whether ``cache`` is a static one this loop takes: every layer a ``StaticLayer``, a static sliding-window layer
-    (:func:`full_length_layers` gives those the cache's length; one written already is refused) or one it made."""
-    layers = cache_layers(cache)
-    return bool(layers) and all(type(layer) in (StaticLayer, StaticSlidingWindowLayer, FullLengthSlidingLayer)
-                                for layer in layers)
-
-
-def cache_length(cache) -> int:
-    """``max_cache_len`` of a static cache (every layer's)."""
-    return int(min(layer.max_cache_len for layer in cache_layers(cache)))
-
-
-def keep_static(cache, past: int, keep: list[int], q: int) -> None:
-    """After a step of ``q`` rows written at columns ``past .. past + q - 1`` of a static cache: move the kept
-    step columns ``keep`` (increasing) to the front of them (``kv_cache.move_kept``), and move the cache's length
-    back over the rest (the next step overwrites them). Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15
-    go to 11, 12 and the cache holds 13 columns."""
-    layers = cache_layers(cache)
-    move_kept(layers, [past] * len(layers), keep)
-    if q > len(keep):
-        for layer in layers:
-            layer.crop(-(q - len(keep)))
-
-
-def realign_index(visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(idx int64[b, T'], visible bool[b, T']): every row's visible columns right-aligned, T' = the most any row has.
-
-    Example: visible ``[[F, T, F, T], [T, T, T, F]]`` -> T' = 3, idx ``[[1, 1, 3], [0, 1, 2]]``, visible
-    ``[[F, T, T], [T, T, T]]`` (row 0's first column is a hole pointing at a column of its own).
-    """
-    counts = visible.sum(1)
-    width = max(int(counts.max()), 1)
-    idx = np.zeros((visible.shape[0], width), dtype=np.int64)
-    new_visible = np.zeros((visible.shape[0], width), dtype=bool)
-    for i in range(visible.shape[0]):
-        cols = np.flatnonzero(visible[i])
-        if len(cols):
-            idx[i, width - len(cols):] = cols
-            idx[i, : width - len(cols)] = cols[0]
-            new_visible[i, width - len(cols):] = True
-    return idx, new_visible
-
-
 
 
 def settle(cache) -> None:

@@ -16,7 +16,6 @@ continuation until the last row stops. Terms (pending tokens, draft tree, step) 
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import torch
@@ -24,21 +23,15 @@ from numba import njit
 
 from . import compat
 from .checks import (
-    MEDIA_KWARG,
     check_cache_layers,
     check_inputs,
-    check_media,
     check_model_kwargs,
     check_store,
     media_of,
-    prefill_media,
-    prompt_positions,
     sharded,
     vocabulary_size,
 )
-from .drafting.draft import Draft
 from .kv import check_rollbackable, grow_in_place, new_cache
-from .sliding import SlidingWindow
 from .stats import DecodeStats
 from .verify import PositionUniforms, Verdict, Verifier
 
@@ -73,7 +66,11 @@ class Call:
         mask = model_kwargs.get("attention_mask")
         unpadded = mask is None or bool((mask == 1).all())
         window = None if static else check_cache_layers(cache)
-        self.sliding = SlidingWindow.of(model, cache) if window is not None and gen.max_length > window else None
+        self.sliding = None
+        if window is not None and gen.max_length > window:  # a call that reaches past a sliding window
+            from .sliding import SlidingWindow
+
+            self.sliding = SlidingWindow.of(model, cache)
         self.chains = not compat.takes_tree_masks(model)
         if self.chains and not (b == 1 and not static and unpadded):
             raise ValueError(
@@ -85,6 +82,8 @@ class Call:
         self.cache_kwarg = compat.cache_kwarg_name(model)
         self.media = media_of(model_kwargs)
         if self.media is not None:  # images: one row's prompt forward here, then a continued cache
+            from .media import check_media, prefill_media
+
             check_media(model, input_ids, model_kwargs, cache, static, self.sliding is not None)
             if b == 1:
                 prefill_media(model, input_ids, model_kwargs, cache, self.cache_kwarg, self.stats)
@@ -98,8 +97,12 @@ class Call:
         self.device, self.dtype = input_ids.device, model.dtype
         self.keeps_logits = compat.supports_logits_to_keep(model)
         self.forward_kwargs = {"use_cache": True, self.cache_kwarg: cache}
-        processors = ([logits_processor] if b == 1 else
-                      [row_processors(logits_processor, r, b) for r in range(b)])
+        if b == 1:
+            processors = [logits_processor]
+        else:
+            from .batch import row_processors
+
+            processors = [row_processors(logits_processor, r, b) for r in range(b)]
         self.processors = [compat.processors_as_function(p) for p in processors]
         self.sampling = bool(gen.do_sample)
         self.keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
@@ -462,36 +465,6 @@ def _mask_shapes(mask):
     if isinstance(mask, dict):
         return {kind: tuple(m.shape) for kind, m in sorted(mask.items())}
     return tuple(mask.shape)
-
-
-def row_processors(processors, r: int, b: int) -> list:
-    """Row ``r``'s logits processors (of ``b`` rows), called with that row alone: row-wise processors as they are;
-    the per-row state of the ones ``generate`` builds with one (the repetition penalty's prompt lengths, the
-    encoder repetition penalty's prompt) sliced to the row, in copies. Processors bound to the whole batch raise.
-
-    Example: ``RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=tensor([2, 0]))``, row 1 -> a copy whose
-    ``prompt_ignore_length`` is ``tensor([0])``."""
-    from transformers.generation import logits_process as lp
-
-    bound = tuple(getattr(lp, name) for name in (
-        "PrefixConstrainedLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor",
-        "ClassifierFreeGuidanceLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
-        "EncoderNoRepeatNGramLogitsProcessor") if hasattr(lp, name))
-    sliced = {"RepetitionPenaltyLogitsProcessor": "prompt_ignore_length",
-              "EncoderRepetitionPenaltyLogitsProcessor": "encoder_input_ids"}
-    out = []
-    for proc in processors or ():
-        if isinstance(proc, bound):
-            raise ValueError(f"LookaheadDecoder with batch size > 1 does not support {type(proc).__name__} (it "
-                             "depends on the whole batch); use batch size 1 or plain generate().")
-        attr = sliced.get(type(proc).__name__)
-        state = getattr(proc, attr, None) if attr else None
-        if isinstance(state, torch.Tensor) and state.dim() >= 1 and state.shape[0] > 1 and b % state.shape[0] == 0:
-            i = r // (b // state.shape[0])  # a prompt's row, when generate expanded it (num_return_sequences)
-            proc = copy.copy(proc)
-            setattr(proc, attr, state[i : i + 1])
-        out.append(proc)
-    return out
 
 
 @njit(cache=True, nogil=True)

@@ -153,7 +153,7 @@ class StepMask:
                 self._grow(q, past + q)
         clean = min(self.clean, past)
         if host is not None:
-            fill_step_block(self._host, past, pending, parents, window, self.col_visible, self.neg, clean,
+            fillstep_block(self._host, past, pending, parents, window, self.col_visible, self.neg, clean,
                               self.rows_used)
         else:
             self._fill_on_device(past, pending, parents, window, clean, q)
@@ -186,7 +186,7 @@ class StepMask:
 
     def _fill_on_device(self, past, pending, parents, window, clean, q) -> None:
         block = np.empty((q, q), dtype=np.dtype(f"int{torch.finfo(self.dtype).bits}"))
-        fill_step_block(block, 0, pending, parents, window, _NO_COLUMNS, self.neg, 0, 0)
+        fillstep_block(block, 0, pending, parents, window, _NO_COLUMNS, self.neg, 0, 0)
         buf = self.buffer[0, 0].view(self.bits)
         if past > clean and self.rows_used:
             buf[: self.rows_used, clean:past] = 0
@@ -210,77 +210,6 @@ class StepMask:
         self._host = self._host_view()
 
 
-class StaticMask:
-    """The masks of a static-cache call's steps, over all ``max_cache_len`` columns, in one buffer ``[1, 1, rows,
-    max_cache_len]`` of the model's dtype, written in place (``kernels.fill_static_block``): a step writes its
-    block, restores the columns the last steps touched, and returns the view of its bucket's rows.
-
-    Example: ``StaticMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]), q=8)`` ->
-    a [1, 1, 8, 512] view whose rows p, a, b see the 100 cached columns and ``p``, ``p a``, ``p a b``; the five
-    dummy rows see the cached columns, ``p`` and themselves; columns from 108 on are hidden everywhere.
-    """
-
-    def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
-        self.device = torch.device(device)
-        self.col_visible = np.zeros(0, dtype=bool) if col_visible is None else np.asarray(col_visible, dtype=bool)
-        self.bits = MASK_BITS[torch.finfo(dtype).bits // 8]
-        self.neg = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(self.bits).item())
-        self.buffer = torch.full((1, 1, rows, columns), torch.finfo(dtype).min, dtype=dtype, device=self.device)
-        self._host = self.buffer[0, 0].view(self.bits).numpy() if self.device.type == "cpu" else None
-        if self._host is None:  # on an accelerator: the same buffer on the host, copied over per step (its rows)
-            self._host = np.full((rows, columns), self.neg, dtype=np.dtype(f"int{torch.finfo(dtype).bits}"))
-        self.clean = self.dirty = self.rows_used = 0
-
-    def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None,
-                 q: int | None = None) -> torch.Tensor:
-        window = np.zeros((0, 0), dtype=bool) if window_visible is None else window_visible
-        real = pending + len(parents) + window.shape[0]
-        q = real if q is None else q
-        if q > self._host.shape[0] or past + q > self._host.shape[1]:
-            raise ValueError(f"a step of {q} rows after {past} cached columns does not fit the static cache's "
-                             f"{self._host.shape[1]} columns")
-        fill_static_block(self._host, past, pending, parents, window, self.col_visible, self.neg, self.clean,
-                            self.dirty, self.rows_used, q)
-        self.clean, self.dirty, self.rows_used = past, max(self.dirty, past + q), max(self.rows_used, q)
-        if self.device.type != "cpu":
-            rows = self.buffer[0, 0, :q].view(self.bits)
-            rows.copy_(torch.from_numpy(self._host[:q]), non_blocking=False)
-        return self.buffer[:, :, :q]
-
-
-def canonical(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with the strides a new tensor of its shape has (a compiled graph guards on strides, even those of a
-    dimension of size 1, which ``contiguous()`` leaves as they are)."""
-    return t if t.stride() == torch.empty(t.shape, device="meta").stride() else t.clone(memory_format=torch.contiguous_format)
-
-
-def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.ndarray, drafts: list[Draft],
-               width: int, dtype: torch.dtype, device, fill_token: int = 0):
-    """The inputs of one batched step: (input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q])."""
-    b, p = pending.shape
-    q = p + width
-    past = col_visible.shape[1] - p
-    host_dtype = np.float64 if dtype == torch.float64 else np.float32
-    neg = float(torch.finfo(dtype).min)
-    mask = np.empty((b, q, past + q), dtype=host_dtype)
-    ids = np.full((b, q), fill_token, dtype=np.int64)
-    pos = np.empty((b, q), dtype=np.int64)
-    parents = np.full((b, width), -1, dtype=np.int64)  # a dummy node: a child of the root nothing else sees
-    ids[:, :p] = pending
-    pos[:, :p] = pending_pos
-    pos[:, p:] = pending_pos[:, -1:] + 1
-    for i, d in enumerate(drafts):
-        n = len(d)
-        if n:
-            parents[i, :n] = d.parents
-            ids[i, p : p + n] = d.tokens
-            pos[i, p : p + n] = pending_pos[i, -1] + d.depth
-    fill_batch_masks(mask, p, parents, col_visible, neg)
-    return (torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device),
-            torch.from_numpy(mask[:, None]).to(device, dtype))
-
-
-
 # -- kernels ----------------------------------------------------------------------------------------------------
 
 
@@ -300,7 +229,7 @@ def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
     q = mask.shape[0]
     past = mask.shape[1] - q
     mask[:, :past] = 0.0
-    _step_block(mask, past, p, parents, window_visible, neg)
+    step_block(mask, past, p, parents, window_visible, neg)
     if len(col_visible):
         for j in range(past + p):
             if not col_visible[j]:
@@ -308,7 +237,7 @@ def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
 
 
 @njit(cache=True, inline="always")
-def _step_block(mask, past, p, parents, window_visible, neg):
+def step_block(mask, past, p, parents, window_visible, neg):
     """The step's own block ``mask[:q, past:past + q]`` (see :func:`fill_step_mask`)."""
     n = len(parents)
     m = window_visible.shape[0]
@@ -337,7 +266,7 @@ def _step_block(mask, past, p, parents, window_visible, neg):
 
 
 @njit(cache=True)
-def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
+def fillstep_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
     """One step's additive mask written in place into a preallocated buffer ``mask`` [rows, columns] (any
     integer or float view: it only ever holds 0 and ``neg``): the block ``mask[:q, past:past + q]`` as
     :func:`fill_step_mask` would write it (q = p + n + m rows: pending tokens, tree nodes, window rows), after
@@ -351,7 +280,7 @@ def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, cl
     for r in range(rows_used):
         for c in range(clean_from, past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
-    _step_block(mask, past, p, parents, window_visible, neg)
+    step_block(mask, past, p, parents, window_visible, neg)
 
 
 @njit(cache=True)
@@ -366,7 +295,7 @@ def fill_step(mask, inputs, past, pending, pending_pos, tokens, depth, parents, 
     ``[[7, 5, 6], [9, 10, 11]]`` and the block of :func:`fill_step_block`."""
     p = pending.shape[0]
     n = tokens.shape[0]
-    fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)
+    fillstep_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)
     last = pending_pos[p - 1]
     for i in range(p):
         inputs[0, i] = pending[i]
@@ -377,42 +306,5 @@ def fill_step(mask, inputs, past, pending, pending_pos, tokens, depth, parents, 
     for j in range(window_tokens.shape[0]):
         inputs[0, p + n + j] = window_tokens[j]
         inputs[1, p + n + j] = last + window_offsets[j]
-
-
-@njit(cache=True)
-def fill_static_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, dirty_to, rows_used,
-                      q):
-    """One step's additive mask in a preallocated buffer over a static cache's every column (``mask`` [rows,
-    max_cache_len], holding only 0 and ``neg``, all ``neg`` when new): the step's ``q`` rows (pending tokens,
-    tree nodes, window rows, then dummy rows up to the bucket's size) see the cached columns (but padding:
-    ``col_visible`` False; empty: none), and in the block ``mask[:q, past:past + q]`` what :func:`fill_step_mask`
-    gives them; a dummy row sees the pending tokens and itself; every later column is hidden.
-
-    Example: past 2, p 1, parents ``[-1]``, q 3 (one dummy): rows ``p a d`` see columns ``0 1 p``, ``0 1 p a``,
-    ``0 1 p d``; every column from 5 on is hidden."""
-    for r in range(rows_used, q):  # rows never used: their cached columns
-        for c in range(past):
-            mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
-    for r in range(rows_used):
-        for c in range(clean_from, min(dirty_to, mask.shape[1])):
-            if c < past:
-                mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
-            else:
-                mask[r, c] = neg
-    _step_block(mask, past, p, parents, window_visible, neg)
-    real = p + len(parents) + window_visible.shape[0]
-    for r in range(real, q):  # dummy rows: the pending tokens and themselves
-        for j in range(p):
-            mask[r, past + j] = 0
-        mask[r, past + r] = 0
-
-
-@njit(cache=True)
-def fill_batch_masks(mask, p, parents, col_visible, neg):
-    """:func:`fill_step_mask` for every row of a batch: ``mask`` float[b, q, T + q], ``parents`` int64[b, w] (a
-    dummy node: -1, a child of the root that nothing else sees), ``col_visible`` bool[b, T + p]."""
-    empty = np.zeros((0, 0), np.bool_)
-    for i in range(mask.shape[0]):
-        fill_step_mask(mask[i], p, parents[i], empty, col_visible[i], neg)
 
 

@@ -37,9 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from . import compat
-from transformers.cache_utils import StaticSlidingWindowLayer
 
-from .kv import CacheNotRollbackable, FullLengthSlidingLayer, GrowingLayer, cache_layers
+from .kv import CacheNotRollbackable, GrowingLayer, cache_layers
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 """The layer types (``config.layer_types``) whose masks :meth:`SlidingWindow.masks` makes: a sliding layer's row at
@@ -193,24 +192,3 @@ class SlidingWindow:
             layer.record_past = False
 
 
-def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
-    """Before any forward: a static cache's sliding-window layers (which keep a window's columns in a ring, whose
-    rejected entries could not be dropped) replaced by :class:`~lookahead.kv.FullLengthSlidingLayer`s of the cache's
-    length (its full layers', else ``length``) that remember their window, a written one holding its ring's tokens at
-    their own columns (``compat.adopt_ring``); every step then masks them by the window
-    (:meth:`SlidingWindow.static_masks`): the same attention, more memory. Returns how their masks are made, or None
-    when the cache has no such layer; ``kv.settle`` puts the layers back."""
-    layers = cache_layers(cache)
-    config = compat.text_config(model)  # the window of its sliding layers, or the chunk of its chunked ones
-    window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
-    swapped = [(i, layer) for i, layer in enumerate(layers) if type(layer) is StaticSlidingWindowLayer]
-    if not swapped or window is None:
-        return None
-    full = [layer.max_cache_len for layer in layers if type(layer) is not StaticSlidingWindowLayer]
-    columns = max(full) if full else length
-    for i, layer in swapped:
-        cache.layers[i] = FullLengthSlidingLayer(max_cache_len=columns, sliding_window=int(window), replaces=layer)
-        if layer.is_initialized and layer.cumulative_length_int:
-            compat.adopt_ring(cache.layers[i], layer)
-    types = getattr(config, "layer_types", None)
-    return SlidingWindow(int(window), None if types is None else tuple(types))

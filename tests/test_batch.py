@@ -1,4 +1,4 @@
-"""Batched decoding (batch size > 1, ``shapes.Padded``): every row exactly what plain batched generate gives.
+"""Batched decoding (batch size > 1, ``batch.Padded``): every row exactly what plain batched generate gives.
 
 Greedy: token for token, the padding of finished rows and the final length included, on several tiny
 float64 architectures (left padding, EOS in some rows, several lengths), and on SmolLM2 when installed.
@@ -26,13 +26,19 @@ from transformers.generation.streamers import BaseStreamer
 import lookahead.verify as verify_mod
 from lookahead import LookaheadDecoder, NgramTrie
 from lookahead._tuning import DEFAULT, Tuning
-from lookahead.budget import choose_width, prefill_groups, token_values, top_nodes
+from lookahead.batch import (
+    choose_width,
+    keep_rows_entries,
+    pack_batch,
+    prefill_groups,
+    realign_index,
+    row_processors,
+    token_values,
+    top_nodes,
+)
 from lookahead.compat import cache_kwarg_name
 from lookahead.cost import CostModel
 from lookahead.drafting.draft import Draft
-from lookahead.kv import keep_rows_entries, realign_index
-from lookahead.loop import row_processors
-from lookahead.packing import pack_batch
 
 from tiny import peaky_llama
 

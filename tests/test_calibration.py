@@ -1,4 +1,4 @@
-"""Calibration that survives a busy machine (``cost.calibrate_curve``) and curves kept across processes
+"""Calibration that survives a busy machine (``calibrate.calibrate_curve``) and curves kept across processes
 (``cost.Calibrations`` with a ``CurveStore``). Every timing is scripted: no test reads the real clock."""
 
 from __future__ import annotations
@@ -11,17 +11,13 @@ import pytest
 import torch
 
 from lookahead import user_cache
+from lookahead.calibrate import calibrate_curve, calibration_progress, capped_curve, disagreement, round_order
 from lookahead.cost import (
     CURVE_FORMAT,
     Calibrations,
     CostModel,
     CurveStore,
-    calibrate_curve,
-    calibration_progress,
-    capped_curve,
     curve_fingerprint,
-    disagreement,
-    round_order,
 )
 
 from tiny import tiny_model

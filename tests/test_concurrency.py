@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny import TINY_COST_CURVE, tiny_model
 
-import lookahead.decoder as decoder_module
+import lookahead.calibrate as calibrate_module
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
 from lookahead.cost import Calibrations, CostModel
@@ -112,13 +112,13 @@ def test_concurrent_first_calls_calibrate_once(monkeypatch):
     """Four threads' first calls on one model measure its cost curve once, not once per thread."""
     model = tiny_model("llama")
     measured = []
-    real = decoder_module.calibrate_curve
+    real = calibrate_module.calibrate_curve
 
     def counting(time_one, sizes, clock, **kwargs):
         measured.append(threading.get_ident())
         return CostModel([(k, 0.01 + 0.0001 * k) for k in sizes], steps=True)
 
-    monkeypatch.setattr(decoder_module, "calibrate_curve", counting)
+    monkeypatch.setattr(calibrate_module, "calibrate_curve", counting)
     calibrations = Calibrations()
     ticks = iter(range(10**9))
     barrier = threading.Barrier(4)

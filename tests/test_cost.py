@@ -14,7 +14,8 @@ import torch
 
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
-from lookahead.cost import Calibrations, CostModel, CostRefiner, calibration_sizes, set_cost_curve
+from lookahead.calibrate import CostRefiner
+from lookahead.cost import Calibrations, CostModel, calibration_sizes, set_cost_curve
 
 IDS = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
 _TUNING_FIELDS = {f.name for f in dataclasses.fields(Tuning)}

@@ -160,7 +160,7 @@ def test_flags_plain_generate_decodes_greedily_are_kept(tiny_models):
 
 
 def test_batch_size_above_one_is_decoded_row_by_row(tiny_models):
-    """Batches decode row by row exactly (``shapes.Padded``, tests/test_batch.py); what they cannot do is refused."""
+    """Batches decode row by row exactly (``batch.Padded``, tests/test_batch.py); what they cannot do is refused."""
     model = tiny_models("llama")
     batch = torch.tensor([REPETITIVE, REPETITIVE[3:] + [3, 10, 11]])
     plain = model.generate(batch, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)

@@ -1,0 +1,464 @@
+"""A batch (several rows) in the one step loop: :class:`Padded`, the step shape ``loop.Call`` runs for it.
+
+Each row drafts with its own policy; the batch chooses one *width* for all rows (dummy nodes pad the others) by what
+it saves until its last row ends (:func:`choose_width`, :func:`token_values`); a row that kept fewer entries holds
+masked *holes*, squeezed out once they pass ``hole_slack`` columns (:func:`realign_index`); finished rows leave the
+cache once the forwards they cost reach the copy's time; prompts of different lengths may be prefilled in groups
+(:func:`prefill_groups`). Imported only by a call of several rows.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from numba import njit
+
+from ._tuning import DEFAULT
+from .budget import Prober, can_pay
+from .checks import MEDIA_KWARG
+from .compat import crop_cache
+from .cost import CostModel
+from .drafting.draft import Draft
+from .drafting.policy import Limits
+from .kv import PLAIN_LAYERS, cache_layers, kv_layers, move_kept, new_cache
+from .loop import Rows
+from .packing import fill_step_mask
+from .shapes import Step
+
+
+def prefill_groups(lengths: np.ndarray, cost, margin: float = DEFAULT.prefill_margin) -> list[np.ndarray] | None:
+    """The rows of a left-padded prompt batch in groups, each prefilled padded only to its own longest row, when
+    the cost curve puts the groups' forwards below one padded forward of the batch by ``margin``; else None. A group
+    of ``g`` rows whose longest has ``l`` tokens costs ``t(g * l)``; an optimal split is a run of the rows sorted by
+    length, found by dynamic programming over the cut points.
+
+    Example: lengths [10, 200, 12, 190], ``t(k) = 0.1 + 0.001 k``: one padded forward 0.9 s; groups [0, 2] and
+    [3, 1] cost 0.624 s -> ``[array([0, 2]), array([3, 1])]``."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n < 2 or lengths.min() < 1 or lengths.min() == lengths.max():
+        return None
+    order = np.argsort(lengths, kind="stable")
+    sl = lengths[order]
+    best, cut = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):  # best[j]: rows order[:j] in groups; the last group is order[i:j]
+        i = np.arange(j)
+        total = best[:j] + cost((j - i) * sl[j - 1])
+        cut[j] = int(np.argmin(total))
+        best[j] = total[cut[j]]
+    if best[n] * margin >= float(cost(n * sl[-1])):
+        return None
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
+def choose_width(gains: list[np.ndarray], values: np.ndarray, cost: np.ndarray, margin: float = DEFAULT.margin) -> int:
+    """Draft nodes per row (the step's padded width ``w``) that save the batch the most time until its last row
+    ends: maximises ``sum_i values[i] * gains[i][min(w, n_i)] - (cost[w] - cost[0])``; a ``w > 0`` must save
+    ``margin`` times its extra cost. Ties: the smaller width.
+
+    Example: gains ``[0, .9, 1.7]`` and ``[0]``, values ``[0.02, 0.1]``, cost ``[1.0, 1.02, 1.2]`` -> 0; with
+    values ``[0.1, 0.1]`` -> 1."""
+    width = len(cost) - 1
+    saved = np.zeros(width + 1)
+    for g, value in zip(gains, values):
+        g = np.asarray(g, dtype=np.float64)[: width + 1] * value
+        saved[: len(g)] += g
+        saved[len(g):] += g[-1]
+    extra = np.asarray(cost, dtype=np.float64) - float(cost[0])
+    best = int(np.argmax(saved - extra))
+    if best and saved[best] < margin * extra[best]:
+        return 0
+    return best
+
+
+def token_values(remaining: np.ndarray, paces: np.ndarray, step: float, single: float) -> np.ndarray:
+    """Seconds one more accepted token of each live row saves before the batch ends: the row expected to end last
+    (most ``remaining / paces``) saves a 1-row step, ``single``; any other row its share of the steps it is in,
+    ``(step - single) / (b - 1)``. Example: remaining [100, 40], paces [1, 2], step 0.12, single 0.1: [0.1, 0.02]."""
+    b = len(remaining)
+    values = np.full(b, max(step - single, 0.0) / (b - 1) if b > 1 else single)
+    values[int(np.argmax(remaining / paces))] = single
+    return values
+
+
+def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` likeliest nodes, sorted (closed under parents). Example: ``[.9, .2, .8]``, 2 -> ``[0, 2]``."""
+    return np.sort(np.argsort(-np.asarray(probs), kind="stable")[:k])
+
+
+def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.ndarray, drafts: list[Draft],
+               width: int, dtype: torch.dtype, device, fill_token: int = 0):
+    """The inputs of one batched step: (input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q])."""
+    b, p = pending.shape
+    q = p + width
+    past = col_visible.shape[1] - p
+    host_dtype = np.float64 if dtype == torch.float64 else np.float32
+    neg = float(torch.finfo(dtype).min)
+    mask = np.empty((b, q, past + q), dtype=host_dtype)
+    ids = np.full((b, q), fill_token, dtype=np.int64)
+    pos = np.empty((b, q), dtype=np.int64)
+    parents = np.full((b, width), -1, dtype=np.int64)  # a dummy node: a child of the root nothing else sees
+    ids[:, :p] = pending
+    pos[:, :p] = pending_pos
+    pos[:, p:] = pending_pos[:, -1:] + 1
+    for i, d in enumerate(drafts):
+        n = len(d)
+        if n:
+            parents[i, :n] = d.parents
+            ids[i, p : p + n] = d.tokens
+            pos[i, p : p + n] = pending_pos[i, -1] + d.depth
+    fill_batch_masks(mask, p, parents, col_visible, neg)
+    return (torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device),
+            torch.from_numpy(mask[:, None]).to(device, dtype))
+
+
+@njit(cache=True)
+def fill_batch_masks(mask, p, parents, col_visible, neg):
+    """:func:`fill_step_mask` for every row of a batch: ``mask`` float[b, q, T + q], ``parents`` int64[b, w] (a
+    dummy node: -1, a child of the root that nothing else sees), ``col_visible`` bool[b, T + p]."""
+    empty = np.zeros((0, 0), np.bool_)
+    for i in range(mask.shape[0]):
+        fill_step_mask(mask[i], p, parents[i], empty, col_visible[i], neg)
+
+
+def keep_rows_entries(cache, n_new: int, keeps: list[list[int]]) -> int:
+    """After a step of ``n_new`` query rows (the cache's last ``n_new`` columns): keep, per row of the batch,
+    the step's columns ``keeps[i]`` (increasing) at the front of the step's region, in one gather per layer
+    for every row, and crop the step's region to the longest row's. Returns that kept width. Mutates ``cache``.
+
+    A row that kept fewer columns than the longest has *holes* there (its last kept column repeated), which
+    a batch masks. Example: ``keeps [[0, 2, 3], [0]]``: row 0 keeps columns 0, 2, 3 of the step, row 1 column 0
+    and two holes; the region is cropped to 3 columns.
+    """
+    most = max(len(k) for k in keeps)
+    if len(keeps) == 1:  # one row: move the kept columns into place
+        layers = kv_layers(cache)
+        move_kept(layers, [layer.keys.shape[-2] - n_new for layer in layers], keeps[0])
+    elif any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
+        idx = np.empty((len(keeps), most), dtype=np.int64)
+        for i, keep in enumerate(keeps):
+            idx[i, : len(keep)] = keep
+            idx[i, len(keep):] = keep[-1]
+        index = None
+        for layer in kv_layers(cache):
+            first = layer.keys.shape[-2] - n_new  # the layer's own first column of the step
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                if index is None or index.device != t.device:
+                    index = torch.from_numpy(idx).to(t.device)[:, None, :, None]
+                region = index.expand(t.shape[0], t.shape[1], most, t.shape[3])
+                t[:, :, first : first + most] = t[:, :, first:].gather(2, region)
+    crop_cache(cache, n_new - most)  # a negative count crops on every transformers version
+    return most
+
+
+def realign_index(visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(idx int64[b, T'], visible bool[b, T']): every row's visible columns right-aligned, T' = the most any row has.
+
+    Example: visible ``[[F, T, F, T], [T, T, T, F]]`` -> T' = 3, idx ``[[1, 1, 3], [0, 1, 2]]``, visible
+    ``[[F, T, T], [T, T, T]]`` (row 0's first column is a hole pointing at a column of its own).
+    """
+    counts = visible.sum(1)
+    width = max(int(counts.max()), 1)
+    idx = np.zeros((visible.shape[0], width), dtype=np.int64)
+    new_visible = np.zeros((visible.shape[0], width), dtype=bool)
+    for i in range(visible.shape[0]):
+        cols = np.flatnonzero(visible[i])
+        if len(cols):
+            idx[i, width - len(cols):] = cols
+            idx[i, : width - len(cols)] = cols[0]
+            new_visible[i, width - len(cols):] = True
+    return idx, new_visible
+
+
+def row_processors(processors, r: int, b: int) -> list:
+    """Row ``r``'s logits processors (of ``b`` rows), called with that row alone: row-wise processors as they are;
+    the per-row state of the ones ``generate`` builds with one (the repetition penalty's prompt lengths, the
+    encoder repetition penalty's prompt) sliced to the row, in copies. Processors bound to the whole batch raise.
+
+    Example: ``RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=tensor([2, 0]))``, row 1 -> a copy whose
+    ``prompt_ignore_length`` is ``tensor([0])``."""
+    from transformers.generation import logits_process as lp
+
+    bound = tuple(getattr(lp, name) for name in (
+        "PrefixConstrainedLogitsProcessor", "UnbatchedClassifierFreeGuidanceLogitsProcessor",
+        "ClassifierFreeGuidanceLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
+        "EncoderNoRepeatNGramLogitsProcessor") if hasattr(lp, name))
+    sliced = {"RepetitionPenaltyLogitsProcessor": "prompt_ignore_length",
+              "EncoderRepetitionPenaltyLogitsProcessor": "encoder_input_ids"}
+    out = []
+    for proc in processors or ():
+        if isinstance(proc, bound):
+            raise ValueError(f"LookaheadDecoder with batch size > 1 does not support {type(proc).__name__} (it "
+                             "depends on the whole batch); use batch size 1 or plain generate().")
+        attr = sliced.get(type(proc).__name__)
+        state = getattr(proc, attr, None) if attr else None
+        if isinstance(state, torch.Tensor) and state.dim() >= 1 and state.shape[0] > 1 and b % state.shape[0] == 0:
+            i = r // (b // state.shape[0])  # a prompt's row, when generate expanded it (num_return_sequences)
+            proc = copy.copy(proc)
+            setattr(proc, attr, state[i : i + 1])
+        out.append(proc)
+    return out
+
+
+ROW_COST = CostModel(((1, 1.0), (2, 1.0)))
+"""The curve a batch row's own budget prices with: every node with a chance is kept; the batch chooses the width."""
+
+
+class Padded:
+    """Several rows on a dynamic cache (see the module docstring); ``T``: the cache's columns, ``vis`` bool[b, ...]:
+    which of them each active row sees (its padding and holes hidden)."""
+
+    static = False
+
+    def __init__(self, call, input_ids, mask):
+        self.call = call
+        decoder, tuning = call.decoder, call.tuning
+        self.cache = call.cache
+        b, length = input_ids.shape
+        call.cost = decoder.price(call)
+        call.row_cost = ROW_COST if call.cost is not None else None
+        self.margin, self.prober = tuning.margin, Prober(tuning.probe_every)
+        self.max_nodes = decoder.config.step_nodes(tuning)[0]  # a batch's rows never widen
+        call.stats.step_nodes = self.max_nodes
+        self._can_pay: dict[tuple[int, int], bool] = {}
+        self._dead_cost = 0.0  # forward seconds finished rows have cost since the last drop
+        self._copy_seconds_per_byte = tuning.copy_seconds_per_byte
+        if call.sliding is not None:  # past a sliding window: those layers keep every column, masked by the window
+            call.sliding.widen(self.cache)
+        self.rows = Rows(call, input_ids, mask, decoder.policies_for(b), Limits(call.max_length, call.kv_window))
+        decoder.prefill_groups = None
+        self.T = 0
+        cap = max(call.max_length, length) + 1
+        self.vis = np.zeros((b, cap + tuning.hole_slack + 2 * (self.max_nodes + 1) + length), dtype=bool)
+        self.groups = None
+        self.width = 0
+        self.done_before = np.zeros(b, dtype=bool)
+
+    # -- drafts ----------------------------------------------------------------------------------------------------
+
+    def draft(self):
+        rows, call = self.rows, self.call
+        live = [rows.policies[r] for r in rows.active]
+        self.done_before = rows.done[rows.active].copy()
+        self.groups = self.prefill_plan()
+        if self.groups is not None:  # the prompt, in groups of rows of similar length; no drafts this step
+            return [Draft.empty()] * len(live), max(p.recycle_k for p in live)
+        drafts, k = self.row_drafts()
+        if call.media is not None:  # the prompt's step, with its images' features: no drafts beside them
+            drafts = [Draft.empty()] * len(drafts)
+        self.width = self.fit_kv_window(max((len(d) for d in drafts), default=0), drafts)
+        return drafts, k
+
+    def row_drafts(self):
+        """(each row's draft, cut to the step's width; the top-k the rows' model sources want)."""
+        rows, call = self.rows, self.call
+        b, p = len(rows.active), rows.pending.shape[1]
+        if call.cost is not None and not self.batch_can_pay(b, p):
+            return [Draft.empty()] * b, 0
+        drafts = [Draft.empty() if rows.done[r] else
+                  rows.policies[r].draft(int(rows.length[r]), self.T + p, int(rows.pending_pos[i, -1])).without_window()
+                  for i, r in enumerate(rows.active)]
+        k = max((rows.policies[r].recycle_k for r in rows.active if not rows.done[r]), default=0)
+        if call.cost is None or not any(len(d) for d in drafts):
+            return drafts, k
+        probs = [rows.policies[r].budget.probabilities_of(d) for r, d in zip(rows.active, drafts)]
+        live = [r for r in rows.active if not rows.done[r]]
+        gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for r, pr in zip(rows.active, probs)
+                 if not rows.done[r]]
+        widest = max(len(d) for d in drafts)
+        paces = np.array([max(1.0, rows.stats[r].new_tokens / max(rows.stats[r].target_calls, 1)) for r in live])
+        remaining = np.array([rows.limit[r] - rows.length[r] for r in live], dtype=np.float64)
+        values = token_values(remaining, paces, float(call.cost(len(live))), float(call.cost(1)))
+        width = choose_width(gains, values, self.step_costs(b, p, widest), self.margin)
+        if self.prober.due(bool(width)):
+            width = 1
+        return [d.keep(top_nodes(pr, width)) if len(d) > width else d for d, pr in zip(drafts, probs)], k
+
+    def prefill_plan(self):
+        """At the prompt's step: the rows' prefill groups, or None for one padded forward."""
+        call = self.call
+        if (self.T or call.cost is None or not call.tuning.grouped_prefill or call.media is not None
+                or call.kv_window is not None or call.sliding is not None):
+            return None
+        layers = cache_layers(self.cache)
+        if not layers or not all(type(layer) in PLAIN_LAYERS and not getattr(layer, "is_initialized", False)
+                                 for layer in layers):
+            return None
+        return prefill_groups(self.rows.pending_vis.sum(1), call.cost, call.tuning.prefill_margin)
+
+    def batch_can_pay(self, b: int, p: int) -> bool:
+        key = (b, p)
+        if key not in self._can_pay:
+            self._can_pay[key] = can_pay(self.step_costs(b, p, self.max_nodes), self.margin)
+        return self._can_pay[key]
+
+    def step_costs(self, b: int, p: int, widest: int) -> np.ndarray:
+        """float[widest + 1]: a step of ``b`` rows, ``p`` pending tokens each and width ``w``, as the width's rule
+        compares it: ``t(b * (1 + w))``; with the prompt pending, a plain step's ``t(b)`` plus what the drafts add to
+        the prompt's forward, ``t(b * (p + w)) - t(b * p)``. Example: ``t(k) = 1 + k / 100``, b 4, p 100: ``w = 1``
+        costs ``t(4) + 0.04 = 1.08``."""
+        w = np.arange(widest + 1)
+        cost = self.call.cost
+        if p == 1:
+            return cost(b * (1 + w))
+        return cost(b) + cost(b * (p + w)) - cost(b * p)
+
+    def fit_kv_window(self, width: int, drafts: list[Draft]) -> int:
+        """Below a sliding-window cache's window, where rollback still works: re-align, then narrow the step."""
+        kv_window, p = self.call.kv_window, self.rows.pending.shape[1]
+        if kv_window is None or self.T + p + width <= kv_window - 1:
+            return width
+        self.compact(None, force=True)
+        spare = kv_window - 1 - self.T - p
+        if spare < 0:
+            raise RuntimeError("the batch no longer fits the model's sliding window")
+        if width > spare:
+            for i, d in enumerate(drafts):
+                if len(d) > spare:
+                    drafts[i] = d.shallowest(spare)
+            width = spare
+        return width
+
+    # -- the forward ---------------------------------------------------------------------------------------------
+
+    def pack(self, drafts) -> Step:
+        rows, call = self.rows, self.call
+        if self.groups is not None:
+            return Step(None, None, None, 0)
+        b = len(rows.active)
+        col_visible = np.concatenate([self.vis[:b, : self.T], rows.pending_vis], axis=1)
+        ids, pos, mask = pack_batch(rows.pending, rows.pending_pos, col_visible, drafts, self.width, call.dtype,
+                                    call.device)
+        if call.sliding is not None:  # the sliding layers' masks, by each row's positions
+            cached = np.cumsum(self.vis[:b, : self.T], axis=1) - 1
+            mask = call.sliding.batch_masks(mask, pos, torch.from_numpy(cached).to(call.device))
+        return Step(ids, pos, mask, 0)
+
+    def forward(self, step: Step, drafts, k: int):
+        call = self.call
+        if self.groups is not None:
+            return self.prefill(self.groups), 0
+        media = None if call.media is None else {MEDIA_KWARG: call.media}
+        call.media = None
+        return call.forward(step.ids, step.pos, step.mask, self.width + 1, extra=media), 0
+
+    def prefill(self, groups: list[np.ndarray]) -> torch.Tensor:
+        """The prompt's forward in groups of rows, each padded only to its longest row, into caches of their own
+        whose entries are then placed, left-padded, into the batch's cache (the padding columns hold zeros, masked).
+        The float logits [b, 1, V] of every row's last prompt token."""
+        rows, call = self.rows, self.call
+        b, length = rows.pending.shape
+        logits, full = None, None
+        for g in groups:
+            width = int(rows.pending_vis[g].sum(1).max())
+            ids, pos, mask = pack_batch(rows.pending[g][:, -width:], rows.pending_pos[g][:, -width:],
+                                        rows.pending_vis[g][:, -width:], [Draft.empty()] * len(g), 0, call.dtype,
+                                        call.device)
+            cache = new_cache(call.model)
+            group_logits = call.forward(ids, pos, mask, 1, cache)  # [g, 1, V]
+            index = torch.from_numpy(g).to(call.device)
+            if logits is None:
+                logits = group_logits.new_empty((b, 1, group_logits.shape[-1]))
+            logits[index] = group_logits
+            layers = cache_layers(cache)
+            if full is None:  # per layer: keys and values [b, heads, length, head_dim], zeros where padded
+                full = [(layer.keys.new_zeros((b, layer.keys.shape[1], length, layer.keys.shape[3])),
+                         layer.values.new_zeros((b, layer.values.shape[1], length, layer.values.shape[3])))
+                        for layer in layers]
+            for (keys, values), layer in zip(full, layers):
+                keys[index, :, length - width :] = layer.keys
+                values[index, :, length - width :] = layer.values
+            del cache, group_logits
+        for i in range(len(full)):  # update copies each layer into the cache: drop ours as it goes
+            keys, values = full[i]
+            full[i] = None
+            self.cache.update(keys, values, i)
+            del keys, values
+        call.decoder.prefill_groups = [g.tolist() for g in groups]
+        return logits
+
+    # -- the cache -------------------------------------------------------------------------------------------------
+
+    def keep(self, p: int, drafts, accepted) -> None:
+        """Per row, keep its pending tokens' and accepted nodes' entries at the front of the step's columns."""
+        rows = self.rows
+        width = self.width if self.groups is None else 0
+        prefix = list(range(p))
+        keeps = [prefix + [p + j for j in nodes] if nodes else prefix for nodes in accepted]
+        start = self.T
+        most = keep_rows_entries(self.cache, p + width, keeps)
+        vis = self.vis
+        vis[: len(keeps), start : start + most] = False
+        for i, k in enumerate(keeps):
+            if not self.done_before[i]:
+                vis[i, start : start + p] = rows.pending_vis[i]
+                vis[i, start + p : start + len(k)] = True
+        self.T = start + most
+        self.accepted = accepted
+
+    def after_step(self) -> None:
+        """Finished rows stop drafting at once; their cache rows are dropped (a copy of the whole cache) once the
+        forwards they cost since, on the cost curve, reach that copy's estimated time (ski rental: at most twice the
+        better of dropping at once and never). Then every row's last token becomes pending."""
+        rows, call = self.rows, self.call
+        rows.next_pending(self.accepted, self.done_before)
+        done = rows.done[rows.active]
+        self.vis[: len(done)][done] = False  # nothing of a finished row is attended to any more
+        live = [i for i, gone in enumerate(done) if not gone]
+        b = len(rows.active)
+        if len(live) == b:
+            self.compact(None)
+            return
+        width = self.width if self.groups is None else 0
+        if call.cost is not None and live:
+            self._dead_cost += float(call.cost(b * (1 + width)) - call.cost(len(live) * (1 + width)))
+            if self._dead_cost < self._cache_bytes() * self._copy_seconds_per_byte:
+                self.compact(None)
+                return
+        t = call.clock()
+        size = self._cache_bytes()
+        self.compact(live)
+        if size:
+            seconds = call.shared_seconds(max(call.clock() - t, 0.0))
+            self._copy_seconds_per_byte = 0.5 * self._copy_seconds_per_byte + 0.5 * seconds / size
+        self._dead_cost = 0.0
+
+    def _cache_bytes(self) -> int:
+        return sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in kv_layers(self.cache))
+
+    def compact(self, keep: list[int] | None, force: bool = False) -> None:
+        """Drop the cache rows not in ``keep`` (active indices; None: all stay), then squeeze the holes out (every
+        row right-aligned) when they exceed ``hole_slack`` columns, or ``force``."""
+        rows = self.rows
+        if keep is not None:
+            rows.drop(keep)
+            self.vis[: len(keep)] = self.vis[keep]
+            if not keep:
+                return
+            self.cache.batch_select_indices(torch.tensor(keep, dtype=torch.long, device=self.call.device))
+        b, T = len(rows.active), self.T
+        vis = self.vis[:b, :T]
+        if not force and T - int(vis.sum(1).max()) <= self.call.tuning.hole_slack:
+            return
+        idx, new_vis = realign_index(vis)
+        width = idx.shape[1]
+        index = torch.from_numpy(idx).to(self.call.device)
+        for layer in kv_layers(self.cache):
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                t[:, :, :width] = t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3]))
+        if T > width:
+            self.cache.crop(-(T - width))
+        self.vis[:b, :T] = False
+        self.vis[:b, :width] = new_vis
+        self.T = width
+
+    def finish(self) -> None:
+        pass
