@@ -93,8 +93,17 @@ minimum, it may free more recent n-grams than one stream would (``kernels.evict`
 ``load_into`` restart every thread's stream.
 """
 
-from .persist import FORMAT_VERSION, TrieFileError, TrieMismatchError, tokenizer_identity
 from .suffix import SuffixIndex
 from .trie import NgramTrie
+
+_PERSIST = ("FORMAT_VERSION", "TrieFileError", "TrieMismatchError", "tokenizer_identity")
+
+
+def __getattr__(name: str):  # the file format is imported when a store is saved or loaded, not before
+    if name in _PERSIST:
+        from . import persist
+
+        return getattr(persist, name)
+    raise AttributeError(f"module 'lookahead.cache' has no attribute {name!r}")
 
 __all__ = ["NgramTrie", "SuffixIndex", "TrieFileError", "TrieMismatchError", "tokenizer_identity", "FORMAT_VERSION"]

@@ -13,7 +13,6 @@ import threading
 import numpy as np
 
 from . import kernels as K
-from . import persist
 
 _I64 = np.dtype(np.int64)
 _I32 = np.dtype(np.int32)
@@ -362,6 +361,8 @@ class NgramTrie:
         if vocab_size is not None and n and int(arrays["token"].max()) >= vocab_size:
             raise ValueError(f"vocab_size={vocab_size}, but the trie holds token id {int(arrays['token'].max())}")
         meta.update(vocab_size=vocab_size, tokenizer_id=tokenizer_id)
+        from . import persist
+
         persist.write_file(path, meta, arrays)
 
     @classmethod
@@ -369,6 +370,8 @@ class NgramTrie:
              capacity: int | None = None) -> NgramTrie:
         """A new trie with the contents of the file at ``path``; its ``max_n`` and (unless given)
         ``capacity`` are the file's. Raises as :meth:`load_into` does."""
+        from . import persist
+
         header, arrays = persist.read_file(path)
         cap = header["capacity"] if capacity is None else capacity
         _check_match(path, header, arrays, vocab_size, tokenizer_id, header["max_n"], cap)
@@ -386,6 +389,8 @@ class NgramTrie:
         when ``max_n`` differs, or when the n-grams do not fit. Everything is checked, and the new
         arrays built, before this trie is touched: on any error it is unchanged.
         """
+        from . import persist
+
         header, arrays = persist.read_file(path)
         _check_match(path, header, arrays, vocab_size, tokenizer_id, self._max_n, self._capacity)
         self._install(path, header, arrays)
@@ -396,6 +401,8 @@ class NgramTrie:
         status, row = K.build(nodes, stats, table, state, arrays["token"], arrays["parent"], arrays["count"],
                               arrays["last_used"], header["step"], header["n_evictions"])
         if status != K.BUILD_OK:
+            from . import persist
+
             raise persist.TrieFileError(f"{path}: corrupt: row {row}: {_BUILD_ERRORS.get(status, status)}")
         with self._lock:
             self._nodes, self._stats, self._table, self._state = nodes, stats, table, state
@@ -406,6 +413,8 @@ class NgramTrie:
 def _check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity) -> None:
     """Raise :class:`cache.TrieMismatchError` unless the file fits the caller's vocabulary, tokenizer
     and a trie of ``max_n`` / ``capacity``."""
+
+    from . import persist
 
     def mismatch(why: str) -> persist.TrieMismatchError:
         return persist.TrieMismatchError(f"{path}: {why}")

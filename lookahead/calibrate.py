@@ -12,9 +12,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
 import numpy as np
+import torch
 
+from . import compat
 from ._tuning import DEFAULT
+from .checks import vocabulary_size
 from .cost import CostModel
+from .kv import keep_entries
+from .packing import StepMask
 
 log = logging.getLogger("lookahead")
 _BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
@@ -258,3 +263,44 @@ def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFA
 
     per_round = sum(forward(k) for k in sizes) + forward(1)
     return forward(128) + forward(1) + rounds * per_round
+
+
+def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int = 128):
+    """``time_one(k) -> seconds``: one decoding step of ``k`` rows after a ``context``-token prefix, end to end as
+    the loop runs it (for ``k`` > 1 the mask written into its buffer, the forward through ``runner``, every row's
+    argmax and top-k read, the KV keep of an accepted node; for ``k`` = 1 a plain step). Timed steps' entries are
+    cropped off again; one 2-row step runs untimed first (a process's first multi-row step pays one-time costs)."""
+    model, device, dtype = call.model, call.device, call.dtype
+    limit = getattr(model.config, "max_position_embeddings", None) or 4096
+    context = max(1, min(context, limit - max_rows - 1))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocabulary_size(model), (1, context + max_rows), generator=gen).to(device)
+    cache = cache_factory()
+    kwarg, keeps_logits, k_top = call.cache_kwarg, call.keeps_logits, call.tuning.recycle_k
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    mask = StepMask(max_rows + 1, context + max_rows + 2, dtype, device)
+    masks = not call.chains
+    with torch.no_grad():
+        model(input_ids=ids[:, :context], use_cache=True, **{kwarg: cache})
+
+    def time_one(k: int) -> float:
+        pos = torch.arange(context, context + k, device=device)[None]
+        kwargs = {kwarg: cache, "use_cache": True}
+        with torch.no_grad():
+            sync()
+            t = clock()
+            m = None if k == 1 or not masks else mask(context, 1, np.arange(-1, k - 2))  # a chain of k - 1 nodes
+            logits = compat.last_logits(runner if k > 1 else model, ids[:, context : context + k], pos, m, kwargs,
+                                        keeps_logits, k)
+            rows = np.array([k])
+            call.verifier.read_rows(logits, rows, rows, k_top if k > 1 else 0)
+            if k > 1:
+                keep_entries(cache, k, [0, k - 1])  # the pending token and an accepted node: a gather
+            sync()
+            elapsed = clock() - t
+            compat.crop_cache(cache, 2 if k > 1 else 1)
+        return elapsed
+
+    if max_rows >= 2:
+        time_one(2)
+    return time_one

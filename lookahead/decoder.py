@@ -15,7 +15,6 @@ import warnings
 import weakref
 from dataclasses import fields, replace
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import StaticLayer
@@ -28,7 +27,6 @@ from .checks import (
     check_no_assistant,
     check_supported,
     refusals,
-    vocabulary_size,
     with_stop_strings,
 )
 from .config import LookaheadConfig
@@ -36,9 +34,8 @@ from .corpus import AUTO, DraftCorpus, corpus_for
 from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, calibration_sizes
 from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
-from .kv import keep_entries, new_cache, settle
+from .kv import new_cache, settle
 from .loop import Call
-from .packing import StepMask
 from .shapes import OneRow
 from .stats import DecodeStats
 
@@ -227,9 +224,9 @@ class LookaheadDecoder:
         cpu = call.sync is None and _on_cpu(model)
         grouped = cpu and compat.grouped_applies(model)
         if grouped:
-            from .cpu import LinearPlan, shadow
+            from .cpu.shadow import shadow
 
-            call.runner = shadow(model, LinearPlan(), grouped=True)
+            call.runner = shadow(model, grouped=True)
         base = call.runner
         if not tuning.adaptive:
             curve = None
@@ -241,7 +238,7 @@ class LookaheadDecoder:
             curve = self._measured_curve(call, STEP_VARIANT + ("+grouped" if grouped else ""))
         if tuning.linear_layout in ("transposed", "onednn") and call.runner is base and cpu \
                 and _layouts_may_pay(model, tuning):  # a forced layout, whatever the curve
-            from .cpu import forced
+            from .cpu.layouts import forced
 
             call.runner, stats.linear_layout = forced(model, tuning, grouped)
         stats.time_calibration = self.clock() - t
@@ -257,7 +254,7 @@ class LookaheadDecoder:
         timer = []  # one prefilled timer per runner
 
         def measure(sizes, runner=base):
-            from .calibrate import calibrate_curve
+            from .calibrate import calibrate_curve, step_timer
 
             if not timer or timer[0][0] < max(sizes) or timer[0][1] is not runner:
                 timer[:] = [(max(sizes), runner, step_timer(call, factory, self.clock, max(sizes), runner))]
@@ -265,7 +262,7 @@ class LookaheadDecoder:
 
         curve = self.calibrations.get(model, rows, measure, variant, persist=persist)
         if self.tuning.linear_layout != "linear" and _layouts_may_pay(model, self.tuning):
-            from .cpu import plan_steps
+            from .cpu.layouts import plan_steps
 
             curve, call.runner, self.stats.linear_layout = plan_steps(model, curve, measure, self.calibrations, rows,
                                                                       self.tuning, persist, base, variant)
@@ -278,7 +275,7 @@ class LookaheadDecoder:
         known = self._tp_curves.get(model)
         sync.check("calibration", known=known is not None and known.covers >= rows)
         if known is None or known.covers < rows:
-            from .calibrate import calibrate_curve
+            from .calibrate import calibrate_curve, step_timer
 
             clock = sync.shared_clock(self.clock)
             timer = step_timer(call, DynamicCache if call.window is not None else (lambda: new_cache(model)), clock,
@@ -286,47 +283,6 @@ class LookaheadDecoder:
             known = self._tp_curves[model] = sync.broadcast(calibrate_curve(timer, calibration_sizes(rows),
                                                                             clock=clock))
         return known
-
-
-def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int = 128):
-    """``time_one(k) -> seconds``: one decoding step of ``k`` rows after a ``context``-token prefix, end to end as
-    the loop runs it (for ``k`` > 1 the mask written into its buffer, the forward through ``runner``, every row's
-    argmax and top-k read, the KV keep of an accepted node; for ``k`` = 1 a plain step). Timed steps' entries are
-    cropped off again; one 2-row step runs untimed first (a process's first multi-row step pays one-time costs)."""
-    model, device, dtype = call.model, call.device, call.dtype
-    limit = getattr(model.config, "max_position_embeddings", None) or 4096
-    context = max(1, min(context, limit - max_rows - 1))
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocabulary_size(model), (1, context + max_rows), generator=gen).to(device)
-    cache = cache_factory()
-    kwarg, keeps_logits, k_top = call.cache_kwarg, call.keeps_logits, call.tuning.recycle_k
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    mask = StepMask(max_rows + 1, context + max_rows + 2, dtype, device)
-    masks = not call.chains
-    with torch.no_grad():
-        model(input_ids=ids[:, :context], use_cache=True, **{kwarg: cache})
-
-    def time_one(k: int) -> float:
-        pos = torch.arange(context, context + k, device=device)[None]
-        kwargs = {kwarg: cache, "use_cache": True}
-        with torch.no_grad():
-            sync()
-            t = clock()
-            m = None if k == 1 or not masks else mask(context, 1, np.arange(-1, k - 2))  # a chain of k - 1 nodes
-            logits = compat.last_logits(runner if k > 1 else model, ids[:, context : context + k], pos, m, kwargs,
-                                        keeps_logits, k)
-            rows = np.array([k])
-            call.verifier.read_rows(logits, rows, rows, k_top if k > 1 else 0)
-            if k > 1:
-                keep_entries(cache, k, [0, k - 1])  # the pending token and an accepted node: a gather
-            sync()
-            elapsed = clock() - t
-            compat.crop_cache(cache, 2 if k > 1 else 1)
-        return elapsed
-
-    if max_rows >= 2:
-        time_one(2)
-    return time_one
 
 
 def _on_cpu(model) -> bool:

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._tuning import DEFAULT
 from .drafting.draft import ORIGINS
 
-EXPLAIN_PAID, EXPLAIN_COSTLY = DEFAULT.explain_paid, DEFAULT.explain_costly
 
 
 @dataclass
@@ -156,88 +154,10 @@ class DecodeStats:
         }
 
     def explain(self) -> str:
-        """What the decoder did and why, in two plain sentences a newcomer can read (three when the cost
-        curve was provisional).
+        """What the decoder did and why, in two plain sentences a newcomer can read (``explain.explain``)."""
+        from .explain import explain
 
-        The first sentence gives tokens per model call (plain ``generate`` makes one call per token).
-        The second says why it came out so, in the first of these cases that applies:
-
-        - a fixed budget (``adaptive=False``, no cost curve): every step verified the whole draft tree
-          the n-gram store proposed; how many steps had one and how much of it was accepted;
-        - drafting paid (at least ``EXPLAIN_PAID`` tokens per call): how many steps drafted, how many
-          drafted tokens were accepted, and why the other steps were plain: where even a 2-token forward
-          is dear (``EXPLAIN_COSTLY[0]``), a draft too unlikely to be worth its cost, naming that cost;
-          else nothing likely to be accepted;
-        - most steps plain and even a 2-token forward dear: drafting did not pay on this machine, naming
-          what verifying 2 and 16 tokens costs against a 1-token forward;
-        - most steps plain and a short draft cheap: the text offered little to copy (and, when a 16-token
-          forward is dear, ``EXPLAIN_COSTLY[1]``, that long drafts are not cheap);
-        - otherwise: drafts were verified but the text did not repeat much (the acceptance rate).
-
-        With ``cost_provisional`` a last sentence says the curve was measured on a busy machine.
-
-        Cost ratios read ``CostModel(self.cost_curve, steps=self.cost_steps)``: as steps for a measured curve,
-        else linear between its points, extended with the last segment's slope beyond them. A step is *plain* when it verified no draft token and ran
-        no window row. Example, a busy CPU where the budget kept every step plain::
-
-            DecodeStats(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
-                        cost_curve=((1, .010), (2, .017), (16, .024))).explain()
-            # -> "4 tokens in 4 model calls (1.00 tokens per call; plain generate makes one call per
-            #     token). Drafting did not pay on this machine: verifying even 2 tokens costs 1.7x a
-            #     1-token forward and 16 tokens 2.4x, so the budget kept 4 of 4 steps plain."
-        """
-        steps = len(self.budgets)
-        if not self.target_calls or not steps:
-            return "Nothing was generated: the decoder made no model call."
-        head = (f"{self.new_tokens} tokens in {self.target_calls} model calls ({self.tokens_per_call:.2f} tokens "
-                "per call; plain generate makes one call per token).")
-        plain = sum(1 for nodes, rows in self.budgets if not nodes and not rows)
-        drafting = steps - plain
-        accepted = (f"{self.accepted} of {self.drafted} drafted tokens were accepted "
-                    f"({self.acceptance_rate:.0%})")
-        paid = self.tokens_per_call >= EXPLAIN_PAID
-        if self.cost_curve is None:
-            if not drafting:
-                return (f"{head} The budget was fixed (adaptive=False), so every step would have verified the "
-                        "whole draft tree, but the prompt and output offered nothing to copy: no step had one.")
-            return (f"{head} The budget was fixed (adaptive=False), so every step verified the whole draft tree "
-                    f"the n-gram store proposed: {drafting} of {steps} steps had one, and {accepted}"
-                    + ("." if paid else ": the text did not repeat much."))
-        return f"{head} {self._why_adaptive(plain, drafting, accepted, paid)}" + (
-            " The cost curve was measured while other work slowed the machine (provisional): the budget's "
-            "choices may be off until it is measured again." if self.cost_provisional else "")
-
-    def _why_adaptive(self, plain: int, drafting: int, accepted: str, paid: bool) -> str:
-        """explain()'s second sentence for an adaptive budget (see there)."""
-        from .cost import CostModel
-
-        steps = plain + drafting
-        curve = CostModel(self.cost_curve, steps=self.cost_steps)
-        r2, r16 = (float(curve(k) / curve(1)) for k in (2, 16))
-        short_dear = r2 >= EXPLAIN_COSTLY[0]
-        dear = f"verifying even 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
-        if paid:
-            why = f"{drafting} of {steps} steps verified a draft and {accepted}"
-            if plain:
-                why += (f"; the other {plain} steps were plain: there a draft was too unlikely to be worth its "
-                        f"cost (on this machine {dear})" if short_dear
-                        else f"; the other {plain} steps were plain: the text offered nothing likely to be "
-                        "accepted there")
-            return f"{why}."
-        if 2 * plain > steps:
-            others = (f"; the other {drafting} accepted {self.accepted} of their {self.drafted} drafted tokens"
-                      if drafting else "")
-            if short_dear:
-                return (f"Drafting did not pay on this machine: {dear}, so the budget kept {plain} of {steps} "
-                        f"steps plain{others}.")
-            cheap = (f"verifying 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
-                     if r16 < EXPLAIN_COSTLY[1] else
-                     f"verifying 2 tokens costs {r2:.1f}x a 1-token forward, though 16 tokens cost "
-                     f"{r16:.1f}x")
-            what = "extra tokens" if r16 < EXPLAIN_COSTLY[1] else "a short draft"
-            return (f"Verifying {what} is cheap on this machine ({cheap}), yet the prompt and output offered "
-                    f"little to copy: {plain} of {steps} steps were plain{others}.")
-        return f"{drafting} of {steps} steps verified a draft, but the text did not repeat much: {accepted}."
+        return explain(self)
 
     def __str__(self) -> str:
         return (

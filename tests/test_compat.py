@@ -195,7 +195,8 @@ def test_the_grouped_shadow_computes_sdpas_logits_and_leaves_the_model_alone(tin
     ``repeat_kv``) gives the model's own logits; the model's config and attention modules are untouched."""
     from transformers.integrations import sdpa_attention
 
-    from lookahead.cpu import LinearPlan, shadow
+    from lookahead.cpu.layouts import LinearPlan
+    from lookahead.cpu.shadow import shadow
 
     model = tiny_models("llama")
     configs = [(m, m.config) for m in model.modules() if hasattr(m, "num_key_value_groups")]

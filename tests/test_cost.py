@@ -82,7 +82,7 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
         assert curve is not None and dec.stats.cost_curve == curve.points
         # a fake clock: every forward "took" one tick, so the measured curve is flat at exactly 1 ms
         assert [t for _, t in curve.points] == pytest.approx([0.001] * len(curve.points))
-        # a prefill, an untimed 2-row step (decoder.step_timer), then a one-token probe and 2 rounds of 7 sizes
+        # a prefill, an untimed 2-row step (calibrate.step_timer), then a one-token probe and 2 rounds of 7 sizes
         # (1 + max_draft_tokens = 64 rows) and a probe, trusted at once: 1 + 1 + 1 + 2 * 8 forwards. Ticks between the
         # call's own two readings: the untimed step's two, calibrate_curve's start, two readings per timed forward,
         # a deadline check before each forward of round 2: 2 + 1 + 2 * 17 + 7, and the second reading
@@ -191,7 +191,7 @@ def test_the_step_timer_runs_one_untimed_two_row_step_before_it_times_any(tiny_m
     """A process's first multi-row step pays one-time costs (5-7x a one-row step on a CPU); the calibration's first
     timing of 2 rows must not be that one."""
     from lookahead import compat
-    from lookahead.decoder import step_timer
+    from lookahead.calibrate import step_timer
     from lookahead.kv import new_cache
     from lookahead.verify import Verifier
 

@@ -131,10 +131,11 @@ def test_copy_source_drafts_the_longest_match_deep_and_buckets_its_length():
 def test_new_origins_and_the_sources_merge_trie_first():
     assert (ORIGINS[COPY], ORIGINS[MODEL]) == ("copy", "model")
     policy = DraftPolicy(LookaheadConfig(), NgramTrie(12, 4096))
-    # the window last (window="auto": it runs only where the call's cost curve makes its rows cheap), the
-    # frequent tokens before it (asked only when no other source drafts)
-    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource", "FrequentSource",
-                                                          "WindowSource"]
+    # the frequent tokens last (asked only when no other source drafts); the window (window="auto": it runs only
+    # where the call's cost curve makes its rows cheap) after them, made when a call first runs it
+    assert [type(s).__name__ for s in policy.sources] == ["TrieSource", "CopySource", "ModelSource", "FrequentSource"]
+    policy.start([1, 2, 3], Limits(100), CostModel(FLAT))
+    assert [type(s).__name__ for s in policy.sources][-1] == "WindowSource" and policy.window_on
     only = _policy(LookaheadConfig(window=0), copy_nodes=0, recycle_k=0, fill_nodes=0)
     assert [type(s).__name__ for s in only.sources] == ["TrieSource"]
 
@@ -188,8 +189,9 @@ def test_auto_step_nodes_widen_only_where_the_curve_is_flat_that_far():
 def test_a_source_drafts_its_wide_tree_only_in_the_widest_steps():
     """``DraftSource.limits``: the trie and the copy index twice the nodes, the model's predictions twice the nodes
     and half again the depth; a source that does not widen (the window) keeps its own."""
-    config = LookaheadConfig()
+    config = LookaheadConfig(window=8)
     policy = DraftPolicy(config, NgramTrie(12, 4096))
+    policy.start([1, 2, 3], Limits(100))  # (the window's source is made when a call first runs it)
     got = {type(s).__name__: s.limits() for s in policy.sources}
     for s in policy.sources:
         s.wide = True

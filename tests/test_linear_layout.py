@@ -12,24 +12,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import lookahead.cpu.layouts as layouts_module
+import lookahead.cpu.shadow as shadow_module
 from lookahead import LookaheadDecoder
-from lookahead import cpu as layout
 from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cost import STEP_VARIANT, Calibrations, CostModel
-from lookahead.cpu import (
-    LINEAR,
-    ONEDNN,
+from lookahead.cpu.layouts import (
     ONEDNN_MAX_ROWS,
-    TRANSPOSED,
-    LayoutLinear,
     LinearPlan,
     linear_modules,
     onednn_available,
-    onednn_linear,
     plan_layouts,
+    whole_plan,
+)
+from lookahead.cpu.shadow import (
+    LINEAR,
+    ONEDNN,
+    TRANSPOSED,
+    LayoutLinear,
+    onednn_linear,
     shadow,
     transposed_linear,
-    whole_plan,
 )
 
 from tiny import TINY_ARCHS, tiny_model
@@ -90,7 +93,7 @@ def test_two_to_max_rows_come_out_transposed_and_the_others_untouched(bias, monk
     head = _linear(bias)
     calls, products = [], []
     head.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[-2]))  # the user's hook: it acts
-    monkeypatch.setattr(layout, "transposed_linear", lambda x, w, b: products.append(x.shape[-2]) or
+    monkeypatch.setattr(shadow_module, "transposed_linear", lambda x, w, b: products.append(x.shape[-2]) or
                         transposed_linear(x, w, b))
     step = LayoutLinear(head, whole_plan(TRANSPOSED))
     assert step.weight is head.weight and step.bias is head.bias  # the same parameters, not copies
@@ -191,7 +194,7 @@ def test_linear_modules_are_the_plain_cpu_linears(tiny_models):
 def test_weights_count_a_shared_weight_once():
     a, b = _linear(), _linear()
     b.weight = a.weight
-    assert layout.weights([a, b]) == layout.weights([a]) == 24 * 40
+    assert layouts_module.weights([a, b]) == layouts_module.weights([a]) == 24 * 40
 
 
 # -- the shadow ----------------------------------------------------------------------------------------------------
@@ -424,7 +427,7 @@ def test_greedy_decoding_with_the_linears_transposed_equals_plain(tiny_models, a
     ids = torch.tensor([REPETITIVE])
     plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
     products = []
-    monkeypatch.setattr(layout, "transposed_linear",
+    monkeypatch.setattr(shadow_module, "transposed_linear",
                         lambda x, w, b: products.append(x.shape) or transposed_linear(x, w, b))
     decoder = LookaheadDecoder(_tuning=Tuning(linear_layout="transposed"))
     ours = model.generate(ids, custom_generate=decoder, max_new_tokens=40, eos_token_id=None)
@@ -454,7 +457,7 @@ def test_greedy_decoding_with_the_linears_through_onednn_equals_plain(arch, monk
     ids = torch.tensor([REPETITIVE])
     plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
     products = []
-    monkeypatch.setattr(layout, "onednn_linear", lambda x, w, b: products.append(x.shape) or onednn_linear(x, w, b))
+    monkeypatch.setattr(shadow_module, "onednn_linear", lambda x, w, b: products.append(x.shape) or onednn_linear(x, w, b))
     decoder = LookaheadDecoder(_tuning=Tuning(linear_layout="onednn"))
     ours = model.generate(ids, custom_generate=decoder, max_new_tokens=40, eos_token_id=None)
     assert ours.tolist() == plain.tolist()
@@ -471,7 +474,7 @@ def test_onednn_forced_where_it_cannot_run_is_a_clear_error(tiny_models, monkeyp
     with pytest.raises(ValueError, match="linear_layout='onednn'.*float32"):
         model.generate(torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(_tuning=Tuning(
             linear_layout="onednn")), max_new_tokens=4, eos_token_id=None)
-    monkeypatch.setattr(layout, "onednn_available", lambda: False)  # a torch without oneDNN
+    monkeypatch.setattr(layouts_module, "onednn_available", lambda: False)  # a torch without oneDNN
     with pytest.raises(ValueError, match="built with oneDNN"):
         tiny_model("llama").to(torch.float32).generate(
             torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(_tuning=Tuning(linear_layout="onednn")),

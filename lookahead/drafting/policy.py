@@ -29,7 +29,6 @@ from ..cost import CostModel
 from .draft import MEMORY, TRIE, Draft
 from .kernels import best_chain
 from .sources import CopySource, CorpusSource, DraftSource, FrequentSource, ModelSource, TrieSource, merge_proposals
-from .window import WindowSource
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,10 @@ class DraftPolicy:
         self._eager = [s for s in self.sources if not s.learns_lazily]
         self._unlearned: list[np.ndarray] = []  # emitted tokens the lazy sources have not learned yet
         self._carried = None  # the acceptance estimates the last call ended with (carry_trials)
-        self.window = next((s for s in self.sources if isinstance(s, WindowSource)), None)
-        self.window_on = self.window is not None and config.window != "auto"
+        columns = config.window_columns(tuning)
+        self._window_spec = (columns, tuning.window_ngram, tuning.window_candidates) if columns else None
+        self.window = None  # the window's source, made when a call first runs it (window.py is imported then)
+        self.window_on = self._window_spec is not None and config.window != "auto"
         self.model = next((s for s in self.sources if isinstance(s, ModelSource)), None)
         self._primary = [s for s in self.sources if not s.fallback]
         self._fallback = [s for s in self.sources if s.fallback]
@@ -99,10 +100,13 @@ class DraftPolicy:
         """The most new tokens one step can feed: the last token, the sources' trees (at most ``step_nodes``; a
         fallback source's only alone) and the window's own rows when it runs (``window``; None: this call's choice,
         known once :meth:`start` has seen the cost curve)."""
-        window = self.window_on if window is None else window and self.window is not None
-        others = sum(s.limits()[0] for s in self._primary if s is not self.window or window)
+        window = self.window_on if window is None else window and self._window_spec is not None
+        others = sum(s.limits()[0] for s in self._primary if s is not self.window)
+        if window:  # its n-grams (at most G * (N - 1) nodes) and its own rows (W * (N - 1))
+            columns, ngram, candidates = self._window_spec
+            others += candidates * (ngram - 1)
         drafted = min(max([others] + [s.limits()[0] for s in self._fallback]), self.step_nodes)
-        return 1 + drafted + (self.window.max_rows - self.window.max_nodes if window else 0)
+        return 1 + drafted + (columns * (ngram - 1) if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
         """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget);
@@ -111,18 +115,25 @@ class DraftPolicy:
         arr = np.asarray(prompt, dtype=np.int64)
         self._unlearned = []
         self._widen(False)
+        self.limits = limits
+        self.budget = None
+        self.step_nodes = narrow = self.config.step_nodes(t)[0]
+        self.window_on = self._window_spec is not None and not limits.chains and (
+            self.config.window != "auto"
+            or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= t.window_auto_cost))
+        if self.window_on and self.window is None:
+            from .window import WindowSource
+
+            self.window = WindowSource(*self._window_spec, t.max_match, t.window_draws)
+            self.sources.append(self.window)
+            self._primary.append(self.window)
+            self._eager.append(self.window)
         for source in self.sources:
             source.start(arr, model)
         self._context = arr.tolist()
-        self.limits = limits
-        self.budget = None
         # the prompt's own rows teach the model-prediction source where a forward's extra rows are nearly free
         self.prompt_rows = self.model is not None and (cost is None or float(cost(64) / cost(1)) <= t.prompt_rows_cost)
-        narrow, wide = self.config.step_nodes(t)
-        self.step_nodes = narrow
-        self.window_on = self.window is not None and not limits.chains and (
-            self.config.window != "auto"
-            or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= t.window_auto_cost))
+        wide = self.config.step_nodes(t)[1]
         if wide > narrow and cost is not None:  # "auto": the widest step the curve is flat that far for
             for level in (n for n in t.step_nodes_levels if narrow < n <= wide):
                 self.step_nodes = level
@@ -258,7 +269,4 @@ def make_sources(config: LookaheadConfig, tuning: Tuning, trie: NgramTrie, memor
         sources.append(heads.make_source(config.step_nodes(t)[1], t))
     if t.fill_nodes:
         sources.append(FrequentSource(t.fill_nodes))
-    columns = config.window_columns(t)
-    if columns:
-        sources.append(WindowSource(columns, t.window_ngram, t.window_candidates, t.max_match, t.window_draws))
-    return sources
+    return sources  # (the window's source comes last, made when a call first runs it: DraftPolicy.start)

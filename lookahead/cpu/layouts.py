@@ -1,0 +1,225 @@
+"""Which layout each step size computes a model's linear layers in, on a CPU: measured, then planned.
+
+Some CPU BLAS builds run ``x @ W^T`` far slower for a few rows than for one; the other way round (``(W @ x^T)^T``) or
+oneDNN's linear can be several times cheaper there. The decoder times its steps in every layout and each calibrated
+step size takes the cheapest (:func:`plan_layouts`); one-row steps always go through ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .._tuning import DEFAULT, Tuning
+from ..cost import STEP_VARIANT, CostModel
+from .shadow import LINEAR, ONEDNN, TRANSPOSED, onednn_linear, shadow
+
+
+KIND_NAMES = ("nn.Linear", "transposed", "oneDNN")
+
+
+ONEDNN_MAX_ROWS = 1 << 12
+
+
+FORCED = {"transposed": TRANSPOSED, "onednn": ONEDNN}
+"""``Tuning.linear_layout`` values that force a layout."""
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """How a step of ``r`` rows computes its linear layers: ``bounds`` ``((upto, kind), ...)``, ``upto``
+    increasing; a step of ``r`` rows takes the kind of the first bound with ``upto >= r``, ``nn.Linear`` past the
+    last one, and one row always ``nn.Linear`` (a plain step stays plain ``generate``'s computation). Empty: every
+    step ``nn.Linear``.
+
+    Example: ``LinearPlan(((4, TRANSPOSED), (8, LINEAR), (64, ONEDNN)))``: 2-4 rows the other way round, 5-8
+    ``nn.Linear``, 9-64 oneDNN, 1 and 65+ ``nn.Linear``; ``describe()`` -> ``"2-4 rows transposed, 9-64 rows
+    oneDNN"``.
+    """
+
+    bounds: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self):
+        uptos = [b[0] for b in self.bounds]
+        if any(not isinstance(u, int) or u < 1 for u in uptos) or uptos != sorted(set(uptos)):
+            raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: each upto an int >= 1, increasing")
+        if any(kind not in (LINEAR, TRANSPOSED, ONEDNN) for _, kind in self.bounds):
+            raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: kinds must be LINEAR, TRANSPOSED or "
+                             "ONEDNN")
+
+    @classmethod
+    def uniform(cls, kind: int, max_rows: int) -> LinearPlan:
+        """Every step of 2 to ``max_rows`` rows in ``kind``."""
+        return cls(((max_rows, kind),))
+
+    def kind(self, rows: int) -> int:
+        """The layout of a step of ``rows`` rows."""
+        if rows >= 2:
+            for upto, kind in self.bounds:
+                if rows <= upto:
+                    return kind
+        return LINEAR
+
+    def most_rows(self, kind: int) -> int:
+        """The largest step in ``kind`` (0: none)."""
+        return max((upto for upto, k in self.bounds if k == kind and upto >= 2), default=0)
+
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """``(first, last, kind)`` of every run of steps not computed by ``nn.Linear``, smallest first."""
+        out, lo = [], 2
+        for upto, kind in self.bounds:
+            if upto >= lo and kind != LINEAR:
+                if out and out[-1][2] == kind and out[-1][1] == lo - 1:
+                    out[-1] = (out[-1][0], upto, kind)
+                else:
+                    out.append((lo, upto, kind))
+            lo = max(lo, upto + 1)
+        return out
+
+    def describe(self) -> str:
+        """The plan in words: ``"nn.Linear"`` when every step uses it."""
+        return ", ".join(f"{a}-{b} rows {KIND_NAMES[k]}" for a, b, k in self.ranges()) or KIND_NAMES[LINEAR]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges())
+
+
+def weights(modules: Sequence[nn.Linear]) -> int:
+    """The weights of ``modules`` together (a weight shared by several, as a tied output layer, counted once)."""
+    return sum(w.numel() for w in {id(m.weight): m.weight for m in modules}.values())
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's linear and it computes ``F.linear`` (checked once on a small fp32 product):
+    torch built with oneDNN (``torch.backends.mkldnn.is_available()``), as the x86 and ARM CPU wheels are."""
+    try:
+        if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            return False
+        gen = torch.Generator().manual_seed(0)
+        x, w, b = (torch.randn(shape, generator=gen) for shape in ((3, 2, 8), (5, 8), (5,)))
+        with torch.no_grad():
+            got = onednn_linear(x, w, b)
+        return got.shape == (3, 2, 5) and torch.allclose(got, torch.nn.functional.linear(x, w, b), rtol=1e-4,
+                                                         atol=1e-5)
+    except Exception:  # noqa: BLE001 - any failure of a private op means: not available
+        return False
+
+
+def onednn_fits(modules: Sequence[nn.Linear]) -> bool:
+    """Whether oneDNN's linear may compute ``modules``' products: every weight of a float32
+    (on the CPU, as :func:`linear_modules` gives them) and :func:`onednn_available`."""
+    return bool(modules) and all(m.weight.dtype == torch.float32 for m in modules) and onednn_available()
+
+
+def plan_layouts(linear: CostModel, transposed: CostModel | None = None, onednn: CostModel | None = None,
+                 below: float = DEFAULT.layout_pays_below, force: int | None = None) -> tuple[LinearPlan, CostModel]:
+    """(the :class:`LinearPlan`, the step curve it gives) from the step curves timed in each layout: ``linear``
+    (``nn.Linear``), ``transposed`` (the other way round, up to ``layout_max_rows``) and ``onednn``, each read up to
+    the rows it covers; a layout not timed is None.
+
+    At each point ``k`` >= 2 of the ``linear`` curve the plan takes the cheapest layout there, every step relative
+    to its own curve's one-row step (the same computation, ``nn.Linear``, in each, so how fast the machine was when
+    each curve was timed, and persisted, cancels out); a layout other than ``nn.Linear`` only where its step costs
+    at most ``below`` times ``nn.Linear``'s. ``force``: that layout at every point it was timed, whatever it costs.
+    Rows between two points take the upper point's layout, where a measured (``steps``) curve prices them. The
+    curve: the ``linear`` curve's points, each the chosen layout's relative cost on the ``linear`` curve's scale
+    (provisional when a curve it takes is; read as steps when all are); the ``linear`` curve itself where every
+    step keeps ``nn.Linear``.
+
+    Example (ms; measured curves): linear ``{1: 80, 2: 126, 4: 126, 8: 116, 16: 142}``, transposed ``{1: 80, 2: 69,
+    4: 79, 8: 120, 16: 124}``, oneDNN ``{1: 88, 2: 92, 4: 99, 8: 106, 16: 132}``. At 2 rows the other way round
+    costs 0.86 one-row steps (oneDNN 1.05, ``nn.Linear`` 1.58), at 4 rows 0.99; at 8 oneDNN 1.20 (the other way
+    round 1.50, ``nn.Linear`` 1.45), at 16 oneDNN 1.50 (1.55, 1.78) -> 2-4 rows transposed, 5-16 rows oneDNN;
+    curve ``{1: 80, 2: 69, 4: 79, 8: 96.4, 16: 120}``. Without the oneDNN curve: 2-4 rows transposed, 9-16 rows
+    transposed as well (1.55 <= 0.95 x 1.78), 5-8 ``nn.Linear``; the same transposed curve measured on a machine
+    1.5x slower gives the same plan and curve.
+    """
+    base = float(linear(1))
+    others = [(kind, curve, float(curve(1)), min(curve.covers, cap)) for kind, curve, cap in
+              ((TRANSPOSED, transposed, DEFAULT.layout_max_rows), (ONEDNN, onednn, 1 << 62)) if curve is not None]
+    bounds: list[tuple[int, int]] = []
+    points, used = [], {id(linear): linear}
+    for k, t in linear.points:
+        kind, rel = LINEAR, t / base
+        if k >= 2:
+            best = None
+            for other, curve, one, reach in others:
+                if k > reach or (force is not None and other != force):
+                    continue
+                r = float(curve(k)) / one
+                if (force is not None or r <= below * rel) and (best is None or r < best[0]):
+                    best = (r, other, curve)
+            if best is not None:
+                rel, kind, curve = best
+                used[id(curve)] = curve
+        if bounds and bounds[-1][1] == kind:
+            bounds[-1] = (k, kind)
+        else:
+            bounds.append((k, kind))
+        points.append((k, t if kind == LINEAR else rel * base))
+    plan, curves = LinearPlan(tuple(bounds)), list(used.values())
+    if len(curves) == 1:  # every step nn.Linear
+        return plan, linear
+    return plan, CostModel(points, any(c.provisional for c in curves), all(c.steps for c in curves), linear.covers)
+
+
+def whole_plan(kind: int) -> LinearPlan:
+    """Every step a layout may compute: the other way round up to ``layout_max_rows`` rows, oneDNN up to 4096."""
+    return LinearPlan.uniform(kind, DEFAULT.layout_max_rows if kind == TRANSPOSED else ONEDNN_MAX_ROWS)
+
+
+def linear_modules(model) -> list[nn.Linear]:
+    """``model``'s plain ``nn.Linear`` modules a layout can compute: on a CPU, a 2D floating weight."""
+    return [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"
+            and m.weight.dim() == 2 and m.weight.is_floating_point()]
+
+
+def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist, runner,
+               variant: str = STEP_VARIANT):
+    """(the step curve, what runs the steps, the plan in words) for ``model`` on a CPU: the step curves timed in
+    each layout (``measure(sizes, runner)``, kept in ``calibrations`` beside ``linear``, the ``nn.Linear`` one timed
+    with ``runner``, under ``variant``) and the plan :func:`plan_layouts` makes of them; ``runner`` and ``linear``
+    where no layout pays."""
+    modules = linear_modules(model)
+    layout = tuning.linear_layout
+    force = FORCED.get(layout)
+    grouped = runner is not model
+    if not modules:
+        return linear, runner, KIND_NAMES[LINEAR]
+    if force == ONEDNN and not onednn_fits(modules):
+        dtypes = sorted({str(m.weight.dtype) for m in modules})
+        raise ValueError(f"Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
+                         f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN "
+                         f"(torch.backends.mkldnn.is_available(): {torch.backends.mkldnn.is_available()})")
+
+    def timed(kind: int, most: int, name: str) -> CostModel:
+        steps = shadow(model, whole_plan(kind), grouped)
+        return calibrations.get(model, most, lambda sizes: measure(sizes, steps), variant + name, persist=persist)
+
+    transposed = onednn = None
+    if layout in ("auto", "transposed"):
+        transposed = timed(TRANSPOSED, tuning.layout_max_rows, "+transposed-linears")
+    if layout == "onednn" or (layout == "auto" and onednn_fits(modules)):
+        onednn = timed(ONEDNN, rows, "+onednn-linears")
+    plan, curve = plan_layouts(linear, transposed, onednn, tuning.layout_pays_below, force)
+    if force is not None:
+        plan = whole_plan(force)
+    if not plan:
+        return curve, runner, KIND_NAMES[LINEAR]
+    return curve, shadow(model, plan, grouped), plan.describe()
+
+
+def forced(model, tuning: Tuning, grouped: bool = False):
+    """(the shadow that runs every step in the layout ``tuning.linear_layout`` forces, the plan in words)."""
+    modules = linear_modules(model)
+    kind = FORCED[tuning.linear_layout]
+    if kind == ONEDNN and not onednn_fits(modules):
+        raise ValueError("Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights and a "
+                         "torch built with oneDNN")
+    plan = whole_plan(kind)
+    return shadow(model, plan, grouped), plan.describe()

@@ -1,0 +1,169 @@
+"""The decoding methods the bench compares, by name.
+
+``METHODS`` maps a name to a factory ``() -> Method``: the keyword arguments a method adds to ``model.generate``
+and, for the decoder, the ``LookaheadDecoder`` (whose ``stats`` the runner reads after each call). Add one with
+a factory, e.g. ``METHODS["lookahead-16"] = lambda: decoder_method("lookahead-16", max_draft_tokens=16)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BASELINE = "plain"
+
+
+@dataclass
+class Method:
+    name: str
+    description: str
+    settings: dict = field(default_factory=dict)  # what a reader needs to reproduce it, JSON-safe
+    generate_kwargs: dict = field(default_factory=dict)  # added to every generate call
+    decoder: Any = None  # a LookaheadDecoder, whose .stats describe its last call
+    factory: Callable[[], Method] | None = field(default=None, repr=False)  # makes a fresh instance
+
+    def fresh(self) -> Method:
+        """A new instance (a decoder that has learnt nothing yet), or this one when there is no factory."""
+        if self.factory is None:
+            return self
+        m = self.factory()
+        m.name, m.factory = self.name, self.factory
+        return m
+
+    def kwargs(self) -> dict:
+        return {**self.generate_kwargs, **({"custom_generate": self.decoder} if self.decoder is not None else {})}
+
+
+def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
+    """A method decoding with ``LookaheadDecoder(**kwargs)``. Its settings: the decoder's ``config``, the fields of
+    its ``_tuning`` that differ from the defaults, and the other objects it was given, by ``shown`` or their repr."""
+    from ...config import LookaheadConfig
+    from ...decoder import LookaheadDecoder
+
+    decoder = LookaheadDecoder(**kwargs)
+    tuning = {f.name: getattr(decoder.tuning, f.name) for f in dataclasses.fields(decoder.tuning)
+              if getattr(decoder.tuning, f.name) != f.default}
+    config = {f.name for f in dataclasses.fields(LookaheadConfig)}
+    given = {k: (shown or {}).get(k, v if isinstance(v, str) or v is None else repr(v))
+             for k, v in kwargs.items() if k not in config and k != "_tuning"}
+    args = [f"{k}={kwargs[k]!r}" for k in kwargs if k in config] + [f"{k}={v}" for k, v in given.items()]
+    args += [f"_tuning=Tuning({', '.join(f'{k}={v!r}' for k, v in tuning.items())})"] if tuning else []
+    return Method(name, f"LookaheadDecoder({', '.join(args)})", settings={"config": dataclasses.asdict(decoder.config), "tuning": tuning,
+                                               **given}, decoder=decoder)
+
+
+def _tuned(name: str, **fields) -> Callable[[], Method]:
+    def make() -> Method:
+        from ..._tuning import Tuning
+
+        return decoder_method(name, _tuning=Tuning(**fields))
+
+    return make
+
+
+def prompt_lookup(num_tokens: int = 10) -> Method:
+    return Method("prompt-lookup", f"transformers prompt lookup decoding, prompt_lookup_num_tokens={num_tokens}",
+                  settings={"prompt_lookup_num_tokens": num_tokens},
+                  generate_kwargs={"prompt_lookup_num_tokens": num_tokens})
+
+
+ALONE = {"tree_nodes": 0, "copy_nodes": 0, "recycle_k": 0, "fill_nodes": 0}
+"""The draft passes run alone: no n-gram, copy, model-prediction or frequent-token drafts beside them."""
+
+
+def _alone(name: str, draft, shown: str | None = None) -> Method:
+    from ..._tuning import Tuning
+
+    return decoder_method(name, draft=draft, window=0, corpus=None, _tuning=Tuning(**ALONE),
+                          shown={"draft": shown} if shown else None)
+
+
+DRAFT_MODEL_LAYERS = 10
+"""The bench's draft model: the target's first 10 decoder layers and its head as a separate model (no second model
+with SmolLM2's tokenizer is at hand offline)."""
+_TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> its copy, made once per bench
+
+
+def truncated_draft(target):
+    """``draft=``'s function for ``draft-model``: the target's truncated copy, made once per target."""
+    if target not in _TRUNCATED:
+        from ...passes import truncated_copy
+
+        _TRUNCATED[target] = truncated_copy(target, DRAFT_MODEL_LAYERS)
+    return _TRUNCATED[target]
+
+
+@functools.cache
+def _bundled_heads():
+    """The bundled SmolLM2's heads, loaded once for the whole bench (``DraftCorpus.bundled()`` is one per process)."""
+    from ...heads import DraftHeads
+
+    return DraftHeads.bundled()
+
+
+def _with(name: str, heads: bool, corpus: bool) -> Callable[[], Method]:
+    """The default decoder given the bundled heads and/or the bundled corpus."""
+
+    def make() -> Method:
+        given = {"heads": _bundled_heads()} if heads else {}
+        if corpus:
+            from ...corpus import DraftCorpus
+
+            given["corpus"] = DraftCorpus.bundled()
+        return decoder_method(name, **given)
+
+    return make
+
+
+METHODS: dict[str, Callable[[], Method]] = {
+    BASELINE: lambda: Method(BASELINE, "plain model.generate (one target call per token)"),
+    # plain again: an A/A control, whose spread over prompts shows how far a per-prompt ratio moves by chance
+    "plain-again": lambda: Method("plain-again", "plain model.generate again (A/A control: the timing noise)"),
+    "prompt-lookup": prompt_lookup,
+    "lookahead": lambda: decoder_method("lookahead"),  # the default decoder
+    "lookahead-small": _tuned("lookahead-small", tree_nodes=6, tree_depth=4, copy_nodes=8, recycle_nodes=8),
+    "lookahead-window": lambda: decoder_method("lookahead-window", window=4),  # the Jacobi window on, W=4
+    "lookahead-fixed": _tuned("lookahead-fixed", adaptive=False),  # every draft verified whole: no budget
+    # the default decoder on a flat cost curve: the GPU regime, where tokens per call is the speed-up
+    "lookahead-flat": lambda: decoder_method("lookahead-flat", cost_curve="flat"),
+    # no draft at all: the decoder's own cost with every step plain
+    "no-drafts": lambda: decoder_method("no-drafts", max_draft_tokens=0, window=0),
+    "self-layer-skip": lambda: _alone("self-layer-skip", "layer-skip"),  # draft passes alone (lookahead.passes)
+    "self-early-exit": lambda: _alone("self-early-exit", "early-exit"),
+    "self-low-rank": lambda: _alone("self-low-rank", "low-rank"),
+    "draft-model": lambda: _alone("draft-model", truncated_draft, f"the target's first {DRAFT_MODEL_LAYERS} layers"),
+    "lookahead+heads": _with("lookahead+heads", heads=True, corpus=False),  # the bundled SmolLM2's draft heads
+    # the bundled SmolLM2's own writing (for it what corpus="auto" finds anyway), and no corpus at all
+    "lookahead+corpus": _with("lookahead+corpus", heads=False, corpus=True),
+    "lookahead-no-corpus": lambda: decoder_method("lookahead-no-corpus", corpus=None),
+    # both ("auto" finds no corpus beside heads)
+    "lookahead+heads+corpus": _with("lookahead+heads+corpus", heads=True, corpus=True),
+    # every linear layer through nn.Linear (lookahead.cpu off): what the CPU layouts add
+    "lookahead-linear": _tuned("lookahead-linear", linear_layout="linear"),
+    # 2-16 rows transposed and nn.Linear above (no oneDNN): what oneDNN adds
+    "lookahead-transposed": _tuned("lookahead-transposed", linear_layout="transposed"),
+    # no frequent tokens on steps nothing else drafts for
+    "lookahead-no-fill": _tuned("lookahead-no-fill", fill_nodes=0),
+}
+
+DEFAULT_METHODS = [BASELINE, "prompt-lookup", "lookahead", "lookahead-small"]
+"""What ``python -m lookahead bench`` runs unless told otherwise."""
+
+
+def make_methods(names: list[str], registry: dict[str, Callable[[], Method]] | None = None) -> list[Method]:
+    """Fresh methods by name, the plain baseline first (added when missing)."""
+    registry = METHODS if registry is None else registry
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; valid: {', '.join(registry)}")
+    methods = []
+    for name in [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]:
+        factory = registry.get(name, METHODS[BASELINE])
+        m = factory()
+        m.name, m.factory = name, factory
+        methods.append(m)
+    return methods

@@ -1,0 +1,309 @@
+"""The side-by-side runner: every method on the same prompt back to back, prompt by prompt.
+
+``run_bench(model, tokenizer, workloads, methods, ...)`` returns one JSON-safe dict:
+
+- ``records``: per prompt and method, the wall time, new tokens, target-model calls (counted alike for every
+  method, by a forward pre-hook on the model for the run's duration), tokens per call, the decoder's statistics,
+  and for greedy runs whether the output is identical to plain ``generate`` (if not, ``mismatch``: where it first
+  differs and plain's top-2 logit gap there, to tell a near-tie from a bug);
+- ``speedup_vs_plain`` per record: (method tokens/s) / (plain tokens/s) on that prompt;
+- ``summary``: per workload (and ``"all"``) and method, that ratio's median and spread, tokens per call, the
+  accepted-length histogram; ``context``: the model, hardware, versions and command.
+
+The methods' order rotates from prompt to prompt (and round to round), so none always runs first; one short
+untimed call of every method runs first. With ``repeats=R`` each prompt runs R rounds of all methods, a method's
+time on it being the median of its R runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+import torch
+
+from .methods import BASELINE, Method, make_methods
+from .workloads import Prompt
+
+SAMPLING = {"temperature": 0.7, "top_p": 0.9}
+WARMUP_TOKENS = 16
+
+
+def as_prompts(workload: str, items: Sequence) -> list[Prompt]:
+    """Prompts from ``Prompt`` objects, chat strings or token-id sequences."""
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, Prompt):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(Prompt(f"{workload}-{i}", item))
+        else:
+            ids = item.tolist() if isinstance(item, torch.Tensor) else list(item)
+            out.append(Prompt(f"{workload}-{i}", ids=tuple(int(t) for t in ids)))
+    return out
+
+
+def encode(prompt: Prompt, tokenizer, device) -> dict:
+    """``generate`` inputs of one prompt."""
+    if prompt.ids is not None:
+        ids = torch.tensor([list(prompt.ids)], dtype=torch.long, device=device)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if tokenizer is None:
+        raise ValueError(f"prompt {prompt.id!r} is text but no tokenizer was given")
+    text = prompt.text
+    if prompt.chat and getattr(tokenizer, "chat_template", None):
+        from ..demo import chat_inputs
+
+        return chat_inputs(tokenizer, text, device)
+    if not isinstance(text, str):  # a chat for a tokenizer without a template
+        text = "\n".join(f"{role}: {content}" for role, content in text) + "\nassistant:"
+    enc = tokenizer(text, return_tensors="pt")
+    return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _git_state() -> dict | None:
+    """The commit of the lookahead checkout and its uncommitted files, when run from a git checkout."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    try:
+        run = [subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=10, check=True).stdout
+               for cmd in (["git", "rev-parse", "HEAD"], ["git", "status", "--porcelain", "--untracked-files=no"])]
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": run[0].strip(), "modified": [line[3:] for line in run[1].split("\n") if line.strip()]}
+
+
+def run_context(model, model_name: str | None, sample: bool, command: str | None = None) -> dict:
+    import numpy
+    import transformers
+
+    import lookahead
+    from lookahead.cost import cpu_model
+
+    device = model.device
+    return {
+        "model": {"name": model_name or getattr(model.config, "name_or_path", None) or type(model).__name__,
+                  "class": type(model).__name__, "model_type": getattr(model.config, "model_type", None),
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "dtype": str(model.dtype).replace("torch.", ""), "device": str(device)},
+        "hardware": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                     "load_average_at_start": _loadavg()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "numpy": numpy.__version__,
+                     "lookahead": lookahead.__version__, "platform": platform.platform(), "git": _git_state()},
+        "mode": "sampled" if sample else "greedy",
+        "exact": ("exact in distribution by construction (not checkable prompt by prompt)" if sample else
+                  "exact: every output is compared token by token with plain generate"),
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command or " ".join(sys.argv),
+    }
+
+
+def _mismatch(model, plain_seq, other_seq, prompt_len: int, tokenizer) -> dict:
+    """Where a greedy output first differs from plain's, and plain's top-2 logit gap there."""
+    a, b = plain_seq[0].tolist(), other_seq[0].tolist()
+    k = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+    info = {"first_difference": k - prompt_len, "plain_length": len(a) - prompt_len,
+            "method_length": len(b) - prompt_len}
+    if k < min(len(a), len(b)):
+        with torch.no_grad():
+            logits = model(input_ids=plain_seq[:, :k]).logits[0, -1].float()
+        top2 = torch.topk(logits, 2).values
+        info.update(plain_token=a[k], method_token=b[k], top2_gap=float(top2[0] - top2[1]),
+                    method_token_gap=float(logits.max() - logits[b[k]]))
+        if tokenizer is not None:
+            info["plain_text_near"] = tokenizer.decode(a[max(prompt_len, k - 8): k + 8])
+            info["method_text_near"] = tokenizer.decode(b[max(prompt_len, k - 8): k + 8])
+    return info
+
+
+def summarise(records: list[dict], workloads: list[str], methods: list[str], sample: bool) -> list[dict]:
+    """Per workload (and over all of them, ``"all"``) and method: the speed-up's median and spread, and totals."""
+    rows = []
+    for wl in [*workloads, "all"]:
+        for m in methods:
+            recs = [r for r in records if r["method"] == m and wl in ("all", r["workload"])]
+            ok = [r for r in recs if r["status"] == "ok"]
+            row = {"workload": wl, "method": m, "prompts": len(ok),
+                   "status": "ok" if ok else "unsupported" if recs else "no prompts"}
+            rows.append(row)
+            if not ok:
+                continue
+            ratios = [r["speedup_vs_plain"] for r in ok if r["speedup_vs_plain"] is not None]
+            tokens, calls = sum(r["new_tokens"] for r in ok), sum(r["target_calls"] for r in ok)
+            wall = sum(r["wall_s"] for r in ok)
+            hist: Counter = Counter()
+            for r in ok:
+                hist.update(r.get("accepted_hist") or {})
+            quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+            row.update(
+                speedup_median=statistics.median(ratios) if ratios else None,
+                speedup_min=min(ratios, default=None), speedup_max=max(ratios, default=None),
+                speedup_q1=quartiles[0] if ratios else None, speedup_q3=quartiles[2] if ratios else None,
+                new_tokens=tokens, target_calls=calls, tokens_per_call=tokens / calls if calls else None,
+                calls_per_token=calls / tokens if tokens else None, tokens_per_s=tokens / wall if wall else None,
+                ms_per_call=1000 * wall / calls if calls else None, wall_s=wall,
+                identical=None if sample else sum(bool(r["identical_to_plain"]) for r in ok),
+                accepted_hist={k: hist[k] for k in sorted(hist)} or None,
+            )
+    return rows
+
+
+def run_bench(model, tokenizer, workloads: dict[str, Sequence],
+              methods: Sequence[str] | Sequence[Method] = ("plain", "prompt-lookup", "lookahead"),
+              max_new_tokens: int = 128, sample: bool = False, seed: int = 0, warmup: bool = True,
+              progress: bool = True, model_name: str | None = None, command: str | None = None,
+              fresh_per_prompt: bool = True, repeats: int = 1) -> dict:
+    """Run every method on every prompt, back to back; see the module docstring for what comes back.
+
+    ``methods``: names in ``METHODS`` or ``Method`` objects (one named ``plain`` among them). ``fresh_per_prompt``:
+    a new instance of each method per prompt (``Method.fresh()``), so that a prompt's figures do not depend on the
+    prompts before it; False keeps one per method for the whole run, carrying what decoders keep across calls.
+    A method that refuses sampled decoding (a ValueError) is recorded as unsupported; in greedy runs it raises."""
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if methods and all(isinstance(m, Method) for m in methods):
+        if not any(m.name == BASELINE for m in methods):
+            raise ValueError(f"the methods must include the {BASELINE!r} baseline")
+        method_objs = sorted(methods, key=lambda m: m.name != BASELINE)
+    else:
+        method_objs = make_methods(list(methods))
+    prompts = {wl: ps for wl, items in workloads.items() if (ps := as_prompts(wl, items))}
+    if not prompts:
+        raise ValueError("no prompts to run")
+    device = model.device
+    base_kw = {"max_new_tokens": max_new_tokens, "do_sample": sample, **(SAMPLING if sample else {})}
+    eos = model.generation_config.eos_token_id
+    if model.generation_config.pad_token_id is None and eos is not None:
+        base_kw["pad_token_id"] = eos[0] if isinstance(eos, (list, tuple)) else eos
+    context = run_context(model, model_name, sample, command)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    unsupported: dict[str, str] = {}
+    calls = [0]
+    hook = model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
+    t_start = time.perf_counter()
+
+    def call(method: Method, inputs: dict, kw: dict):
+        """(output ids, seconds, target calls), or None where the method refuses this mode."""
+        if method.name in unsupported:
+            return None
+        calls[0] = 0
+        sync()
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = model.generate(**inputs, **kw, **method.kwargs())
+        except ValueError as err:
+            if not sample:
+                raise
+            unsupported[method.name] = f"{type(err).__name__}: {err}"
+            return None
+        sync()
+        return out, time.perf_counter() - t0, calls[0]
+
+    def run_prompt(wl: str, prompt: Prompt, index: int) -> list[dict]:
+        """Every method on one prompt, ``repeats`` rounds: one record per method."""
+        inputs = encode(prompt, tokenizer, device)
+        n_prompt = inputs["input_ids"].shape[1]
+        outs, recs = {}, {m.name: {"workload": wl, "prompt_id": prompt.id, "method": m.name,
+                                   "prompt_tokens": n_prompt} for m in method_objs}
+        for rnd in range(repeats):
+            shift = (index + rnd) % len(method_objs)
+            for m in method_objs[shift:] + method_objs[:shift]:
+                bar.set_postfix_str(f"{wl} {prompt.id} {m.name}", refresh=False)
+                if sample:
+                    torch.manual_seed(seed + index)
+                inst, rec = m.fresh() if fresh_per_prompt else m, recs[m.name]
+                res = call(inst, inputs, base_kw)
+                bar.update(1)
+                if res is None:
+                    rec.update(status="unsupported", reason=unsupported.get(m.name))
+                    continue
+                out, seconds, n_calls = res
+                if rnd and not torch.equal(out, outs[m.name]):
+                    rec["repeats_identical"] = False  # same seed, same inputs: should not happen
+                outs.setdefault(m.name, out)
+                rec.setdefault("wall_s_runs", []).append(seconds)
+                if rnd:
+                    continue  # counts and statistics: the first round's
+                n_new, stats = out.shape[1] - n_prompt, inst.decoder.stats if inst.decoder is not None else None
+                rec.update(status="ok", new_tokens=n_new, target_calls=n_calls,
+                           tokens_per_call=n_new / n_calls if n_calls else None,
+                           reported_target_calls=stats.target_calls if stats else None,
+                           accepted_hist={int(k): int(v) for k, v in sorted(stats.accepted_hist.items())}
+                           if stats else None, decoder_stats=stats.as_dict() if stats else None)
+        done = [rec for rec in recs.values() if rec["status"] == "ok"]
+        for rec in done:
+            rec["wall_s"] = statistics.median(rec["wall_s_runs"])
+            rec["tokens_per_s"] = rec["new_tokens"] / rec["wall_s"] if rec["wall_s"] > 0 else None
+        plain, plain_out = recs[BASELINE], outs.get(BASELINE)
+        for rec in done:
+            rec["speedup_vs_plain"] = (rec["tokens_per_s"] / plain["tokens_per_s"] if rec["tokens_per_s"]
+                                       and plain.get("tokens_per_s") else None)
+            same = None if sample or plain_out is None else torch.equal(outs[rec["method"]], plain_out)
+            rec["identical_to_plain"] = same
+            if same is False:
+                rec["mismatch"] = _mismatch(model, plain_out, outs[rec["method"]], n_prompt, tokenizer)
+        return done + [rec for rec in recs.values() if rec["status"] != "ok"]
+
+    from tqdm.auto import tqdm
+
+    records: list[dict] = []
+    try:
+        if warmup:
+            inputs = encode(next(iter(prompts.values()))[0], tokenizer, device)
+            for m in method_objs:
+                call(m.fresh() if fresh_per_prompt else m, inputs,
+                     {**base_kw, "max_new_tokens": min(WARMUP_TOKENS, max_new_tokens)})
+        bar = tqdm(total=sum(map(len, prompts.values())) * len(method_objs) * repeats, desc="bench", unit="run",
+                   disable=not progress, file=sys.stderr)
+        for index, (wl, prompt) in enumerate((wl, p) for wl, ps in prompts.items() for p in ps):
+            records += run_prompt(wl, prompt, index)
+        bar.close()
+    finally:
+        hook.remove()
+
+    context["hardware"]["load_average_at_end"] = _loadavg()
+    context["total_s"] = time.perf_counter() - t_start
+    settings = {
+        "max_new_tokens": max_new_tokens, "sample": sample, "sampling": SAMPLING if sample else None,
+        "seed": seed if sample else None,
+        "warmup": f"each method once on the first prompt, {min(WARMUP_TOKENS, max_new_tokens)} tokens"
+        if warmup else None,
+        "order": "interleaved: all methods on a prompt back to back, the order rotated per prompt",
+        "state": "a fresh instance of every method per prompt: nothing learnt carries over between prompts"
+        if fresh_per_prompt else
+        "one instance per method for the whole run: decoders carry what they learnt from prompt to prompt",
+        "speedup": "per prompt: (method new tokens / s) / (plain new tokens / s), measured back to back",
+        "repeats": repeats,
+        "timing": f"the median wall time of {repeats} runs per prompt and method, the methods' order rotated each "
+                  "round" if repeats > 1 else "one run per prompt and method",
+        "target_calls": "forward calls of the model, counted by a forward pre-hook (prefill included)",
+        "prompts_per_workload": {wl: len(ps) for wl, ps in prompts.items()},
+    }
+    return {
+        "context": context, "settings": settings,
+        "methods": {m.name: {"description": m.description, "settings": m.settings} for m in method_objs},
+        "unsupported": unsupported,
+        "workloads": {wl: [p.id for p in ps] for wl, ps in prompts.items()},
+        "records": records,
+        "summary": summarise(records, list(prompts), [m.name for m in method_objs], sample),
+        "mismatches": [{k: r[k] for k in ("workload", "prompt_id", "method", "mismatch")}
+                       for r in records if r.get("identical_to_plain") is False],
+    }

@@ -1,0 +1,113 @@
+"""``python -m lookahead demo``: plain greedy ``generate`` against the decoder on one prompt, both timed."""
+
+from __future__ import annotations
+
+import torch
+
+BUNDLED_MODEL = "SmolLM2-135M-Instruct"
+DEMO_PROMPT = (
+    "Here is a Python class. Add a docstring to every method and return the whole class.\n\n"
+    "```python\n"
+    "class Inventory:\n"
+    "    def __init__(self):\n"
+    "        self.items = {}\n\n"
+    "    def add(self, name, count):\n"
+    "        self.items[name] = self.items.get(name, 0) + count\n\n"
+    "    def remove(self, name, count):\n"
+    "        if self.items.get(name, 0) < count:\n"
+    "            raise ValueError(name)\n"
+    "        self.items[name] -= count\n\n"
+    "    def total(self):\n"
+    "        return sum(self.items.values())\n"
+    "```"
+)
+
+
+def chat_inputs(tokenizer, chat, device=None) -> dict:
+    """``generate`` kwargs of a chat-template prompt: ``chat`` is one user message, or ``[(role, content), ...]``
+    (or ``[{"role": ..., "content": ...}, ...]``) ending with a user turn."""
+    if isinstance(chat, str):
+        chat = [("user", chat)]
+    messages = [m if isinstance(m, dict) else {"role": m[0], "content": m[1]} for m in chat]
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    return {k: v.to(device) if device is not None else v for k, v in enc.items()}
+
+
+def run_header(model_name: str | None, prompt: str | None, dtype, device, new_tokens: int) -> str:
+    """The demo's summary line: the model that ran (``--model``; the bundled one for None or "smollm2") and whose
+    prompt.
+
+    >>> run_header(None, None, torch.float32, "cpu", 160)
+    'model: SmolLM2-135M-Instruct (torch.float32, cpu), greedy, 160 new tokens, code-editing prompt'
+    """
+    name = BUNDLED_MODEL if model_name in (None, "smollm2") else model_name
+    which = "code-editing prompt" if prompt is None else "your prompt"
+    return f"model: {name} ({dtype}, {device}), greedy, {new_tokens} new tokens, {which}"
+
+
+def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None,
+             dtype: str = "float32", device: str = "auto", threads: int | str | None = "auto",
+             heads: str | None = None, corpus: str | None = None) -> dict:
+    """Plain greedy ``generate`` against the default decoder on one prompt, each timed after an untimed warm-up
+    (which calibrates the cost curve if no kept one fits); prints the output, the speed of each, whether the
+    texts are identical, and what the decoder did and why. Returns those figures.
+
+    ``heads`` / ``corpus``: also time the decoder with draft heads / a draft corpus (``"bundled"``: the ones
+    shipped for the bundled model; else a folder), refused before any decoding if made for another model."""
+    from ..decoder import LookaheadDecoder
+    from . import models
+    from .console import phase, set_threads
+    from .warmup import ensure_kernels
+
+    set_threads(threads)
+    model, tok = models.load_model(model_name, dtype=getattr(torch, dtype), device=device, progress=True)
+    ensure_kernels()
+    inputs = chat_inputs(tok, DEMO_PROMPT if prompt is None else prompt, model.device)
+    decoders = {"": LookaheadDecoder()}  # "" the default; else the extra's name, which is also its drafts' origin
+    if heads is not None:
+        from ..heads import DraftHeads
+
+        loaded = DraftHeads.bundled() if heads == "bundled" else DraftHeads.load(heads)
+        loaded.check_model(model)  # a clear ValueError for another model's heads, before any decoding
+        decoders["heads"] = LookaheadDecoder(heads=loaded)
+    if corpus is not None:
+        from ..corpus import DraftCorpus
+
+        written = DraftCorpus.bundled() if corpus == "bundled" else DraftCorpus.load(corpus)
+        written.check_model(model)
+        decoders["corpus"] = LookaheadDecoder(corpus=written)
+    with phase("warming up: 8 tokens plain and 8 with the decoder, not timed"):
+        model.generate(**inputs, max_new_tokens=8, do_sample=False)
+        for decoder in decoders.values():
+            model.generate(**inputs, max_new_tokens=8, custom_generate=decoder)
+
+    def timed(what: str, **kw):
+        with phase(f"{what}, up to {max_new_tokens} new tokens") as t:
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, **kw)
+        return out, t.seconds
+
+    plain, t_plain = timed("plain generate", do_sample=False)
+    runs = {name: timed(f"LookaheadDecoder{f' with the {name}' if name else ''}", custom_generate=d)
+            for name, d in decoders.items()}
+    n_prompt = inputs["input_ids"].shape[1]
+    ours, s = runs[""][0], decoders[""].stats
+    n_plain, n_ours = plain.shape[1] - n_prompt, ours.shape[1] - n_prompt
+    print("\n--- output (LookaheadDecoder) ---")
+    print(tok.decode(ours[0, n_prompt:], skip_special_tokens=True))
+    print("--- end of output ---\n")
+    print(run_header(model_name, prompt, model.dtype, model.device, n_ours))
+    print(f"plain generate     : {n_plain / t_plain:7.1f} tokens/s  ({n_plain} target calls)")
+    result = {"t_plain": t_plain}
+    for name, (out, seconds) in runs.items():
+        d, n, same = decoders[name].stats, out.shape[1] - n_prompt, torch.equal(plain, out)
+        label, key = (f"lookahead+{name}", f"{name}_") if name else ("LookaheadDecoder", "")
+        result.update({f"t_{name or 'ours'}": seconds, f"{key}identical": same, f"{key}stats": d.as_dict()})
+        extra = (f"{d.accepted_by_origin.get(name, 0)} tokens from the {name}" if name else
+                 f"{d.target_calls / max(n, 1):.2f} calls/token")
+        measured = f"; {d.time_calibration:.1f} s of it measuring the cost curve" if d.time_calibration >= 0.05 else ""
+        print(f"{label:<19}: {n / seconds:7.1f} tokens/s  ({d.target_calls} target calls, {extra}, "
+              f"{d.tokens_per_call:.2f} tokens/call{measured})")
+        print(f"{f'speed-up ({name})' if name else 'speed-up':<19}: {t_plain / seconds:.2f}x")
+        print(f"{f'identical ({name})' if name else 'identical output':<19}: {'yes' if same else 'NO'}")
+    print(s.explain())
+    return result

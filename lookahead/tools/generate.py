@@ -1,0 +1,116 @@
+"""``python -m lookahead generate``: decode one prompt with the decoder, streaming the text to stdout as it comes.
+
+The streamer goes through ``generate``'s own ``streamer=`` (the decoder picks it up); should no token reach it, the
+whole text is printed at the end. Then, on stderr, every second of the run on its own line: the model's load, the
+decoder's set-up (the Numba kernels loaded from their on-disk cache), the cost-curve calibration (once per model
+and machine, then read back), the decoder's phases and what remains of ``generate``'s time outside them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["max_draft_tokens=16", "cost_curve=flat"]`` -> ``{"max_draft_tokens": 16, "cost_curve": "flat"}``, checked
+    against ``LookaheadConfig`` (a ValueError naming the valid fields)."""
+    from dataclasses import fields
+
+    from ..config import LookaheadConfig
+
+    known = [f.name for f in fields(LookaheadConfig)]
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"--config expects KEY=VALUE, got {item!r}")
+        if key not in known:
+            raise ValueError(f"unknown LookaheadConfig field {key!r}; valid: {', '.join(known)}")
+        out[key] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    LookaheadConfig(**out)  # the config's own messages for a bad value
+    return out
+
+
+def _streamer(tokenizer, file):
+    """A ``TextStreamer`` into ``file`` that skips the prompt and remembers whether any new text arrived."""
+    from transformers import TextStreamer
+
+    class Streamer(TextStreamer):
+        got_tokens = False
+
+        def put(self, value):
+            self.got_tokens = self.got_tokens or not (self.skip_prompt and self.next_tokens_are_prompt)
+            super().put(value)
+
+        def on_finalized_text(self, text: str, stream_end: bool = False):
+            file.write(text + ("\n" if stream_end else ""))
+            file.flush()
+
+    return Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+
+
+def run_generate(args, out=None, err=None) -> int:
+    """The ``generate`` command on parsed ``args``; returns the exit status (2: a bad setting or request)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        overrides = parse_overrides(args.config or [])
+    except ValueError as e:
+        print(f"error: {e}", file=err)
+        return 2
+    import torch
+
+    from ..decoder import LookaheadDecoder
+    from . import models
+    from .console import set_threads
+    from .demo import chat_inputs
+    from .warmup import ensure_kernels
+
+    set_threads(args.threads)
+    t0 = time.perf_counter()
+    model, tok = models.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device, progress=True)
+    print(f"[model loaded in {time.perf_counter() - t0:.2f} s]", file=err, flush=True)
+    ensure_kernels()  # announced when it compiles: never silently inside generate
+    if args.raw or not getattr(tok, "chat_template", None):
+        enc = tok(args.prompt, return_tensors="pt")
+        inputs = {k: v.to(model.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+    else:
+        inputs = chat_inputs(tok, args.prompt, model.device)
+    t0 = time.perf_counter()
+    decoder = LookaheadDecoder(**overrides)  # builds a trie: the Numba kernels' first use
+    print(f"[decoder set-up in {time.perf_counter() - t0:.2f} s (Numba kernels loaded from their on-disk cache)]",
+          file=err, flush=True)
+    kw = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample}
+    if args.sample:
+        kw.update(temperature=args.temperature, top_p=args.top_p)
+    eos = model.generation_config.eos_token_id
+    if model.generation_config.pad_token_id is None and eos is not None:
+        kw["pad_token_id"] = eos[0] if isinstance(eos, (list, tuple)) else eos
+    streamer = _streamer(tok, out)
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            seq = model.generate(**inputs, **kw, custom_generate=decoder, streamer=streamer)
+    except ValueError as e:
+        print(f"\nerror: {e}", file=err)
+        return 2
+    seconds = time.perf_counter() - t0
+    if not streamer.got_tokens:
+        out.write(tok.decode(seq[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True) + "\n")
+        out.flush()
+        print("[note: the decoder streamed nothing, so the text was printed at the end]", file=err)
+    s = decoder.stats
+    phases = s.time_propose + s.time_forward + s.time_verify + s.time_bookkeeping
+    print(f"\n[{s}]", file=err)
+    print(f"[cost-curve calibration {s.time_calibration:.2f} s (timed steps once per model, device, dtype and "
+          "thread count, then kept; part of generate)]", file=err)
+    print(f"[{s.new_tokens} new tokens in {seconds:.2f} s: {s.new_tokens / seconds:.1f} tokens/s, "
+          f"{s.target_calls / max(s.new_tokens, 1):.2f} target calls per token; {decoder.config}]", file=err)
+    print(f"[generate outside the decoder's phases and calibration: {seconds - phases - s.time_calibration:.2f} s]",
+          file=err)
+    if args.plot_budget:
+        from .plots import plot_budgets
+
+        print(f"[budget plot: {plot_budgets(s, args.plot_budget)}]", file=err)
+    return 0

@@ -1,0 +1,217 @@
+"""``python -m lookahead warmup``: what a first run would otherwise pay for, done once ahead of it.
+
+1. Kernels: every Numba kernel of the package keeps its machine code in Numba's on-disk cache once compiled.
+   :func:`compile_kernels` runs the decoder on tiny random models built from a config (no download) in every way
+   a call can go (:func:`workloads`), in float32, bfloat16, float16 and float64, so that each kernel is compiled
+   for the argument types real calls pass; ``missed_kernels`` then names any kernel none of this reached.
+2. Weights: the bundled SmolLM2's GGUF weights converted and kept (:func:`lookahead.tools.models.load_smollm2`).
+3. Calibration (``--calibrate``): the bundled model's cost curve measured and kept for the current thread count.
+
+After it no ``generate`` compiles a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+from ..numba_kernels import kernels, kernels_compiled, mark_checked, missed_kernels
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+PROMPT = [3, 10, 11, 12, 13, 14] * 5 + [3, 10, 11]  # repeats: the n-gram sources draft at once
+
+
+def ensure_kernels(progress: bool = True) -> None:
+    """Compile every kernel now, announced (INFO on ``"lookahead"``), when Numba's cache lacks any of them, so
+    that a ``generate`` after it compiles nothing; nothing when they are all compiled (or it cannot tell)."""
+    if kernels_compiled() is not False:
+        return
+    from .console import phase
+
+    with phase("compiling the Numba kernels once (`python -m lookahead warmup` does it ahead)"):
+        compile_kernels(progress=progress)
+
+
+def cache_counts(modules=None) -> tuple[int, int]:
+    """(signatures compiled, signatures loaded from Numba's on-disk cache) in this process so far."""
+    found = [d for _, d in kernels(modules)]
+    return (sum(sum(d.stats.cache_misses.values()) for d in found),
+            sum(sum(d.stats.cache_hits.values()) for d in found))
+
+
+def tiny_model(dtype: str):
+    """A tiny random Llama (2 layers, vocabulary 64) in ``dtype``, built from a config: no download."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval().to(getattr(torch, dtype))
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def workloads() -> list[tuple[str, dict, dict, int]]:
+    """(name, decoder settings, generate settings, rows) of every way :func:`compile_kernels` decodes; the
+    setting ``store=True`` stands for a fresh shared n-gram store."""
+    from .._tuning import Tuning
+
+    greedy, sampled = {"do_sample": False}, {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
+    bans = {"do_sample": False, "eos_token_id": 0, "min_new_tokens": 8, "suppress_tokens": [5]}
+    static = {"cache_implementation": "static"}
+    window = {"window": 4, "_tuning": Tuning(window_ngram=3, window_candidates=2)}
+    return [
+        ("greedy", {}, greedy, 1),
+        ("sampled", {}, sampled, 1),
+        ("window", window, greedy, 1),
+        ("window, sampled", window, sampled, 1),
+        ("shared n-gram store", {"store": True}, greedy, 1),
+        ("draft pass", {"draft": "early-exit", "_tuning": Tuning(self_draft_size=0.5)}, greedy, 1),
+        ("batch", {}, greedy, 2),
+        ("batch, sampled", {}, sampled, 2),
+        ("token bans", {}, bans, 1),
+        ("batch, token bans", {}, bans, 2),
+        ("static cache", {}, {**greedy, **static}, 1),
+        ("static cache, window", window, {**sampled, **static}, 1),
+    ]
+
+
+def decode(model, settings: dict, generate: dict, rows: int) -> None:
+    """One short ``generate`` on ``rows`` rows (the second left-padded) with a decoder of ``settings`` and a flat
+    cost curve (every draft looks worth verifying: every kernel runs)."""
+    import torch
+
+    from ..cache import NgramTrie
+    from ..decoder import LookaheadDecoder
+
+    if settings.get("store"):
+        settings = {**settings, "store": NgramTrie(max_n=6, capacity=4096)}
+    decoder = LookaheadDecoder(cost_curve="flat", **settings)
+    ids = torch.tensor([PROMPT] * rows)
+    mask = torch.ones_like(ids)
+    if rows > 1:
+        ids[1, :3], mask[1, :3] = 0, 0
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=mask, custom_generate=decoder,
+                       **{"max_new_tokens": 12, "eos_token_id": None, **generate})
+
+
+def exercise_other_paths() -> None:
+    """What the decodes above do not reach: the stores' eviction, saving, loading and listing, a cleared successor
+    table, and the tree kernels a draft built from bare parents (heads) or a model without tree masks uses."""
+    import numpy as np
+
+    from ..cache import NgramTrie, SuffixIndex
+    from ..drafting.draft import tree_depth_rank
+    from ..drafting.kernels import best_chain
+    from ..drafting.recycle import SuccessorTable
+
+    trie = NgramTrie(max_n=4, capacity=64)
+    trie.insert(np.random.default_rng(0).integers(0, 50, 400))  # far more than fits: evicts
+    trie.propose([1, 2, 3], max_nodes=8, max_depth=4, with_match=True)
+    trie.ngrams()
+    with tempfile.TemporaryDirectory() as folder:
+        trie.save(os.path.join(folder, "trie.bin"))
+        NgramTrie.load(os.path.join(folder, "trie.bin"))
+    index = SuffixIndex(8)
+    index.extend(np.array([1, 2, 1, 2, 3, 1, 2, 1, 2, 3] * 3, np.int64))  # grows past its capacity
+    index.propose(4, 4, 2, 2)
+    table = SuccessorTable(2, rows=64)
+    table.update(np.array([-1]), np.array([3]), np.array([[4, 5]]), np.zeros((1, 2), np.float32))
+    table.clear()
+    tree_depth_rank(np.array([-1, -1, 0, 0, 1]))
+    best_chain(np.array([-1, 0, -1], np.int64), np.ones(3))
+
+
+def quiet_first_call() -> None:
+    """No "kernels not compiled yet" notice from the decoders this process runs next: they are compiled here, and
+    said so."""
+    from .. import decoder
+
+    mark_checked()
+    decoder._CHECKED.append(True)  # the decoder's own once-per-process flag, which mark_checked() does not set
+
+
+def compile_kernels(progress: bool = False) -> dict:
+    """Compile (or load from Numba's cache) every kernel of the package: ``{"seconds", "compiled", "loaded",
+    "kernels", "missed", "failed"}``, ``failed`` mapping a run that raised to its error. ``progress``: a progress
+    bar over the runs on a terminal."""
+    from tqdm.auto import tqdm
+
+    quiet_first_call()
+    t = time.perf_counter()
+    runs = [(f"{name} ({dtype})", dtype, s, g, r) for dtype in DTYPES for name, s, g, r in workloads()]
+    models, failed = {}, {}
+    exercise_other_paths()
+    for label, dtype, settings, generate, rows in tqdm(runs, desc="kernels", unit="run", leave=False,
+                                                       file=sys.stderr, disable=None if progress else True):
+        try:
+            decode(models.setdefault(dtype, tiny_model(dtype)), settings, generate, rows)
+        except Exception as err:  # one way of decoding refused: the others still compile
+            failed[label] = f"{type(err).__name__}: {err}"
+    compiled, loaded = cache_counts()
+    return {"seconds": time.perf_counter() - t, "compiled": compiled, "loaded": loaded, "kernels": len(kernels()),
+            "missed": missed_kernels(), "failed": failed}
+
+
+def calibrate(model, dtype: str) -> bool:
+    """Measure and keep (or read back) the default decoder's cost curve for ``model`` in ``dtype`` with one short
+    call; whether the curve is provisional (the machine was busy: not kept)."""
+    import torch
+
+    from ..decoder import LookaheadDecoder
+
+    model = model.to(getattr(torch, dtype))
+    decoder = LookaheadDecoder()
+    with torch.inference_mode():
+        model.generate(torch.tensor([PROMPT]), max_new_tokens=2, custom_generate=decoder)
+    return decoder.stats.cost_provisional
+
+
+def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: bool = True, out=None) -> int:
+    """``python -m lookahead warmup``: the phases above, each announced on ``out`` (stderr) when it starts and timed
+    when it ends; returns the exit status (1 when a warm-up run failed)."""
+    out = out or sys.stderr
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    say("compiling the Numba kernels" + (" (already compiled: checking)" if kernels_compiled() else
+                                         " (once per install and CPU)") + " ...")
+    k = compile_kernels(progress=progress)
+    say(f"kernels: {k['kernels']} ready ({k['compiled']} compiled now, {k['loaded']} loaded from Numba's cache) "
+        f"in {k['seconds']:.1f} s")
+    for label, err in k["failed"].items():
+        say(f"kernels: warm-up run {label!r} FAILED: {err}")
+    if k["missed"]:
+        say("kernels no warm-up run reached (they compile on first use): " + ", ".join(k["missed"]))
+    model = None
+    if weights or calibrate_dtypes:
+        from .models import BUNDLED_NAME, load_smollm2, smollm2_location
+
+        try:
+            smollm2_location()
+        except RuntimeError as err:
+            say(f"weights: skipped ({err})")
+        else:
+            say(f"keeping the converted weights of {BUNDLED_NAME} ...")
+            t = time.perf_counter()
+            model, _ = load_smollm2(progress=progress)
+            say(f"weights: ready in {time.perf_counter() - t:.1f} s")
+    for dtype in calibrate_dtypes if model is not None else ():
+        import torch
+
+        threads = torch.get_num_threads()
+        say(f"calibrating {dtype} at {threads} torch thread{'' if threads == 1 else 's'} ...")
+        t = time.perf_counter()
+        provisional = calibrate(model, dtype)
+        say(f"calibration ({dtype}): {time.perf_counter() - t:.1f} s"
+            + (" (provisional: the machine was busy; not kept)" if provisional else ""))
+    say(f"warm-up done in {time.perf_counter() - start:.1f} s")
+    return 1 if k["failed"] else 0
