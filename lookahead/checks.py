@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import torch
 
 from . import compat
@@ -260,20 +259,5 @@ def with_stop_strings(stopping_criteria, stop_strings, tokenizer):
             "and use generate(..., lookahead=True, tokenizer=tok), which passes it on."
         )
     return StoppingCriteriaList([*(stopping_criteria or []), StopStringCriteria(tokenizer, stop_strings)])
-
-
-def prompt_positions(attention_mask, length: int, max_length: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """(positions int64[length] of one row's prompt tokens, col_visible) from a 2D ``attention_mask`` or None.
-
-    ``col_visible``: host bool[max(max_length, length) + 1], False at the prompt's padding and True
-    for every later token; None when nothing is padding. Example: mask ``[[0, 1, 1]]`` -> positions
-    ``[0, 0, 1]``, col_visible ``[F, T, T, T, ...]``.
-    """
-    if attention_mask is None or bool((attention_mask == 1).all()):
-        return np.arange(length), None
-    visible = attention_mask[0].bool().cpu().numpy()
-    col_visible = np.ones(max(max_length, length) + 1, dtype=bool)
-    col_visible[:length] = visible
-    return np.maximum(np.cumsum(visible) - 1, 0), col_visible
 
 

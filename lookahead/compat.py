@@ -53,17 +53,6 @@ TESTED_TRANSFORMERS = ("5.17", "5.24", "5.25")  # str.startswith takes the tuple
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
 
 
-def streamer_of_calling_generate(custom_generate, depth: int = 2):
-    """The ``streamer=`` of the ``generate(custom_generate=custom_generate, streamer=...)`` call running
-    the caller, or None.
-
-    ``generate`` puts the prompt into its streamer but does not hand the streamer to a callable
-    ``custom_generate``: without this, the streamer would get the prompt and then nothing (a
-    ``TextIteratorStreamer`` would wait forever). ``depth``: as :func:`arguments_of_calling_generate`'s, plus one.
-    """
-    return arguments_of_calling_generate(custom_generate, ("streamer",), depth + 1)[0]
-
-
 def arguments_of_calling_generate(custom_generate, names: tuple[str, ...], depth: int = 2) -> tuple:
     """The arguments ``names`` of the ``generate(custom_generate=custom_generate, ...)`` call running the caller (None
     for each, outside such a call), read in one walk up the stack: what ``generate`` takes but does not hand to a

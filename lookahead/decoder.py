@@ -36,6 +36,7 @@ from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
 from .kv import new_cache, settle
 from .loop import Call
+from .numba_kernels import warn_if_uncompiled
 from .shapes import OneRow
 from .stats import DecodeStats
 
@@ -158,7 +159,7 @@ class LookaheadDecoder:
                 raise ValueError(f"LookaheadDecoder(heads=...) reads the input of the model's output layer; this "
                                  f"{type(model).__name__} computes its logits otherwise. Drop heads= for it.")
         _warn_if_row_dependent(model)
-        _warn_if_uncompiled()
+        warn_if_uncompiled()
         if streamer is None:
             streamer = given_streamer
         if stop_strings:
@@ -350,21 +351,3 @@ def _warn_if_row_dependent(model) -> None:
                       "the forward. The decoder verifies drafts in multi-row forwards, so its output can differ from "
                       "plain generate()'s (prompt lookup's can too). For identical output, decode the float model, or "
                       "quantize the weights only.", UserWarning, stacklevel=4)
-
-
-_CHECKED: list = []
-
-
-def _warn_if_uncompiled() -> None:
-    """Once per process, where Numba's on-disk cache lacks a kernel: say that this call compiles them."""
-    if _CHECKED:
-        return
-    _CHECKED.append(True)
-    from .numba_kernels import kernel_modules, kernels_compiled
-
-    if kernels_compiled(kernel_modules(core=True)) is False:
-        import logging
-
-        logging.getLogger("lookahead").warning(
-            "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
-            "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead")

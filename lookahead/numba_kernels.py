@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import pkgutil
 
 
@@ -94,12 +93,14 @@ def mark_checked() -> None:
 
 
 def warn_if_uncompiled() -> None:
-    """Once per process: when Numba's on-disk cache lacks some kernel (the set-up script's ``python -m lookahead
-    warmup`` was not run), say that this first call compiles them, instead of a silent wait."""
+    """Once per process, where Numba's on-disk cache lacks a kernel a default call runs (:data:`CORE`): say that this
+    call compiles them, instead of a silent wait."""
     if _CHECKED:
         return
     _CHECKED.append(True)
-    if kernels_compiled() is False:
+    if kernels_compiled(kernel_modules(core=True)) is False:
+        import logging
+
         logging.getLogger("lookahead").warning(
             "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
             "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead")

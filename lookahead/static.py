@@ -116,14 +116,6 @@ class FullLengthSlidingLayer(StaticLayer):
         self.sliding_window, self.replaces = sliding_window, replaces
 
 
-def static_cache(cache) -> bool:
-    """Whether ``cache`` is a static one this loop takes: every layer a ``StaticLayer``, a static sliding-window layer
-    (:func:`full_length_layers` gives those the cache's length; one written already is refused) or one it made."""
-    layers = cache_layers(cache)
-    return bool(layers) and all(type(layer) in (StaticLayer, StaticSlidingWindowLayer, FullLengthSlidingLayer)
-                                for layer in layers)
-
-
 def cache_length(cache) -> int:
     """``max_cache_len`` of a static cache (every layer's)."""
     return int(min(layer.max_cache_len for layer in cache_layers(cache)))

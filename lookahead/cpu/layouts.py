@@ -64,9 +64,6 @@ class LinearPlan:
                     return kind
         return LINEAR
 
-    def most_rows(self, kind: int) -> int:
-        """The largest step in ``kind`` (0: none)."""
-        return max((upto for upto, k in self.bounds if k == kind and upto >= 2), default=0)
 
     def ranges(self) -> list[tuple[int, int, int]]:
         """``(first, last, kind)`` of every run of steps not computed by ``nn.Linear``, smallest first."""
