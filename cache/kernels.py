@@ -1,36 +1,19 @@
-"""Numba kernels of the n-gram trie: pure functions over preallocated NumPy arrays.
+"""Numba kernels of the n-gram trie over four arrays that :class:`lookahead.cache.trie.NgramTrie` allocates once;
+each kernel mutates them in place and allocates nothing per node.
 
-The trie lives in four arrays that :class:`lookahead.cache.trie.NgramTrie` allocates once:
+``nodes``  int32 ``(capacity + 1, 8)``, row 0 the root: ``TOKEN``, ``PARENT``, a doubly linked child list
+           (``FIRST_CHILD``, ``LAST_CHILD``, ``NEXT_SIBLING``, ``PREV_SIBLING``), ``GROUP``, and ``GROUP_HEAD``
+           (indexed by group id, not node). A free slot has ``TOKEN == -1``; ``NEXT_SIBLING`` links the free list.
+``stats``  int64 ``(capacity + 1, 3)``: ``COUNT``, ``LAST_USED`` (step that last recorded it), ``CHILD_SUM``.
+``table``  int32 power-of-two hash table (linear probing, load <= 1/2) from ``(parent, token)`` to the child's
+           slot, 0 = empty. ``NgramTrie`` passes a prefix sized to the live nodes, or all of it wherever an insert
+           could evict: eviction borrows it as scratch (int64 last_used values, then keep flags) and rebuilds it.
+``state``  int64: the scalars ``S_*``, then ``S_OPEN + k``: the node of the open path of length ``k + 1``.
 
-``nodes``  int32 ``(capacity + 1, 8)``, one row per node slot, row 0 the root. Columns:
-           ``TOKEN``, ``PARENT``; ``FIRST_CHILD``, ``LAST_CHILD`` and ``NEXT_SIBLING``,
-           ``PREV_SIBLING`` (a doubly linked child list per node); ``GROUP`` (see below).
-           A free slot has ``TOKEN == -1`` and its ``NEXT_SIBLING`` links the free list.
-           Column ``GROUP_HEAD`` is indexed by *group id*, not by node (see below).
-``stats``  int64 ``(capacity + 1, 3)``: ``COUNT``; ``LAST_USED`` (the step of the token that
-           last recorded the n-gram); ``CHILD_SUM`` (sum of the children's counts).
-``table``  int32, a power-of-two open-addressing hash table (linear probing, load <= 1/2) from
-           ``(parent, token)`` to the child's slot; 0 marks an empty entry (the root is never
-           a child). A child lookup is O(1) however many children a node has (the root has one
-           per vocabulary entry seen). Eviction rebuilds it, and borrows it as scratch space
-           first (as ``capacity`` int64 last_used values, then as keep flags), so eviction
-           allocates nothing. The kernels take the table as the array they are given: ``NgramTrie``
-           passes a prefix of its allocation sized to the live nodes (:func:`rehash` moves the entries
-           into a larger one), and the whole of it wherever an insert could evict.
-``state``  int64: the scalars below (``S_*``), then ``max_n`` slots ``S_OPEN + k`` holding the
-           node of the open path of length ``k + 1`` (the n-gram ending at the last token).
-
-Sorted children. Every child list is kept sorted by (count desc, last_used desc), the order in
-which ``propose`` wants siblings, so a proposal reads only the first few children of a node
-instead of scanning them all (a frequent token can have thousands). Each update of a node is
-"count += 1 and become the most recent", which moves it to the front of the run of siblings
-with the new count. Runs of equal count are *groups* (the O(1) LFU scheme): ``GROUP`` of a node
-is its group id, ``nodes[g, GROUP_HEAD]`` is the first node of group ``g`` (group ids share the
-row index space; free group ids are chained through the same column). So an update is O(1):
-the target run is the group just before the node's own group.
-
-Every kernel takes the arrays and mutates them in place; none allocates per node. Columns are
-grouped into few 2-D arrays because each array argument costs ~0.15 us of Numba dispatch.
+Child lists are sorted by (count desc, last_used desc), ``propose``'s sibling order, so a proposal reads only a
+node's first children. Runs of equal count are *groups* (O(1) LFU): ``nodes[v, GROUP]`` is a node's group id,
+``nodes[g, GROUP_HEAD]`` group ``g``'s first node (free group ids chain through that column). An update (count +1,
+most recent) moves a node to the front of the group just before its own: O(1).
 """
 
 from __future__ import annotations
@@ -49,31 +32,21 @@ STAT_COLUMNS = 3
 # slots of ``state``
 S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE, S_HIGH = range(9)
 S_OPEN = 9  # state[S_OPEN + k]: node of the open path of length k + 1
-# S_HIGH: the rows up to it may hold nodes or group ids (rows written since the last reset: every node slot or group
-# id used, and a few hundred free rows past them). The rows above it are those of a new trie (``fresh_rows``: free,
-# chained to the next row) whatever they hold: they are written only when a free list reaches them (``_reach``), so
-# a new or reset trie touches no memory it does not use.
+# Rows above S_HIGH count as a new trie's (``fresh_rows``) whatever they hold; ``_reach`` writes them when needed.
 
 # kernel status codes
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
 INT32_MAX = 2**31 - 1
 
 
-
 def table_size(capacity: int) -> int:
-    """Hash-table entries for ``capacity`` nodes: a power of two >= 2 * capacity (load <= 1/2;
-    viewed as int64 it holds ``capacity`` values, which eviction needs)."""
+    """A power of two >= 2 * capacity (load <= 1/2; as int64 it holds ``capacity`` values for eviction)."""
     return 1 << (2 * capacity - 1).bit_length()
-
-
-# -- hash table ----------------------------------------------------------------------------------
 
 
 @njit(cache=True)
 def rehash(nodes, table, state):
-    """Zero ``table`` (a power of two of at least twice the live nodes: a prefix of the trie's table, or all of
-    it) and put every live node's ``(parent, token)`` entry into it: the same lookups in a table of another size.
-    O(slots used since the last reset)."""
+    """Zero ``table`` (a power of two >= twice the live nodes) and enter every live node into it."""
     table[:] = 0
     mask = table.shape[0] - 1
     for v in range(1, min(state[S_HIGH], state[S_CAPACITY]) + 1):
@@ -110,12 +83,9 @@ def _init_node(nodes, stats, x, token, parent, count, last_used):
     stats[x, CHILD_SUM] = 0
 
 
-# -- whole-trie operations -------------------------------------------------------------------------
-
-
 @njit(cache=True, inline="always")
 def _free_node(nodes, stats, v, next_free):
-    """Slot ``v`` as a free one, ``next_free`` the next in the free list (its group-id column is not touched)."""
+    """Slot ``v`` made free, linked to ``next_free`` (its ``GROUP_HEAD`` is not touched)."""
     nodes[v, TOKEN] = -1
     nodes[v, PARENT] = 0
     nodes[v, FIRST_CHILD] = 0
@@ -130,8 +100,8 @@ def _free_node(nodes, stats, v, next_free):
 
 @njit(cache=True, inline="always")
 def fresh_rows(nodes, stats, cap, lo, hi):
-    """Write rows ``lo .. hi`` (inclusive, ``1 <= lo``, ``hi <= cap``) as a new trie's: free node slots and free
-    group ids, each chained to the next row (0 in the row of the capacity), token -1, every other column 0."""
+    """Rows ``lo .. hi`` (inclusive, ``1 <= lo``, ``hi <= cap``) as a new trie's: free slots and group ids, each
+    chained to the next row (0 at ``cap``)."""
     for v in range(lo, hi + 1):
         link = v + 1 if v < cap else 0
         _free_node(nodes, stats, v, link)
@@ -139,13 +109,12 @@ def fresh_rows(nodes, stats, cap, lo, hi):
 
 
 REACH_ROWS = 512
-"""Rows :func:`_write_ahead` writes at least when it writes (28 kB): once per so many new nodes."""
+"""The fewest rows :func:`_write_ahead` writes at once."""
 
 
 @njit(cache=True)
 def _write_ahead(nodes, stats, state, v):
-    """Rows ``S_HIGH + 1`` to ``v``, or to ``REACH_ROWS`` past ``S_HIGH`` (at most the capacity), written as a new
-    trie's; ``S_HIGH`` raised to the last of them."""
+    """Rows ``S_HIGH + 1 .. max(v, S_HIGH + REACH_ROWS)`` (<= capacity) written as a new trie's; raises ``S_HIGH``."""
     high = state[S_HIGH]
     last = min(max(v, high + REACH_ROWS), state[S_CAPACITY])
     fresh_rows(nodes, stats, state[S_CAPACITY], high + 1, last)
@@ -154,26 +123,20 @@ def _write_ahead(nodes, stats, state, v):
 
 @njit(cache=True, inline="always")
 def _reach(nodes, stats, state, v):
-    """Before row ``v`` (at most the capacity) is read: the rows above ``S_HIGH`` up to ``v`` written as a new
-    trie's (they may never have been: see ``S_HIGH``), a few hundred at a time (:func:`_write_ahead`)."""
+    """Call before row ``v`` (<= capacity) is read: writes the rows above ``S_HIGH`` up to it as a new trie's."""
     if v > state[S_HIGH]:
         _write_ahead(nodes, stats, state, v)
 
 
 @njit(cache=True)
 def reset(nodes, stats, table, state):
-    """Empty trie: every node slot but the root free (free list 1, 2, ..., capacity), step 0.
-
-    O(live nodes), not O(capacity): the rows above ``S_HIGH`` count as a new trie's whether or not they were
-    written, so a reset writes the root's row and the state, and zeroes the hash-table entries of the live nodes
-    (all of the table when more than a quarter of the capacity was in use). New arrays (``NgramTrie``'s
-    ``_empty_arrays``: a zeroed table, node rows never written) need only this, so a new trie writes a few hundred
-    bytes, however large its capacity, and its memory is touched as nodes are made."""
+    """Empty trie: every slot but the root free (free list 1, 2, ..., capacity), step 0. O(live nodes): writes the
+    root row and the state, zeroes the live entries of ``table``; enough for new arrays with a zeroed table."""
     cap = state[S_CAPACITY]
     high = state[S_HIGH]
     if 4 * high >= cap:
         table[:] = 0
-    else:  # the live nodes' entries: find them all first (probing needs the table intact), then zero them
+    else:  # find all live entries first (probing needs the table intact), then zero them
         mask = table.shape[0] - 1
         found = np.empty(high + 1, np.int64)
         n_found = 0
@@ -233,8 +196,7 @@ def kth_smallest(a, n, k):
 
 @njit(cache=True, inline="always")
 def _flag_path(nodes, table, u):
-    """Flag node ``u`` and its ancestors in ``table``, up to the first one already flagged; returns
-    how many it flagged."""
+    """Flag ``u`` and its ancestors in ``table`` up to the first already flagged; returns how many it flagged."""
     n = 0
     while table[u] == 0:
         table[u] = 1
@@ -245,9 +207,8 @@ def _flag_path(nodes, table, u):
 
 @njit(cache=True)
 def _mark_kept(nodes, stats, table, state, thr):
-    """Keep flags in ``table[: capacity + 1]``: 1 for every node with ``last_used > thr``, for every
-    node of the current stream's open path, and for all their ancestors (the root included).
-    Returns how many nodes are kept, the root not counted."""
+    """Keep flags in ``table[: capacity + 1]`` for nodes with ``last_used > thr``, the open path, and their
+    ancestors (root included); returns how many are kept, root not counted."""
     cap = state[S_CAPACITY]
     table[: cap + 1] = 0
     table[0] = 1
@@ -262,34 +223,20 @@ def _mark_kept(nodes, stats, table, state, thr):
 
 @njit(cache=True)
 def evict(nodes, stats, table, state):
-    """LRU eviction. Returns True when at least ``max_n`` slots are free afterwards.
+    """LRU eviction, O(capacity); returns True when at least ``max_n`` slots are free afterwards.
 
-    With ``s`` the last step, ``T = min(the (capacity // 4)-th smallest last_used, s - 2 max_n)``;
-    keep every node with ``last_used > T``, the nodes of the current stream's open path (the
-    parents of its next token's n-grams), and all their ancestors; free the rest. O(capacity).
-
-    Why this frees >= max_n slots when ``capacity >= 4 max_n**2`` and one stream is written (it
-    runs when fewer than max_n are free, so more than ``capacity - max_n`` nodes live): a step
-    sets last_used on at most max_n nodes, and an ancestor of a node used at step u was itself
-    used at step >= u - max_n + 1. So the kept nodes with last_used <= T (ancestors of nodes used
-    after T) were last used in the max_n - 1 steps up to T: at most max_n (max_n - 1) of them. If T
-    is the (capacity // 4)-th smallest, at least capacity // 4 >= max_n**2 nodes have last_used
-    <= T and at least max_n**2 - max_n (max_n - 1) = max_n of them go. Otherwise T = s - 2 max_n
-    and at most 2 max_n**2 + max_n (max_n - 1) nodes are kept, leaving >= max_n**2 + max_n free.
-
-    Several streams (one per thread) break the ancestor argument: a stream that was parked and
-    reopened extends n-grams last used long ago, and its open path itself may be old. So when
-    the pass above would free fewer than max_n slots, the threshold rises to ``s - 2 max_n`` and
-    then to ``s - 1``. The last always suffices: it keeps the n-grams ending at the last token,
-    the open path, and their ancestors, at most 2 * max_n (max_n + 1) / 2 <= capacity / 2 nodes.
-    Example (max_n 3, capacity 36): thread A writes 1 2 3, thread B then fills the trie with 100,
-    101, ...; A's next insert evicts, and A's old open path ``(3)``, ``(2, 3)``, ``(1, 2, 3)`` stays
-    with its ancestors, so that insert extends live nodes.
+    With ``s`` the last step, ``T = min((capacity // 4)-th smallest last_used, s - 2 max_n)``: keep nodes with
+    ``last_used > T``, the open path (parents of the next token's n-grams) and all their ancestors; free the rest.
+    With one stream and ``capacity >= 4 max_n**2`` this frees >= max_n: an ancestor of a node used at step u was
+    used at >= u - max_n + 1, so at most max_n (max_n - 1) kept nodes have last_used <= T. Parked streams of other
+    threads break that argument, so if too few would go, T rises to ``s - 2 max_n``, then ``s - 1`` (keeps at most
+    max_n (max_n + 1) <= capacity / 2 nodes). Example (max_n 3, capacity 36): thread A writes 1 2 3, thread B fills
+    the trie; A's next insert evicts but keeps A's open path ``(3)``, ``(2, 3)``, ``(1, 2, 3)``.
     """
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
     s = state[S_STEP]
-    _reach(nodes, stats, state, cap)  # the passes below read every row (a full trie has written nearly all)
+    _reach(nodes, stats, state, cap)  # the passes below read every row
     # 1. threshold (table as scratch)
     scratch = table.view(np.int64)
     n = 0
@@ -366,15 +313,12 @@ def evict(nodes, stats, table, state):
 
 @njit(cache=True)
 def insert(nodes, stats, table, state, tokens):
-    """Append ``tokens`` to the current stream; returns a status code.
+    """Append ``tokens`` (int64[n]) to the current stream; returns ``OK``, ``ERR_TOKEN`` (a token outside
+    [0, 2**31 - 1]: nothing changed) or ``ERR_EVICT``.
 
-    For each token (step ``s``) every open path of length < max_n is extended by one child
-    lookup, the token itself starts a new length-1 path, and each of these nodes gets
-    ``count += 1`` and ``last_used = s`` (created if missing): O(max_n) lookups per token.
-    Nothing is changed when a token is out of [0, 2**31 - 1] (``ERR_TOKEN``).
-
-    The per-node update is written out in this loop rather than in helper functions: Numba's
-    inlining of array-taking helpers left reference-count calls in the loop (4x slower).
+    Per token (step ``s``): each open path shorter than max_n and the new path ``(t,)`` get their child ``t``
+    (created if missing) with ``count += 1``, ``last_used = s``. The node update is inlined by hand: Numba left
+    reference counting in the loop when it inlined array-taking helpers.
     """
     n = tokens.shape[0]
     for j in range(n):
@@ -382,9 +326,7 @@ def insert(nodes, stats, table, state, tokens):
             return ERR_TOKEN
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
-    # The rows this call can take, written first (see S_HIGH), so the loop below never checks: a node slot is freed
-    # only by an eviction, which writes every row, so until one the free list's head is the first row never used,
-    # and the call takes at most n * max_n rows from it; group ids, fewer than the live nodes, stay below them.
+    # Write the at most n * max_n rows this call takes up front (until an eviction the free list is in row order).
     if state[S_FREE_HEAD] != 0:
         _reach(nodes, stats, state, min(state[S_FREE_HEAD] + n * max_n, cap))
     mask = table.shape[0] - 1
@@ -406,9 +348,7 @@ def insert(nodes, stats, table, state, tokens):
                     break
                 i = (i + 1) & mask
             if x != 0:
-                # -- existing node: count c -> c + 1, most recent; keep the sibling list sorted.
-                # Its place is the front of the group of count c + 1, which (if it exists) is
-                # the group just before x's own group g.
+                # existing node: count c -> c + 1, moved to the front of group c + 1 (just before its group g)
                 c = stats[x, COUNT]
                 px = nodes[x, PREV_SIBLING]
                 nx = nodes[x, NEXT_SIBLING]
@@ -459,8 +399,7 @@ def insert(nodes, stats, table, state, tokens):
                 stats[x, LAST_USED] = s
                 stats[parent, CHILD_SUM] += 1
             else:
-                # -- new node, count 1 (the lowest count): the front of the last group if that
-                # group has count 1, else a new group at the end of the list
+                # new node, count 1: front of the last group if it has count 1, else a new group at the end
                 x = state[S_FREE_HEAD]
                 state[S_FREE_HEAD] = nodes[x, NEXT_SIBLING]
                 state[S_N_LIVE] += 1
@@ -498,17 +437,11 @@ def insert(nodes, stats, table, state, tokens):
     return OK
 
 
-# -- proposals ------------------------------------------------------------------------------------
-
-
 @njit(cache=True)
 def insert_rows(nodes, stats, table, state, rows):
-    """Each row of ``rows`` int64[r, n] as a stream of its own (:func:`insert` after the open path is closed:
-    no n-gram spans two rows, nor what came before and the first row), in one call; returns a status code (the
-    first row's that failed; the rows before it stay inserted). The open path is the last row's afterwards,
-    as ``reset_stream`` then ``insert`` per row leaves it.
-
-    Example: rows ``[[1, 2], [2, 3]]`` records 1, 2, (1, 2), 2, 3, (2, 3), and not (2, 2)."""
+    """Each row of ``rows`` int64[r, n] inserted as a stream of its own; returns the first failing row's status
+    (earlier rows stay inserted). The last row's open path stays. Rows ``[[1, 2], [2, 3]]`` record (1, 2) and
+    (2, 3), not (2, 2)."""
     for i in range(rows.shape[0]):
         state[S_N_OPEN] = 0
         status = insert(nodes, stats, table, state, rows[i])
@@ -519,16 +452,11 @@ def insert_rows(nodes, stats, table, state, rows):
 
 @njit(cache=True)
 def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, out_parents, out_match):
-    """Draft tree for ``ctx`` written to ``out_tokens[:k]``, ``out_parents[:k]``; returns ``k``
-    (at most ``len(out_tokens)``, the caller's max_nodes), or ``ERR_TOKEN``. Read-only on the trie.
-    ``out_match[0]`` receives the match length: how many of the context's last tokens the tree
-    continues (0 when it is empty).
+    """Draft tree for ``ctx`` into ``out_tokens[:k]``, ``out_parents[:k]``; returns ``k <= len(out_tokens)`` or
+    ``ERR_TOKEN``; ``out_match[0]`` = match length (0 when empty). Read-only on the trie.
 
-    Best-first with lazy siblings: a child list is sorted in pop order, so a node's next sibling is
-    pushed only when the node is popped, and its first child only when it is selected. Each pop
-    pushes at most two entries: no scan of child lists, and a heap of at most 2 * max_nodes + 1.
-    (Sorted by count, siblings are sorted by score too: two distinct counts below 2**52 never
-    round to equal scores.)
+    Best-first with lazy siblings: child lists are in pop order, so a popped node pushes only its next sibling and
+    (once selected) its first child; the heap holds at most 2 * max_nodes + 1 entries.
     """
     n = ctx.shape[0]
     max_n = state[S_MAX_N]
@@ -557,8 +485,7 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
         return 0
     out_match[0] = length
     dlim = min(max_depth, max_n - length)
-    # 2. best-first selection. Entry e: es[e] = (score, parent's score);
-    #    ei[e] = (node, depth, last_used, pop index of the parent or -1)
+    # 2. best-first. es[e] = (score, parent's score); ei[e] = (node, depth, last_used, parent's pop index or -1)
     size = 2 * max_nodes + 1
     es = np.empty((size, 2), np.float64)
     ints = np.empty((size + max_nodes, 5), np.int64)
@@ -677,18 +604,15 @@ def live_nodes(nodes, stats):
     return out
 
 
-# -- persistence and streams ------------------------------------------------------------------------
-
-# ``build`` status codes (with the index of the offending row)
+# ``build`` status codes (returned with the offending row)
 BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED, BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(9)
 
 
 @njit(cache=True)
 def export(nodes, stats, token, parent, count, last_used):
-    """Every live node, breadth-first from the root and siblings in list order, into the output arrays
-    (``len(token)`` must be the number of live nodes): ``parent[i]`` is the output index of the node's
-    parent (-1 for a child of the root), always ``< i``. Returns the number written, or -1 when the
-    outputs are too short. Read-only on the trie."""
+    """Every live node, breadth-first with siblings in list order, into the outputs (length = live nodes);
+    ``parent[i] < i`` is the parent's output index, -1 under the root. Returns the number written, -1 when the
+    outputs are too short. Read-only."""
     n_out = token.shape[0]
     slots = np.empty(n_out, np.int64)
     n = 0
@@ -714,15 +638,9 @@ def export(nodes, stats, token, parent, count, last_used):
 
 @njit(cache=True)
 def build(nodes, stats, table, state, token, parent, count, last_used, step, n_evictions):
-    """Fill a just-``reset`` trie with the nodes ``export`` wrote; returns ``(status, row)``.
-
-    Node ``i`` goes to slot ``i + 1``; each is appended to its parent's child list, which must
-    therefore arrive sorted (count desc, last_used desc), and equal counts in a run share a group.
-    Every row is checked (parent before child, token in int32 range, count >= 1, 1 <= last_used <=
-    step, depth <= max_n, sibling order, no duplicate (parent, token)); on the first bad row the
-    status says why and the arrays are left half-built (the caller discards them). The result
-    starts a new stream, at ``step``.
-    """
+    """Fill a just-``reset`` trie with what ``export`` wrote (node ``i`` to slot ``i + 1``); returns ``(status,
+    row)``. Every row is checked (parent first, int32 token, count >= 1, 1 <= last_used <= step, depth <= max_n,
+    siblings sorted, no duplicate); on a bad row the arrays are half-built. The result starts a new stream."""
     n = token.shape[0]
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
@@ -778,12 +696,11 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
             nodes[g_next, GROUP_HEAD] = v
             nodes[v, GROUP] = g_next
             g_next += 1
-    # free slots n + 1 .. cap and group ids g_next .. cap: chained as a new trie's (rows up to n written above,
-    # the rest above S_HIGH)
+    # free slots n + 1 .. cap and group ids g_next .. cap are chained as a new trie's
     state[S_N_LIVE] = n
     state[S_FREE_HEAD] = n + 1 if n < cap else 0
     state[S_GROUP_FREE] = g_next if g_next <= cap else 0
-    state[S_STEP] = step  # (S_HIGH: set by the _reach above, past the rows and group ids used)
+    state[S_STEP] = step  # (S_HIGH: set by the _reach above)
     state[S_N_OPEN] = 0
     state[S_N_EVICTIONS] = n_evictions
     return BUILD_OK, n
@@ -791,8 +708,7 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
 
 @njit(cache=True)
 def open_tail(nodes, state, out):
-    """The tokens of the current stream's longest open path (its last ``state[S_N_OPEN]`` tokens),
-    oldest first, into ``out[:k]``; returns ``k``."""
+    """The current stream's last ``k = state[S_N_OPEN]`` tokens, oldest first, into ``out[:k]``; returns ``k``."""
     k = state[S_N_OPEN]
     if k == 0:
         return 0
@@ -805,9 +721,8 @@ def open_tail(nodes, state, out):
 
 @njit(cache=True)
 def reopen(nodes, table, state, tail):
-    """Make ``tail`` (a stream's last tokens, oldest first) the open path again, as far as its
-    n-grams still exist: the open path of length ``k`` is the node of the last ``k`` tokens, found
-    from the root, for k = 1, 2, ... until one is missing (evicted, or cleared). Returns how many."""
+    """Reopen the path of ``tail`` (a stream's last tokens, oldest first) for k = 1, 2, ... while the node of its
+    last ``k`` tokens exists; returns how many."""
     n = min(tail.shape[0], state[S_MAX_N])
     m = tail.shape[0]
     k = 0

@@ -9,28 +9,17 @@ File layout (all integers little-endian)::
     offset 20  header       UTF-8 JSON, then zero padding to a multiple of 8 bytes
                payload      the arrays named in the header, back to back, raw
 
-The header records ``max_n``, ``capacity``, ``n_nodes``, ``step``, ``n_evictions``,
-``vocab_size`` and ``tokenizer_id`` (either may be null), the arrays as ``[name, dtype, length]``,
-``payload_bytes`` and ``payload_crc32``. The payload is the trie's live n-grams in breadth-first
-order (what ``kernels.export`` writes): ``count`` and ``last_used`` (``<u4`` when every value fits,
-else ``<i8``), ``token`` and ``parent`` (``<i4``; ``parent`` is the row of the parent, -1 for a
-child of the root). It does not depend on the in-memory layout (slots, hash table, free lists): a
-load rebuilds those, and may use another capacity. No pickle anywhere.
+The header holds ``max_n``, ``capacity``, ``n_nodes``, ``step``, ``n_evictions``, ``vocab_size`` and
+``tokenizer_id`` (either may be null), ``arrays`` as ``[name, dtype, length]``, ``payload_bytes`` and
+``payload_crc32``. The payload is ``kernels.export``'s breadth-first n-grams: ``count``, ``last_used`` (``<u4``
+when all fit, else ``<i8``), ``token``, ``parent`` (``<i4``, parent's row or -1); no in-memory layout, no pickle.
 
-The first 20 bytes and the JSON header with its checksum and ``format_version`` are the same in
-every format version (a format that changes them must change the magic), so a reader can tell a
-damaged file from a newer one: it trusts the version field only once the header's checksum matches
-and the header's own ``format_version`` agrees with it. A flipped bit anywhere in the first 20 bytes
-or the header is reported as damage ("corrupt"), never as a newer format: in the magic (a few bits
-off, or the rest reads as a store), the version (it disagrees with the header's), the length (the
-JSON header found at offset 20 is another length, with the recorded checksum), the checksum or the
-header itself (checksum mismatch). Only an intact header of a higher version asks for an upgrade.
+The prefix and the checksummed header keep this shape in every version, so the version field is trusted only once
+the header's checksum matches and its ``format_version`` agrees: a flipped bit in either reads as "corrupt", and
+only an intact header of a higher version asks for an upgrade.
 
-Writing: to ``<path>.tmp-<pid>-<thread>``, flushed and fsynced, then ``os.replace``d onto ``path``
-(and the directory fsynced), so ``path`` holds either the old file or the complete new one, never a
-half-written one. Reading: every check (magic, header checksum, version, header fields, exact file size,
-payload checksum, vocabulary, tokenizer, capacity, and the structure of every row) passes before
-the caller's trie is touched.
+Written to ``<path>.tmp-<pid>-<thread>``, fsynced, then ``os.replace``d onto ``path`` (directory fsynced), so
+``path`` holds the old file or the complete new one.
 """
 
 from __future__ import annotations
@@ -48,7 +37,7 @@ MAGIC = b"\x89NGTRIE\n"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIII")  # magic, version, header_len, header_crc
 _MAX_HEADER = 1 << 20
-_MAGIC_SLACK = 4  # magic bytes this many bits off are a damaged store's (8 random bytes differ in ~32)
+_MAGIC_SLACK = 4  # magic bytes at most this many bits off are a damaged store's
 _I32_MAX = 2**31 - 1
 # (name, allowed dtypes, in-memory dtype), in payload order: 8-byte arrays first
 _ARRAYS = (
@@ -68,12 +57,10 @@ class TrieMismatchError(TrieFileError):
 
 
 def tokenizer_identity(tokenizer) -> str:
-    """A string naming a tokenizer's vocabulary, to store with a trie and compare on load.
+    """``"<name>|vocab=<size>|sha256=<16 hex digits>"`` naming a tokenizer's vocabulary, to store with a trie.
 
-    ``"<name>|vocab=<size>|sha256=<16 hex digits>"``: the last component of ``name_or_path`` (so a
-    moved model folder keeps its identity) and a hash of every ``(token, id)`` pair of
-    ``get_vocab()`` (added tokens included). Two tokenizers that map every token to the same id get
-    the same hash. Duck-typed: anything with ``get_vocab()`` works.
+    ``name``: the last component of ``name_or_path``; the hash covers every ``(token, id)`` of ``get_vocab()``
+    (added tokens included), so tokenizers with the same mapping match. Any object with ``get_vocab()`` works.
     """
     vocab = tokenizer.get_vocab()
     digest = hashlib.sha256()
@@ -82,9 +69,6 @@ def tokenizer_identity(tokenizer) -> str:
     name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     name = os.path.basename(name.rstrip("/\\")) or name
     return f"{name}|vocab={len(vocab)}|sha256={digest.hexdigest()[:16]}"
-
-
-# -- writing -------------------------------------------------------------------------------------
 
 
 def write_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
@@ -128,7 +112,7 @@ def write_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _fsync_dir(folder: str) -> None:
-    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
+    """Make the rename durable; a no-op where directories cannot be opened."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -141,15 +125,9 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-# -- reading -------------------------------------------------------------------------------------
-
-
 def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
-    """``(header, arrays)`` of a store file, after checking its format, size and checksums.
-
-    ``arrays`` are fresh writeable ``int64`` (count, last_used) and ``int32`` (token, parent) arrays.
-    Raises :class:`TrieFileError` (clear message naming the file) for anything wrong.
-    """
+    """``(header, arrays)`` of a store file after checking format, size and checksums; ``arrays`` are fresh
+    ``int64`` (count, last_used) and ``int32`` (token, parent). Raises :class:`TrieFileError`."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -225,12 +203,8 @@ def _bit_distance(a: bytes, b: bytes) -> int:
 
 
 def _header_extent(data: bytearray, crc: int) -> int | None:
-    """Padded length of the JSON object that starts at offset 20, as :func:`write_file` writes it,
-    when its checksum is ``crc``; None when there is no complete such object there.
-
-    This locates the header without trusting the length field: the writer's JSON is ASCII (``json.dumps``
-    escapes the rest), so a Latin-1 decode maps bytes to characters one to one.
-    """
+    """Padded length of the JSON object at offset 20 if its checksum is ``crc``, else None: the header found
+    without trusting the length field (the writer's JSON is ASCII, so Latin-1 maps bytes one to one)."""
     text = bytes(data[_PREFIX.size : _PREFIX.size + _MAX_HEADER + 8]).decode("latin-1")
     try:
         _, end = json.JSONDecoder().raw_decode(text)

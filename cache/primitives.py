@@ -1,13 +1,6 @@
-"""Small Numba helpers the stores share: the hash of a pair of ids, and the best-first heap of a proposal.
+"""Numba helpers the stores share, each inlined into its caller: a pair hash, a best-first heap, ``bucket``.
 
-- :func:`pair_slot`: the splitmix64 finaliser of ``(a << 32) | b``, masked to a power-of-two table (the trie's
-  ``(parent, token)`` table, the suffix automaton's ``(state, token)`` edges). :data:`MIX1` / :data:`MIX2` are
-  its multipliers, which the model-prediction table's pair keys (``lookahead.recycle``) use too.
-- :func:`heap_push` / :func:`heap_pop`: a binary heap of entry indices ordered by (score descending, depth
-  ascending, tie descending), the order in which a best-first proposal takes its candidates.
-- :func:`bucket`: a proposal's match on the acceptance estimates' scale (1 + the bucket edges it reaches).
-
-Each is ``inline="always"``: it compiles into its caller's loop, as if written there.
+:data:`MIX1` / :data:`MIX2` (splitmix64 multipliers) are used by ``lookahead.recycle``'s pair keys too.
 """
 
 from __future__ import annotations
@@ -21,9 +14,8 @@ MIX2 = np.uint64(0x94D049BB133111EB)
 
 @njit(cache=True, inline="always")
 def pair_slot(a, b, mask):
-    """The slot of the key ``(a, b)`` (both below 2**32) in a table of ``mask + 1`` entries: the splitmix64
-    finaliser of ``(a << 32) | b``, masked. Example: equal pairs always share a slot; ``(1, 2)`` and ``(2, 1)``
-    almost never do."""
+    """Slot of ``(a, b)`` (both < 2**32) in a table of ``mask + 1`` (a power of two) entries: the splitmix64
+    finaliser of ``(a << 32) | b``, masked."""
     x = (np.uint64(a) << np.uint64(32)) | np.uint64(b)
     x ^= x >> np.uint64(30)
     x *= MIX1
@@ -46,9 +38,7 @@ def _before(score, depth, tie, a, b):
 @njit(cache=True, inline="always")
 def heap_push(heap, n, e, score, depth, tie):
     """Push entry ``e`` onto ``heap[:n]`` (keys ``score``, ``depth``, ``tie`` indexed by entry); returns ``n + 1``.
-
-    Example: pushing entries 0, 1, 2 with scores ``[0.2, 0.9, 0.5]`` then popping thrice gives 1, 2, 0.
-    """
+    Entries pop by score desc, depth asc, tie desc: scores ``[0.2, 0.9, 0.5]`` pop as 1, 2, 0."""
     i = n
     while i > 0:  # sift up
         p = (i - 1) >> 1

@@ -1,36 +1,27 @@
 """``SuffixIndex``: a suffix automaton over one request's context that drafts long copies.
 
-The n-gram trie matches at most a few context tokens and drafts at most ``max_n`` minus that deep.
-When a model copies (code it edits, a passage it quotes, a list it repeats), the context's longest
-suffix that occurred before is often dozens of tokens long, and what followed it then is the best
-guess of what follows now, far deeper than any n-gram. This index finds that suffix, in amortised
-O(1) per appended token, and drafts the continuation as deep as asked.
+When a model copies (code, a quoted passage, a repeated list), the context's longest earlier-seen suffix can be
+dozens of tokens long, and what followed it then drafts far deeper than an n-gram. The index finds it in amortised
+O(1) per appended token.
 
 Terms
 -----
 context
-    The tokens appended so far (``extend``), at most ``capacity`` of them: when a token would exceed
-    it, the index is rebuilt over the last ``capacity // 2`` tokens (``rebuilds`` counts them), so a
-    rebuild's O(capacity / 2) work is paid once per ``capacity / 2`` tokens: still amortised O(1).
-    Positions below are 0-based into the kept context ``tokens``.
+    The tokens appended (``extend``), at most ``capacity``: past it the index is rebuilt over the last
+    ``capacity // 2`` (``rebuilds`` counts them). Positions are 0-based into the kept ``tokens``.
 match
-    The longest suffix of the context that also ends at an earlier position (``match_length``); 0
-    when the last token never occurred before.
-continuation of an occurrence
-    An occurrence ending at ``e`` (``e`` < the last position) continues with ``ext[e + 1], ext[e + 2],
-    ...`` where ``ext`` is the context followed by the drafted path itself: a copy that runs into the
-    present keeps copying what it has just drafted (``a b a b`` -> ``a b a b ...``).
+    The longest suffix of the context that also ends earlier (``match_length``); 0 if the last token is new.
+continuation
+    An occurrence ending at ``e`` continues with ``ext[e + 1], ext[e + 2], ...``, ``ext`` being the context then
+    the drafted path itself, so a copy that runs into the present repeats (``a b a b`` -> ``a b a b ...``).
 candidate
-    One per distinct next token ``c``: ``L_c``, the longest suffix of the context that occurred
-    followed by ``c``, and ``f_c``, the end of the *first* occurrence of that suffix followed by ``c``
-    (where ``c`` stands). ``L_c`` is at most the match length; the match's own first occurrence gives
-    the first candidate.
+    One per distinct next token ``c``: ``L_c``, the longest suffix of the context that occurred followed by ``c``,
+    and ``f_c``, the position of ``c`` after that suffix's *first* such occurrence. ``L_c`` <= the match length.
 draft tree
-    ``propose`` returns up to ``max_branches`` candidates with ``L_c >= min_match``, by ``L_c``
-    descending, then ``f_c`` ascending, each as a chain ``c, ext[f_c + 1], ext[f_c + 2], ...`` (the
-    path's own tokens extend ``ext``) from the root: the first candidate's chain up to ``max_depth``
-    deep, then the others up to ``branch_depth`` each while ``max_nodes`` last, breadth-first
-    (``parents[i] < i``, -1 for a child of the root), with every node's ``L_c`` as its match.
+    ``propose``: up to ``max_branches`` candidates with ``L_c >= min_match``, by ``L_c`` desc then ``f_c`` asc,
+    each a chain ``c, ext[f_c + 1], ...`` from the root: the first up to ``max_depth`` deep, the others up to
+    ``branch_depth``, within ``max_nodes``; breadth-first (``parents[i] < i``, -1 under the root), each node's
+    match its ``L_c``.
 
 Worked example
 --------------
@@ -40,9 +31,8 @@ Worked example
 >>> index.match_length
 2
 
-``1 2`` occurred twice before: followed by 3 (first at position 3) and by 4 (at 7). Both have
-``L_c = 2``; 3's occurrence is the earlier one, so its chain comes first: ``3 9 1 2 4 5 1 2 ...``
-(``ext`` runs on into the draft itself: after the context's ``1 2`` come the drafted ``3 9 ...``).
+``1 2`` was followed by 3 (position 3) and by 4 (at 7), both ``L_c = 2``; 3 is earlier, so its chain comes first:
+``3 9 1 2 4 5 1 2 ...`` (running on into the drafted ``3 9 ...``).
 
 >>> tokens, parents, match = index.propose(max_nodes=8, max_depth=6, max_branches=2, branch_depth=2)
 >>> tokens.tolist(), parents.tolist(), match.tolist()
@@ -50,23 +40,15 @@ Worked example
 
 How
 ---
-A suffix automaton (Blumer et al. 1985; used for drafting by SAM-Decoding, Hu et al. 2024): each
-state is a class of substrings with the same set of end positions, with ``LEN`` (its longest
-string), a suffix ``LINK`` (the class of the longest suffix outside it) and ``FIRST``, its first end
-position. Appending a token adds one state and at most one clone, and walks suffix links whose total
-length is amortised O(1) per token (the standard online construction). After each token, the match
-is the suffix link of the newest state; the candidates are the out-transitions of the states on
-its suffix-link chain (longest first), the first end of ``c``'s transition target being ``f_c``.
+A suffix automaton (Blumer et al. 1985; SAM-Decoding, Hu et al. 2024): each state is a class of substrings with
+the same end positions, with ``LEN`` (longest string), suffix ``LINK`` and ``FIRST`` (first end position); the
+standard online construction. The match is the newest state's suffix link; the candidates are the transitions of
+the states on its suffix-link chain (longest first), ``f_c`` the ``FIRST`` of ``c``'s target.
 
-Arrays (preallocated once; ``capacity`` C tokens need ``2C + 2`` states and ``3C + 4`` transitions,
-about 110 bytes per token of capacity): ``states`` int32 ``(2C + 2, 4)`` (``LEN``, ``LINK``, ``FIRST``,
-``HEAD`` of the out-transition list), ``edges`` int32 ``(3C + 4, 4)`` (``TOKEN``, ``TARGET``,
-``NEXT`` in its state's list, ``OWNER``), ``table`` int32 open addressing from (state, token) to transition + 1 (load <= 1/2)
-in its first ``info[I_TABLE]`` slots, a power of two that doubles as edges are made (from :data:`MIN_TABLE`): a
-context far below the capacity probes a table of its own size, which stays in the CPU's caches, not one
-spread over the whole allocation,
-``tokens`` int64[C] and ``info`` int64 scalars (``I_*``). Not thread-safe: one index per decoding
-stream (it holds one request's context). Knows nothing of torch.
+Arrays for C = ``capacity``: ``states`` int32 ``(2C + 2, 5)`` (``LEN``, ``LINK``, ``FIRST``, ``HEAD``/``TAIL``
+of the transition list), ``edges`` int32 ``(3C + 4, 4)`` (``TOKEN``, ``TARGET``, ``NEXT``, ``OWNER``), ``table``
+int32 hash from (state, token) to transition + 1 in its first ``info[I_TABLE]`` slots (doubling from
+:data:`MIN_TABLE`, load <= 1/2), ``tokens`` int64[C], ``info`` int64 (``I_*``). Not thread-safe: one per request.
 """
 
 from __future__ import annotations
@@ -89,8 +71,7 @@ MIN_TABLE = 1024  # hash slots in use after a reset (4 KB), or the whole table w
 
 @njit(cache=True)
 def reset(states, edges, table, info):
-    """Empty context: the root state only. Only the slots in use hold entries (at most four per edge made, or
-    :data:`MIN_TABLE`), so only they are cleared, and the table in use shrinks back to :data:`MIN_TABLE` slots."""
+    """Empty context (root state only); clears the table's slots in use and shrinks them to :data:`MIN_TABLE`."""
     table[: info[I_TABLE]] = 0
     info[I_TABLE] = min(MIN_TABLE, table.shape[0])
     states[0, LEN] = 0
@@ -106,7 +87,7 @@ def reset(states, edges, table, info):
 
 @njit(cache=True, inline="always")
 def _lookup(edges, table, state, token, mask):
-    """Transition index of ``state`` on ``token``, or -1 (``mask``: the slots in use, ``info[I_TABLE]``, minus 1)."""
+    """Transition index of ``state`` on ``token``, or -1 (``mask`` = ``info[I_TABLE] - 1``)."""
     i = pair_slot(state, token, mask)
     while True:
         v = table[i]
@@ -138,7 +119,7 @@ def _add_edge(states, edges, table, state, token, target, info):
 
 @njit(cache=True, inline="always")
 def _place(table, mask, state, token, e):
-    """Put transition ``e`` of ``(state, token)`` into the first free slot of its probe sequence."""
+    """Put transition ``e`` of ``(state, token)`` in the first free slot of its probe sequence."""
     i = pair_slot(state, token, mask)
     while table[i] != 0:
         i = (i + 1) & mask
@@ -147,7 +128,7 @@ def _place(table, mask, state, token, e):
 
 @njit(cache=True)
 def _grow(edges, table, info, n):
-    """Double the slots in use and re-place the first ``n`` transitions in them (amortised O(1) per edge)."""
+    """Double the slots in use and re-place the first ``n`` transitions in them."""
     size = 2 * info[I_TABLE]
     info[I_TABLE] = size
     table[:size] = 0
@@ -207,8 +188,8 @@ def _append(states, edges, table, info, tokens, c):
 
 @njit(cache=True)
 def extend(states, edges, table, info, tokens, new):
-    """Append ``new`` (int64[k]) to the context; rebuild over the last ``capacity // 2`` tokens when full.
-    Returns ``OK``, or ``ERR_TOKEN`` (nothing appended) when a token is outside [0, 2**31 - 1]."""
+    """Append ``new`` (int64[k]), rebuilding over the last ``capacity // 2`` tokens when full; returns ``OK``, or
+    ``ERR_TOKEN`` (nothing appended) for a token outside [0, 2**31 - 1]."""
     for j in range(new.shape[0]):
         if new[j] < 0 or new[j] > INT32_MAX:
             return ERR_TOKEN
@@ -230,10 +211,9 @@ def extend(states, edges, table, info, tokens, new):
 
 @njit(cache=True)
 def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out):
-    """Draft tree after the context (see the module docstring) into ``out[0, :k]`` (tokens), ``out[1, :k]``
-    (parents), ``out[2, :k]`` (match), ``out[3, :k]`` (depth, 1 for a child of the root); returns ``k`` (at most
-    ``out.shape[1]``, the caller's max_nodes).
-    Candidates come from the first ``max_states`` states of the match's suffix-link chain. Read-only."""
+    """Draft tree into ``out[0, :k]`` (tokens), ``out[1, :k]`` (parents), ``out[2, :k]`` (match), ``out[3, :k]``
+    (depth, 1 under the root); returns ``k <= out.shape[1]``. Candidates come from the first ``max_states`` states
+    of the match's suffix-link chain. Read-only."""
     n = info[I_N]
     max_nodes = out.shape[1]
     if n == 0 or max_nodes <= 0 or max_depth <= 0 or max_branches <= 0 or max_states <= 0:
@@ -268,10 +248,8 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
                 nc += 1
             x = edges[x, NEXT]
         s = states[s, LINK]
-    # chain lengths: the first up to max_depth, then the others up to branch_depth each, max_nodes in all
     side = min(branch_depth, max_depth)
-    # breadth-first output, depth by depth, chain by chain; a chain's token at depth m is ext[f + m]
-    # (ext: the context, then the chain's own tokens: out[0, last[b]] holds its token at depth m - 1)
+    # breadth-first, depth by depth, chain by chain; a chain's token at depth m is ext[f + m]
     last = np.full(nc, -1, np.int64)
     lens = np.empty(nc, np.int64)
     total = 0
@@ -308,9 +286,8 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
 @njit(cache=True)
 def propose_buckets(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states,
                     bucket_edges, out):
-    """:func:`propose`, then each node's match replaced by the bucket of the context it follows once its ancestors
-    are accepted (its match + its depth - 1): 1 + how many of ``bucket_edges`` (increasing) that reaches. Returns
-    ``k``; ``out[3, :k]`` keeps the depths."""
+    """:func:`propose`, with each match replaced by ``bucket(match + depth - 1, bucket_edges)``: the bucket of the
+    context the node follows once its ancestors are accepted. Returns ``k``."""
     k = propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out)
     for j in range(k):
         out[2, j] = bucket(out[2, j] + out[3, j] - 1, bucket_edges)
@@ -318,11 +295,8 @@ def propose_buckets(states, edges, info, tokens, max_depth, max_branches, branch
 
 
 class SuffixIndex:
-    """The suffix automaton of one request's context (see the module docstring).
-
-    ``capacity``: the most context tokens held (>= 4); past it the index is rebuilt over the last
-    ``capacity // 2``. All memory (about 110 bytes per token of capacity) is allocated here, touched as it is used.
-    """
+    """The suffix automaton of one request's context. ``capacity``: the most tokens held (>= 4); past it the index
+    is rebuilt over the last ``capacity // 2``. All memory is allocated here."""
 
     def __init__(self, capacity: int = 1 << 16):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 4:
@@ -333,8 +307,7 @@ class SuffixIndex:
         self._allocate(int(capacity))
 
     def _allocate(self, cap: int) -> None:
-        # tokens, states and edges are written before they are read (a state or edge as it is made), so they are
-        # left unwritten: a new index touches only the memory its context uses (a reused allocation is not filled)
+        # tokens, states and edges are written before they are read, so left unwritten
         self._tokens = np.empty(cap, np.int64)
         self._states = np.empty((2 * cap + 2, 5), np.int32)
         self._edges = np.empty((3 * cap + 4, 4), np.int32)
@@ -343,8 +316,7 @@ class SuffixIndex:
         self._info[I_CAPACITY] = cap
         reset(self._states, self._edges, self._table, self._info)
 
-    # pickling / copy.deepcopy: the kept context travels; the automaton is rebuilt from it (the same
-    # arrays: a rebuild extends an empty index by the kept tokens, as the rebuilt one was)
+    # pickling / copy.deepcopy: the kept context travels and the automaton is rebuilt from it
     def __getstate__(self) -> dict:
         return {"capacity": self.capacity, "tokens": self.tokens, "rebuilds": self.rebuilds, "dropped": self.dropped}
 
@@ -365,12 +337,12 @@ class SuffixIndex:
 
     @property
     def rebuilds(self) -> int:
-        """How often the index was rebuilt over its last ``capacity // 2`` tokens."""
+        """How many rebuilds over the last ``capacity // 2`` tokens."""
         return int(self._info[I_REBUILDS])
 
     @property
     def dropped(self) -> int:
-        """Context tokens dropped by rebuilds (the kept context starts at this absolute position)."""
+        """Tokens dropped by rebuilds: the kept context's absolute start."""
         return int(self._info[I_DROPPED])
 
     @property
@@ -415,11 +387,9 @@ class SuffixIndex:
 
     def propose(self, max_nodes: int, max_depth: int, max_branches: int = 1, branch_depth: int = 8,
                 min_match: int = 1, max_states: int = 16, with_depth: bool = False) -> tuple[np.ndarray, ...]:
-        """(tokens int64[k], parents int64[k], match int64[k]): the draft tree after the context (see the
-        module docstring); empty when the longest match is shorter than ``min_match``. Candidates come
-        from the match's ``max_states`` longest distinct earlier common-suffix lengths (the states of its
-        suffix-link chain), which bounds the work on a text that repeats one token. ``with_depth``: a fourth
-        array, each node's depth (int64[k], 1 for a child of the root), from the same kernel run."""
+        """``(tokens, parents, match)``, int64[k]: the draft tree (module docstring); empty when the match is shorter
+        than ``min_match``. ``max_states`` bounds the suffix-link states searched for candidates. ``with_depth``
+        adds each node's depth (1 under the root)."""
         if max_nodes <= 0:
             return (_EMPTY,) * (4 if with_depth else 3)
         out = np.empty((4, max_nodes), np.int64)
@@ -432,10 +402,8 @@ class SuffixIndex:
     def propose_buckets(self, max_nodes: int, max_depth: int, max_branches: int, branch_depth: int,
                         bucket_edges: np.ndarray, min_match: int = 1,
                         max_states: int = 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`propose`'s (tokens, parents) and, in the same kernel call, each node's bucket
-        (``primitives.bucket``): 1 + how many of ``bucket_edges`` (int64, increasing) the context it follows once
-        its ancestors are accepted reaches (its match + its depth - 1). Example: edges ``[4, 16]``, a node of match
-        2 at depth 3 follows 4 tokens: 2."""
+        """:meth:`propose`'s (tokens, parents) and each node's ``bucket(match + depth - 1, bucket_edges)``
+        (int64 edges, increasing): with edges ``[4, 16]`` a node of match 2 at depth 3 follows 4 tokens: bucket 2."""
         if max_nodes <= 0:
             return _EMPTY, _EMPTY, _EMPTY
         out = np.empty((4, max_nodes), np.int64)
@@ -450,7 +418,7 @@ _WARMED = False
 
 
 def _warm_up() -> None:
-    """Compile (or load from Numba's on-disk cache) the kernels once per process."""
+    """Compile (or load from Numba's cache) the kernels once per process."""
     global _WARMED
     if _WARMED:
         return

@@ -1,9 +1,5 @@
-"""``NgramTrie``: the class that owns the trie's arrays, validates inputs, and serialises access.
-
-The algorithms are the Numba kernels in :mod:`lookahead.cache.kernels`, the file format is in
-:mod:`lookahead.cache.persist`; the terms, the threading rules and persistence are explained in the package
-docstring (:mod:`cache`).
-"""
+"""``NgramTrie``: owns the trie's arrays, validates inputs and serialises access; the algorithms are in
+:mod:`lookahead.cache.kernels`, the terms and threading rules in the package docstring."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ _I64 = np.dtype(np.int64)
 _I32 = np.dtype(np.int32)
 _WARMED = False
 MIN_TABLE = 1024
-"""Hash-table slots in use after a reset (4 KB): the table in use doubles as nodes are made (``NgramTrie._fit``)."""
+"""Hash-table slots in use after a reset; the table in use grows as nodes are made (``NgramTrie._fit``)."""
 
 
 def _warm_up() -> None:
@@ -34,8 +30,8 @@ def _warm_up() -> None:
     t.insert_rows(toks[:4].reshape(2, 2))
     t.ngrams()
     K.kth_smallest(np.array([3, 1, 2], np.int64), 3, 1)
-    K.fresh_rows(t._nodes, t._stats, 16, 17, 16)  # (writes nothing: an older pickle's rows use it)
-    # persistence and stream switching (a thread that compiles these would hold the trie's lock)
+    K.fresh_rows(t._nodes, t._stats, 16, 17, 16)  # writes nothing; compiled for __setstate__
+    # persistence and stream switching (a thread compiling these would hold the trie's lock)
     n = len(t)
     out = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64))
     K.export(t._nodes, t._stats, *out)
@@ -47,11 +43,8 @@ def _warm_up() -> None:
 
 
 def _int_array(values, field: str) -> np.ndarray:
-    """``values`` as a 1-D C-contiguous writeable int64 array (no copy when it already is one).
-
-    Anything else is copied: Numba would compile (seconds) a new kernel specialisation for each
-    other layout or a read-only array.
-    """
+    """``values`` as a 1-D C-contiguous writeable int64 array, copied unless it is one (Numba would compile a
+    kernel specialisation for every other layout)."""
     if type(values) is np.ndarray and values.dtype is _I64 and values.ndim == 1:
         flags = values.flags
         if flags.c_contiguous and flags.writeable:
@@ -77,9 +70,8 @@ def _token_error(field: str, arr: np.ndarray) -> ValueError:
 class NgramTrie:
     """Bounded n-gram trie over token-id streams, with best-first draft-tree proposals.
 
-    ``max_n``: the longest n-gram recorded (>= 2). ``capacity``: the most nodes kept (root not
-    counted), >= ``4 * max_n**2``; least-recently-used n-grams are evicted beyond it. All memory
-    is allocated here: 64 to 72 bytes per node of capacity, touched as nodes are made.
+    ``max_n``: the longest n-gram recorded (>= 2). ``capacity``: the most nodes kept (root not counted),
+    >= ``4 * max_n**2``; least recently used n-grams are evicted beyond it. All memory is allocated here.
     """
 
     def __init__(self, max_n: int = 8, capacity: int = 1 << 20):
@@ -101,18 +93,15 @@ class NgramTrie:
         self._use(min(MIN_TABLE, len(self._table)))
         self._init_threading()
 
-    # The hash table in use is the first ``_used`` slots of ``_table`` (``_tview``, the array every kernel gets):
-    # a power of two at least twice the live nodes, grown as nodes are made. A trie far below its capacity then
-    # probes a table of its own size, which stays in the CPU's caches, not one spread over the whole allocation.
-    # Where an insert could evict, the whole table is in use (eviction borrows all of it as scratch space).
+    # The kernels get ``_tview``, the first ``_used`` slots of ``_table``: a small trie probes a cache-sized table.
     def _use(self, slots: int) -> None:
         self._used = slots
         self._tview = self._table[:slots]
         self._whole = slots == len(self._table)
 
     def _fit(self, new_nodes: int) -> None:
-        """Make the table in use hold ``new_nodes`` more nodes at load <= 1/2, or all of it where an insert of
-        that many could evict (:func:`kernels.rehash` into the larger prefix). Holds the lock."""
+        """Grow the table in use to hold ``new_nodes`` more at load <= 1/2, or to all of it where an insert of
+        that many could evict (eviction borrows it whole). Caller holds the lock."""
         if self._whole:
             return
         need = int(self._state[K.S_N_LIVE]) + new_nodes
@@ -133,15 +122,8 @@ class NgramTrie:
 
     # pickling / copy.deepcopy: the contents travel, the lock and the streams do not
     def __getstate__(self) -> dict:
-        """Only what is used: a trie of capacity 2**18 preallocates 17 MB, nearly all of it free slots.
-
-        Node rows above the high-water mark of the pool (``S_HIGH``: rows a new trie's would be) are
-        dropped, and so are the hash table's empty entries; :meth:`__setstate__` makes new arrays of the
-        full capacity and writes the kept rows and entries back, so the arrays are the original's (same
-        slots, free lists and group ids: the copy proposes, inserts and evicts exactly as the original would).
-        E.g. an empty ``NgramTrie(max_n=12, capacity=1 << 18)`` pickles to about 1 kB; one holding
-        2 000 nodes to about 2 000 * (32 + 24 + 12) bytes.
-        """
+        """Only the rows up to ``S_HIGH`` and the table's non-empty entries; :meth:`__setstate__` writes them into
+        full-capacity arrays, so the copy proposes, inserts and evicts exactly as the original would."""
         with self._lock:
             state = {k: v for k, v in self.__dict__.items()
                      if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview",
@@ -183,7 +165,7 @@ class NgramTrie:
 
     @property
     def step(self) -> int:
-        """Tokens inserted so far (the step the last token got)."""
+        """Tokens inserted so far."""
         return int(self._state[K.S_STEP])
 
     @property
@@ -195,7 +177,7 @@ class NgramTrie:
         return int(self._state[K.S_N_LIVE])
 
     def max_token(self) -> int:
-        """The largest token id the trie holds, -1 when it is empty (free slots hold -1)."""
+        """The largest token id held, -1 when empty."""
         with self._lock:
             return int(self._nodes[: _high(self._state) + 1, K.TOKEN].max())
 
@@ -204,14 +186,12 @@ class NgramTrie:
 
     # -- updates -----------------------------------------------------------------------------
     def insert(self, tokens) -> None:
-        """Append ``tokens`` (1-D ints in [0, 2**31 - 1]) to the calling thread's current stream and
-        record their n-grams."""
+        """Append ``tokens`` (1-D ints in [0, 2**31 - 1]) to the calling thread's stream, recording their n-grams."""
         self._inserted(K.insert, _int_array(tokens, "tokens"), "tokens")
 
     def insert_rows(self, rows) -> None:
-        """Insert each row of ``rows`` (2-D ints in [0, 2**31 - 1]) as a stream of its own, in one kernel call:
-        the same trie as ``reset_stream()`` then ``insert(row)`` for every row, and the last row's stream stays
-        open. Example: ``insert_rows([[1, 2], [2, 3]])`` records (1, 2) and (2, 3) but not (2, 2)."""
+        """Each row of ``rows`` (2-D ints in [0, 2**31 - 1]) as ``reset_stream(); insert(row)``, in one kernel call:
+        ``insert_rows([[1, 2], [2, 3]])`` records (1, 2) and (2, 3) but not (2, 2)."""
         arr = np.asarray(rows)
         if arr.ndim != 2:
             raise ValueError(f"rows: expected a 2-D array of token ids, got shape {arr.shape}")
@@ -221,8 +201,8 @@ class NgramTrie:
             self._inserted(K.insert_rows, np.ascontiguousarray(arr, dtype=np.int64), "rows")
 
     def _inserted(self, kernel, arr: np.ndarray, field: str) -> None:
-        """Run an insert ``kernel`` (``K.insert`` or ``K.insert_rows``) on the calling thread's stream, under the
-        lock; its status raised as the error it names (``field``: the argument's name in the message)."""
+        """Run ``K.insert`` or ``K.insert_rows`` on the calling thread's stream; a bad status raised (``field``
+        names the argument)."""
         with self._lock:
             stream = getattr(self._local, "stream", None)
             if stream is None or stream is not self._loaded:
@@ -235,8 +215,7 @@ class NgramTrie:
             raise RuntimeError("NgramTrie: eviction could not free max_n slots (invariant broken)")
 
     def reset_stream(self) -> None:
-        """The calling thread's next insert starts a new stream: no n-gram spans the boundary.
-        Content is kept."""
+        """The calling thread's next insert starts a new stream (no n-gram spans the boundary); content is kept."""
         with self._lock:
             stream = getattr(self._local, "stream", None)
             if stream is self._loaded:  # ours is in the state (or the state is unowned and ours is new)
@@ -248,13 +227,13 @@ class NgramTrie:
     def clear(self) -> None:
         """Empty trie, step 0; every thread's next insert starts a new stream."""
         with self._lock:
-            K.reset(self._nodes, self._stats, self._tview, self._state)  # every entry was in the slots in use
+            K.reset(self._nodes, self._stats, self._tview, self._state)  # all entries lie in the slots in use
             self._use(min(MIN_TABLE, len(self._table)))
             self._epoch += 1
 
     def _switch_to(self, stream: _Stream | None) -> None:
-        """Make ``stream`` (the calling thread's; created when None) the one whose open path is in
-        ``_state``, parking the previous owner's as its tail tokens. Holds the lock."""
+        """Load ``stream`` (the calling thread's; created when None) into ``_state``, parking the previous owner's
+        open path as its tail tokens. Caller holds the lock."""
         if stream is None:
             stream = self._local.stream = _Stream()
             if self._loaded is None:  # a fresh (or unpickled) trie: the first inserting thread adopts it
@@ -278,14 +257,9 @@ class NgramTrie:
     # -- queries -------------------------------------------------------------------------------
     def propose(self, context, max_nodes: int, max_depth: int, max_match: int | None = None, *,
                 with_match: bool = False):
-        """Draft tree continuing ``context``: ``(tokens int64[k], parents int32[k])``, k <= max_nodes.
-
-        ``parents[i]`` is -1 for a child of the matched node, else an index < i. Read-only.
-        ``with_match=True`` adds a third item, the match length: how many of the context's last
-        tokens (at most ``max_match``) the tree continues, 0 when it is empty. A longer match is a
-        better draft: after ``[.., 7, 1, 2]`` a tree matched on ``1, 2`` (length 2) is more often
-        right than one matched on ``2`` alone (length 1).
-        """
+        """Draft tree continuing ``context``: ``(tokens int64[k], parents int32[k])``, k <= max_nodes; ``parents[i]``
+        is -1 for a child of the match, else an index < i. ``with_match=True`` adds the match length (how many of
+        the context's last tokens, at most ``max_match``, the tree continues; 0 when empty). Read-only."""
         max_n = self._max_n
         if max_match is None:
             mm = max_n - 1
@@ -300,7 +274,6 @@ class NgramTrie:
         if (type(context) is not np.ndarray or context.dtype is not _I64) and len(context) > mm:
             context = context[-mm:]  # convert only what is read (an int64 array is passed whole)
         ctx = _int_array(context, "context")
-        # max_nodes is clipped to the live nodes only when large (reading len(self) costs ~0.2 us)
         m = max_nodes if max_nodes <= 4096 else min(max_nodes, len(self))
         tokens = np.empty(m, _I64)
         parents = np.empty(m, _I32)
@@ -338,12 +311,8 @@ class NgramTrie:
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
-        """Write the trie to ``path`` atomically (see :mod:`lookahead.cache.persist` for the format).
-
-        ``vocab_size`` and ``tokenizer_id`` (e.g. :func:`cache.tokenizer_identity`) are recorded so
-        that :meth:`load` can refuse the file for another vocabulary. Streams are not saved: a loaded
-        trie starts a new one. Other threads may keep using the trie; the snapshot is consistent.
-        """
+        """Write the trie to ``path`` atomically, with ``vocab_size`` and ``tokenizer_id`` (e.g.
+        :func:`cache.tokenizer_identity`) for :meth:`load` to check. Streams are not saved."""
         if vocab_size is not None:
             vocab_size = _positive_int(vocab_size, "vocab_size")
         if tokenizer_id is not None and not isinstance(tokenizer_id, str):
@@ -368,8 +337,8 @@ class NgramTrie:
     @classmethod
     def load(cls, path, vocab_size: int | None = None, tokenizer_id: str | None = None,
              capacity: int | None = None) -> NgramTrie:
-        """A new trie with the contents of the file at ``path``; its ``max_n`` and (unless given)
-        ``capacity`` are the file's. Raises as :meth:`load_into` does."""
+        """A new trie from the file at ``path``, with its ``max_n`` and (unless given) ``capacity``. Raises as
+        :meth:`load_into` does."""
         from . import persist
 
         header, arrays = persist.read_file(path)
@@ -380,14 +349,11 @@ class NgramTrie:
         return trie
 
     def load_into(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
-        """Replace this trie's contents with the file at ``path`` (same ``max_n``; capacity may differ
-        if the file's n-grams fit).
+        """Replace the contents with the file at ``path`` (same ``max_n``; its n-grams must fit the capacity).
 
-        Raises :class:`cache.TrieFileError` for a file that is not a store, is truncated or corrupt,
-        or has a newer format version, and :class:`cache.TrieMismatchError` when ``vocab_size`` or
-        ``tokenizer_id`` is given and differs from the recorded one (or a token id is >= ``vocab_size``),
-        when ``max_n`` differs, or when the n-grams do not fit. Everything is checked, and the new
-        arrays built, before this trie is touched: on any error it is unchanged.
+        Raises :class:`cache.TrieFileError` for a file that is not a store, truncated, corrupt or newer, and
+        :class:`cache.TrieMismatchError` for another ``vocab_size`` (or a token id >= it), ``tokenizer_id`` or
+        ``max_n``, or too many n-grams. On any error the trie is unchanged.
         """
         from . import persist
 
@@ -411,9 +377,8 @@ class NgramTrie:
 
 
 def _check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity) -> None:
-    """Raise :class:`cache.TrieMismatchError` unless the file fits the caller's vocabulary, tokenizer
-    and a trie of ``max_n`` / ``capacity``."""
-
+    """Raise :class:`cache.TrieMismatchError` unless the file fits the vocabulary, tokenizer, ``max_n`` and
+    ``capacity``."""
     from . import persist
 
     def mismatch(why: str) -> persist.TrieMismatchError:
@@ -436,8 +401,7 @@ def _check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity
 
 
 class _Stream:
-    """One thread's stream while another thread's open path is in the trie's state: its last tokens
-    (``tail``, None for a new stream) and the trie epoch they belong to."""
+    """A thread's parked stream: its last tokens (``tail``, None for a new stream) and their trie epoch."""
 
     __slots__ = ("tail", "epoch")
 
@@ -459,10 +423,7 @@ _BUILD_ERRORS = {
 
 
 def _empty_arrays(max_n: int, capacity: int):
-    """``(nodes, stats, table, state)`` of an empty trie. Only the root's row, the state and (lazily, by the
-    OS) the zeroed table are written: the node rows above ``S_HIGH`` count as free whatever they hold and are
-    written as nodes are made (``kernels._reach``), so a new trie costs microseconds, not a write of its whole
-    capacity (17 MB for 2**18 nodes)."""
+    """``(nodes, stats, table, state)`` of an empty trie; node rows are left unwritten until used (``S_HIGH``)."""
     nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
     stats = np.empty((capacity + 1, K.STAT_COLUMNS), np.int64)
     table = np.zeros(K.table_size(capacity), np.int32)
@@ -474,7 +435,7 @@ def _empty_arrays(max_n: int, capacity: int):
 
 
 def _high(state: np.ndarray) -> int:
-    """The last row that may hold more than a new trie's (``S_HIGH``, never above the capacity)."""
+    """``S_HIGH``: the last row that may differ from a new trie's (<= capacity)."""
     return int(state[K.S_HIGH])
 
 

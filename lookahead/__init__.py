@@ -3,8 +3,8 @@
     from lookahead import LookaheadDecoder
     out = model.generate(**inputs, max_new_tokens=256, custom_generate=LookaheadDecoder())
 
-gives exactly the tokens of plain greedy ``generate`` (or exactly its sampling distribution), in fewer forwards of
-the model wherever the text repeats itself. Or, for one model or text-generation pipeline:
+gives exactly plain ``generate``'s greedy tokens (or its sampling distribution) in fewer forwards wherever the text
+repeats itself. Or, for one model or text-generation pipeline:
 
     import lookahead
     lookahead.enable(model)                              # then: generate(..., lookahead=True)

@@ -1,7 +1,6 @@
 """Every tuning constant of the decoder, in one frozen dataclass. Private: users set ``LookaheadConfig``.
 
-The defaults were measured (``docs/design.md`` says how; ``benchmarks/`` holds the scripts). Tests and
-experiments pass another one, ``LookaheadDecoder(_tuning=Tuning(tree_nodes=8))``.
+Tests and experiments pass another one: ``LookaheadDecoder(_tuning=Tuning(tree_nodes=8))``.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from dataclasses import dataclass, fields
 
 @dataclass(frozen=True)
 class Tuning:
-    """The constants, by the part of the step that reads them."""
+    """The constants, grouped by the part of the step that reads them; each validated on construction."""
 
     # -- the n-gram tries (the request's, a shared store's, the corpus's) --
     ngram_size: int = 12  # longest n-gram a trie keeps; a match of L tokens drafts at most ngram_size - L deep

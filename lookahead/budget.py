@@ -1,16 +1,16 @@
 """The draft budget: which draft nodes a step verifies, and whether the window's rows run.
 
-Each step keeps the ``k`` most probable nodes (a prefix that is always a tree) maximising expected tokens per
-second, ``(1 + sum of their probabilities) / t(1 + k + m)``, with ``t`` the cost curve (``cost.py``), node
-probabilities from :class:`AcceptanceStats` times the call's :class:`CopyBelief`, and ``m`` the window's rows;
-``k = 0`` is a plain step. A batch chooses one width for all its rows (:func:`choose_width`).
+Each step keeps the ``k`` most probable nodes (a prefix that is always a tree) maximising expected tokens per second,
+``(1 + sum of their probabilities) / t(1 + k + m)``, with ``t`` the cost curve (``cost.py``), node probabilities from
+:class:`AcceptanceStats` times the call's :class:`CopyBelief`, and ``m`` the window's rows; ``k = 0`` is a plain step. A
+batch chooses one width for all its rows (``batch.choose_width``).
 
-Worked example: probabilities ``[0.9, 0.8, 0.1]``, ``t(1)=1, t(2)=1.1, t(3)=1.2, t(4)=2``: ``k=0`` gives 1.0
-tokens per unit, ``k=1`` 1.9/1.1 = 1.73, ``k=2`` 2.7/1.2 = 2.25, ``k=3`` 2.8/2 = 1.4: verify the two likeliest.
+Worked example: probabilities ``[0.9, 0.8, 0.1]``, ``t(1)=1, t(2)=1.1, t(3)=1.2, t(4)=2``: ``k=0`` gives 1.0 tokens per
+unit, ``k=1`` 1.9/1.1 = 1.73, ``k=2`` 2.7/1.2 = 2.25, ``k=3`` 2.8/2 = 1.4: verify the two likeliest.
 
-A node's *cell* is (origin, context, depth, rank): ``context`` its match bucket (1, 2, 3+), alone or agreed
-(another source drafted the same path); ``rank`` 0 for an only child, else 1 + its place among its siblings.
-``c(cell)`` estimates P(node accepted | parent accepted); a node's probability is the product down its path.
+A node's *cell* is (origin, context, depth, rank): ``context`` its match bucket (1, 2, 3+), alone or agreed (another
+source drafted the same path); ``rank`` 0 for an only child, else 1 + its place among its siblings. ``c(cell)``
+estimates P(node accepted | parent accepted); a node's probability is the product down its path.
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ CONTEXTS = 2 * MATCH_BUCKETS  # a match bucket alone, or agreed
 
 @njit(cache=True)
 def belief_log_ratio(c, accepted, off_scale):
-    """The log-likelihood ratio of tried nodes' outcomes, copying against not (``acceptance.CopyBelief``): per node
-    of estimated conditional acceptance ``c`` float64[t] (clipped to [1e-6, 1 - 1e-6]) add ``log(1 / off_scale)``
-    if ``accepted`` bool[t], else ``log((1 - c) / (1 - off_scale * c))``.
-
-    Example: ``c`` ``[0.87, 0.5]``, accepted ``[False, True]``, off_scale 0.3 -> ``-1.74 + 1.20 = -0.54``.
-    """
+    """The log-likelihood ratio, copying against not (:class:`CopyBelief`), of tried nodes with estimates ``c``
+    float64[t] (clipped to [1e-6, 1 - 1e-6]) and outcomes ``accepted`` bool[t]: ``log(1 / off_scale)`` per accepted
+    node, ``log((1 - c) / (1 - off_scale * c))`` per rejected one. Example: ``c`` ``[0.87, 0.5]``, accepted
+    ``[False, True]``, off_scale 0.3 -> ``-1.74 + 1.20 = -0.54``."""
     total = 0.0
     for i in range(c.shape[0]):
         if accepted[i]:
@@ -60,8 +58,7 @@ def _conditional(o, ctx, d, r, prior_a, prior_b, tried, accepted, tried_pool, ac
 
 @njit(cache=True)
 def _cell(match, agreement, depth, rank, n_ctx, max_depth, max_rank):
-    """A node's cell: context (its match bucket; the second half of the contexts when another source agreed),
-    depth and rank cells."""
+    """A node's (context, depth, rank) cells; an agreed node's context is in the second half."""
     buckets = n_ctx // 2
     ctx = min(max(match, 1), buckets) - 1 + (buckets if agreement > 0 else 0)
     return ctx, min(depth - 1, max_depth - 1), min(rank, max_rank - 1)
@@ -70,15 +67,12 @@ def _cell(match, agreement, depth, rank, n_ctx, max_depth, max_rank):
 @njit(cache=True)
 def node_probabilities(parents, origin, match, agreement, depth, rank, prior_a, prior_b, tried, accepted, tried_pool,
                        accepted_pool, pool_weight, depth_lift):
-    """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path.
-
-    ``agreement``: per node, how many other sources drafted it (``Draft.agreement``: an agreed node's context is in
-    the second half of the contexts). ``tried``/``accepted``: float64[origins, contexts, depths, ranks] counts;
-    ``*_pool``: the same summed over depths; ``prior_a``/``prior_b``: float64[contexts, ranks]. A depth cell
-    ``d`` (0-based) shrinks towards ``1 - (1 - pooled) * depth_lift ** d``.
-    Example (priors only, ``depth_lift`` 1): a chain of two only children whose ``c`` is 0.6 each -> ``[0.6,
-    0.36]``; with ``depth_lift`` 0.5 the second level's ``c`` is ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``.
-    """
+    """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path. ``agreement``: per
+    node, how many other sources drafted it (``Draft.agreement``); ``tried`` / ``accepted``: float64[origins, contexts,
+    depths, ranks] counts; ``*_pool``: the same summed over depths; ``prior_a`` / ``prior_b``: float64[contexts, ranks].
+    Depth cell ``d`` (0-based) shrinks towards ``1 - (1 - pooled) * depth_lift ** d``. Example (priors only): two only
+    children whose ``c`` is 0.6 -> ``[0.6, 0.36]``; with ``depth_lift`` 0.5 the second ``c`` is
+    ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``."""
     n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
     prob = np.empty(len(parents))
     for i in range(len(parents)):
@@ -92,13 +86,9 @@ def node_probabilities(parents, origin, match, agreement, depth, rank, prior_a, 
 @njit(cache=True)
 def record(parents, origin, match, agreement, depth, rank, accepted_nodes, prior_a, prior_b, tried, accepted,
            tried_pool, accepted_pool, pool_weight, decay, depth_lift):
-    """Learn one verified tree in place: every node whose parent was accepted (or is the root) was
-    *tried*; counts decay by ``decay`` first. Returns (c float64[t], hit bool[t]) of the ``t`` tried
-    nodes in index order, ``c`` as estimated before this update.
-
-    Example: parents ``[-1, -1, 0, 2]``, accepted ``[0]``: nodes 0, 1, 2 were tried (node 3's parent was
-    rejected), and only node 0 was accepted.
-    """
+    """Learn one verified tree in place: a node whose parent was accepted (or is the root) was *tried*; counts decay by
+    ``decay`` first. Returns (c float64[t], hit bool[t]) of the ``t`` tried nodes in index order, ``c`` as estimated
+    before. Example: parents ``[-1, -1, 0, 2]``, accepted ``[0]``: nodes 0, 1, 2 were tried, node 0 hit."""
     n = len(parents)
     ok = np.zeros(n, np.bool_)
     for j in accepted_nodes:
@@ -132,13 +122,10 @@ def record(parents, origin, match, agreement, depth, rank, accepted_nodes, prior
 
 @njit(cache=True)
 def choose(probs, cost_table, extra_rows, extra_gain, margin, max_k):
-    """(node indices int64[k], sorted; expected tokens per second of the choice): the best prefix by
-    probability (ties: lower index first, so parents before children), at most ``max_k`` long, maximising
-    ``(1 + extra_gain + sum of chosen probs) / cost_table[1 + extra_rows + k]``; a ``k > 0`` must beat
-    ``k = 0`` by the factor ``margin``.
-
-    Example: probs ``[0.9, 0.8, 0.1]``, cost table ``[_, 1, 1.1, 1.2, 2]`` -> ``([0, 1], 2.25)``.
-    """
+    """(node indices int64[k], sorted; expected tokens per second): the best prefix by probability (stable, so parents
+    before children), at most ``max_k`` long, maximising ``(1 + extra_gain + sum of chosen probs) /
+    cost_table[1 + extra_rows + k]``; ``k > 0`` must beat ``k = 0`` by the factor ``margin``. Example: probs
+    ``[0.9, 0.8, 0.1]``, cost table ``[_, 1, 1.1, 1.2, 2]`` -> ``([0, 1], 2.25)``."""
     order = np.argsort(-probs, kind="mergesort")  # stable
     k, rate = _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k)
     return np.sort(order[:k]), rate
@@ -146,14 +133,11 @@ def choose(probs, cost_table, extra_rows, extra_gain, margin, max_k):
 
 @njit(cache=True)
 def choose_with_window(probs, cost_table, window_rows, window_gain, margin, max_k):
-    """:func:`choose` without the window's rows and with them (``window_rows`` more rows, ``window_gain`` more
-    expected tokens), from one sort: (order int64[n] of the nodes by probability, stable; k and rate without the
-    window; k and rate with it). The caller keeps ``np.sort(order[:k])`` of the choice it takes.
-
-    Example: probs ``[0.9, 0.8, 0.1]``, cost table ``[_, 1, 1.1, 1.2, 2, 2.1, 2.2]``, 2 window rows adding 1.5
-    tokens -> order ``[0, 1, 2]``; without the window (2, 2.7 / 1.2 = 2.25), with it (0, 2.5 / 1.2 = 2.08): the window
-    alone beats it with any node.
-    """
+    """:func:`choose` without and with the window (``window_rows`` more rows, ``window_gain`` more expected tokens),
+    from one sort: (order int64[n] of the nodes by probability; k, rate without the window; k, rate with it). The
+    caller keeps ``np.sort(order[:k])`` of its choice. Example: probs ``[0.9, 0.8, 0.1]``, cost table
+    ``[_, 1, 1.1, 1.2, 2, 2.1, 2.2]``, 2 window rows adding 1.5 tokens: without it k = 2 (2.25), with it k = 0
+    (2.08)."""
     order = np.argsort(-probs, kind="mergesort")  # stable
     k, rate = _best_prefix(probs, order, cost_table, 0, 0.0, margin, max_k)
     k_w, rate_w = _best_prefix(probs, order, cost_table, window_rows, window_gain, margin, max_k)
@@ -162,7 +146,7 @@ def choose_with_window(probs, cost_table, window_rows, window_gain, margin, max_
 
 @njit(cache=True)
 def _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k):
-    """(k, rate): :func:`choose`'s best prefix length of ``order`` (the nodes by probability) and its rate."""
+    """(k, rate): :func:`choose`'s best prefix length of ``order`` and its rate."""
     n = len(probs)
     base = 1.0 + extra_gain
     best_k, best_rate, first_rate = 0, 0.0, 0.0
@@ -185,15 +169,10 @@ def _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k
 
 
 class AcceptanceStats:
-    """Online estimates of ``c(origin, context, depth, rank)``. Each is the cell's acceptance rate shrunk towards
-    the same (origin, context, rank) pooled over depths, itself shrunk towards a Beta prior per rank
-    (``priors``) whose mean is scaled per match bucket (``match_scale``, clipped to [0.02, 0.98]). At depth
-    ``d`` the pooled estimate ``p`` is lifted to ``1 - (1 - p) * depth_lift ** (d - 1)``. Counts decay by
-    ``decay`` per update.
-
-    Example (priors only, depth_lift 0.95): two only children after a 2-token match: ``c`` 2/3 * 0.9 = 0.6, then
-    ``1 - 0.4 * 0.95 = 0.62``: probabilities ``[0.6, 0.372]``.
-    """
+    """Online estimates of ``c(origin, context, depth, rank)``: the cell's rate shrunk towards its (origin, context,
+    rank) pooled over depths, itself shrunk towards a Beta prior per rank (``priors``) whose mean is scaled per match
+    bucket (``match_scale``, clipped to [0.02, 0.98]). At depth ``d`` the pooled ``p`` is lifted to
+    ``1 - (1 - p) * depth_lift ** (d - 1)``. Counts decay by ``decay`` per update."""
 
     def __init__(self, origins: int, tuning: Tuning = DEFAULT):
         t = self.tuning = tuning
@@ -238,14 +217,11 @@ class AcceptanceStats:
 
 
 class CopyBelief:
-    """P(the text is copying right now), one number per call that scales every estimate, so one rejected
-    long-match tree lowers them all for a few steps. Two hypotheses: copying (accepted at ``c``) or not (at
-    ``off_scale * c``); each tried node's log-likelihood ratio moves the log-odds (clipped to ``+-limit``), which
-    relax towards the prior's by ``relax`` every step. Scale: ``belief + (1 - belief) * off_scale``.
-
-    Example (prior 0.9, off_scale 0.3): a rejected only child with ``c = 0.87`` adds ``log(0.13 / 0.739) = -1.74``
-    to the prior's 2.20: belief 0.61, scale 0.73. An accepted node adds ``log(1 / 0.3) = +1.20``.
-    """
+    """P(the text is copying right now): one number per call scaling every estimate, so one rejected long-match tree
+    lowers them all for a few steps. Copying accepts at ``c``, not copying at ``off_scale * c``; each tried node's
+    log-likelihood ratio moves the log-odds (clipped to ``+-limit``), which relax towards the prior's by ``relax`` per
+    step. Scale: ``belief + (1 - belief) * off_scale``. Example (prior 0.9, off_scale 0.3): a rejected only child with
+    ``c = 0.87`` adds ``log(0.13 / 0.739) = -1.74`` to the prior's 2.20: belief 0.61, scale 0.73."""
 
     def __init__(self, tuning: Tuning = DEFAULT):
         self.off_scale, self.relax, self.limit = tuning.belief_off_scale, tuning.belief_relax, tuning.belief_limit
@@ -274,15 +250,14 @@ class CopyBelief:
 
 def can_pay(costs: np.ndarray, margin: float) -> bool:
     """Whether drafting could ever beat a plain step on ``costs`` (float[K + 1], ``costs[0]`` the plain step's) were
-    every node accepted: ``(1 + k) * costs[0] >= margin * costs[k]`` for some ``k >= 1``. Example: costs
-    ``[1, 3, 4, 5]`` -> False."""
+    every node accepted. Example: costs ``[1, 3, 4, 5]`` -> False."""
     k = np.arange(1, len(costs))
     return bool(np.any((1 + k) * costs[0] >= margin * np.asarray(costs)[1:]))
 
 
 class Prober:
-    """Every ``every``-th step that drafted nothing although drafts existed should verify one node anyway
-    (:meth:`due`), so estimates learned low can recover."""
+    """:meth:`due` is True every ``every``-th step that drafted nothing though drafts existed: verify one node, so low
+    estimates can recover."""
 
     def __init__(self, every: int):
         self.every, self.idle = every, 0
@@ -300,8 +275,7 @@ class Prober:
 
 def choose_nodes(probs: np.ndarray, cost, extra_rows: int = 0, extra_gain: float = 0.0, margin: float = DEFAULT.margin,
                  max_nodes: int | None = None) -> tuple[np.ndarray, float]:
-    """(the nodes worth verifying, sorted; expected tokens per second): :func:`choose` on ``cost`` (a curve, or
-    its table ``cost(arange(K))``)."""
+    """:func:`choose` on ``cost``, a curve or its table: (nodes worth verifying, sorted; tokens per second)."""
     probs = np.asarray(probs, dtype=np.float64)
     table = cost(np.arange(len(probs) + extra_rows + 2)) if isinstance(cost, CostModel) else cost
     return choose(probs, table, extra_rows, float(extra_gain), float(margin),
@@ -309,10 +283,10 @@ def choose_nodes(probs: np.ndarray, cost, extra_rows: int = 0, extra_gain: float
 
 
 class Budget:
-    """The per-step choices of one call's row, and what it learns from each verified step: fresh estimates per
-    call (or an earlier call's, capped: ``carry_trials``), the copy belief, the window's worth (a running mean of
-    window-made tokens accepted per step, re-tried every ``window_probe_every`` steps while off) and a prober.
-    The cost curve is fixed for the call unless ``refine_cost``."""
+    """One row's per-step choices and what it learns from each verified step: the acceptance estimates (fresh per call,
+    or an earlier call's capped at ``carry_trials``), the copy belief, the window's worth (a running mean of window-made
+    tokens accepted per step, re-tried every ``window_probe_every`` steps while off) and a prober. The cost curve is
+    fixed for the call unless ``refine_cost``."""
 
     def __init__(self, cost: CostModel, tuning: Tuning = DEFAULT, cost_rows: int = 1024):
         self.tuning = tuning
@@ -372,7 +346,7 @@ class Budget:
         return draft
 
     def record(self, draft: Draft, accepted_nodes: Sequence[int], rows: int = 0, seconds: float = 0.0) -> None:
-        """Learn from one verified step of ``draft``; ``rows`` new tokens took ``seconds`` (only when refining)."""
+        """Learn from one verified step of ``draft``; ``rows`` new tokens took ``seconds`` (used only when refining)."""
         if self.refiner is not None and rows:
             self.cost = self.refiner.observe(rows, seconds)
             self._table = self.cost(np.arange(len(self._table)))
@@ -382,8 +356,3 @@ class Budget:
             window_accepted = sum(1 for j in accepted_nodes if draft.origin[j] == WINDOW)
             keep = self.tuning.window_gain_keep
             self.window_gain = keep * self.window_gain + (1 - keep) * window_accepted
-
-
-# -- a batch's width --------------------------------------------------------------------------------------------
-
-

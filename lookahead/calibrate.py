@@ -26,16 +26,12 @@ _BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
 
 
 class CostRefiner:
-    """Online refinement of one call's cost curve from measured step times (opt-in). The refined curve is
-    ``base(k) * scale * shape[k]``: ``scale`` an exponential mean of measured / base over every observation (a
-    uniformly faster machine moves it and no decision), ``shape[i]`` a per-point correction moved only by
-    observations nearest point ``i`` and relaxed towards 1 at every other one. Moving each point towards its own
-    measurements would ratchet: a decoder that stops drafting observes only ``k = 1``, and stale large points
-    would make drafting look ever worse.
-
-    Example: base ``t(1) = 10 ms, t(16) = 30 ms``; every step measures ``t(1) = 5 ms``. ``scale``
-    tends to 0.5, ``shape[1]`` stays 1 and ``shape[16]`` stays 1: the curve becomes 5 ms / 15 ms,
-    the ratio 3 is kept, where a per-point refinement would have drifted to 5 ms / 30 ms."""
+    """Opt-in refinement of one call's cost curve from measured step times: ``base(k) * scale * shape[k]``, ``scale`` an
+    exponential mean of measured / base over every observation, ``shape[i]`` moved only by observations nearest point
+    ``i`` and relaxed towards 1 at the others. Refining each point alone would ratchet: a decoder that stops drafting
+    observes only ``k = 1``, and stale large points would make drafting look ever worse. Example: base
+    ``t(1) = 10 ms, t(16) = 30 ms``, every step measures ``t(1) = 5 ms``: ``scale`` tends to 0.5, ``shape`` stays 1:
+    ``t(1) = 5 ms, t(16) = 15 ms``."""
 
     def __init__(self, base: CostModel, weight: float = DEFAULT.refine_weight, relax: float = DEFAULT.refine_relax):
         if not 0.0 < weight <= 1.0 or not 0.0 <= relax <= 1.0:
@@ -63,11 +59,9 @@ class CostRefiner:
 
 
 def round_order(sizes: Sequence[int], r: int) -> tuple[int, ...]:
-    """The order round ``r`` times ``sizes`` in: rotated by ``r``, reversed on odd rounds, so that no size is
-    always timed first, last, or right after the same other size.
-
-    Example: ``round_order((1, 2, 4), 0)`` -> ``(1, 2, 4)``; ``1`` -> ``(1, 4, 2)``; ``2`` -> ``(4, 1, 2)``.
-    """
+    """The order round ``r`` times ``sizes`` in: rotated by ``r``, reversed on odd rounds, so no size is always timed
+    first, last or after the same size. Example: rounds 0-2 of ``(1, 2, 4)``: ``(1, 2, 4)``, ``(1, 4, 2)``,
+    ``(4, 1, 2)``."""
     s = tuple(sizes)
     r %= 2 * len(s)
     rotated = s[r % len(s):] + s[: r % len(s)]
@@ -80,12 +74,9 @@ def fastest(samples: dict[int, list[float]]) -> dict[int, float]:
 
 
 def disagreement(samples: dict[int, list[float]], agreement: float = DEFAULT.agreement) -> str | None:
-    """Why the fastest timings are not yet trusted, or None when, for every size, the two fastest of its
-    timings agree within ``agreement`` (so the minimum is not one lucky or one slowed reading).
-
-    Example: ``{1: [.010, .011], 16: [.030, .050, .070]}`` -> ``"the two fastest timings of 16 tokens
-    differ by 1.67x"``.
-    """
+    """Why the fastest timings are not yet trusted, or None when for every size the two fastest agree within
+    ``agreement``. Example:
+    ``{1: [.010, .011], 16: [.030, .050, .070]}`` -> ``"the two fastest timings of 16 tokens differ by 1.67x"``."""
     for k, v in sorted(samples.items()):
         if len(v) < 2:
             return f"{len(v)} usable timing(s) of {_tokens(k)}"
@@ -100,21 +91,17 @@ def _tokens(k: int) -> str:
 
 
 def capped_curve(times: dict[int, float]) -> dict[int, float]:
-    """``times`` with every ``t(k)`` at most ``k * t(1)``: ``k`` one-token forwards compute the same as one of
-    ``k`` tokens, so a larger figure can only come from load. Needs ``times[1]``.
-
-    Example: ``{1: .010, 4: .060, 16: .100}`` -> ``{1: .010, 4: .040, 16: .100}``.
-    """
+    """``times`` (which holds ``times[1]``) with every ``t(k)`` at most ``k * t(1)``: ``k`` one-token forwards compute
+    as much, so more can only come from load. Example:
+    ``{1: .010, 4: .060, 16: .100}`` -> ``{1: .010, 4: .040, 16: .100}``."""
     t1 = times[1]
     return {k: min(t, k * t1) for k, t in times.items()}
 
 
 @contextlib.contextmanager
 def calibration_progress(desc: str) -> Iterator[object | None]:
-    """While entered, :func:`calibrate_curve` counts its timed runs on a progress bar (``tqdm.auto``: a notebook
-    widget or a line on stderr) labelled ``desc``, shown once it has run :data:`PROGRESS_DELAY` seconds and
-    removed when done. None (no bar) when transformers' progress bars are switched off
-    (``transformers.utils.logging.disable_progress_bar()``). Yields the bar or None."""
+    """While entered, :func:`calibrate_curve` counts its timed runs on a ``tqdm.auto`` bar labelled ``desc``, shown
+    after ``DEFAULT.progress_delay`` seconds. Yields the bar, or None when transformers' progress bars are off."""
     from transformers.utils import logging as hf_logging
 
     bar = None
@@ -160,11 +147,9 @@ def _round(time_one: Callable[[int], float], order: Sequence[int], over: Callabl
 
 def _steep(time_one: Callable[[int], float], probe: float, ratio: float, agreement: float = DEFAULT.agreement,
            drift: float = DEFAULT.drift) -> Callable[[int, float], bool]:
-    """The first round's stop test: ``k`` >= 2 rows took at least ``ratio`` one-token forwards (``probe``), and
-    timed once more beside a new probe, the two timings of ``k`` agree within ``agreement``, the probes within
-    ``drift``, and the lesser of each pair still says so. A size that does not pass lets the round go on, and the
-    next steep size is tested the same way; a machine whose load slows some timings and not others (the pairs
-    disagree) is timed at every size, as before."""
+    """The first round's stop test ``enough(k, seconds)``: ``k >= 2`` rows took at least ``ratio`` probes (one-token
+    forwards, ``probe``), and timed once more beside a new probe, the two timings of ``k`` agree within ``agreement``,
+    the probes within ``drift``, and the lesser of each pair still says so. Otherwise the round goes on."""
 
     def enough(k: int, seconds: float) -> bool:
         if k < 2 or seconds < ratio * probe:
@@ -185,13 +170,11 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
                     clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT.rounds,
                     attempts: int = DEFAULT.attempts, max_seconds: float = DEFAULT.max_seconds, agreement: float = DEFAULT.agreement,
                     drift: float = DEFAULT.drift, stop_ratio: float | None = DEFAULT.stop_ratio) -> CostModel:
-    """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k``
-    new tokens, or a whole decoding step with ``k`` rows), robust to a machine that other work slows.
-
-    Example: ``calibrate_curve(lambda k: 0.010 + 0.001 * k, (1, 2, 4))`` -> ``CostModel(1: 11.0 ms,
-    2: 12.0 ms, 4: 14.0 ms, steps)`` after 1 + 2 * 4 calls of ``time_one``. With ``lambda k: 0.010 * k`` and
-    sizes ``(1, 2, 4, 8, 16)``: 8 rows cost 8x the probe (and again, timed once more), so 16 is never timed:
-    ``CostModel(1: 10.0 ms, 2: 20.0 ms, 4: 40.0 ms, 8: 80.0 ms, steps)`` covering 16 rows (priced 160 ms)."""
+    """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k`` new tokens,
+    or a whole step of ``k`` rows), robust to a machine that other work slows: interleaved rounds, probes between them
+    that must agree, the fastest timings; provisional when they never agree. Example: ``lambda k: 0.010 * k`` over sizes
+    ``(1, 2, 4, 8, 16)``: 8 rows cost 8x the probe (twice), so 16 is never timed:
+    ``CostModel(1: 10.0 ms, ..., 8: 80.0 ms, steps)`` covering 16 rows."""
     sizes = tuple(sorted({int(k) for k in sizes} | {1}))
     covers = sizes[-1]
     if rounds < 1 or attempts < 1 or agreement < 1.0 or drift < 1.0 or (stop_ratio is not None and stop_ratio <= 1):
@@ -249,10 +232,8 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
 
 
 def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT.rounds) -> float:
-    """A rough forecast of :func:`measure_cost_curve`'s time on a quiet machine, for the line that says a
-    calibration is starting: each forward reads every weight once (about 10 GB/s on a CPU, 1 TB/s on a GPU)
-    or computes ``2 * parameters * k`` operations (about 100 GFLOP/s on a CPU, 100 TFLOP/s on a GPU),
-    whichever takes longer. Example: SmolLM2-135M in fp32 on a 2-core CPU: about 2 s."""
+    """A rough forecast of a calibration's seconds on a quiet machine, for the line announcing it: each forward reads
+    every weight once or computes ``2 * parameters * k`` operations, whichever takes longer."""
     params = sum(p.numel() for p in model.parameters())
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     gpu = model.device.type != "cpu"
@@ -266,10 +247,9 @@ def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFA
 
 
 def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int = 128):
-    """``time_one(k) -> seconds``: one decoding step of ``k`` rows after a ``context``-token prefix, end to end as
-    the loop runs it (for ``k`` > 1 the mask written into its buffer, the forward through ``runner``, every row's
-    argmax and top-k read, the KV keep of an accepted node; for ``k`` = 1 a plain step). Timed steps' entries are
-    cropped off again; one 2-row step runs untimed first (a process's first multi-row step pays one-time costs)."""
+    """``time_one(k) -> seconds``: one decoding step of ``k`` rows after a ``context``-token prefix, end to end as the
+    loop runs it (``k`` > 1: mask, forward through ``runner``, argmax and top-k readout, a KV keep; ``k`` = 1: a plain
+    step). Timed entries are cropped again; an untimed 2-row step first pays one-time costs."""
     model, device, dtype = call.model, call.device, call.dtype
     limit = getattr(model.config, "max_position_embeddings", None) or 4096
     context = max(1, min(context, limit - max_rows - 1))

@@ -1,9 +1,7 @@
 """A call's checks, before anything expensive: each refuses with a ``ValueError`` that says what to do instead.
 
-:func:`check_supported` (the generation settings; ``lookahead.enable`` asks it of a call it routes),
-:func:`check_inputs` (token ids and attention mask), :func:`check_model_kwargs`, :func:`check_cache_layers`,
-:func:`check_store` and :func:`check_media` (images). An error raised inside :func:`refusals` is marked as a
-*refusal*: raised before the first decoding step, so ``enable``'s implicit default can run plain ``generate``.
+An error raised inside :func:`refusals` is a *refusal*: raised before the first decoding step, so ``enable``'s
+implicit default can run plain ``generate`` instead.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from .kv import PLAIN_LAYERS, CacheNotRollbackable, cache_layers
 
 
 def sharded(model) -> bool:
-    """Whether ``model`` is sharded over tensor-parallel ranks (``lookahead.parallel`` is imported only then)."""
+    """Whether ``model`` is sharded over tensor-parallel ranks."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return False
@@ -37,7 +35,7 @@ REFUSAL = "lookahead_refusal"
 
 @contextlib.contextmanager
 def refusals():
-    """Mark every ``ValueError`` raised inside as a refusal (:data:`REFUSAL`), and let it go on."""
+    """Mark every ``ValueError`` raised inside as a refusal (:data:`REFUSAL`) and re-raise it."""
     try:
         yield
     except ValueError as err:
@@ -46,13 +44,13 @@ def refusals():
 
 
 def is_refusal(err: BaseException) -> bool:
-    """Whether ``err`` is a refusal of the decoder's (:func:`refusals`), raised before its first decoding step."""
+    """Whether ``err`` was raised inside :func:`refusals`."""
     return bool(getattr(err, REFUSAL, False))
 
 
 def check_supported(model, batch: int, generation_config, synced_gpus: bool = False, decoder=None) -> None:
-    """Refuse, with a clear message, every setting the decoder would not decode exactly as asked, for a call
-    of ``batch`` rows (before any input is looked at: ``lookahead.enable`` asks this of a call it routes)."""
+    """Refuse every setting a call of ``batch`` rows would not decode exactly as asked (inputs unseen: ``enable``
+    asks this of a call it routes)."""
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(
             "LookaheadDecoder supports decoder-only models; this is an encoder-decoder model. "
@@ -107,13 +105,9 @@ _OTHER_MODES = {
 
 
 def check_generation_mode(gen) -> None:
-    """Refuse a generation config whose flags ask ``generate`` for another decoding method than greedy search or
-    multinomial sampling (``GenerationConfig.get_generation_mode``): the decoder would otherwise decode greedily
-    or by sampling and drop them without a word.
-
-    Example: ``GenerationConfig(penalty_alpha=0.6, top_k=4)`` raises "... contrastive search (penalty_alpha and
-    top_k > 1) ..."; ``GenerationConfig(penalty_alpha=0.6, top_k=1)``, which plain ``generate`` decodes greedily,
-    passes."""
+    """Refuse a config whose ``get_generation_mode`` is neither greedy search nor sampling (silently dropped else).
+    Example: ``GenerationConfig(penalty_alpha=0.6, top_k=4)`` raises (contrastive search); with ``top_k=1``, which
+    plain ``generate`` decodes greedily, it passes."""
     mode = getattr(gen.get_generation_mode(), "value", None) if hasattr(gen, "get_generation_mode") else None
     if mode in _OTHER_MODES:
         what, flags = _OTHER_MODES[mode]
@@ -122,8 +116,7 @@ def check_generation_mode(gen) -> None:
 
 
 def check_no_assistant(assistant_model) -> None:
-    """Refuse an ``assistant_model=`` passed to ``generate`` beside the decoder: ``generate`` does not hand it to a
-    callable ``custom_generate``, so it would be dropped without a word."""
+    """Refuse ``generate(assistant_model=...)`` beside the decoder (``generate`` would silently drop it)."""
     if assistant_model is not None:
         raise ValueError("LookaheadDecoder cannot be combined with assistant_model= (assisted decoding); give the "
                          "draft model to the decoder instead, LookaheadDecoder(draft=model), or drop "
@@ -131,21 +124,18 @@ def check_no_assistant(assistant_model) -> None:
 
 
 def vocabulary_size(model) -> int:
-    """The number of token ids the model's input embedding takes (``config.vocab_size`` without one)."""
+    """Token ids the input embedding takes (else ``config.vocab_size``)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None)
     return int(rows) if rows else int(model.config.vocab_size)
 
 
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab_size: int) -> None:
-    """Refuse inputs plain ``generate`` would fail on late or decode into garbage, before anything expensive.
+    """Refuse inputs plain ``generate`` would fail on late or decode into garbage.
 
-    - ``input_ids`` long[b, L]: not empty; every id in ``[0, vocab_size)`` (the bad id and the size named;
-      plain ``generate`` raises ``IndexError`` from the embedding, and so does this).
-    - ``attention_mask`` long[b, L] or None: 2D; every row has a visible token and its padding on the left
-      only (``0 ... 0 1 ... 1``): a right-padded row decodes after its padding, which is not what was asked.
-
-    Example: ``attention_mask=[[1, 1, 0]]`` raises "... padding on the right of row 0 ... padding_side = 'left'".
+    - ``input_ids`` long[b, L]: not empty; ids in ``[0, vocab_size)`` (else ``IndexError``, as the embedding's).
+    - ``attention_mask`` long[b, L] or None: each row has a visible token and left padding only (``0 ... 0 1 ... 1``).
+    Example: ``attention_mask=[[1, 1, 0]]`` raises "... padding on the right of row 0 ...".
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2D [batch, sequence]; got shape {tuple(input_ids.shape)}")
@@ -180,15 +170,14 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, v
 
 
 def given(value) -> bool:
-    """Whether a model input holds something: not None, nor a mapping of nothing (``generate`` hands a multimodal
-    model's text-only call ``mm_encoder_outputs={}``)."""
+    """Whether a model input holds something: not None nor a dict of Nones (a text-only ``mm_encoder_outputs``)."""
     if isinstance(value, dict):
         return any(v is not None for v in value.values())
     return value is not None
 
 
 def check_model_kwargs(model_kwargs: dict, gen) -> None:
-    """Refuse model inputs and outputs the decoder would not handle exactly as plain generate does."""
+    """Refuse model inputs and outputs the decoder would not handle as plain generate does."""
     wanted = sorted(k for k in ("output_attentions", "output_hidden_states")
                     if model_kwargs.get(k) or (gen.return_dict_in_generate and getattr(gen, k, False)))
     if wanted:
@@ -214,14 +203,13 @@ MEDIA_TYPE_KWARGS = ("token_type_ids", "mm_token_type_ids")
 
 
 def media_of(model_kwargs: dict):
-    """The encoded media features ``generate`` handed the call (``model_kwargs[MEDIA_KWARG]``), or None."""
+    """The encoded media features ``generate`` handed the call, or None."""
     media = model_kwargs.get(MEDIA_KWARG)
     return media if given(media) else None
 
 
 def check_cache_layers(cache) -> int | None:
-    """Before any forward: refuse a cache whose layers the decoder cannot roll back exactly. Returns the smallest
-    sliding window of its layers, or None (a call may reach past it: :mod:`lookahead.sliding`)."""
+    """Refuse a cache whose layers cannot roll back exactly; the smallest sliding window of its layers, or None."""
     _, sliding = compat.rollbackable_layer_types()
     window = None
     for layer in cache_layers(cache):
@@ -237,7 +225,7 @@ def check_cache_layers(cache) -> int | None:
 
 
 def check_store(memory, vocab_size: int) -> None:
-    """Refuse a shared n-gram store (``LookaheadDecoder(store=...)``) built with another tokenizer."""
+    """Refuse a shared store (``store=``) built with another tokenizer."""
     if memory is not None and memory.max_token() >= vocab_size:
         raise ValueError(
             f"the shared trie holds token id {memory.max_token()}, outside this model's vocabulary of {vocab_size}: "
@@ -247,8 +235,7 @@ def check_store(memory, vocab_size: int) -> None:
 
 
 def with_stop_strings(stopping_criteria, stop_strings, tokenizer):
-    """``stopping_criteria`` plus transformers' ``StopStringCriteria`` for ``stop_strings`` (checked token
-    by token like every criterion)."""
+    """``stopping_criteria`` plus a ``StopStringCriteria`` for ``stop_strings``."""
     from transformers import StoppingCriteriaList, StopStringCriteria
 
     if tokenizer is None:

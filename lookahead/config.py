@@ -3,12 +3,9 @@
 Terms used across the package:
 
 - *context*: the prompt plus every token emitted so far.
-- *pending tokens*: emitted tokens whose keys and values are not in the KV cache yet (the prompt before the
-  first step, then the last emitted token).
-- *draft tree*: candidate continuations of the context, token ids plus parent indices, every parent before
-  its children (``parents[i] < i``; -1: a child of the last context token).
-- *step*: one forward of the target model over the pending tokens, the draft tree and (optionally) the
-  lookahead window's rows, then exact verification.
+- *pending tokens*: emitted tokens not yet in the KV cache (the prompt, then the last emitted token).
+- *draft tree*: token ids plus parent indices, parents first (``parents[i] < i``; -1: the context's last token).
+- *step*: one target forward over the pending tokens, the draft tree and the window's rows, then verification.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FLAT_CURVE = ((1, 0.010), (2, 0.010), (256, 0.0102))
-"""``cost_curve="flat"``: verifying 256 tokens costs about what one does, as on a datacenter GPU; tokens per call
-is then the speed-up."""
+"""``cost_curve="flat"``: verifying 256 tokens costs about what one does."""
 
 
 def _bad(field: str, value, why: str) -> ValueError:
@@ -31,19 +27,15 @@ def _count(field: str, value, most: int) -> None:
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """What a user may set besides the objects ``LookaheadDecoder`` takes. The defaults suit every device.
+    """The decoder's value settings (``LookaheadDecoder(config=...)`` or its keywords); the defaults suit every
+    device. Example: ``LookaheadDecoder(LookaheadConfig(max_draft_tokens=16, window=0))``.
 
-    - ``max_draft_tokens``: the most draft tokens one step verifies (the budget's ceiling). ``"auto"``: 63, or
-      127-255 where the call's cost curve is flat that far (a GPU). 0: every step is plain decoding. Lower it
-      only to bound a step's memory or time.
-    - ``window``: columns of the Jacobi lookahead window, which grows n-grams the text has not shown yet in the
-      same forward. ``"auto"``: 8 where a step's extra rows are nearly free (a GPU), else off. 0: off.
-    - ``cost_curve``: what a step of ``k`` new tokens costs, ``((k, seconds), ...)``, which the budget prices
-      every draft with. None: measured once per model and machine (and kept on disk). ``"flat"``: a curve on
-      which verifying 256 tokens costs what one does (tokens per call then decide the speed, as on a GPU).
-      Give one to make a run's decisions independent of the machine's load.
-
-    Example: ``LookaheadConfig(max_draft_tokens=16, window=0)``.
+    - ``max_draft_tokens``: the most draft tokens a step verifies (``"auto"``: by the cost curve; 0: plain
+      decoding). Lower it only to bound a step's memory or time.
+    - ``window``: columns of the Jacobi lookahead window, which grows fresh n-grams (``"auto"``: on where extra
+      rows are nearly free; 0: off). Set it to force the window on or off.
+    - ``cost_curve``: ``((k, seconds), ...)``, what a step of ``k`` tokens costs, which the budget prices drafts
+      with (None: measured per model and machine; ``"flat"``: as on a GPU). Give one for load-independent runs.
     """
 
     max_draft_tokens: int | str = "auto"

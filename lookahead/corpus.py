@@ -1,29 +1,16 @@
 """A model's own writing as a draft store: :class:`DraftCorpus`.
 
-A corpus is token streams the model wrote itself: its greedy answers to prompts written from a topic list
-(``python -m lookahead build-corpus``; ``train-heads`` writes one too). ``LookaheadDecoder(corpus=...)``
-drafts from an n-gram store of it (the ``"corpus"`` source: built once per process, read-only, beside
-``store=``), so that the first answer of a process can already draft the phrases this model tends to write
-(``"Here is a Python function that"``, ``"def __init__(self"``, list markup) before the request itself has
-repeated anything.
+A corpus is token streams the model wrote itself (``python -m lookahead build-corpus``; ``train-heads`` writes one
+too). ``LookaheadDecoder(corpus=...)`` drafts from a read-only n-gram store of it, built once per process, so a
+process's first answer can already draft the phrases this model tends to write. It changes speed, never the output.
+Example: streams ``[5, 6, 7]`` and ``[5, 6, 9]`` give the store each stream's n-grams (none spanning both), so after
+``... 5, 6`` it drafts ``7`` and ``9`` side by side.
 
-Example: a corpus of the two streams ``[5, 6, 7]`` and ``[5, 6, 9]`` gives the store the n-grams of each
-stream (never one spanning both), so after the context ``... 5, 6`` it drafts ``7`` and ``9`` side by side.
+A corpus is bound to its model by its :func:`fingerprint`. ``corpus="auto"`` (the default) finds the one kept for
+the call's model (:func:`corpus_for`): the bundled one, or one installed in the user cache (``DraftCorpus.install``).
 
-Drafts only propose; the exact acceptance core decides, so a corpus changes speed, never the output. A
-corpus is bound to its model by its :func:`fingerprint` (architecture, vocabulary,
-a hash of the LM head): a decoder refuses it for another model before the first forward.
-
-A corpus for the model at hand is also found without being named: ``LookaheadDecoder()`` (``corpus="auto"``,
-the default) drafts from the corpus kept for its model, if there is one (:func:`corpus_for`): the bundled one for
-the bundled SmolLM2, or one that ``python -m lookahead build-corpus`` installed in the user's cache directory
-(``corpora/``, :meth:`DraftCorpus.install`). Looking costs nothing for a model that has none (the headers' shapes
-are compared first); for one that has, its fingerprint (about 0.1 s for SmolLM2) once per model and the store's
-build once per process.
-
-Files: ``DIR/corpus.npz`` (``tokens``: every stream back to back, uint16 when the vocabulary fits, else
-int32; ``lengths``: int64 per stream) and ``DIR/corpus.json`` (format, version, target fingerprint, what the
-streams are, the arrays' sha256).
+Files: ``DIR/corpus.npz`` (``tokens``: the streams back to back, uint16 or int32; ``lengths``: int64 per stream) and
+``DIR/corpus.json`` (format, version, target fingerprint, description, the arrays' sha256).
 """
 
 from __future__ import annotations
@@ -48,26 +35,19 @@ FORMAT = "lookahead-draft-corpus"
 VERSION = 1
 DATA_FILE, HEADER_FILE = "corpus.npz", "corpus.json"
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus-smollm2")
-"""The folder of the corpus shipped for the bundled SmolLM2-135M-Instruct."""
+"""The corpus shipped for the bundled SmolLM2-135M-Instruct."""
 AUTO = "auto"
-"""``LookaheadDecoder(corpus=AUTO)`` (the default): the corpus kept for the call's model, if any (:func:`corpus_for`)."""
+"""``LookaheadDecoder(corpus=AUTO)`` (the default): the corpus kept for the call's model, if any."""
 INSTALLED = "corpora"
-"""The user cache's folder of installed corpora (:meth:`DraftCorpus.install`), one subfolder per model."""
+"""The user cache's folder of installed corpora, one subfolder per model."""
 SHAPE_FIELDS = ("model_type", "hidden_size", "vocab_size")
 """The fingerprint fields :func:`corpus_for` compares before it hashes a model's LM head."""
-
-
-# -- a model's fingerprint: what binds learned data (a corpus, draft heads) to one model --
-
 PROBE_ENTRIES = 64
 """LM-head weights the fingerprint keeps as numbers: the same weights in another precision match them."""
 
 
-# ------------------------------------------------------------------------------------------- fingerprint
-
-
 def _probe_positions(vocab: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fixed (row, column) positions of the LM-head weights a fingerprint keeps (the same for every model)."""
+    """Fixed (row, column) positions of the LM-head weights a fingerprint keeps."""
     rng = np.random.default_rng(0)
     return rng.integers(0, vocab, PROBE_ENTRIES), rng.integers(0, hidden, PROBE_ENTRIES)
 
@@ -76,8 +56,7 @@ _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model 
 
 
 def weight_key(weight: torch.Tensor) -> tuple:
-    """What changes when a weight tensor is replaced or changed in place: (data pointer, version counter, shape,
-    dtype). A decision kept per model (its fingerprint, its corpus) is made again when its LM head's key changes."""
+    """(data pointer, version counter, shape, dtype): changes when a weight is replaced or changed in place."""
     try:
         version = weight._version
     except RuntimeError:  # an inference tensor (made under torch.inference_mode) has no version counter
@@ -86,11 +65,9 @@ def weight_key(weight: torch.Tensor) -> tuple:
 
 
 def fingerprint(model) -> dict:
-    """What identifies a target model for its heads: ``architecture`` (class name), ``model_type``,
-    ``hidden_size`` and ``vocab_size`` (of its LM head), ``lm_head_sha256`` (of the LM-head weights rounded to
-    bfloat16, so a float32 and a bfloat16 copy of one model agree) and ``lm_head_probe`` (64 of those
-    weights as numbers, which match within rounding when the hash differs only by precision). Computed once
-    per model object (again if its LM-head weight is replaced or changed in place)."""
+    """What binds learned data (heads, a corpus) to a model: ``architecture``, ``model_type``, ``hidden_size``,
+    ``vocab_size``, ``lm_head_sha256`` (of the LM head in bfloat16, so precisions agree) and ``lm_head_probe``
+    (:data:`PROBE_ENTRIES` weights, matched within rounding). Cached per model until its LM head changes."""
     weight = model.get_output_embeddings().weight
     key = weight_key(weight)
     kept = _FINGERPRINTS.get(model)
@@ -110,7 +87,7 @@ def fingerprint(model) -> dict:
 
 
 def fingerprint_mismatch(saved: dict, model) -> str | None:
-    """Why heads trained for the model ``saved`` describes do not fit ``model`` (None: they fit)."""
+    """Why data made for the model ``saved`` describes does not fit ``model`` (None: it fits)."""
     now = fingerprint(model)
     for name in ("model_type", "hidden_size", "vocab_size"):
         if saved.get(name) != now[name]:
@@ -136,22 +113,15 @@ def check_model(saved: dict, model) -> None:
 
 
 def store_capacity(tokens: int, max_n: int = DEFAULT.corpus_ngram) -> int:
-    """Nodes of a store that holds ``tokens`` corpus tokens' n-grams without evicting, with room left for
-    outputs: ``tokens * (max_n - 1)`` (an upper bound: text repeats, and a corpus's distinct n-grams are about
-    4 per token at ``max_n`` 8) rounded up to a power of two, at least 2**16.
-
-    Example: ``store_capacity(1000)`` -> 65536; ``store_capacity(100_000)`` -> 1048576."""
+    """Nodes for a store of ``tokens`` tokens' n-grams without evicting: ``tokens * (max_n - 1)`` (an upper bound)
+    rounded up to a power of two, at least 2**16. Example: ``store_capacity(100_000)`` -> 1048576."""
     need = max(1 << 16, max(int(tokens), 1) * (max_n - 1))
     return 1 << (need - 1).bit_length()
 
 
 class DraftCorpus:
-    """Token streams of a model's own writing, for one model.
-
-    - ``tokens``: int[T], every stream back to back; ``lengths``: int[S], tokens per stream (sum T).
-    - ``target``: the model's fingerprint (:func:`fingerprint`), None for a corpus not bound to a model;
-    - ``described``: what the streams are (free-form, JSON-safe: prompts, split, model, settings).
-    """
+    """Token streams of one model's own writing: ``tokens`` int[T] (back to back), ``lengths`` int[S] (sum T),
+    ``target`` (the model's :func:`fingerprint`, or None: unbound), ``described`` (free-form, JSON-safe)."""
 
     def __init__(self, tokens, lengths, target: dict | None = None, described: dict | None = None):
         tokens = np.asarray(tokens)
@@ -175,7 +145,7 @@ class DraftCorpus:
 
     @classmethod
     def from_streams(cls, streams, model=None, described: dict | None = None) -> DraftCorpus:
-        """A corpus of ``streams`` (sequences of token ids), bound to ``model``'s fingerprint when given."""
+        """A corpus of ``streams`` (token id sequences), bound to ``model`` when given."""
         arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in streams]
         target = None
         if model is not None:
@@ -196,7 +166,7 @@ class DraftCorpus:
         return f"DraftCorpus({self.streams} streams, {len(self)} tokens, target={arch})"
 
     def __deepcopy__(self, memo) -> DraftCorpus:
-        """The corpus itself: it is never changed after it is made, and a copied decoder shares its built store."""
+        """The corpus itself (immutable): a copied decoder shares its built store."""
         return self
 
     def __getstate__(self) -> dict:  # copy / pickle: built stores and the lock do not travel
@@ -206,7 +176,6 @@ class DraftCorpus:
         self.__dict__.update(state)
         self._stores, self._lock = {}, threading.Lock()
 
-    # ------------------------------------------------------------------------------------------- use
     def check_model(self, model) -> None:
         """Raise ValueError unless this corpus was written by ``model`` (its fingerprint)."""
         if self.target is None:
@@ -221,7 +190,7 @@ class DraftCorpus:
             )
 
     def insert_into(self, trie: NgramTrie) -> None:
-        """Add every stream's n-grams to ``trie`` (one stream each: no n-gram spans two streams)."""
+        """Add every stream's n-grams to ``trie`` (none spans two streams)."""
         if not isinstance(trie, NgramTrie):
             raise TypeError(f"trie: expected a lookahead.cache.NgramTrie, got {type(trie).__name__}")
         at = 0
@@ -233,9 +202,8 @@ class DraftCorpus:
         trie.reset_stream()
 
     def shared_store(self, max_n: int = DEFAULT.corpus_ngram) -> NgramTrie:
-        """The ``NgramTrie`` of the corpus that decoders draft from (``proposer.CorpusSource``), built on the first
-        call and then shared: callers only read it (``propose``). For a store of your own to extend, make one
-        and :meth:`insert_into` it."""
+        """The corpus's ``NgramTrie`` decoders draft from, built once and shared read-only (to extend one, make
+        your own and :meth:`insert_into` it)."""
         with self._lock:
             built = self._stores.get(int(max_n))
             if built is None:
@@ -244,9 +212,8 @@ class DraftCorpus:
                 self._stores[int(max_n)] = built
             return built
 
-    # ------------------------------------------------------------------------------------------- files
     def save(self, folder: str) -> None:
-        """``folder/corpus.npz`` and ``folder/corpus.json`` (each written to a temporary name, then renamed)."""
+        """Write ``folder/corpus.npz`` and ``folder/corpus.json``, each through a temporary name and a rename."""
         os.makedirs(folder, exist_ok=True)
         small = not self.tokens.size or int(self.tokens.max()) < (1 << 16)
         tokens = self.tokens.astype(np.uint16 if small else np.int32)
@@ -261,8 +228,7 @@ class DraftCorpus:
         os.replace(tmp, os.path.join(folder, HEADER_FILE))
 
     def install(self) -> str:
-        """Save this corpus where :func:`corpus_for` finds it for its model (``<cache>/corpora/<key>``, replacing the
-        one kept for that model), so that ``LookaheadDecoder()`` drafts from it with no argument; the folder."""
+        """Save this corpus where :func:`corpus_for` finds it for its model, replacing any; returns the folder."""
         if self.target is None:
             raise ValueError("only a corpus bound to a model can be installed: make it with from_streams(..., model) "
                              "or load it with the model it was written by")
@@ -300,8 +266,7 @@ class DraftCorpus:
 
     @classmethod
     def bundled(cls) -> DraftCorpus:
-        """The corpus shipped for the bundled SmolLM2-135M-Instruct (``lookahead.models.load_smollm2``): one
-        object per process, so that its store is built once."""
+        """The corpus shipped for the bundled SmolLM2 (one object per process, so its store is built once)."""
         global _BUNDLED
         with _BUNDLED_LOCK:
             if _BUNDLED is None:
@@ -317,16 +282,14 @@ _FOUND_LOCK = threading.Lock()
 
 
 def install_folder(target: dict, root: str | None = None) -> str:
-    """Where the corpus of the model ``target`` (a fingerprint) is installed: ``<root>/<16 hex digits>``, a hash of
-    its architecture, shape and LM-head digest (``root``: the user cache's ``corpora``)."""
+    """``<root>/<16 hex digits of the fingerprint's hash>``: where the corpus for ``target`` is installed."""
     key = {k: target.get(k) for k in ("architecture", *SHAPE_FIELDS, "lm_head_sha256")}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return os.path.join(root or os.path.join(cache_dir(), INSTALLED), digest)
 
 
 def kept_corpora() -> list[tuple[str, dict]]:
-    """(folder, the model fingerprint in its header) of every corpus :func:`corpus_for` may use: the bundled one,
-    then those installed in the user cache (none when ``LOOKAHEAD_PERSIST`` turns the cache off). Reads headers only."""
+    """(folder, header's fingerprint) of the bundled corpus, then of those installed (if the cache is on)."""
     folders = [BUNDLED]
     root = os.path.join(cache_dir(), INSTALLED)
     if persist_enabled() and os.path.isdir(root):
@@ -343,12 +306,8 @@ def kept_corpora() -> list[tuple[str, dict]]:
 
 
 def corpus_for(model) -> DraftCorpus | None:
-    """The corpus kept for ``model`` (:func:`kept_corpora`), or None: the first whose header's model shape
-    (:data:`SHAPE_FIELDS`) is ``model``'s and whose fingerprint then matches (:func:`fingerprint_mismatch`: the
-    LM head's digest, or its probe within rounding for another precision). Decided once per model object (again
-    when its LM-head weight is replaced or after :meth:`DraftCorpus.install`); an installed corpus that no longer
-    loads is skipped with a warning, never raised into a ``generate`` call.
-
+    """The first kept corpus (:func:`kept_corpora`) whose :data:`SHAPE_FIELDS`, then fingerprint, match ``model``, or
+    None. Cached per model until its LM head changes; one that fails to load is skipped with a warning.
     Example: the bundled SmolLM2 -> ``DraftCorpus.bundled()``; a tiny random Llama -> None, without hashing it."""
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(out, "weight", None)  # a tensor; not one for every layer (quantize_dynamic's: a method)
@@ -375,9 +334,7 @@ def corpus_for(model) -> DraftCorpus | None:
 
 
 def forget() -> None:
-    """Forget which corpus each model was found to have (and the installed corpora loaded): the next
-    :func:`corpus_for` looks again. :meth:`DraftCorpus.install` calls it; call it after changing the user cache's
-    ``corpora/`` by hand or pointing ``LOOKAHEAD_CACHE`` elsewhere."""
+    """Make :func:`corpus_for` look again (after changing ``corpora/`` by hand or ``LOOKAHEAD_CACHE``)."""
     with _FOUND_LOCK:
         _FOUND.clear()
         _LOADED.clear()

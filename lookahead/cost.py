@@ -1,14 +1,9 @@
-"""What a step costs: the cost curve ``t(k)``, its calibration, where curves are kept, and opt-in refinement.
+"""What a step costs: the cost curve ``t(k)`` and where measured curves are kept.
 
-``t(k)`` is the seconds of one decoding step with ``k`` new tokens. Verifying ``k`` extra tokens is nearly free on
-a datacenter GPU and costs real time on a CPU, so the budget (``budget.py``) prices every draft with it.
-
-- :class:`CostModel`: an immutable curve through measured points.
-- :func:`calibrate_curve`: a curve from any timing function, in interleaved rounds with robust statistics; one
-  measured on a busy machine comes back ``provisional``.
-- :class:`Calibrations`: the curves known per model object, measured once under a lock (concurrent first calls
-  of a model measure once) and kept on disk per model fingerprint (:class:`CurveStore`).
-- :class:`CostRefiner`: opt-in (``Tuning.refine_cost``) refinement of one call's curve from its step times.
+``t(k)`` is the seconds of one decoding step with ``k`` new tokens. Verifying extra tokens is nearly free on a
+datacenter GPU and costs real time on a CPU, so the budget (``budget.py``) prices every draft with it.
+:class:`CostModel` is an immutable curve through measured points; :class:`Calibrations` holds the curves per model
+object, measured once under a lock (``calibrate.py``) and kept on disk per model fingerprint (:class:`CurveStore`).
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ log = logging.getLogger("lookahead")
 
 CURVE_FORMAT = 3  # the version of a persisted curve's file
 _CURVE_KIND = "lookahead cost curve"
-STEP_VARIANT = "step"
-"""What a decoder's calibration times (curves are kept per variant): whole decoding steps."""
+STEP_VARIANT = "step"  # what a decoder's calibration times: whole steps (curves are kept per variant)
 
 
 def calibration_sizes(max_rows: int) -> tuple[int, ...]:
@@ -49,8 +43,9 @@ def calibration_sizes(max_rows: int) -> tuple[int, ...]:
 
 
 class CostModel:
-    """Forward time as a function of the number of new tokens (rows) ``k``, from measured points
-    ``[(k, seconds), ...]``. Immutable: refinement makes a new curve."""
+    """Step time for ``k`` new tokens (rows) through measured points ``[(k, seconds), ...]``, extrapolated linearly past
+    the last. ``steps``: priced as the next measured size (else interpolated, made non-decreasing); ``covers``: the rows
+    its measurement was asked for. Immutable: refinement makes a new curve."""
 
     def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False, steps: bool = False,
                  covers: int = 0):
@@ -129,9 +124,8 @@ _VOLATILE = ("transformers_version", "dtype", "torch_dtype")
 
 
 def config_digest(config) -> str:
-    """A hash of the model's architecture: its config without the path it came from, the transformers
-    version that wrote it, the dtype (kept apart) or a GGUF file's quantisation entry, plus the attention
-    implementation it runs."""
+    """A hash of the model's architecture: its config without its path, transformers version, dtype (kept apart) or GGUF
+    quantisation entry, plus the attention implementation it runs."""
     d = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in _VOLATILE}
     if (d.get("quantization_config") or {}).get("quant_method") == "gguf":
         del d["quantization_config"]  # transformers de-quantises GGUF weights: they run as plain ones
@@ -140,10 +134,8 @@ def config_digest(config) -> str:
 
 
 def curve_fingerprint(model, variant: str = "") -> dict:
-    """Everything a measured curve depends on: the architecture (:func:`config_digest`), the weights' dtype,
-    the device, torch's thread count, the CPU model, the torch and transformers versions (their kernels
-    differ), what was timed (``variant``) and :data:`CURVE_FORMAT`. Two processes with equal fingerprints
-    share a persisted curve."""
+    """What a persisted curve depends on: :func:`config_digest`, dtype, device, torch's thread count, CPU model, torch
+    and transformers versions, what was timed (``variant``) and :data:`CURVE_FORMAT`."""
     import transformers
 
     return {"format": CURVE_FORMAT, "model": f"{type(model).__name__} {config_digest(model.config)}",
@@ -163,14 +155,10 @@ class StoredCurve:
 
 
 class CurveStore:
-    """Measured cost curves on disk: ``<folder>/curves/<hash of the fingerprint>.json``, one per fingerprint.
-
-    A file holds ``{"kind", "format", "fingerprint", "points": [[k, seconds], ...],
-    "measured": ISO time, "seconds": the calibration's time}``. :meth:`load` returns a curve only when
-    the file parses, its format is :data:`CURVE_FORMAT`, its fingerprint is the asked one exactly, every
-    point is ``(k >= 1, 0 < seconds < inf)`` with ``k`` increasing, and it covers ``max_rows``; anything else
-    is treated as absent (and measured again, which overwrites it). Provisional curves are never written.
-    """
+    """Measured curves on disk, one per fingerprint: ``<folder>/curves/<hash>.json`` holding ``{"kind", "format",
+    "fingerprint", "points": [[k, seconds], ...], "steps", "covers", "measured": ISO time, "seconds"}``. :meth:`load`
+    returns a curve only when it passes :func:`_parse_curve` and covers ``max_rows`` (else it is measured again and
+    overwritten); provisional curves are never written."""
 
     def __init__(self, folder: str | None = None):
         self.folder = os.path.join(folder or user_cache.cache_dir(), "curves")
@@ -188,8 +176,7 @@ class CurveStore:
         return StoredCurve(curve, path, str(data.get("measured", "")), float(data.get("seconds", 0.0) or 0.0))
 
     def save(self, fingerprint: dict, curve: CostModel, seconds: float) -> str | None:
-        """Write ``curve`` for ``fingerprint``; the file's path, or None (a provisional curve, or a failed
-        write, which is logged)."""
+        """Write ``curve``; its path, or None (a provisional curve, or a failed write, which is logged)."""
         if curve.provisional:
             return None
         path = self.path(fingerprint)
@@ -201,7 +188,8 @@ class CurveStore:
 
 
 def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
-    """The curve in a persisted record, or None when any check of :class:`CurveStore` fails."""
+    """The curve in a persisted record, or None unless kind, format and fingerprint match exactly and every point is
+    ``(k >= 1, 0 < seconds < inf)``, ``k`` increasing."""
     if (data.get("kind") != _CURVE_KIND or data.get("format") != CURVE_FORMAT
             or data.get("fingerprint") != fingerprint or data.get("provisional")):
         return None
@@ -216,7 +204,7 @@ def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
     if (any(not isinstance(k, int) or isinstance(k, bool) for k, _ in points) or ks[0] < 1
             or any(b <= a for a, b in zip(ks, ks[1:])) or any(not 0 < t < math.inf for _, t in pts)):
         return None
-    covers = data.get("covers", ks[-1])  # absent in a file written before calibrations stopped early
+    covers = data.get("covers", ks[-1])  # absent in older files
     if not isinstance(covers, int) or isinstance(covers, bool) or covers < ks[-1]:
         return None
     return CostModel(pts, steps=bool(data.get("steps", False)), covers=covers)
@@ -240,18 +228,16 @@ class Calibrations:
         self._lock = threading.RLock()  # one measurement at a time: two at once would slow each other
 
     def store(self, persist: bool | None = None) -> CurveStore | None:
-        """Where curves persist, or None when persisting is off (here, for this call, or by the
-        environment)."""
+        """Where curves persist, or None when persisting is off (here, for this call, or by the environment)."""
         on = self.persist if persist is None else persist
         return CurveStore(self.folder) if on and user_cache.persist_enabled() else None
 
     def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = "",
             persist: bool | None = None) -> CostModel:
-        """``variant``: what else the measurement depends on (``"step"``: whole decoding steps timed, a static
-        cache's buckets); a pinned curve applies to every variant. ``persist``: this call's choice over the registry's (False
-        for a measurement that is not the machine's, e.g. one timed with an injected clock). A measurement that
-        runs longer than :data:`PROGRESS_DELAY` shows a progress bar (:func:`calibration_progress`): one timed on an
-        injected clock takes milliseconds and never does."""
+        """``model``'s curve for ``max_rows``: pinned, kept, stored on disk, or measured now by ``measure(sizes)``.
+        ``variant``: what else it depends on (``"step"``: whole steps timed); a pinned curve applies to every variant.
+        ``persist``: this call's choice over the registry's (False for a measurement that is not the machine's, e.g. on
+        an injected clock). A long measurement shows a progress bar (``calibrate.calibration_progress``)."""
         with self._lock:
             curves = self._curves.get(model, {})
             pinned = curves.get(model_key(model))
@@ -320,8 +306,8 @@ class Calibrations:
         return None if entry is None else entry.curve
 
     def __reduce__(self):
-        """Pickle / deepcopy: the default registry stays the default one; another becomes an empty one with
-        the same persistence (its keys are live model objects, which do not travel)."""
+        """Pickle / deepcopy: the default registry stays the default one; another becomes an empty one with the same
+        persistence (its keys are live model objects)."""
         if self is DEFAULT_CALIBRATIONS:
             return (_default_calibrations, ())
         return (Calibrations, (self.persist, self.folder))
@@ -343,11 +329,9 @@ def _default_calibrations() -> Calibrations:
 
 def set_cost_curve(model, points: Sequence[tuple[int, float]], calibrations: Calibrations | None = None
                    ) -> CostModel:
-    """Use ``points`` as ``model``'s cost curve from now on, as if calibration had measured it.
-
-    For a curve measured earlier (``decoder.stats.cost_curve``) or a known one (a flat curve for a
-    GPU). Example: ``set_cost_curve(model, [(1, 0.010), (64, 0.011)])``.
-    """
+    """Use ``points`` as ``model``'s cost curve from now on, as if calibration had measured it (an earlier
+    ``decoder.stats.cost_curve``, or a flat curve for a GPU). Example:
+    ``set_cost_curve(model, [(1, 0.010), (64, 0.011)])``."""
     return (calibrations or DEFAULT_CALIBRATIONS).pin(model, points)
 
 

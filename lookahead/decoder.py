@@ -1,9 +1,8 @@
 """`LookaheadDecoder`: the object a user adds to ``generate(..., custom_generate=LookaheadDecoder())``.
 
-A call checks the request, picks its step shape (one row, a batch, a static cache: ``shapes.py``), runs the one
-step loop (``loop.py``) and hands the cache back as transformers made it. Nothing of the call stays on the model,
-its cache classes or the process; nothing it installs acts on another thread's forward. Per-model state (cost
-curves, corpora, compiled steps) is shared read-mostly under locks.
+A call checks the request, picks its step shape (``shapes.py``), runs the step loop (``loop.py``) and hands the
+cache back as transformers made it. Nothing of the call stays on the model or the process, nor acts on another
+thread's forward; per-model state (cost curves, corpora, compiled steps) is shared under locks.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ from .shapes import OneRow
 from .stats import DecodeStats
 
 DRAFTS = ("layer-skip", "early-exit", "low-rank")
-"""``draft=`` names of the target's own cheaper forwards (``lookahead.passes``); a model or a function is a draft
-model."""
+"""``draft=`` names of the target's own cheaper forwards (``lookahead.passes``)."""
 
 COMPILED_FORWARD_NOTE = (
     "lookahead: model.forward is compiled (torch.compile), and the decoder runs it as the code it was compiled from. "
@@ -60,22 +58,17 @@ class LookaheadDecoder:
         print(decoder.stats.explain())
 
     Greedy output is token for token plain ``generate``'s; sampled output has exactly its distribution.
+    Settings (all optional; the defaults suit every device):
 
-    Settings (each optional; the defaults suit every device):
-
-    - ``max_draft_tokens``, ``window``, ``cost_curve``: :class:`~lookahead.config.LookaheadConfig`'s (or pass
-      ``config=``).
-    - ``store``: an ``NgramTrie`` shared across calls (and threads): earlier answers' n-grams draft later ones.
-    - ``corpus``: the model's own writing to draft from (``lookahead.corpus.DraftCorpus``); ``"auto"``: the one kept
-      for the call's model, if any (the bundled SmolLM2's, or one ``build-corpus`` installed); None: none.
+    - ``max_draft_tokens``, ``window``, ``cost_curve`` (or ``config=``): see ``LookaheadConfig``.
+    - ``store``: an ``NgramTrie`` shared across calls and threads, so earlier answers draft later ones.
+    - ``corpus``: a ``DraftCorpus`` of the model's own writing; ``"auto"``: the one kept for the model, if any; None.
     - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``); batch size 1.
-    - ``draft``: a cheaper forward that drafts a chain each step: ``"layer-skip"``, ``"early-exit"``, ``"low-rank"``
-      (the target itself, Llama-family layouts), or a draft model with the target's tokenizer (or a function
-      ``target -> model``); batch size 1.
-    - ``tokenizer``: for ``stop_strings=`` in the ``custom_generate=decoder`` spelling (``generate`` does not hand its
-      own ``tokenizer=`` to a callable).
+    - ``draft``: ``"layer-skip"``, ``"early-exit"``, ``"low-rank"`` (cheaper forwards of the target), a draft model
+      with the target's tokenizer, or a function ``target -> model``; drafts a chain per step; batch size 1.
+    - ``tokenizer``: needed for ``stop_strings=`` (``generate`` does not hand its own to a callable).
 
-    After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`), for a batch also ``row_stats`` and
+    After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`); for a batch also ``row_stats`` and
     ``prefill_groups``. A decoder holds one stream's state: use one per concurrent call (they may share a store).
     """
 
@@ -193,15 +186,14 @@ class LookaheadDecoder:
             self._busy.release()
 
     def _use_corpus(self, corpus: DraftCorpus | None) -> None:
-        """Draft from ``corpus`` (None: none) from this call on; with another one than the last call's, the policies
-        are made again (what they learnt was learnt beside the other)."""
+        """Draft from ``corpus`` (None: none) from now on; a different one makes the policies anew."""
         if corpus is not self.corpus:
             self.corpus = corpus
             self._new_policies()
 
     def policies_for(self, rows: int) -> list[DraftPolicy]:
-        """A batch's per-row policies, made on first use and kept across calls: each with its own trie and copy
-        index, the decoder's one model-prediction table, a shared store read-only, the corpus's store."""
+        """A batch's per-row policies, kept across calls: each has its own trie and copy index, and shares the
+        model-prediction table, the store (read-only) and the corpus's store."""
         config = replace(self.config, window=0, max_draft_tokens=self.config.step_nodes(self.tuning)[0])
         tuning = replace(self.tuning, refine_cost=False)
         memory = ReadOnlyStore(self.store) if self.store is not None else None
@@ -216,10 +208,9 @@ class LookaheadDecoder:
     # -- what a step costs ---------------------------------------------------------------------------------------
 
     def price(self, call) -> CostModel | None:
-        """The cost curve ``call``'s budget prices with (None: no budget), in the call's statistics: the configured
-        one, else the one measured for the model (once per model, machine, dtype and threads; kept on disk). On a CPU
-        the steps run through ``lookahead.cpu``'s shadow of the model where it applies (grouped attention), and in
-        another linear layout where that pays, or where the tuning forces one."""
+        """The cost curve ``call``'s budget prices with (None: no budget): the configured one, else the one measured
+        for the model (kept on disk). On a CPU it may also set ``call.runner`` to a shadow of the model (grouped
+        attention, another linear layout)."""
         stats, model, tuning = self.stats, call.model, self.tuning
         t = self.clock()
         cpu = call.sync is None and _on_cpu(model)
@@ -270,8 +261,7 @@ class LookaheadDecoder:
         return curve
 
     def _sharded_curve(self, call) -> CostModel:
-        """Under tensor parallelism every rank times the same sharded steps, reading rank 0's clock, and prices
-        with rank 0's curve, kept per model in this decoder (whose calls every rank makes alike)."""
+        """Under tensor parallelism: rank 0's curve of the sharded steps, timed by every rank on rank 0's clock."""
         model, sync, rows = call.model, call.sync, self.policy.max_rows()
         known = self._tp_curves.get(model)
         sync.check("calibration", known=known is not None and known.covers >= rows)
@@ -287,14 +277,13 @@ class LookaheadDecoder:
 
 
 def _on_cpu(model) -> bool:
-    """Whether ``model`` runs whole on a CPU (not spread over devices by ``device_map``)."""
+    """Whether ``model`` runs whole on a CPU (no ``device_map`` spread)."""
     device = getattr(model, "device", None)
     return device is not None and torch.device(device).type == "cpu" and not getattr(model, "hf_device_map", None)
 
 
 def _layouts_may_pay(model, tuning: Tuning) -> bool:
-    """Whether ``lookahead.cpu``'s layouts are worth timing for ``model``: on a CPU, full-precision weights, big
-    enough, forced by the tuning otherwise."""
+    """Whether ``lookahead.cpu``'s layouts are worth timing: on a CPU, with big full-precision weights or forced."""
     if not _on_cpu(model):
         return False
     if tuning.linear_layout != "auto":
@@ -305,8 +294,7 @@ def _layouts_may_pay(model, tuning: Tuning) -> bool:
 
 
 def _static(generation_config, model_kwargs: dict) -> bool:
-    """Whether the call decodes on a static cache (``cache_implementation="static"``, or a cache of static layers
-    given: ``static.Bucketed`` checks which)."""
+    """Whether the call decodes on a static cache (asked for, or a cache of static layers given)."""
     if getattr(generation_config, "cache_implementation", None) in STATIC_IMPLEMENTATIONS:
         return True
     layers = getattr(compat.cache_of(model_kwargs), "layers", None)
@@ -314,8 +302,8 @@ def _static(generation_config, model_kwargs: dict) -> bool:
 
 
 def _eager_steps(model, compiles_itself: bool):
-    """Where ``model.forward`` is ``torch.compile``d and the call does not compile its own steps: torch's
-    ``force_eager`` stance (the decoder's steps change shape at almost every step), said once in a warning."""
+    """Torch's ``force_eager`` stance, with a warning, where ``model.forward`` is compiled and the call does not
+    compile its own steps (steps change shape almost every time); else a null context."""
     if compiles_itself or not compat.forward_is_compiled(model):
         return contextlib.nullcontext()
     stance = compat.eager_stance()
@@ -329,9 +317,8 @@ _ROW_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def row_dependent_layers(model) -> tuple[str, ...]:
-    """The class names of ``model``'s layers whose output for one row depends on the forward's other rows
-    (dynamically quantized linears, which take one activation scale from all rows). Example: a model quantized with
-    ``quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`` -> ``("Linear",)``."""
+    """Class names of ``model``'s layers whose output for a row depends on other rows (dynamically quantized ones).
+    Example: after ``quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)`` -> ``("Linear",)``."""
     try:
         return _ROW_DEPENDENT[model]
     except (KeyError, TypeError):

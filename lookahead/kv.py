@@ -1,17 +1,16 @@
-"""KV-cache bookkeeping: keep the accepted path's entries and drop the rest, a layer that grows in place, static
-caches, and handing a cache back as transformers made it.
+"""KV-cache bookkeeping: keep the accepted path's entries and drop the rest, a layer that grows in place, and handing a
+cache back as transformers made it.
 
-After a step the cache holds ``base`` old entries followed by ``n_new`` entries of the step's rows (pending
-tokens, draft nodes, window rows, dummies). ``keep`` lists, in order, which of those stay; they move to the front
-of the step's region and the rest is cropped (a batch: one gather per layer for every row, the rows that kept
-fewer holding *holes*, which the batch masks). No recomputation.
+After a step the cache holds ``base`` old entries followed by ``n_new`` entries of the step's rows (pending tokens,
+draft nodes, window rows, dummies). ``keep`` lists, in order, which of those stay; they move to the front of the step's
+region and the rest is cropped (a batch: one gather per layer for every row, the rows that kept fewer holding *holes*,
+which the batch masks). No recomputation.
 
 Worked example: base 10, n_new 5 (p, a, b, c, d), keep ``[0, 2, 4]``: entries 12 and 14 move to 11 and 12, then the
 cache is cropped to 13 entries.
 
-What a call changes on a cache it is handed it undoes before it returns (:func:`settle`): the layers it grows in
-place become plain ``DynamicLayer``s again and a static cache's sliding layers hold their window as transformers
-keeps it, so a later plain ``generate`` sees the cache it would have made.
+A call undoes what it changed on a cache it was handed (:func:`settle`), so a later plain ``generate`` sees the cache it
+would have made.
 """
 
 from __future__ import annotations
@@ -54,9 +53,8 @@ def check_rollbackable(cache: Cache) -> None:
 
 
 def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
-    """Of the step's last ``n_new`` entries, keep the ``k``-th for ``k`` in ``keep`` (increasing, in order), drop
-    the others of the step (:func:`keep_rows_entries` for a batch of one row; the layers are read only when a
-    kept column must move). Mutates ``cache``."""
+    """Of the step's last ``n_new`` entries keep those at ``keep`` (increasing), drop the others of the step. Mutates
+    ``cache``; the layers are read only when a kept column must move."""
     moves = column_moves(keep)
     if moves:
         layers = kv_layers(cache)
@@ -65,13 +63,9 @@ def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
 
 
 def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
-    """The slice copies that put a step's kept columns ``keep`` (increasing) at the front of the step's region:
-    ``(to, from, count)`` per run of kept columns that are not where they must end up and follow each other.
-    A draft merged depth-first most often keeps its first rows (no move) or its first rows and then one later
-    run (one move).
-
-    Example: ``[0, 1, 2, 9, 10]`` -> ``[(3, 9, 2)]``; ``[0, 2, 5]`` -> ``[(1, 2, 1), (2, 5, 1)]``; ``[0, 1]`` -> ``[]``.
-    """
+    """The slice copies, ``(to, from, count)`` per run of consecutive misplaced columns, that put a step's kept columns
+    ``keep`` (increasing) at the front of its region. Example: ``[0, 1, 2, 9, 10]`` -> ``[(3, 9, 2)]``;
+    ``[0, 2, 5]`` -> ``[(1, 2, 1), (2, 5, 1)]``; ``[0, 1]`` -> ``[]``."""
     moves: list[tuple[int, int, int]] = []
     for to, src in enumerate(keep):
         if src == to:
@@ -84,11 +78,10 @@ def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
 
 
 def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | None = None) -> None:
-    """Move one row's kept step columns ``keep`` (increasing) to the front of each layer's step region, which
-    starts at column ``firsts[i]`` of ``layers[i]``'s keys and values, in place: nothing when they are there
-    already, a slice copy per run of them (:func:`column_moves`, at most :data:`MAX_MOVES` runs), else one
-    gather per tensor (``moves``: :func:`column_moves` of ``keep``, when the caller has them). The caller crops what
-    follows. Example: ``keep [0, 1, 2, 9, 10]``: columns 9, 10 of the region go to 3, 4 in one copy per tensor."""
+    """Move one row's kept step columns ``keep`` (increasing) to the front of each layer's step region (from column
+    ``firsts[i]`` of ``layers[i]``'s keys and values), in place: a slice copy per run (:func:`column_moves`;
+    ``moves`` when the caller has them) up to ``DEFAULT.max_moves`` runs, else one gather per tensor; the caller
+    crops the rest."""
     moves = column_moves(keep) if moves is None else moves
     if not moves:
         return
@@ -96,7 +89,7 @@ def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | No
     for layer, first in zip(layers, firsts):
         for t in (layer.keys, layer.values):
             host = host_view(t)
-            if host is not None:  # NumPy's copies cost a fraction of torch's per-op dispatch (kv_cache_speed.py)
+            if host is not None:  # NumPy copies skip torch's per-op dispatch
                 if len(moves) <= DEFAULT.max_moves:
                     for to, frm, count in moves:  # NumPy reads an overlapping source before it writes
                         host[:, :, first + to : first + to + count] = host[:, :, first + frm : first + frm + count]
@@ -113,15 +106,12 @@ def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | No
 
 
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 _NUMPY_FLOATS = (torch.float32, torch.float16, torch.float64)
 
 
 def host_view(t: torch.Tensor) -> np.ndarray | None:
-    """``t`` on a CPU as a NumPy array sharing its memory, its elements as integers of the same width (bf16 has
-    no NumPy type; a copy of the bits is the copy of the values); None on another device, or when ``t`` tracks
-    gradients."""
+    """``t`` on a CPU as a NumPy array sharing its memory (a float dtype NumPy lacks, bf16, as same-width integers:
+    copying the bits copies the values); None otherwise (another device, gradients, not a float)."""
     if not t.is_cpu or t.requires_grad or t.layout != torch.strided:
         return None
     if t.dtype in _NUMPY_FLOATS:
@@ -131,9 +121,8 @@ def host_view(t: torch.Tensor) -> np.ndarray | None:
 
 
 def move_columns(t: torch.Tensor, first: int, moves: list[tuple[int, int, int]]) -> None:
-    """Apply :func:`column_moves`'s ``moves`` to ``t`` [b, heads, columns, dim] in place, columns counted from
-    ``first``; a run whose source overlaps its destination is read out first. Runs go left to right, and each reads
-    columns right of everything written before it, so no run reads a column another has overwritten."""
+    """Apply ``moves`` (:func:`column_moves`) to ``t`` [b, heads, columns, dim] from column ``first``, in place, left to
+    right (each run reads right of all written before it); an overlapping run is cloned first."""
     for to, src, count in moves:
         a, b = first + to, first + src
         piece = t[:, :, b : b + count]
@@ -147,18 +136,17 @@ def kv_layers(cache: Cache) -> list:
 
 
 class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys/values live in a buffer with spare columns, written in place.
-
-    Example: a 5-token prompt, then one token per step: the first update allocates 5 + 64 columns, the next
-    64 updates write one column each, the 65th copies the 69 columns into a buffer of 134."""
+    """A ``DynamicLayer`` whose keys/values live in a buffer with spare columns, written in place. Example: a 5-token
+    prompt, then one token per step: the first update allocates 5 + 64 columns, the next 64 updates write one column
+    each, the 65th copies the 69 columns into a buffer of 134."""
 
     grow: int = DEFAULT.grow_columns
     replaces = None  # the layer it stands in for (a sliding one a widened cache keeps whole), or None: a plain one
     _storage: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) [b, heads, capacity, head_dim]
     _layout: tuple = ()  # per buffer (b, heads, head_dim, strides): its views' shapes, made without reading it
     _length: int | None = None
-    """While the entries are the buffers' first ``_length`` columns: that length (``update`` and ``crop`` set it);
-    None while they are tensors assigned from outside (or none)."""
+    """The entries' length while they are the buffers' first columns (set by ``update`` and ``crop``); None while they
+    are tensors assigned from outside (or none)."""
     _entries: tuple = (None, None)  # (keys, values): tensors assigned from outside, or the last views made
     _made: int = -1  # the length ``_entries``' views were made for (-1: ``_entries`` came from outside)
 
@@ -205,8 +193,7 @@ class GrowingLayer(DynamicLayer):
         return keys.as_strided((kb, kh, n, kd), ks), values.as_strided((vb, vh, n, vd), vs)
 
     def _fits(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int) -> bool:
-        """Whether the buffers (which hold the current entries: ``_length`` is set) take ``length`` columns of
-        these states."""
+        """Whether the buffers (holding the current entries) take ``length`` columns of these states."""
         for buffer, new in zip(self._storage, (key_states, value_states)):
             have, add = buffer.shape, new.shape
             if (have[2] < length or have[0] != add[0] or have[1] != add[1] or have[3] != add[3]
@@ -229,11 +216,8 @@ class GrowingLayer(DynamicLayer):
 
 
 def grow_in_place(cache: Cache) -> Cache:
-    """Turn ``cache``'s plain ``DynamicLayer``s that hold nothing yet into :class:`GrowingLayer`s; returns ``cache``.
-
-    In place, so the cache ``generate`` made (or the caller passed) is the one the call fills and returns;
-    sliding-window and other layer types, and layers already written, stay as they are.
-    """
+    """``cache`` with its plain ``DynamicLayer``s that hold nothing yet turned into :class:`GrowingLayer`s, in place
+    (the cache ``generate`` made or the caller passed is the one returned); other layers stay."""
     layers = getattr(cache, "layers", None)
     if layers:
         layers[:] = [GrowingLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
@@ -251,9 +235,8 @@ def new_cache(model) -> DynamicCache:
 
 def settle(cache) -> None:
     """Hand ``cache`` back as transformers made it, at the end of a call: a :class:`GrowingLayer` becomes a
-    ``DynamicLayer`` holding the same entries, and a layer that stood in for a sliding one (a widened cache's, a static
-    cache's :class:`FullLengthSlidingLayer`) gives it back, holding the last entries of its window as transformers
-    keeps them (``compat.refill_sliding``)."""
+    ``DynamicLayer`` with the same entries; a layer that stood in for a sliding one (a widened cache's, a static cache's
+    ``FullLengthSlidingLayer``) gives it back, holding its window's last entries (``compat.refill_sliding``)."""
     layers = getattr(cache, "layers", None)
     for i, layer in enumerate(layers or ()):
         original = getattr(layer, "replaces", None)

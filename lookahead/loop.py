@@ -1,21 +1,13 @@
-"""One ``generate`` call: its set-up, the step loop written once, and the rows' emission.
+"""One ``generate`` call: its set-up, the step loop (written once), and the rows' emission.
 
-Every step, for one row, a batch or a static cache alike::
-
-    draft -> pack -> forward -> verify -> emit -> keep KV -> learn
-
-:class:`Call` holds what the whole call decodes with and runs the loop (:meth:`Call.run`). :class:`Rows` holds
-each row's sequence, where it stops and its draft policy, and emits verdicts against the stopping criteria. What
-differs between one row, a batch and a static cache is a *shape* (``shapes.py``): how a step's drafts are chosen
-and packed, how its forward runs, and how the cache keeps the accepted entries and rolls back the rest.
-
-Batch semantics are plain ``generate``'s: every row runs until all have stopped; with an EOS criterion a stopped
-row's later tokens are ``pad_token_id``; without one, a row stopped by another criterion keeps its real
-continuation until the last row stops. Terms (pending tokens, draft tree, step) are defined in ``config.py``.
+Every step, for one row, a batch or a static cache: draft -> pack -> forward -> verify -> emit -> keep KV -> learn.
+:class:`Call` sets up and runs the loop; :class:`Rows` holds each row's sequence, stop and draft policy. What
+differs (drafting, packing, forward, keeping KV) is a *shape* (``shapes.py``). Batch semantics are plain
+``generate``'s: every row runs until all have stopped; a stopped row's later tokens are ``pad_token_id`` with an
+EOS criterion, else its real continuation. Terms (pending tokens, draft tree, step): ``config.py``.
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 import torch
@@ -37,9 +29,8 @@ from .verify import PositionUniforms, Verdict, Verifier
 
 
 class Call:
-    """One ``generate`` call: set up once (the stopping split, the cache and how the forward takes it, the
-    processors and the verifier, the cost curve), then :meth:`run`. ``shape``: the class of its step shape
-    (``shapes.OneRow``, ``shapes.Padded`` or ``shapes.Bucketed``)."""
+    """One ``generate`` call, set up once, then :meth:`run`. ``shape``: its step shape's class (``shapes.OneRow``,
+    ``batch.Padded`` or ``static.Bucketed``)."""
 
     def __init__(self, decoder, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                  model_kwargs: dict, shape):
@@ -123,8 +114,8 @@ class Call:
     # -- pieces every shape uses -----------------------------------------------------------------------------------
 
     def forward(self, ids, pos, mask, keep: int, cache=None, extra: dict | None = None, runner=None) -> torch.Tensor:
-        """One forward into ``cache`` (default: the call's), with the model inputs ``extra`` besides; the float
-        logits [b, keep, V] of its last ``keep`` rows. Heads read the output layer's input: ``self.hidden``."""
+        """One forward into ``cache`` (default: the call's) with extra inputs ``extra``: float logits [b, keep, V] of
+        its last ``keep`` rows; heads' hidden states go to ``self.hidden``."""
         kwargs = self.forward_kwargs if cache is None else {**self.forward_kwargs, self.cache_kwarg: cache}
         if extra:
             kwargs = {**kwargs, **extra}
@@ -142,7 +133,7 @@ class Call:
         return logits if logits.device == self.device else logits.to(self.device)
 
     def shared_seconds(self, seconds: float) -> float:
-        """A time measured here, as rank 0 measured it (decisions every rank makes alike)."""
+        """``seconds`` as rank 0 measured it, so every rank decides alike."""
         return seconds if self.sync is None else self.sync.broadcast(float(seconds))
 
     # -- the loop ---------------------------------------------------------------------------------------------------
@@ -192,13 +183,10 @@ class Call:
 
 
 class Rows:
-    """The call's rows: each one's sequence (``seq``, our own buffer long[b, max_length + 1]), length, limit and
-    stop, its draft policy, statistics and sampling uniforms; ``active``: the rows in the cache, in its batch order
-    (a finished row leaves the cache once it pays). The per-step methods take indices into ``active``.
-
-    ``length``: tokens in a row's sequence, its left padding included (as ``max_length`` counts them); ``limit``:
-    the length it stops at at the latest; ``stop``: the length at which a stopping criterion first held (None: not
-    yet); ``done``: it drafts and emits no more."""
+    """The call's rows. Per row: ``seq`` long[b, max_length + 1]; ``length`` (left padding included); ``limit`` (the
+    latest length it stops at); ``stops`` (the length where a criterion first held, or None); ``done`` (drafts and
+    emits no more); its policy, stats and sampling uniforms. ``active``: the rows in the cache, in its batch order;
+    the per-step methods take indices into it."""
 
     def __init__(self, call: Call, input_ids: torch.Tensor, attention_mask, policies, limits):
         self.call = call
@@ -260,7 +248,7 @@ class Rows:
     # -- emission --------------------------------------------------------------------------------------------------
 
     def emit(self, verdicts: list[Verdict | None]) -> list[int]:
-        """Append each row's verdict tokens until it stops; how many each emitted (0: a finished row)."""
+        """Append each row's verdict tokens up to its stop; returns how many each emitted (0: a finished row)."""
         call = self.call
         live = [i for i, v in enumerate(verdicts) if v is not None]
         if self.b == 1:
@@ -291,8 +279,8 @@ class Rows:
                         break
             if stop >= 0 and by_length:
                 n_emit = stop + 1
-            elif stop >= 0:  # a criterion holds at `stop`: with an EOS criterion, or as the last row, it ends there;
-                self.stops[r] = start + stop + 1  # else it keeps its real continuation up to its limit
+            elif stop >= 0:  # it ends here with an EOS criterion or as the last row, else runs on to its limit
+                self.stops[r] = start + stop + 1
                 limit = _limit_index(start, len(tokens), int(self.limit[r]))
                 last = others == [r]
                 n_emit = stop + 1 if call.pads or last else (limit + 1 if limit >= 0 else len(tokens))
@@ -311,8 +299,7 @@ class Rows:
         return emitted
 
     def finish_rows(self) -> None:
-        """Mark the rows that are done: stopped (with an EOS criterion, or one row), or, without one, past the
-        length at which the last row stopped (every row runs to it, as in plain ``generate``)."""
+        """Mark rows done: stopped (with an EOS criterion, or one row), else at the length the last row stopped at."""
         if self.call.pads or self.b == 1:
             for r in self.active:
                 if self.stops[r] is not None:
@@ -329,7 +316,7 @@ class Rows:
                     self.done[r] = True
 
     def learn(self, drafts, verdicts, emitted, window_argmax, tops, rows: int, seconds: float, hidden) -> None:
-        """Each row's policy learns its step (the model-prediction source from its rows' top-k)."""
+        """Each row's policy learns its step (the model-prediction source from ``tops``, its rows' top-k)."""
         for i, (d, v, n_emit) in enumerate(zip(drafts, verdicts, emitted)):
             if v is None:
                 continue
@@ -338,7 +325,7 @@ class Rows:
             self.policies[r].learn(d, v.nodes, v.tokens[:n_emit], window_argmax, rows, seconds, successors, hidden)
 
     def record(self, drafts, accepted, emitted, t_draft, t_forward, t_verify, t_keep) -> None:
-        """The step in the statistics: each row's (a batch's also count its steps), and the call's times."""
+        """The step in each row's statistics and the call's times."""
         if self.b == 1:
             self.stats[0].record_step(drafts[0], accepted[0], emitted[0], t_draft, t_forward, t_verify, t_keep)
             return
@@ -354,8 +341,8 @@ class Rows:
         call.time_bookkeeping += t_keep
 
     def next_pending(self, accepted: list[list[int]], done: np.ndarray) -> None:
-        """Every active row's last emitted token becomes its one pending token (a finished row's: a dummy only it
-        sees); ``done``: which active rows were finished before the step (their position stays)."""
+        """Each active row's last emitted token becomes its pending token (a finished row's: padding); ``done``: the
+        active rows finished before the step (their position stays)."""
         ids = self.last[self.active][:, None].copy()
         ids[self.done[self.active]] = self.fill
         pos = self.pending_pos[:, -1:] + np.array([len(a) + 1 for a in accepted], dtype=np.int64)[:, None]
@@ -364,7 +351,7 @@ class Rows:
         self.pending_vis = np.ones((len(self.active), 1), dtype=bool)
 
     def drop(self, keep: list[int]) -> None:
-        """Only the active rows ``keep`` (indices) stay in the cache."""
+        """Only the active rows at indices ``keep`` stay in the cache."""
         self.active = [self.active[i] for i in keep]
         self.pending, self.pending_pos, self.pending_vis = self.pending[keep], self.pending_pos[keep], \
             self.pending_vis[keep]
@@ -377,8 +364,7 @@ class Rows:
         return max(s if s is not None else int(n) for s, n in zip(self.stops, self.length))
 
     def stream(self, final: int | None = None) -> None:
-        """Hand the streamer what every row has emitted: one row's new block, or a batch's columns one ``[B]``
-        tensor each (a finished row's: its padding), as plain ``generate`` puts one per step."""
+        """Hand the streamer what was emitted: one row's new tokens, or a batch's columns one ``[b]`` tensor each."""
         streamer = self.call.streamer
         if streamer is None:
             return
@@ -429,7 +415,7 @@ class Rows:
 
 
 def _seeds(count: int) -> list[int]:
-    """Sampling seeds drawn from torch's default generator (``torch.manual_seed`` makes a run repeatable)."""
+    """Sampling seeds from torch's default generator (``torch.manual_seed`` makes a run repeatable)."""
     return [int(torch.randint(0, 2**62, (1,)).item()) for _ in range(count)]
 
 
@@ -440,8 +426,7 @@ def _limit_index(start: int, n: int, limit: int) -> int:
 
 
 def _first_stop(tokens: list[int], start: int, limit: int, eos) -> tuple[tuple[int], tuple[bool]]:
-    """:func:`first_stops` of one row, in Python (a few tokens: faster than the kernel's call). Example: tokens
-    ``[5, 2, 7]``, EOS 2 -> ((1,), (False,))."""
+    """:func:`first_stops` of one row, in Python. Example: tokens ``[5, 2, 7]``, EOS 2 -> ((1,), (False,))."""
     for i, t in enumerate(tokens):
         if start + i + 1 >= limit:
             return (i,), (True,)
@@ -459,7 +444,7 @@ def _first_stops(tokens: list[list[int]], starts: np.ndarray, limits: np.ndarray
 
 
 def _mask_shapes(mask):
-    """A step's mask as its shape (per layer type for a dict of masks): what tensor-parallel ranks compare."""
+    """A step's mask shape (per layer type for a dict): what tensor-parallel ranks compare."""
     if mask is None:
         return None
     if isinstance(mask, dict):
@@ -469,16 +454,12 @@ def _mask_shapes(mask):
 
 @njit(cache=True, nogil=True)
 def first_stops(tokens, offsets, starts, limits, eos):
-    """Per row of a batch's emitted tokens, the first one at which the sequence stops on the host-checkable
-    criteria: its length reaches the row's limit (``max_length``) or the token is an EOS id.
+    """Per row, the first emitted token where its length reaches ``limits`` or the token is in ``eos``.
 
-    ``tokens`` int64[total]: every row's emitted tokens, row ``i``'s at ``offsets[i]:offsets[i + 1]``;
-    ``starts`` int64[b]: the row's sequence length before them; ``limits`` int64[b]; ``eos`` int64[e].
-    Returns (index int64[b]: the stopping token's place in the row's tokens, or -1; by_limit bool[b]: it
-    stopped on its length rather than an EOS id).
-
-    Example: tokens ``[4, 2, 7, 5]``, offsets ``[0, 3, 4]``, starts ``[10, 18]``, limits ``[20, 19]``, eos
-    ``[2]`` -> index ``[1, 0]``, by_limit ``[False, True]``.
+    ``tokens`` int64[total]: row ``i``'s at ``offsets[i]:offsets[i + 1]``; ``starts`` int64[b]: lengths before them.
+    Returns (index int64[b], -1 for none; by_limit bool[b]: stopped on length, not EOS). Example: tokens
+    ``[4, 2, 7, 5]``, offsets ``[0, 3, 4]``, starts ``[10, 18]``, limits ``[20, 19]``, eos ``[2]`` -> index
+    ``[1, 0]``, by_limit ``[False, True]``.
     """
     b = starts.shape[0]
     index = np.full(b, -1, np.int64)

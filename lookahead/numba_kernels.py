@@ -1,7 +1,5 @@
-"""The package's Numba kernels: which modules define them, which this process compiled, and whether Numba's
-on-disk cache already holds their machine code (what ``python -m lookahead warmup`` and the decoder's
-first-call notice ask). Imports no torch and none of the decoder.
-"""
+"""The package's Numba kernels: where they are defined, which were compiled, and whether Numba's on-disk cache
+holds them (for ``python -m lookahead warmup`` and the first call's notice). Imports no torch."""
 
 from __future__ import annotations
 
@@ -9,16 +7,14 @@ import importlib
 import importlib.util
 import pkgutil
 
-
 CORE = ("lookahead.budget", "lookahead.loop", "lookahead.packing", "lookahead.verify", "lookahead.drafting.kernels",
         "lookahead.drafting.recycle", "lookahead.cache.kernels", "lookahead.cache.primitives", "lookahead.cache.suffix")
 """The modules whose kernels a default call runs (the optional subpackages have their own)."""
 
 
 def kernel_modules(core: bool = False) -> list:
-    """The package's modules that define Numba kernels (their source says ``njit``), imported; ``core``: only
-    :data:`CORE`'s. The n-gram store's folder installs as ``lookahead.cache`` from outside ``lookahead/``, so it is
-    walked too."""
+    """The package's modules whose source says ``njit``, imported (``lookahead.cache`` included); ``core``: only
+    :data:`CORE`."""
     if core:
         return [importlib.import_module(name) for name in CORE]
     names = set()
@@ -39,8 +35,7 @@ def kernel_modules(core: bool = False) -> list:
 
 
 def kernels(modules=None) -> list[tuple[str, object]]:
-    """``(module.name, dispatcher)`` for every Numba kernel defined in ``modules`` (default: all of the
-    package's)."""
+    """``(module.name, dispatcher)`` for every Numba kernel defined in ``modules`` (default: the package's)."""
     from numba.core.registry import CPUDispatcher
 
     out = []
@@ -52,8 +47,7 @@ def kernels(modules=None) -> list[tuple[str, object]]:
 
 
 def missed_kernels(modules=None) -> list[str]:
-    """Kernels this process has neither compiled nor loaded, leaving out those only other kernels call
-    (``inline="always"``, or named in another kernel's code: compiled into their callers)."""
+    """Kernels this process has neither compiled nor loaded, except those compiled into their callers."""
     found = kernels(modules)
     called = set()
     for _, d in found:
@@ -63,9 +57,8 @@ def missed_kernels(modules=None) -> list[str]:
 
 
 def kernels_compiled(modules=None) -> bool | None:
-    """Whether Numba's on-disk cache holds machine code for this CPU and the current source of every kernel
-    (then no decode compiles anything); None when Numba's cache cannot be read this way. Reads only the
-    cache's index files: nothing is compiled or loaded."""
+    """Whether Numba's on-disk cache holds every kernel for this CPU and source (None: unreadable); reads only the
+    cache's index files."""
     try:
         found = kernels(modules)
         called = set()
@@ -87,14 +80,12 @@ _CHECKED: list = []  # one entry once this process has checked (or need not chec
 
 
 def mark_checked() -> None:
-    """No first-call notice in this process: what runs next compiles the kernels and says so itself
-    (``python -m lookahead warmup``)."""
+    """No first-call notice in this process (``warmup`` compiles the kernels and says so itself)."""
     _CHECKED.append(True)
 
 
 def warn_if_uncompiled() -> None:
-    """Once per process, where Numba's on-disk cache lacks a kernel a default call runs (:data:`CORE`): say that this
-    call compiles them, instead of a silent wait."""
+    """Once per process, log that this call compiles the :data:`CORE` kernels where Numba's cache lacks one."""
     if _CHECKED:
         return
     _CHECKED.append(True)

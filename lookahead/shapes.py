@@ -1,10 +1,8 @@
-"""Step shapes: what differs between one row, a batch and a static cache in the one step loop (``loop.py``).
+"""Step shapes: what differs between one row, a batch and a static cache in the step loop (``loop.py``).
 
-A shape chooses a step's drafts (``draft``), packs them (``pack``), runs the forward (``forward``) and keeps the
-accepted entries in the cache, rolling back the rest (``keep``). :class:`OneRow` (here) is one row on a dynamic cache:
-a step whose draft is one chain is causal (the model's own mask and fast path), other steps write their mask block
-into a buffer kept across steps; the window's rows and trained heads run here; past a sliding window its layers keep
-every entry until the verdict. ``batch.Padded`` is several rows, ``static.Bucketed`` one row on a static cache.
+A shape drafts (``draft``), packs (``pack``), runs the forward (``forward``) and keeps the accepted entries, rolling
+back the rest (``keep``). :class:`OneRow` is one row on a dynamic cache; ``batch.Padded`` several rows;
+``static.Bucketed`` one row on a static cache.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from .packing import StepMask, pack_step, step_inputs
 
 
 class Step(NamedTuple):
-    """A packed step: input ids and positions long[b, q], its mask (None: causal), and ``rows``: a one-row step's
-    rows past the pending tokens' last, plus one (its root)."""
+    """A packed step: ids and positions long[b, q], mask (None: causal), ``rows``: a one-row step's rows from the
+    last pending token (its root) on."""
 
     ids: torch.Tensor
     pos: torch.Tensor
@@ -32,7 +30,8 @@ class Step(NamedTuple):
 
 
 class OneRow:
-    """One row on a dynamic cache (see the module docstring)."""
+    """One row on a dynamic cache. A one-chain draft steps causally; other steps write their mask block into a
+    buffer kept across steps. Past a sliding window its layers keep every entry until the verdict."""
 
     static = False
 
@@ -71,9 +70,9 @@ class OneRow:
         return draft
 
     def pack(self, drafts) -> Step:
-        """A chain after the pending tokens (no branch, no window) steps causally: the model's own mask and fast
-        path. On a CPU a chain after one pending token takes the buffer's additive mask instead (the model would build
-        a boolean one that SDPA converts in every layer). A model that takes no 4D mask always steps causally."""
+        """A chain after the pending tokens (no branch, no window) steps causally, with the model's own mask; on a
+        CPU, after one pending token, it takes the buffer's additive mask (SDPA would convert a boolean one per
+        layer). A model that takes no 4D mask always steps causally."""
         call, d = self.call, drafts[0]
         pending, pending_pos = self.rows.pending[0], self.rows.pending_pos[0]
         p = len(pending)
@@ -102,8 +101,8 @@ class OneRow:
         return Step(ids, pos, mask, 1 + d.rows)
 
     def forward(self, step: Step, drafts, k: int):
-        """The step's logits [1, 1 + rows, V]. At the prompt's step the model-prediction source learns the prompt's
-        own rows too, where the cost curve makes them nearly free (``prompt_rows``)."""
+        """(logits [1, step.rows, V], rows learnt from the prompt). At the prompt's step the model-prediction source
+        also learns the prompt's rows where they are nearly free (``prompt_rows``)."""
         rows, call = self.rows, self.call
         policy = rows.policies[0]
         p = rows.pending.shape[1]
@@ -145,19 +144,10 @@ class OneRow:
 
 
 def _prompt_columns(attention_mask, length: int, max_length: int):
-    """(positions, col_visible): ``col_visible`` bool[max(max_length, length) + 1] False at the prompt's padding,
-    or None when nothing is padding."""
+    """(positions, col_visible bool[max(max_length, length) + 1], False at padding; None without padding)."""
     if attention_mask is None or bool((attention_mask == 1).all()):
         return np.arange(length), None
     visible = attention_mask[0].bool().cpu().numpy()
     col_visible = np.ones(max(max_length, length) + 1, dtype=bool)
     col_visible[:length] = visible
     return np.maximum(np.cumsum(visible) - 1, 0), col_visible
-
-
-# -- one row on a static cache ------------------------------------------------------------------------------------
-
-
-# -- a batch ------------------------------------------------------------------------------------------------------
-
-

@@ -10,46 +10,29 @@ import numpy as np
 from .drafting.draft import ORIGINS
 
 
-
 @dataclass
 class DecodeStats:
     """What one ``generate`` call with the decoder did.
 
-    - ``target_calls``: forward passes of the target model (the prompt's prefill included).
-    - ``new_tokens``: tokens emitted.
-    - ``budgets``: per step, (draft nodes verified, window rows run): the budget the step chose.
-    - ``accepted_per_step``: per step, the draft tokens it accepted (beside ``budgets``).
-    - ``drafted`` / ``accepted``: draft-tree tokens verified / accepted, summed over steps, and
-      ``accepted_hist``: accepted draft tokens per step -> number of steps (all three read from the
-      two lists above).
-    - ``drafted_by_origin`` / ``accepted_by_origin``: the same split by where the draft came from:
-      ``"trie"`` (n-grams of the prompt and output) or ``"window"`` (n-grams the lookahead window made).
-    - ``cost_curve``: the forward-time curve ((k, seconds), ...) the budget used, if adaptive.
-    - ``cost_steps``: that curve is read as steps (a measured one: ``CostModel.steps``, k rows priced at the
-      smallest measured size of at least k).
-    - ``cost_provisional``: that curve was measured while other work slowed the machine
-      (``CostModel.provisional``, see ``cost.calibrate_curve``): the best estimate at hand, not saved
-      for later processes and measured again later in this one; the budget's choices may be off.
-    - ``time_*``: seconds spent drafting (the policy: propose, budget, limits) and packing, in the
-      model's forward, verifying (on a GPU this includes waiting for the forward to finish) and in
-      bookkeeping (emitting, stopping criteria, KV cache, learning); ``time_calibration``: measuring
-      the cost curve at the call's start (0 when it was known already).
-    - ``step_nodes``: the most draft tokens a step of the call could verify (``LookaheadConfig.step_nodes``, an
-      ``"auto"`` one as the call's cost curve resolved it).
-    - ``linear_layout``: how the call's steps computed the model's linear layers on a CPU (``lookahead.cpu``), in
-      words, e.g. ``"2-4 rows transposed, 5-64 rows oneDNN"``; ``"nn.Linear"`` when no step computed them otherwise.
-    - ``time_compile``: seconds a static cache's steps spent compiling their graphs (their first runs).
-    - ``corpus``: the draft corpus the call drafted from (``corpus.DraftCorpus``'s repr, e.g. ``"DraftCorpus(515
-      streams, 80979 tokens, target=LlamaForCausalLM)"``; one given, or the one ``corpus="auto"`` found), else None.
+    - ``target_calls``: target-model forwards (the prompt's included); ``new_tokens``: tokens emitted.
+    - ``budgets``: per step, (draft nodes verified, window rows run); ``accepted_per_step``: draft tokens accepted.
+    - ``drafted``, ``accepted``, ``accepted_hist`` (accepted per step -> steps): read from those two lists.
+    - ``drafted_by_origin`` / ``accepted_by_origin``: the same by draft source (``drafting.draft.ORIGINS``).
+    - ``cost_curve``: the ((k, seconds), ...) the budget priced with; ``cost_steps``: read as steps
+      (``CostModel.steps``); ``cost_provisional``: measured under load, so the budget's choices may be off.
+    - ``time_propose``, ``time_forward``, ``time_verify`` (on a GPU, waiting for the forward too),
+      ``time_bookkeeping`` (emit, stop, KV, learn): seconds per phase; ``time_calibration``: measuring the cost
+      curve (0 when known); ``time_compile``: compiling a static cache's step graphs.
+    - ``step_nodes``: the most draft tokens a step could verify (``LookaheadConfig.step_nodes``, resolved).
+    - ``linear_layout``: how the steps computed linear layers on a CPU, in words (``"nn.Linear"``: as usual).
+    - ``corpus``: the repr of the ``DraftCorpus`` drafted from, or None.
     """
 
     target_calls: int = 0
     new_tokens: int = 0
     _drafted_by_origin: Counter = field(default_factory=Counter, repr=False)
     _accepted_by_origin: Counter = field(default_factory=Counter, repr=False)
-    _untallied: list = field(default_factory=list, repr=False)
-    """Drafted steps' (origin int8[n], accepted nodes) not yet counted into the two counters: a step stores them,
-    and the counters count them when read (a step's own host work stays a list append)."""
+    _untallied: list = field(default_factory=list, repr=False)  # steps' (origin int8[n], nodes), counted when read
     budgets: list = field(default_factory=list)
     accepted_per_step: list = field(default_factory=list)
     cost_curve: tuple | None = None
@@ -67,7 +50,7 @@ class DecodeStats:
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
                     t_verify: float, t_bookkeeping: float) -> None:
-        """Count one step: ``draft`` as verified, its ``accepted`` nodes, ``emitted`` tokens, phase times."""
+        """Count one step: ``draft`` verified, its ``accepted`` nodes, ``emitted`` tokens, phase times."""
         n = len(draft.tokens)
         self.budgets.append((n, draft.n_window_rows))
         self.accepted_per_step.append(len(accepted))
@@ -80,7 +63,6 @@ class DecodeStats:
         self.time_bookkeeping += t_bookkeeping
 
     def _tally(self) -> None:
-        """Count the stored steps' nodes by origin into the two counters."""
         drafted, accepted = self._drafted_by_origin, self._accepted_by_origin
         for origin, nodes in self._untallied:
             for o, count in enumerate(np.bincount(origin).tolist()):
@@ -154,7 +136,7 @@ class DecodeStats:
         }
 
     def explain(self) -> str:
-        """What the decoder did and why, in two plain sentences a newcomer can read (``explain.explain``)."""
+        """What the decoder did and why, in two plain sentences."""
         from .explain import explain
 
         return explain(self)

@@ -1,14 +1,9 @@
-"""The user's cache directory: what lookahead keeps between processes, and how it is written.
+"""The user's cache directory: what lookahead keeps between processes (each file validated on read).
 
-Two things live there, each validated on every read and rebuilt when it does not fit:
-
-- ``curves/``: measured cost curves, one JSON file per model fingerprint (:mod:`lookahead.cost`);
-- ``models/``: the bundled model's weights converted from GGUF, as safetensors (:mod:`lookahead.models`).
-
-The folder is ``$LOOKAHEAD_CACHE``, else ``$XDG_CACHE_HOME/lookahead``, else ``~/.cache/lookahead``.
-``LOOKAHEAD_PERSIST=0`` (or ``false``, ``no``, ``off``) turns both off: nothing is read from it or
-written to it. Files are written to a temporary name in the same folder and then renamed, so a reader
-sees either the old file or the whole new one, never half of one.
+``curves/`` (cost curves, :mod:`lookahead.cost`), ``models/`` (the bundled model's weights, :mod:`lookahead.models`),
+``corpora/`` (installed draft corpora, :mod:`lookahead.corpus`). The folder is ``$LOOKAHEAD_CACHE``, else
+``$XDG_CACHE_HOME/lookahead``, else ``~/.cache/lookahead``; ``LOOKAHEAD_PERSIST=0`` turns it off. Files are
+written to a temporary name and renamed, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -25,10 +20,8 @@ CACHE_ENV = "LOOKAHEAD_CACHE"
 
 
 def cache_dir() -> str:
-    """The folder lookahead keeps its files in (not created here).
-
-    Example: with ``LOOKAHEAD_CACHE`` unset and ``XDG_CACHE_HOME=/tmp/c``: ``/tmp/c/lookahead``.
-    """
+    """The folder lookahead keeps its files in (not created here). Example: with ``LOOKAHEAD_CACHE`` unset and
+    ``XDG_CACHE_HOME=/tmp/c``: ``/tmp/c/lookahead``."""
     explicit = os.environ.get(CACHE_ENV)
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
@@ -37,16 +30,13 @@ def cache_dir() -> str:
 
 
 def persist_enabled() -> bool:
-    """False when ``LOOKAHEAD_PERSIST`` says 0 / false / no / off: nothing is then read from or written to
-    the cache."""
+    """False when ``LOOKAHEAD_PERSIST`` is 0 / false / no / off: the cache is then neither read nor written."""
     return os.environ.get(PERSIST_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def write_json_atomic(path: str, data: dict) -> bool:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename; False (logged) on failure.
-
-    A failure (read-only or full disk) never raises: what was to be cached is simply measured again later.
-    """
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename; False (logged), never raising,
+    on failure (a read-only or full disk)."""
     folder = os.path.dirname(path)
     tmp = None
     try:

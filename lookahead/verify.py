@@ -1,22 +1,20 @@
 """The exact-acceptance core: which drafted tokens the target model itself would have produced.
 
-Greedy: walk down the draft tree from the root; at each node take the argmax ``x`` of the target's *processed*
-logits there (the user's processors applied with that node's own prefix); if a child carries ``x``, accept it
-and go on from it; else emit ``x`` (the correction, or the bonus token after an accepted leaf) and stop.
+Greedy: from the root, take the argmax ``x`` of the target's *processed* logits at the node (the user's processors
+applied with that node's own prefix); if a child carries ``x``, accept it and go on from it; else emit ``x`` (the
+correction, or the bonus token after an accepted leaf) and stop.
 
-Sampling (drafts are deterministic, so the draft distribution is a point mass): at each node on the path draw
-``y ~ p`` by inverse CDF from a uniform ``u`` that belongs to the emitted *position*; if a drafted child carries
-``y`` accept it, else emit ``y``. This is multi-candidate rejection sampling: the first child ``x1`` is accepted
-with probability ``p(x1)``, given it was rejected ``x2`` with ``p(x2) / (1 - p(x1))``, and when all are rejected
-``y`` follows the final residual. Every emitted token so has exactly the target's distribution, and since ``u``
-belongs to the position, a seed gives the same text whatever was drafted.
+Sampling (a draft is a point mass): at each node on the path draw ``y ~ p`` by inverse CDF from a uniform ``u`` that
+belongs to the emitted *position*; accept the child carrying ``y``, else emit ``y``. This is multi-candidate rejection
+sampling, so every emitted token has exactly the target's distribution, and a seed gives the same text whatever was
+drafted.
 
-Worked example (greedy): tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``, argmax of the rows (root, nodes) ``[5, 9,
-3, 4]``: accept node 0 (5), then node 2 (9), then emit 4: nodes ``[0, 2]``, tokens ``[5, 9, 4]``.
+Worked example (greedy): tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``, argmax of the rows (root, nodes)
+``[5, 9, 3, 4]``: accept node 0 (5), then node 2 (9), then emit 4: nodes ``[0, 2]``, tokens ``[5, 9, 4]``.
 
-On a CPU every row's argmax and top-k come from one Numba pass (:func:`rows_top`; its argmax is exactly
-``torch.argmax``'s), and processors that only ban tokens at some lengths (:class:`TokenBans`) are applied from
-the top-k on the host, so a greedy verdict never runs tensor code per row.
+On a CPU every row's argmax and top-k come from one Numba pass (:func:`rows_top`, whose argmax is ``torch.argmax``'s),
+and processors that only ban tokens (:class:`TokenBans`) are applied from the top-k, so a greedy verdict runs no tensor
+code per row.
 """
 
 from __future__ import annotations
@@ -30,13 +28,8 @@ from numba import njit
 
 @dataclass
 class Verdict:
-    """Outcome of verifying one step.
-
-    - ``nodes``: indices of the accepted draft nodes, root to leaf.
-    - ``tokens``: emitted tokens: the accepted nodes' tokens followed by one more token.
-    - ``scores``: the processed scores float[1, V] at each emitted position (only when asked for).
-    - ``raw``: the unprocessed logits float[1, V] at each emitted position (only when asked for).
-    """
+    """Outcome of one step: ``nodes`` the accepted draft nodes, root to leaf; ``tokens`` their tokens, then one more;
+    ``scores`` / ``raw`` (when asked for) the processed scores / raw logits float[1, V] at each emitted position."""
 
     nodes: list[int]
     tokens: list[int]
@@ -45,10 +38,8 @@ class Verdict:
 
 
 def children_lists(tree_tokens: list[int], tree_parents: list[int]) -> list[dict[int, int]]:
-    """For each row (0 = root, i+1 = node i): a dict token -> child node index.
-
-    Example: tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]`` -> ``[{5: 0, 7: 1}, {9: 2}, {}, {}]``.
-    """
+    """Per row (0 = root, i+1 = node i): token -> child node index. Example: tokens ``[5, 7, 9]``, parents
+    ``[-1, -1, 0]`` -> ``[{5: 0, 7: 1}, {9: 2}, {}, {}]``."""
     children: list[dict[int, int]] = [{} for _ in range(len(tree_tokens) + 1)]
     for i, (tok, par) in enumerate(zip(tree_tokens, tree_parents)):
         children[par + 1].setdefault(int(tok), i)
@@ -56,21 +47,15 @@ def children_lists(tree_tokens: list[int], tree_parents: list[int]) -> list[dict
 
 
 def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
-    """Greedy walk given the argmax of every row (rows: root, then node 0..n-1); lists or int64 arrays.
-
-    Example: argmax ``[5, 9, 3, 4]``, tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]`` -> nodes ``[0, 2]``,
-    tokens ``[5, 9, 4]``."""
+    """:func:`greedy_walk` given every row's argmax (root, then nodes 0..n-1); lists or int64 arrays."""
     nodes, tokens = greedy_walk(np.asarray(argmax, dtype=np.int64), np.asarray(tree_tokens, dtype=np.int64),
                                 np.asarray(tree_parents, dtype=np.int64))
     return Verdict(nodes.tolist(), tokens.tolist())
 
 
 class PositionUniforms:
-    """``u_t ~ U[0, 1)`` for every emitted position ``t`` of one call, from one seed.
-
-    The seed is drawn from torch's default CPU generator when the call starts, so
-    ``torch.manual_seed`` makes a sampled run repeatable.
-    """
+    """``u_t ~ U[0, 1)`` for every emitted position ``t`` of one call, from one seed (by default drawn from torch's CPU
+    generator, so ``torch.manual_seed`` makes a sampled run repeatable)."""
 
     def __init__(self, seed: int | None = None):
         if seed is None:
@@ -86,10 +71,8 @@ class PositionUniforms:
 
 
 def sample_token(probs: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw from ``probs`` float[V] (unnormalised is fine) with uniform ``u``.
-
-    Example: probs ``[0.2, 0.0, 0.5, 0.3]``: u=0.1 -> 0, u=0.2 -> 2 (token 1 has no mass), u=0.95 -> 3.
-    """
+    """Inverse-CDF draw from ``probs`` float[V] (unnormalised is fine) with uniform ``u``. Example: probs
+    ``[0.2, 0.0, 0.5, 0.3]``: u=0.1 -> 0, u=0.2 -> 2 (token 1 has no mass), u=0.95 -> 3."""
     cdf = probs.double().cumsum(0)
     idx = torch.searchsorted(cdf, cdf[-1:] * u, right=True)
     return int(idx.clamp_max(len(probs) - 1))
@@ -109,11 +92,8 @@ def _choose_greedy(scores: torch.Tensor, kids: dict[int, int], u: float | None =
 
 def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, keep_scores, keep_raw,
           uniforms=None) -> Verdict:
-    """Walk down the tree from the root, processing only the rows on the walked path.
-
-    The processors see ``prefix`` plus the path so far, as views of one buffer written token by token;
-    a row's logits are copied before processing only when the raw logits are kept (a processor may
-    work in place, and each row is processed once)."""
+    """Walk down the tree, processing only the rows on the path (with ``prefix`` plus the path so far); a row is cloned
+    first only when raw logits are kept (a processor may work in place)."""
     children = children_lists(tree_tokens, tree_parents)
     row, nodes, tokens = 0, [], []
     scores_out = [] if keep_scores else None
@@ -142,13 +122,11 @@ def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, k
         row = child + 1
 
 
-
-
 @dataclass(frozen=True)
 class TokenBans:
-    """Processors that only ban some ids while the length is in a range (``compat.token_bans``), packed for
-    :func:`apply_bans`: rule ``r`` bans ``ids[offsets[r]:offsets[r + 1]]`` while ``lo[r] <= length < hi[r]``;
-    ``width``: a top-k that always holds an allowed token."""
+    """Processors that only ban ids while the length is in a range (``compat.token_bans``), packed for
+    :func:`apply_bans`: rule ``r`` bans ``ids[offsets[r]:offsets[r + 1]]`` while ``lo[r] <= length < hi[r]``; ``width``:
+    a top-k that always holds an allowed token."""
 
     ids: np.ndarray
     offsets: np.ndarray
@@ -185,8 +163,7 @@ def tree_arrays(drafts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def greedy_verdicts(argmax: np.ndarray, drafts) -> list[Verdict]:
-    """The greedy verdict of every row's tree from its rows' argmax int64[b, q] (row ``i``'s root, then its
-    nodes), in one Numba pass."""
+    """Every row's greedy verdict from its rows' argmax int64[b, q] (row ``i``: its root, then its nodes)."""
     if len(drafts) == 1:
         d = drafts[0]
         if not len(d):
@@ -199,11 +176,8 @@ def greedy_verdicts(argmax: np.ndarray, drafts) -> list[Verdict]:
 
 
 class Verifier:
-    """One call's verification (see the module docstring), the same for one row and a batch.
-
-    ``rules``: the processors as token
-    bans (``compat.token_bans``) or None; ``sampling``; ``keep_scores`` / ``keep_raw``: the verdicts carry each
-    emitted position's processed scores / raw logits."""
+    """One call's verification, for one row or a batch. ``rules``: the processors as token bans (``compat.token_bans``)
+    or None; ``keep_scores`` / ``keep_raw``: verdicts carry the processed scores / raw logits."""
 
     def __init__(self, device: torch.device, vocab: int, processors: list, rules, sampling: bool,
                  keep_scores: bool = False, keep_raw: bool = False):
@@ -217,15 +191,13 @@ class Verifier:
         self.bans = TokenBans.of(rules) if greedy and rules else None
 
     def top_width(self, k: int) -> int:
-        """The top-k read from every verified row: the model-prediction source's ``k``, and with bans enough for one
-        allowed token."""
+        """The top-k read per verified row: the sources' ``k``, widened with bans to hold an allowed token."""
         return max(k, self.bans.width) if self.bans is not None else k
 
     def read_rows(self, logits: torch.Tensor, argmax_rows: np.ndarray | None, top_rows: np.ndarray, k: int):
-        """The host readout of logits [b, q, V]: (argmax int64[b, q] of each row's first ``argmax_rows[i]`` rows, or
-        None when not asked; when ``k`` > 0, (ids int64[b, q, k], logits float32[b, q, k]) of each row's first
-        ``top_rows[i]`` rows, else None). On a GPU the top-k's copy is queued before the argmax's, so both arrive in
-        one synchronisation."""
+        """Host readout of ``logits`` [b, q, V]: (argmax int64[b, q] of row ``i``'s first ``argmax_rows[i]`` rows, or
+        None when not asked; (ids int64[b, q, k], logits float32[b, q, k]) of its first ``top_rows[i]`` rows, or None
+        when ``k`` is 0). On a GPU both copies arrive in one synchronisation."""
         b, q, v = logits.shape
         if not k:
             if argmax_rows is None:
@@ -245,11 +217,10 @@ class Verifier:
         return (logits.argmax(-1).cpu().numpy() if argmax_rows is not None else None), tops
 
     def verify(self, logits: torch.Tensor, drafts: list, rows, k: int):
-        """(per row its verdict, None for a finished row; the window rows' argmax int64[m] of a one-row step with a
-        window, else None; the top-``k`` (ids, logits) [b, 1 + w, k] of every row's root and nodes, None when ``k``
-        is 0) from a step's ``logits`` [b, q, V] (row ``i``: its root's row, its nodes', then window rows).
-        ``rows``: the call's rows in the cache's order (``loop.Rows``: ``length_of(i)``, ``is_done(i)``,
-        ``prefix(i)``, ``uniforms(i, n)``, ``processors(i)``)."""
+        """(per row its verdict, None for a finished row; a one-row step's window rows' argmax int64[m], else None; the
+        top-``k`` (ids, logits) [b, 1 + w, k] of every row's root and nodes, None when ``k`` is 0) from ``logits``
+        [b, q, V] (row ``i``: its root, its nodes, then window rows). ``rows``: ``loop.Rows`` in the cache's order
+        (``length_of``, ``is_done``, ``prefix``, ``uniforms``, ``processors``)."""
         width = self.top_width(k)
         if len(drafts) == 1:  # one row: the root's row, the nodes', then the window's
             d = drafts[0]
@@ -323,9 +294,9 @@ def _lengths(rows, drafts) -> np.ndarray:
 def verify(logits: torch.Tensor, tree_tokens: list[int], tree_parents: list[int], prefix: torch.Tensor,
            logits_processor=None, do_sample: bool = False, keep_scores: bool = False, keep_raw: bool = False,
            uniforms: list[float] | None = None) -> Verdict:
-    """One row's verdict from its processed scores, greedy or sampled: ``logits`` float[n + 1, V] (row 0 the root,
-    row ``i + 1`` node ``i``), ``prefix`` long[1, L] its context; the processors run lazily, only at nodes on the
-    walked path, each with its own prefix. ``uniforms``: one per position this step can emit (sampling)."""
+    """One row's verdict, greedy or sampled: ``logits`` float[n + 1, V] (row 0 the root, row ``i + 1`` node ``i``),
+    ``prefix`` long[1, L] its context; processors run only on the walked path; ``uniforms``: one per emittable
+    position."""
     if do_sample:
         if uniforms is None:
             uniforms = torch.rand(len(tree_tokens) + 1).tolist()
@@ -353,7 +324,7 @@ def _has_nan(row):
 
 @njit(cache=True, nogil=True)
 def _first_nan(row):
-    """The index of the first NaN of ``row``, which holds one (:func:`_has_nan`): ``torch.argmax``'s answer then."""
+    """The index of ``row``'s first NaN (it must hold one): ``torch.argmax``'s answer then."""
     i = 0
     while row[i] == row[i]:
         i += 1
@@ -362,9 +333,8 @@ def _first_nan(row):
 
 @njit(cache=True, nogil=True, fastmath={"nnan"})
 def _block_maxima(row, out):
-    """Each block of :data:`_BLOCK` logits' maximum into ``out`` float32[>= ceil(V / _BLOCK)], for a row without
-    NaN (:func:`_has_nan`): told so, the compiler vectorises the maximum. A zero's sign may come out either way,
-    which no comparison sees."""
+    """Each :data:`_BLOCK` logits' maximum of a NaN-free ``row`` into ``out`` float32[>= ceil(V / _BLOCK)]; without NaN
+    the compiler vectorises it (a zero's sign may come out either way)."""
     v = row.shape[0]
     t = 0
     for a in range(0, v - _BLOCK + 1, _BLOCK):  # this loop's form is what vectorises (a stride in t does not)
@@ -385,8 +355,8 @@ def _block_maxima(row, out):
 
 @njit(cache=True, nogil=True, inline="always")
 def _insert(x, j, k, ids, vals, m):
-    """Put value ``x`` of id ``j`` into the top ``k`` kept so far (``m`` of them, in ``ids`` / ``vals`` largest first,
-    an equal earlier value ahead), when there is room or it beats the last; returns how many are kept."""
+    """Insert value ``x`` of id ``j`` into the ``m`` kept of a top ``k`` (``ids`` / ``vals``, largest first, an equal
+    earlier value ahead) when there is room or it beats the last; returns how many are kept."""
     p = m if m < k else k - 1
     while p > 0 and vals[p - 1] < x:  # strict: an equal earlier value stays ahead
         vals[p] = vals[p - 1]
@@ -399,8 +369,7 @@ def _insert(x, j, k, ids, vals, m):
 
 @njit(cache=True, nogil=True)
 def _insert_top(row, a, b, low, k, ids, vals, m):
-    """Offer ``row[a:b]``'s entries of at least ``low`` to the top ``k`` kept so far (``m`` of them, in ``ids`` /
-    ``vals`` largest first, an equal earlier value ahead); returns how many are kept."""
+    """Offer ``row[a:b]``'s entries ``>= low`` to the top ``k`` (as :func:`_insert`); returns how many are kept."""
     thr = vals[k - 1] if m == k else -np.inf
     for j in range(a, b):
         x = row[j]
@@ -410,16 +379,13 @@ def _insert_top(row, a, b, low, k, ids, vals, m):
     return m
 
 
-RANKED_MAXIMA = 24
-
-
-RANKED = 32
+RANKED_MAXIMA = 24  # at most this many block maxima are ranked by counting (:func:`_kth_largest`)
+RANKED = 32  # at most this many candidates are ranked by counting (:func:`_one_top`), more are inserted
 
 
 @njit(cache=True, nogil=True)
 def _top_scratch(v, k):
-    """:func:`_one_top`'s scratch arrays for rows of ``v`` logits: (block maxima, the top ``k`` of them (ids,
-    values), the candidates (values, ids), the blocks offered)."""
+    """:func:`_one_top`'s scratch arguments (``maxima`` .. ``blocks``) for rows of ``v`` logits."""
     nb = (v + _BLOCK - 1) // _BLOCK
     return (np.empty(nb, np.float32), np.empty(k, np.int64), np.empty(k, np.float32), np.empty(v, np.float32),
             np.empty(v, np.int64), np.empty(nb, np.int64))
@@ -427,12 +393,9 @@ def _top_scratch(v, k):
 
 @njit(cache=True, nogil=True)
 def _kth_largest(x, n, k, ids, vals):
-    """The ``k``-th largest of ``x[:n]`` (``n >= k``), counted with multiplicity; ``ids`` / ``vals``: scratch of
-    ``k``. Few values (:data:`RANKED_MAXIMA`) are counted: fewer than ``k`` values exceed a value exactly when it
-    is at least the k-th largest, so that is the least such value (no branch on the data, which a fresh row's
-    logits would mispredict); many are inserted into a top ``k``.
-
-    Example: ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
+    """The ``k``-th largest of ``x[:n]`` (``n >= k``, with multiplicity); ``ids`` / ``vals``: scratch of ``k``. Up to
+    :data:`RANKED_MAXIMA` values are ranked without data branches (a fresh row would mispredict them), more through a
+    top ``k``. Example: ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
     if n <= RANKED_MAXIMA:
         low = np.inf
         for t in range(n):
@@ -448,10 +411,8 @@ def _kth_largest(x, n, k, ids, vals):
 
 @njit(cache=True, nogil=True)
 def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, blocks):
-    """One row ``row`` float32[V]: its argmax (returned) and its ``k`` largest entries into ``ids`` int64[k] /
-    ``vals`` float32[k], largest first (the other arguments: :func:`_top_scratch`'s).
-
-    Example: ``[1., 5., 5., 2.]``, k=2 -> argmax 1, ids ``[1, 2]``, vals ``[5., 5.]``."""
+    """The argmax of ``row`` float32[V] (returned) and its ``k`` largest into ``ids`` int64[k] / ``vals`` float32[k],
+    largest first (the rest: :func:`_top_scratch`'s). Example: ``[1., 5., 5., 2.]``, k=2 -> 1, ids ``[1, 2]``."""
     v = row.shape[0]
     nb = maxima.shape[0]
     for j in range(k):
@@ -502,14 +463,8 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
 
 @njit(cache=True, nogil=True)
 def greedy_walk(argmax, tokens, parents):
-    """The greedy verdict of a parent-first draft tree given every row's argmax (row 0: the last context
-    token, row ``1 + i``: node ``i``): (accepted nodes int64[a], emitted tokens int64[a + 1]). From row 0,
-    follow the child whose token is the row's argmax (the first such child) while there is one; the
-    last row's argmax is the bonus token.
-
-    Example: argmax ``[5, 9, 3, 4]``, tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]`` -> nodes ``[0, 2]``
-    (5, then 9 under it), tokens ``[5, 9, 4]``.
-    """
+    """(accepted nodes int64[a], emitted tokens int64[a + 1]) of a parent-first tree given every row's argmax (row 0:
+    the last context token, row ``1 + i``: node ``i``): the module docstring's walk, taking the first matching child."""
     n = tokens.shape[0]
     nodes = np.empty(n, np.int64)
     out = np.empty(n + 1, np.int64)
@@ -532,14 +487,9 @@ def greedy_walk(argmax, tokens, parents):
 
 @njit(cache=True, nogil=True)
 def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
-    """:func:`_one_top` over a batch: for each row ``i`` of ``logits`` float32[b, q, V], the argmax of its first
-    ``argmax_rows[i]`` query rows into ``argmax`` int64[b, q] and, for its first ``top_rows[i]`` (at most
-    ``argmax_rows[i]``), their ``k`` largest entries into ``ids`` int64[b, q, k] / ``vals`` float32[b, q, k]
-    (the same pass). Entries past those counts are left unset. ``k`` = 0: argmax only.
-
-    Example: logits ``[[[1., 5., 5.], [3., 0., 1.]]]``, argmax_rows ``[2]``, top_rows ``[1]``, k = 1 -> argmax
-    ``[[1, 0]]``, ids ``[[[1], [unset]]]``.
-    """
+    """:func:`_one_top` over ``logits`` float32[b, q, V]: for row ``i`` the argmax of its first ``argmax_rows[i]`` rows
+    into ``argmax`` int64[b, q] and, of its first ``top_rows[i]`` (<= ``argmax_rows[i]``), the ``k`` largest into
+    ``ids`` int64[b, q, k] / ``vals`` float32[b, q, k]; other entries stay unset. ``k`` = 0: argmax only."""
     b, q, v = logits.shape
     scratch = _top_scratch(v, max(k, 1))
     maxima = scratch[0]
@@ -555,11 +505,8 @@ def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
 
 @njit(cache=True, nogil=True)
 def _row_argmax(row, maxima):
-    """``torch.argmax`` of one row float32[V] (the first maximal index, or the first NaN's), in two branch-free
-    passes and one short scan: the row's NaN check, every block's maximum (:func:`_block_maxima`, into
-    ``maxima``), then the first block holding the largest is scanned for its first entry equal to it.
-
-    Example: ``[1., 5., 3., 5.]`` -> 1; ``[1., nan, 7.]`` -> 1."""
+    """``torch.argmax`` of ``row`` float32[V] (the first maximal index, or the first NaN's): the NaN check, the block
+    maxima into ``maxima``, then a scan of the first block holding the largest."""
     v = row.shape[0]
     if _has_nan(row):
         return _first_nan(row)
@@ -578,15 +525,9 @@ def _row_argmax(row, maxima):
 
 @njit(cache=True, nogil=True)
 def greedy_walks(argmax, tokens, parents, counts):
-    """:func:`greedy_walk` for every row of a batch at once: row ``i``'s tree is ``tokens[i, :counts[i]]`` /
-    ``parents[i, :counts[i]]`` (int64[b, w] each) and its rows' argmax ``argmax[i, :1 + counts[i]]``. Returns
-    (nodes int64[b, w], accepted int64[b], emitted int64[b, w + 1]): row ``i`` accepted ``nodes[i, :accepted[i]]``
-    and emits ``emitted[i, :accepted[i] + 1]``.
-
-    Example: argmax ``[[5, 9, 3, 4], [7, 0, 0, 0]]``, tokens ``[[5, 7, 9], [5, 0, 0]]``, parents
-    ``[[-1, -1, 0], [-1, 0, 0]]``, counts ``[3, 1]`` -> row 0 accepts ``[0, 2]`` and emits ``[5, 9, 4]``; row 1
-    accepts nothing and emits ``[7]``.
-    """
+    """:func:`greedy_walk` over a batch: row ``i``'s tree is ``tokens[i, :counts[i]]`` / ``parents[i, :counts[i]]``
+    (int64[b, w]), its argmax ``argmax[i, :1 + counts[i]]``. Returns (nodes int64[b, w], accepted int64[b], emitted
+    int64[b, w + 1]): row ``i`` accepts ``nodes[i, :accepted[i]]`` and emits ``emitted[i, :accepted[i] + 1]``."""
     b, w = tokens.shape
     nodes = np.empty((b, w), np.int64)
     accepted = np.zeros(b, np.int64)
@@ -614,17 +555,12 @@ def greedy_walks(argmax, tokens, parents, counts):
 
 @njit(cache=True, nogil=True)
 def apply_bans(argmax, ids, vals, counts, lengths, ban_ids, ban_offsets, ban_lo, ban_hi):
-    """Turn every verified row's argmax into the argmax of its *processed* scores under token bans, in place.
-
-    Row ``j`` of batch row ``i`` (``j < counts[i]``) continues a sequence of ``lengths[i, j]`` tokens; rule ``r``
-    bans ``ban_ids[ban_offsets[r]:ban_offsets[r + 1]]`` while ``ban_lo[r] <= length < ban_hi[r]``. Its processed
-    argmax is the first of its top-k ``ids[i, j]`` / ``vals[i, j]`` (largest first; equal values: lower id first)
-    not banned. Returns False when some row cannot be decided from its top-k (every candidate banned or at
-    -inf, or the row's argmax is not its top-1: a NaN), so the caller processes the scores instead.
-
-    Example: ids ``[[[2, 7, 5]]]`` (top-3 of one row), argmax ``[[2]]``, lengths ``[[6]]``, one rule banning
-    ``[2]`` while length < 8 -> argmax ``[[7]]``.
-    """
+    """Every verified row's argmax -> its argmax under token bans, in place. Row ``j < counts[i]`` of batch row ``i``
+    continues ``lengths[i, j]`` tokens; rule ``r`` bans ``ban_ids[ban_offsets[r]:ban_offsets[r + 1]]`` while
+    ``ban_lo[r] <= length < ban_hi[r]``; the answer is the first unbanned id of the top-k ``ids[i, j]`` /
+    ``vals[i, j]``. Returns False when a row cannot be decided from its top-k (all banned or -inf, or a NaN row): the
+    caller processes its scores. Example: top-3 ``[[[2, 7, 5]]]``, lengths ``[[6]]``, ``[2]`` banned while length < 8:
+    argmax ``[[2]]`` -> ``[[7]]``."""
     b = counts.shape[0]
     k = ids.shape[2]
     for i in range(b):
@@ -658,11 +594,8 @@ def apply_bans(argmax, ids, vals, counts, lengths, ban_ids, ban_offsets, ban_lo,
 @njit(cache=True, nogil=True)
 def greedy_row(logits, rows, k, tokens, parents, depth, length, ban_ids, ban_offsets, ban_lo, ban_hi, argmax, ids,
                vals):
-    """One row's greedy step verified from its logits in one call: :func:`rows_top`, then (when there are ban
-    rules) :func:`apply_bans`, then :func:`greedy_walk`.
-
-    Example: logits rows with argmax ``[5, 9, 4]``, tokens ``[5, 7]``, parents ``[-1, -1]``, no bans -> (True,
-    ``[0]``, ``[5, 9]``)."""
+    """One row's greedy step in one call: :func:`rows_top`, :func:`apply_bans` (with rules), then :func:`greedy_walk`.
+    Returns (decided, nodes, tokens); undecided (:func:`apply_bans` said False): empty arrays."""
     n = tokens.shape[0]
     top_rows = np.empty(1, np.int64)
     top_rows[0] = n + 1

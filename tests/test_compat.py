@@ -31,7 +31,7 @@ def test_streamer_is_found_in_the_calling_generate_frame(tiny_models):
 
     class Spy:
         def __call__(self, model, input_ids, **kwargs):
-            seen.append(compat.streamer_of_calling_generate(self, depth=1))
+            seen.append(compat.arguments_of_calling_generate(self, ("streamer",), depth=1)[0])
             return input_ids
 
     class Recorder(TextStreamer):

@@ -1,9 +1,5 @@
-"""Which layout each step size computes a model's linear layers in, on a CPU: measured, then planned.
-
-Some CPU BLAS builds run ``x @ W^T`` far slower for a few rows than for one; the other way round (``(W @ x^T)^T``) or
-oneDNN's linear can be several times cheaper there. The decoder times its steps in every layout and each calibrated
-step size takes the cheapest (:func:`plan_layouts`); one-row steps always go through ``nn.Linear``.
-"""
+"""Which layout each step size computes a model's linear layers in, on a CPU: timed, then planned
+(:func:`plan_layouts`); the package docstring says why."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ from .._tuning import DEFAULT, Tuning
 from ..cost import STEP_VARIANT, CostModel
 from .shadow import LINEAR, ONEDNN, TRANSPOSED, onednn_linear, shadow
 
-
 KIND_NAMES = ("nn.Linear", "transposed", "oneDNN")
 
 
@@ -32,14 +27,9 @@ FORCED = {"transposed": TRANSPOSED, "onednn": ONEDNN}
 @dataclass(frozen=True)
 class LinearPlan:
     """How a step of ``r`` rows computes its linear layers: ``bounds`` ``((upto, kind), ...)``, ``upto``
-    increasing; a step of ``r`` rows takes the kind of the first bound with ``upto >= r``, ``nn.Linear`` past the
-    last one, and one row always ``nn.Linear`` (a plain step stays plain ``generate``'s computation). Empty: every
-    step ``nn.Linear``.
-
-    Example: ``LinearPlan(((4, TRANSPOSED), (8, LINEAR), (64, ONEDNN)))``: 2-4 rows the other way round, 5-8
-    ``nn.Linear``, 9-64 oneDNN, 1 and 65+ ``nn.Linear``; ``describe()`` -> ``"2-4 rows transposed, 9-64 rows
-    oneDNN"``.
-    """
+    increasing; ``r`` takes the kind of the first bound with ``upto >= r``; one row, past the last bound and an empty
+    plan: ``nn.Linear``. Example: ``LinearPlan(((4, TRANSPOSED), (8, LINEAR), (64, ONEDNN)))``: 2-4 rows transposed,
+    5-8 ``nn.Linear``, 9-64 oneDNN; ``describe()`` -> ``"2-4 rows transposed, 9-64 rows oneDNN"``."""
 
     bounds: tuple[tuple[int, int], ...] = ()
 
@@ -63,7 +53,6 @@ class LinearPlan:
                 if rows <= upto:
                     return kind
         return LINEAR
-
 
     def ranges(self) -> list[tuple[int, int, int]]:
         """``(first, last, kind)`` of every run of steps not computed by ``nn.Linear``, smallest first."""
@@ -92,8 +81,8 @@ def weights(modules: Sequence[nn.Linear]) -> int:
 
 @functools.cache
 def onednn_available() -> bool:
-    """Whether this torch has oneDNN's linear and it computes ``F.linear`` (checked once on a small fp32 product):
-    torch built with oneDNN (``torch.backends.mkldnn.is_available()``), as the x86 and ARM CPU wheels are."""
+    """Whether this torch (built with oneDNN, as the x86 and ARM CPU wheels are) has oneDNN's linear and it computes
+    ``F.linear``, checked once on a small fp32 product."""
     try:
         if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
             return False
@@ -108,25 +97,22 @@ def onednn_available() -> bool:
 
 
 def onednn_fits(modules: Sequence[nn.Linear]) -> bool:
-    """Whether oneDNN's linear may compute ``modules``' products: every weight of a float32
-    (on the CPU, as :func:`linear_modules` gives them) and :func:`onednn_available`."""
+    """Whether oneDNN's linear may compute ``modules``' products (from :func:`linear_modules`): fp32 weights, and
+    :func:`onednn_available`."""
     return bool(modules) and all(m.weight.dtype == torch.float32 for m in modules) and onednn_available()
 
 
 def plan_layouts(linear: CostModel, transposed: CostModel | None = None, onednn: CostModel | None = None,
                  below: float = DEFAULT.layout_pays_below, force: int | None = None) -> tuple[LinearPlan, CostModel]:
     """(the :class:`LinearPlan`, the step curve it gives) from the step curves timed in each layout: ``linear``
-    (``nn.Linear``), ``transposed`` (the other way round, up to ``layout_max_rows``) and ``onednn``, each read up to
-    the rows it covers; a layout not timed is None.
+    (``nn.Linear``), ``transposed`` (up to ``layout_max_rows``) and ``onednn``, each read up to the rows it covers;
+    None: not timed.
 
-    At each point ``k`` >= 2 of the ``linear`` curve the plan takes the cheapest layout there, every step relative
-    to its own curve's one-row step (the same computation, ``nn.Linear``, in each, so how fast the machine was when
-    each curve was timed, and persisted, cancels out); a layout other than ``nn.Linear`` only where its step costs
-    at most ``below`` times ``nn.Linear``'s. ``force``: that layout at every point it was timed, whatever it costs.
-    Rows between two points take the upper point's layout, where a measured (``steps``) curve prices them. The
-    curve: the ``linear`` curve's points, each the chosen layout's relative cost on the ``linear`` curve's scale
-    (provisional when a curve it takes is; read as steps when all are); the ``linear`` curve itself where every
-    step keeps ``nn.Linear``.
+    At each point ``k`` >= 2 of ``linear`` the plan takes the cheapest layout, each relative to its own curve's
+    one-row step (``nn.Linear`` in each, so the machine's speed at each timing cancels out); another layout only
+    where it costs at most ``below`` times ``nn.Linear``. ``force``: that layout wherever it was timed. Rows between
+    two points take the upper point's layout. The curve: ``linear``'s points at the chosen layouts' relative costs
+    (provisional when a curve it takes is; steps when all are); ``linear`` itself where every step is ``nn.Linear``.
 
     Example (ms; measured curves): linear ``{1: 80, 2: 126, 4: 126, 8: 116, 16: 142}``, transposed ``{1: 80, 2: 69,
     4: 79, 8: 120, 16: 124}``, oneDNN ``{1: 88, 2: 92, 4: 99, 8: 106, 16: 132}``. At 2 rows the other way round
@@ -166,7 +152,7 @@ def plan_layouts(linear: CostModel, transposed: CostModel | None = None, onednn:
 
 
 def whole_plan(kind: int) -> LinearPlan:
-    """Every step a layout may compute: the other way round up to ``layout_max_rows`` rows, oneDNN up to 4096."""
+    """Every step a layout may compute: transposed up to ``layout_max_rows`` rows, oneDNN up to 4096."""
     return LinearPlan.uniform(kind, DEFAULT.layout_max_rows if kind == TRANSPOSED else ONEDNN_MAX_ROWS)
 
 
@@ -178,10 +164,9 @@ def linear_modules(model) -> list[nn.Linear]:
 
 def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist, runner,
                variant: str = STEP_VARIANT):
-    """(the step curve, what runs the steps, the plan in words) for ``model`` on a CPU: the step curves timed in
-    each layout (``measure(sizes, runner)``, kept in ``calibrations`` beside ``linear``, the ``nn.Linear`` one timed
-    with ``runner``, under ``variant``) and the plan :func:`plan_layouts` makes of them; ``runner`` and ``linear``
-    where no layout pays."""
+    """(the step curve, what runs the steps, the plan in words) for ``model`` on a CPU: each layout's step curve is
+    timed (``measure(sizes, runner)``, kept in ``calibrations`` under ``variant``) and :func:`plan_layouts` compares
+    it with ``linear``, the ``nn.Linear`` curve of ``runner``; ``runner`` and ``linear`` where no layout pays."""
     modules = linear_modules(model)
     layout = tuning.linear_layout
     force = FORCED.get(layout)

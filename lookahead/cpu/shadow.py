@@ -1,9 +1,5 @@
-"""A shadow of a model's module tree: the same parameters, buffers and hooks, another way to compute a step.
-
-Each ``nn.Linear`` may be a :class:`LayoutLinear` (the layout a plan gives its rows: ``layouts.py``), and each attention
-module may read a copy of its config that names grouped attention (``compat.grouped_attention``). Nothing is installed
-on the user's model; another thread's forward never meets the shadow.
-"""
+"""A shadow of a model's module tree (:func:`shadow`): the same parameters, buffers and hooks, another way to
+compute a step. Nothing is installed on the user's model; another thread's forward never meets the shadow."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ import torch
 from torch import nn
 
 from .. import compat
-
 
 LINEAR, TRANSPOSED, ONEDNN = 0, 1, 2
 """The layouts: ``nn.Linear``, the other way round, oneDNN's linear."""
@@ -93,8 +88,7 @@ _LOCK = threading.Lock()
 def shadow(model, plan=None, grouped: bool = False) -> nn.Module:
     """``model``'s module tree with every eligible ``nn.Linear`` a :class:`LayoutLinear` under ``plan`` and, with
     ``grouped``, every attention module running ``compat.grouped_attention``; parameters, buffers and hooks shared.
-    Made once per model, plan and ``grouped``, and again whenever the model's tree changed (a module, parameter or
-    attention implementation replaced): :func:`_tree`."""
+    Made once per model, plan and ``grouped`` (it holds no per-call state), again when :func:`_tree` changes."""
     with _LOCK:
         kept = _SHADOWS.setdefault(model, {})
         tree = _tree(model)
@@ -105,7 +99,6 @@ def shadow(model, plan=None, grouped: bool = False) -> nn.Module:
 
 
 def _tree(model) -> tuple:
-    """What a shadow was made from: every module, parameter and buffer object of ``model`` and its attention
-    implementation; a shadow whose tree differs is made again."""
+    """What a shadow was made from: the ids of ``model``'s modules, parameters and buffers, its attention kernel."""
     return (tuple(id(m) for m in model.modules()), tuple(id(p) for p in model.parameters()),
             tuple(id(b) for b in model.buffers()), getattr(compat.text_config(model), "_attn_implementation", None))

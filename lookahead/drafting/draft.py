@@ -1,12 +1,10 @@
 """`Draft`: one step's finished proposal, immutable, as the loop and the budget see it.
 
-A draft is a tree of candidate tokens after the last context token (``parents[i] < i``, -1 for a child of the
-root) with per-node features that say where each node came from, plus optionally the window's rows. A merged
-draft is in depth-first preorder, each node's first-drafted child right after it, and every subset keeps that
-order: the accepted path is then most often the step's first rows, whose KV entries stay where they are.
-
-Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``: ``5 -> 6``, ``5 -> 7`` and ``8``; accepting
-``5, 6`` keeps rows 0 and 1.
+A draft is a tree of candidate tokens after the last context token, with per-node features saying where each came
+from, plus optionally the window's rows. A merged draft is in depth-first preorder (each node's first-drafted child
+right after it), and every subset keeps that order: the accepted path is then most often the step's first rows,
+whose KV entries stay where they are. Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``: ``5 -> 6``,
+``5 -> 7`` and ``8``; accepting ``5, 6`` keeps rows 0 and 1.
 """
 
 from __future__ import annotations
@@ -20,9 +18,7 @@ from .kernels import depth_rank, keep_nodes, shallowest_nodes
 
 ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model", "heads",
            "frequent", "corpus")
-"""Draft sources by index (a node's ``origin``): the request's trie, the window's n-grams, the shared store, the
-longest-match copy, the model's own predictions, the draft passes (layers skipped, early exit, low rank, a draft
-model), trained heads, the context's frequent tokens, the model's own writing."""
+"""Draft sources by index (a node's ``origin``); "memory" is the shared store, "corpus" the model's own writing."""
 TRIE, WINDOW, MEMORY, COPY, MODEL = range(5)
 LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL, HEADS, FREQUENT, CORPUS = range(5, 12)
 
@@ -31,9 +27,8 @@ _EMPTY8 = np.zeros(0, dtype=np.int8)
 
 
 def tree_depth_rank(parents) -> tuple[np.ndarray, np.ndarray]:
-    """(depth, rank) int64[n] of a parent-first tree: depth 1 for a child of the root; rank 0 for an only child,
-    else 1 + its place among its siblings. Example: ``[-1, -1, 0, 0, 1]`` -> ``[1, 1, 2, 2, 2]``, ``[1, 2, 1, 2, 0]``.
-    """
+    """(depth, rank) int64[n] of a parent-first tree (:func:`~lookahead.drafting.kernels.depth_rank`); raises
+    ValueError otherwise."""
     parents = np.asarray(parents, dtype=np.int64)
     depth, rank, ok = depth_rank(parents)
     if not ok:
@@ -53,13 +48,11 @@ class WindowRows(NamedTuple):
 
 @dataclass(frozen=True)
 class Draft:
-    """One step's proposal; arrays are never modified (:meth:`keep` makes a new draft).
-
-    ``tokens``, ``parents`` int64[n]: the tree. ``origin`` int8[n]: index into :data:`ORIGINS`. ``match`` int64[n]:
-    the match bucket its source drafted it after. ``agreement`` int64[n]: how many other sources drafted the same
-    path. ``depth``, ``rank`` int64[n]: in the tree as its source proposed it (a subset keeps them, so a node keeps
-    the cells that estimated it). ``window``: the window's rows, or None.
-    """
+    """One step's proposal; arrays are never modified (:meth:`keep` makes a new draft). ``tokens``, ``parents``
+    int64[n]: the tree. ``origin`` int8[n]: index into :data:`ORIGINS`. ``match`` int64[n]: the match bucket its
+    source drafted it after. ``agreement`` int64[n]: how many other sources drafted the same path. ``depth``,
+    ``rank`` int64[n]: in its source's tree (a subset keeps them, and so the cells that estimated the node).
+    ``window``: the window's rows, or None."""
 
     tokens: np.ndarray
     parents: np.ndarray
@@ -102,8 +95,8 @@ class Draft:
         return n < 2 or int(self.depth[-1]) == n
 
     def keep(self, nodes) -> Draft:
-        """The draft with only ``nodes`` (sorted, closed under parents), in their order. Example: parents
-        ``[-1, -1, 0]``, keep ``[1]`` -> parents ``[-1]``, rank still 2 (the second of two siblings)."""
+        """The draft with only ``nodes`` (sorted, closed under parents). Example: parents ``[-1, -1, 0]``, keep
+        ``[1]`` -> parents ``[-1]``, rank still 2 (the second of two siblings)."""
         if len(nodes) == len(self.tokens):
             return self
         if not len(nodes):

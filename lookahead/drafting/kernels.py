@@ -1,7 +1,5 @@
 """Numba kernels of drafting: tree shape, subsets, the merge of the sources' trees, the window's Jacobi step.
-
-Arrays in, arrays out. A tree is parent-first (``parents[i] < i``, -1 for a child of the root).
-"""
+Arrays in, arrays out; a tree is parent-first (``parents[i] < i``, -1 for a child of the root)."""
 
 from __future__ import annotations
 
@@ -11,11 +9,9 @@ from numba import njit
 
 @njit(cache=True)
 def depth_rank(parents):
-    """(depth int64[n], rank int64[n], ok): depth 1 for a child of the root; rank 0 for an only child,
-    else 1 + its place among its siblings; ``ok`` False when ``parents`` is not parent-first.
-
-    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``.
-    """
+    """(depth int64[n], rank int64[n], ok): depth 1 for a child of the root; rank 0 for an only child, else 1 + its
+    place among its siblings; ``ok`` False when ``parents`` is not parent-first.
+    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``."""
     n = len(parents)
     depth = np.zeros(n, np.int64)
     place = np.zeros(n, np.int64)
@@ -36,13 +32,11 @@ def depth_rank(parents):
 
 @njit(cache=True)
 def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
-    """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents), in one pass:
-    (int64[6, m]: tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok),
-    three returns because each returned array costs its boxing; ``ok`` False when a kept node's parent is not kept.
-
-    Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> tokens ``[5, 6, 8]``,
-    parents ``[-1, -1, 1]``, each other array's entries 0, 1 and 3.
-    """
+    """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents): (int64[6, m]:
+    tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok), packed because
+    each returned array costs its boxing; ``ok`` False when a kept node's parent is not kept. Example: tokens
+    ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> tokens ``[5, 6, 8]``, parents
+    ``[-1, -1, 1]``."""
     n, m = parents.shape[0], keep.shape[0]
     new_index = np.full(n, -1, np.int64)
     ints = np.empty((6, m), np.int64)
@@ -63,13 +57,10 @@ def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
 
 @njit(cache=True)
 def best_chain(parents, weights):
-    """The nodes (sorted) of the root-to-node path of a parent-first tree whose summed ``weights`` float[n] is the
-    largest (equal sums: the node met first); empty for an empty tree. With acceptance probabilities as weights
-    (a node's includes its ancestors') the sum is the path's expected accepted tokens; with ones, its depth.
-
-    Example: parents ``[-1, 0, -1, 2, 3]``, weights ``[0.9, 0.1, 0.5, 0.4, 0.3]`` -> path sums ``[0.9, 1.0, 0.5,
-    0.9, 1.2]`` -> ``[2, 3, 4]``.
-    """
+    """The nodes (sorted) of the root-to-node path whose summed ``weights`` float[n] is the largest (equal sums: the
+    node met first); empty for an empty tree. With acceptance probabilities as weights the sum is the path's expected
+    accepted tokens; with ones, its depth. Example: parents ``[-1, 0, -1, 2, 3]``, weights ``[0.9, 0.1, 0.5, 0.4,
+    0.3]`` -> path sums ``[0.9, 1.0, 0.5, 0.9, 1.2]`` -> ``[2, 3, 4]``."""
     n = parents.shape[0]
     total = np.empty(n)
     best = -1
@@ -93,12 +84,9 @@ def best_chain(parents, weights):
 
 @njit(cache=True)
 def shallowest_nodes(depth, count):
-    """int64[min(count, n)]: the ``count`` shallowest nodes of depths ``depth`` int64[n] (equal depths: the earlier
-    first), in increasing order: what ``np.sort(np.argsort(depth, kind="stable")[:count])`` gives, in linear time.
-    In a parent-first tree a node's parent is shallower, so the nodes kept are closed under parents.
-
-    Example: depths ``[1, 2, 3, 1, 2]``, count 3 -> ``[0, 1, 3]`` (both depth-1 nodes, then the first depth-2 one).
-    """
+    """int64[min(count, n)]: ``np.sort(np.argsort(depth, kind="stable")[:count])`` in linear time, the ``count``
+    shallowest nodes (equal depths: the earlier first); in a parent-first tree they are closed under parents.
+    Example: depths ``[1, 2, 3, 1, 2]``, count 3 -> ``[0, 1, 3]``."""
     n = depth.shape[0]
     count = max(min(count, n), 0)
     deepest = 0
@@ -107,7 +95,7 @@ def shallowest_nodes(depth, count):
     per_depth = np.zeros(deepest + 2, np.int64)
     for i in range(n):
         per_depth[depth[i]] += 1
-    cut, below = 0, 0  # every node shallower than ``cut`` is kept, and the first ``count - below`` at ``cut``
+    cut, below = 0, 0  # keep every node shallower than ``cut``, and the first ``count - below`` at ``cut``
     while cut <= deepest and below + per_depth[cut] <= count:
         below += per_depth[cut]
         cut += 1
@@ -128,15 +116,12 @@ def shallowest_nodes(depth, count):
 
 @njit(cache=True)
 def window_step(levels, out, ngram, shift, draws, cursor):
-    """One Jacobi step of the lookahead window (``window.LookaheadWindow.advance``) in one pass: from its levels
-    int64[L, W] and the top level's outputs int64[W], (the new levels int64[L', W] (a new array), the harvested
-    n-grams int64[W, N] (``N`` = ``ngram``; [0, N] while filling), the next unread index of ``draws``). The outputs
-    become the newest level (the oldest is dropped once ``L == N - 1``); then every level slides ``shift``
-    columns left and its new right-hand columns take ``draws[cursor:]`` in row-major order.
-
+    """One Jacobi step of the window (``window.LookaheadWindow.advance``): levels int64[L, W] and the top level's
+    outputs int64[W] -> (new levels int64[L', W], harvested n-grams int64[W, N] ([0, N] while filling), the next
+    unread index of ``draws``). The outputs become the newest level (the oldest dropped once ``L == N - 1``); every
+    level slides ``shift`` columns left, its new right-hand columns taking ``draws[cursor:]`` row-major.
     Example: levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``, N 3, shift 1, draws ``[20, 21]``, cursor 0
-    -> levels ``[[9, 4, 20], [2, 3, 21]]``, n-grams ``[[5, 8, 1], [6, 9, 2], [7, 4, 3]]``, cursor 2.
-    """
+    -> levels ``[[9, 4, 20], [2, 3, 21]]``, n-grams ``[[5, 8, 1], [6, 9, 2], [7, 4, 3]]``, cursor 2."""
     n_levels, width = levels.shape
     full = n_levels == ngram - 1
     kept = n_levels - 1 if full else n_levels  # old levels that stay, below the outputs
@@ -159,15 +144,12 @@ def window_step(levels, out, ngram, shift, draws, cursor):
 
 @njit(cache=True)
 def merge_trees(tokens, parents, origin, match, starts, limit):
-    """The union of the concatenated trees as a :class:`~lookahead.draft.Draft`'s first seven arrays, of its ``m``
-    nodes, in two (a returned array costs its boxing): int64[6, m] (tokens, parents, match, depth, rank, agreement)
-    and origin int8[m]. Per node: the first node of each path, in
-    depth-first order (each node's children right after it, before its next sibling; siblings in the order first
-    drafted), with its origin and match, its depth, its rank in its own tree (0: an only child, else 1 + its
-    place among its siblings there), and how many later trees hold the same path. ``parents`` are per tree
-    (local indices, parent-first); tree ``t`` holds nodes ``starts[t]:starts[t + 1]``. Of more than ``limit`` merged
-    nodes only the ``limit`` shallowest are kept (equal depths: the earlier in that order first), as
-    ``kernels.shallowest_nodes`` picks them."""
+    """The union of trees ``t`` = nodes ``starts[t]:starts[t + 1]`` (``parents`` local, parent-first) as a
+    :class:`~lookahead.drafting.draft.Draft`'s first seven arrays: (int64[6, m]: tokens, parents, match, depth, rank,
+    agreement; origin int8[m]). Each path's first node, depth-first (children right after their parent, siblings in
+    the order first drafted), keeps its origin, match and rank in its own tree; agreement counts the later trees that
+    hold its path. Over ``limit`` nodes: the ``limit`` shallowest (:func:`shallowest_nodes`). Example:
+    ``sources.merge_proposals``."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
     first_child = np.full(n + 1, -1, np.int64)  # per first node (+1; 0: the root)
@@ -209,8 +191,7 @@ def merge_trees(tokens, parents, origin, match, starts, limit):
             p = parents[i]
             siblings = count[starts[t] + p] if p >= 0 else roots
             place[i] = 0 if siblings == 1 else 1 + place[i]
-    # depth-first preorder: a stack of first nodes; each list of children is latest-drafted first, so pushing
-    # a list in its order pops the earliest-drafted child first
+    # depth-first preorder: children lists are latest-drafted first, so the stack pops the earliest-drafted first
     order = np.empty(int(is_first.sum()), np.int64)
     stack = np.empty(n, np.int64)
     top = 0
@@ -249,5 +230,3 @@ def merge_trees(tokens, parents, origin, match, starts, limit):
         out[5, j] = agreement[i]
         new_origin[j] = origin[i]
     return out, new_origin
-
-

@@ -1,17 +1,12 @@
 """`DraftPolicy`: the whole decision of a step's draft, and all learning from its verdict, in one object.
 
-The loop asks it for a finished, immutable :class:`~lookahead.drafting.draft.Draft` and tells it what was
-accepted; ``benchmarks/replay.py`` drives the very same object on recorded outputs. Per step:
+The loop asks it for a finished, immutable :class:`~lookahead.drafting.draft.Draft` and tells it what was accepted;
+``benchmarks/replay.py`` drives the same object on recorded outputs. Per step:
 
-1. **propose**: every source drafts after the context (the frequent tokens only when none does); the trees are
-   merged, at most ``step_nodes`` of their nodes kept;
+1. **propose**: every source drafts (the frequent tokens only when none does); the trees are merged;
 2. **budget**: keep the nodes, and the window's rows, worth their cost (``budget.py``);
-3. **limits**: no node beyond what may still be emitted (``max_length``); no window row past the last position
-   plain ``generate`` would feed; every row below a sliding-window cache's window, where rollback still works; one
-   chain for a model that takes no 4D mask.
-
-After verification :meth:`DraftPolicy.learn` feeds the emitted tokens to every source, the window rows' argmax to
-the window, and the verdict to the budget.
+3. **limits**: nothing past ``max_length`` or past the last position plain ``generate`` would feed; every row below
+   a sliding-window cache's window, where rollback still works; one chain for a model that takes no 4D mask.
 """
 
 from __future__ import annotations
@@ -33,9 +28,9 @@ from .sources import CopySource, CorpusSource, DraftSource, FrequentSource, Mode
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds one call puts on every step: ``max_length`` (prompt + new tokens), ``kv_window`` (the smallest sliding
-    window of the cache's layers, or None), ``max_rows`` (the most rows a forward can take: a static cache's largest
-    bucket, or None) and ``chains`` (every draft one chain, no window: a model that takes no 4D mask)."""
+    """Bounds one call puts on every step: ``max_length`` (prompt + new tokens), ``kv_window`` (the cache's smallest
+    sliding window, or None), ``max_rows`` (a static cache's largest bucket, or None) and ``chains`` (every draft one
+    chain, no window: a model that takes no 4D mask)."""
 
     max_length: int
     kv_window: int | None = None
@@ -97,9 +92,8 @@ class DraftPolicy:
         return self.model.k if self.model is not None and self._propose else 0
 
     def max_rows(self, window: bool | None = None) -> int:
-        """The most new tokens one step can feed: the last token, the sources' trees (at most ``step_nodes``; a
-        fallback source's only alone) and the window's own rows when it runs (``window``; None: this call's choice,
-        known once :meth:`start` has seen the cost curve)."""
+        """The most new tokens one step can feed: the last token, the trees (at most ``step_nodes``) and the window's
+        rows when it runs (``window``; None: this call's choice, known once :meth:`start` has seen the cost curve)."""
         window = self.window_on if window is None else window and self._window_spec is not None
         others = sum(s.limits()[0] for s in self._primary if s is not self.window)
         if window:  # its n-grams (at most G * (N - 1) nodes) and its own rows (W * (N - 1))
@@ -217,10 +211,9 @@ class DraftPolicy:
     def learn(self, draft: Draft, accepted_nodes: Sequence[int], emitted: Sequence[int],
               window_argmax: np.ndarray | None = None, rows: int = 0, seconds: float = 0.0,
               successors: tuple[np.ndarray, np.ndarray] | None = None, hidden=None) -> None:
-        """After a verified step: its accepted nodes (root to leaf) and emitted tokens, the window rows' argmax,
-        the forward's ``rows`` and ``seconds`` (refinement only), ``successors`` (ids int64[1 + n, k], logits) of the
-        verified rows when :attr:`recycle_k`, and the accepted path's final ``hidden`` states when a source wants
-        them."""
+        """After a verified step: its accepted nodes (root to leaf), emitted tokens, the window rows' argmax, the
+        forward's ``rows`` and ``seconds`` (refinement only), the verified rows' ``successors`` (ids int64[1 + n, k],
+        logits) when :attr:`recycle_k`, and the accepted path's final ``hidden`` states when a source wants them."""
         if successors is not None:
             for source in self.sources:
                 if source.wants_rows:
@@ -243,10 +236,9 @@ class DraftPolicy:
 
 def make_sources(config: LookaheadConfig, tuning: Tuning, trie: NgramTrie, memory: NgramTrie | None, draft=None,
                  heads=None, successors=None, corpus: NgramTrie | None = None) -> list[DraftSource]:
-    """The sources in merge order: the request's trie, the copy, a shared store, the corpus, the model's
-    predictions, the draft passes (``lookahead.passes``, only when ``draft`` is given), the heads (their
-    ``make_source``), the frequent tokens (asked only when no other drafts) and the window last. ``successors``: a
-    shared model-prediction table (a batch's rows)."""
+    """The sources in merge order: the request's trie, the copy, a shared store, the corpus, the model's predictions,
+    the draft passes (``lookahead.passes``), the heads, the frequent tokens; the window comes last, made by
+    :meth:`DraftPolicy.start`. ``successors``: a model-prediction table a batch's rows share."""
     t = tuning
     sources: list[DraftSource] = [TrieSource(trie, TRIE, t.max_match, per_request=True, max_nodes=t.tree_nodes,
                                              max_depth=t.tree_depth)]
@@ -269,4 +261,4 @@ def make_sources(config: LookaheadConfig, tuning: Tuning, trie: NgramTrie, memor
         sources.append(heads.make_source(config.step_nodes(t)[1], t))
     if t.fill_nodes:
         sources.append(FrequentSource(t.fill_nodes))
-    return sources  # (the window's source comes last, made when a call first runs it: DraftPolicy.start)
+    return sources

@@ -1,31 +1,21 @@
-"""The model's own predictions as drafts: a successor table filled from every verified row (Token
-Recycling, Luo et al. 2024).
+"""The model's own predictions as drafts (Token Recycling, Luo et al. 2024): a successor table filled from every
+verified row, the rejected draft rows included.
 
-Each forward returns logits for every row it verified, the rejected draft rows included; plain
-decoding throws all but one away. Each row says what the model expects after that row's input
-token in that row's context. :class:`SuccessorTable` keeps the ``k`` most likely successors of the
-latest row (their ids, and their *shares*: the softmax of the row's top-k logits among themselves)
-under two keys: the row's input token, and the pair (the token before it, the input token). The
-decoder hands the rows' top-k over with the argmax it needs anyway: no extra forward.
+Each row's logits say what the model expects after that row's input token in its context. :class:`SuccessorTable`
+keeps the latest row's ``k`` likeliest successors (ids, and *shares*: the softmax of its top-k logits among
+themselves) under two keys: the input token, and the pair (previous token, input token). The decoder hands the
+rows' top-k over with the argmax it needs anyway: no extra forward.
 
-A draft grows best-first from the last token: a node's successors are the table's row for the pair
-(its parent's token, its token), else for its token alone; a successor of share ``s`` scores its
-parent's score times ``calibration * s`` (the share calibrated into an acceptance probability: on
-SmolLM2's recorded outputs a successor of share ``s`` followed with probability about ``0.62 s``),
-and the ``max_nodes`` best-scoring nodes at most ``max_depth`` deep are drafted. So a confident
-prediction grows a deep chain and an unsure one a bushy fan.
+A draft grows best-first from the last token: a node's successors are the row of (its parent's token, its token),
+else of its token alone; a successor of share ``s`` scores its parent's score times ``calibration * s`` (the share
+as an acceptance probability), and the ``max_nodes`` best nodes at most ``max_depth`` deep are drafted: a confident
+prediction grows a deep chain, an unsure one a bushy fan.
 
-Worked example: the table knows ``5 -> [6 (share 0.9), 7 (0.1)]`` and ``6 -> [8 (1.0)]``; after
-``5``, three nodes: ``6`` (score 0.9c), ``8`` below it (0.9c^2), ``7`` (0.1c): tokens ``[6, 8, 7]``,
-parents ``[-1, 0, -1]`` (best-first: a parent always before its children).
+Worked example: the table knows ``5 -> [6 (share 0.9), 7 (0.1)]`` and ``6 -> [8 (1.0)]``; after ``5``, three nodes:
+``6`` (score 0.9c), ``8`` below it (0.9c^2), ``7`` (0.1c): tokens ``[6, 8, 7]``, parents ``[-1, 0, -1]``.
 
-Slots: ``rows`` for single tokens, addressed by ``token & (rows - 1)`` (every token its own slot up
-to a vocabulary of ``rows``), and ``rows`` for pairs, addressed by a hash; each slot keeps its key (a
-token's id + 1, or the pair's hash, never 0; 0: an empty slot), and a later row for another key in the
-same slot replaces it. Memory: ``2 rows * (8 + 8 k)`` bytes (9.4 MB with the defaults, ``rows = 65536`` and
-``k = 8``), one zeroed allocation in which a slot's key, ids and shares lie side by side
-(:func:`slot_arrays`): a new table writes nothing, and a slot's first use touches one page of memory, not
-three.
+Slots: ``rows`` for single tokens at ``token & (rows - 1)``, ``rows`` for pairs at a hash. A slot keeps its key (a
+token's id + 1, or the pair's hash; 0: empty); a later row of another key in the same slot replaces it.
 """
 
 from __future__ import annotations
@@ -35,9 +25,6 @@ from numba import njit
 
 from .._tuning import DEFAULT
 from ..cache.primitives import MIX1, MIX2, bucket, heap_pop, heap_push
-
-
-
 
 
 @njit(cache=True, inline="always")
@@ -73,7 +60,7 @@ def _row(keys, rows, prev, token):
 @njit(cache=True)
 def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
     k = min(ids.shape[1], top_ids.shape[1])
-    weight = np.empty(k)  # exp(logit - top) of a row's successors, computed once
+    weight = np.empty(k)  # exp(logit - top) of a row's successors
     for i in range(inputs.shape[0]):
         t = inputs[i]
         if t < 0 or top_ids[i, 0] < 0:  # a row not known (the replay knows only the accepted path's)
@@ -102,9 +89,8 @@ def _update(keys, ids, share, rows, prevs, inputs, top_ids, top_logits):
 
 @njit(cache=True)
 def _learn_step(keys, ids, share, rows, prev, last, tokens, parents, path, top_ids, top_logits):
-    """A verified step's rows: row 0's input is ``last`` (after ``prev``), row ``1 + j`` draft node ``j``'s
-    (after its parent's token, or ``last``); then the rows of ``path`` (the accepted rows) again, so
-    they win a key several rows share."""
+    """Row 0's input is ``last`` (after ``prev``), row ``1 + j`` node ``j``'s (after its parent's token, or
+    ``last``); the accepted rows ``path`` are learned again last, so they win a key several rows share."""
     n = tokens.shape[0]
     inputs = np.empty(1 + n, np.int64)
     prevs = np.empty(1 + n, np.int64)
@@ -177,8 +163,7 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
 
 @njit(cache=True)
 def _propose_buckets(keys, ids, share, rows, prev, last, max_depth, calibration, edges, out):
-    """:func:`_propose`, each node's share then replaced by its bucket: 1 + how many of ``edges`` (increasing) the
-    share (as :meth:`SuccessorTable.propose` returns it, to 1/1000) reaches. Returns m."""
+    """:func:`_propose` with each share (to 1/1000) replaced by 1 + how many of ``edges`` (increasing) it reaches."""
     m = _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out)
     for j in range(m):
         out[2, j] = bucket(out[2, j] / 1000.0, edges)
@@ -194,8 +179,8 @@ def _clear_keys(keys):
 
 
 class SuccessorTable:
-    """Per input token, and per (previous token, input token), the top-``k`` successors of the latest
-    verified row with that input (see the module docstring). ``rows``: a power of two."""
+    """Per input token and per (previous token, input token), the top-``k`` successors of the latest verified row
+    with that input (see the module docstring). ``rows``: a power of two."""
 
     def __init__(self, k: int, rows: int = 1 << 16, calibration: float = DEFAULT.recycle_calibration):
         if k < 1 or rows < 2 or rows & (rows - 1):
@@ -205,9 +190,8 @@ class SuccessorTable:
         self.written = False  # whether a row was learned since the table was made or cleared
 
     def clear(self) -> None:
-        """Empty every slot. A table learned nothing since it was made or cleared is empty already: nothing is
-        read (a new decoder's first call so touches no page of its table); else only the keys are read and the
-        ones in use zeroed, in place (a copy of the strided keys would read every slot's page)."""
+        """Empty every slot: a table unwritten since made or cleared is left untouched; else the keys in use are
+        zeroed in place (a copy of the strided keys would read every slot's page)."""
         if self.written:
             _clear_keys(self.keys)
             self.written = False
@@ -217,9 +201,8 @@ class SuccessorTable:
         return int(np.count_nonzero(self.keys))
 
     def update(self, prevs: np.ndarray, inputs: np.ndarray, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
-        """Rows ``i``: input token ``inputs[i]`` after ``prevs[i]`` (-1: none), its top-k successor ids
-        ``top_ids[i]`` (likeliest first; -1 in column 0: row unknown, skipped) and their logits; a later
-        row of the same key replaces an earlier one."""
+        """Row ``i``: input ``inputs[i]`` after ``prevs[i]`` (-1: none), its top-k successor ids ``top_ids[i]``
+        (likeliest first; -1 in column 0: unknown, skipped) and logits; a later row of a key replaces an earlier."""
         self.written = True
         _update(self.keys, self.ids, self.share, self.rows, np.ascontiguousarray(prevs, dtype=np.int64),
                 np.ascontiguousarray(inputs, dtype=np.int64), np.ascontiguousarray(top_ids, dtype=np.int64),
@@ -243,9 +226,8 @@ class SuccessorTable:
         return out[0, :m], out[1, :m], out[2, :m] / 1000.0
 
     def propose_buckets(self, prev: int, last: int, max_nodes: int, max_depth: int, edges: np.ndarray):
-        """:meth:`propose` with each share bucketed in the same kernel call: (tokens int64[m], parents int64[m],
-        buckets int64[m]), a bucket 1 + how many of ``edges`` (float64, increasing) the share reaches
-        (``1 + edges.searchsorted(shares, side="right")``)."""
+        """:meth:`propose` with each share bucketed in the same kernel call: (tokens, parents, buckets) int64[m],
+        a bucket ``1 + edges.searchsorted(share, side="right")`` (``edges`` float64, increasing)."""
         if max_nodes <= 0:
             return _EMPTY, _EMPTY, _EMPTY
         out = np.empty((3, max_nodes), np.int64)
@@ -262,17 +244,16 @@ class SuccessorTable:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["k"], state["rows"], state["calibration"])
         used, keys = state["used"], np.array(state["keys"], np.int64)
-        if state.get("token_keys") != "id+1":  # pickled when a token's slot kept its id (and -1 marked empty slots)
+        if state.get("token_keys") != "id+1":  # an older pickle: a token's key was its id (-1: empty)
             keys[used < self.rows] += 1
         self.keys[used], self.ids[used], self.share[used] = keys, state["ids"], state["share"]
         self.written = bool(len(used))
 
 
 def slot_arrays(slots: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(keys int64[slots], ids int32[slots, k], shares float32[slots, k])``: strided views of one zeroed buffer
-    in which slot ``s``'s key, ids and shares lie side by side (``8 + 8 k`` bytes). A new table so writes nothing
-    (the OS hands out zeroed pages as they are first touched), and a slot's first use touches one page, where three
-    arrays would touch three. Example: ``k = 8``: slot ``s`` is bytes ``72 s`` to ``72 s + 71``."""
+    """``(keys int64[slots], ids int32[slots, k], shares float32[slots, k])``: strided views of one zeroed buffer,
+    slot ``s``'s key, ids and shares side by side (``8 + 8 k`` bytes; ``k = 8``: bytes ``72 s`` to ``72 s + 71``).
+    A new table writes nothing, and a slot's first use touches one page, not three."""
     width = 8 + 8 * k
     buf = np.zeros(slots * width, np.uint8)
     keys = np.ndarray((slots,), np.int64, buf, 0, (width,))

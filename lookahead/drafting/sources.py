@@ -1,21 +1,15 @@
 """The draft sources: the protocol every source follows, the copying and prediction sources, and the merge.
 
-A *source* proposes a tree after the context and learns from what the decoder emits. The policy drives each
-through :class:`DraftSource`'s methods; what a source needs beyond the emitted tokens it declares with a class
-attribute, and the loop hands it over after each verified step:
+A *source* proposes a tree after the context and learns the emitted tokens. What else it needs it declares with a
+class attribute, and the loop hands it over after each verified step:
 
-- ``priced``: proposing costs forwards of its own (draft passes, heads): the policy asks :meth:`priced_depth`
-  how deep drafting pays this step (0: skip);
-- ``wants_rows``: it learns every verified row's top-k successors (:meth:`learn_rows`);
-- ``wants_hidden``: it learns the final hidden states of the accepted path (:meth:`observe_hidden`);
-- ``learns_lazily``: its state depends on the token stream alone, so it may learn several steps' tokens at once,
-  just before it next proposes: steps that draft nothing cost it nothing;
+- ``priced``: proposing costs forwards of its own; :meth:`~DraftSource.priced_depth` says how deep pays (0: skip);
+- ``wants_rows``: it learns every verified row's top-k successors (:meth:`~DraftSource.learn_rows`);
+- ``wants_hidden``: it learns the accepted path's final hidden states (:meth:`~DraftSource.observe_hidden`);
+- ``learns_lazily``: its state depends on the tokens alone, so it learns them just before it next proposes;
 - ``fallback``: asked only on a priced step no other source drafts for.
 
-The sources here: the request's trie and a shared store (:class:`TrieSource`), the model's own writing
-(:class:`CorpusSource`), the longest-match copy (:class:`CopySource`), the model's own predictions
-(:class:`ModelSource`) and the context's frequent tokens (:class:`FrequentSource`). :func:`merge_proposals` unites
-their trees into one :class:`~lookahead.drafting.draft.Draft`.
+:func:`merge_proposals` unites the sources' trees into one :class:`~lookahead.drafting.draft.Draft`.
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ class DraftSource:
     max_nodes: int
     max_depth: int
     wide: bool = False
-    """Whether this call's steps are the widest ``"auto"`` takes: :meth:`limits` then gives ``wide_nodes`` times
-    the nodes and ``wide_depth`` more of the depth."""
+    """This call's steps are the widest ``"auto"`` takes: :meth:`limits` scales by ``wide_nodes``, ``wide_depth``."""
     wide_nodes: int = 1
     wide_depth: float = 0.0
     priced = wants_rows = wants_hidden = learns_lazily = fallback = False
@@ -70,8 +63,7 @@ class DraftSource:
         """A call begins: ``prompt`` int64[L], the target ``model`` (None in a replay)."""
 
     def limits(self) -> tuple[int, int]:
-        """(the most nodes, the deepest path) this source drafts per step in this call. Example: 63 nodes 16 deep,
-        wide_nodes 2, wide_depth 0.5, wide: 126 nodes 24 deep."""
+        """(the most nodes, the deepest path) this source drafts per step in this call."""
         if not self.wide:
             return self.max_nodes, self.max_depth
         return self.wide_nodes * self.max_nodes, self.max_depth + int(self.wide_depth * self.max_depth)
@@ -84,8 +76,7 @@ class DraftSource:
         """The step emitted ``emitted`` int64[k] (after :meth:`learn_rows` / :meth:`observe_hidden`)."""
 
     def priced_depth(self, depth: int, cost, margin: float) -> int:
-        """(``priced``) How deep to draft this step, at most ``depth``, on the cost curve ``cost`` (None: no
-        budget); 0 drafts nothing."""
+        """(``priced``) How deep to draft, at most ``depth``, on the cost curve ``cost`` (None: no budget); 0: skip."""
         return depth
 
     def learn_rows(self, draft, accepted_nodes, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
@@ -96,9 +87,8 @@ class DraftSource:
 
 
 class TrieSource(DraftSource):
-    """Drafts from an n-gram trie, matching up to ``max_match`` context tokens. ``per_request``: the request's
-    trie (``start`` clears it and inserts the prompt); else a shared store (``start`` begins a new stream, and
-    the prompt is not learned: outputs persist, prompts fade)."""
+    """Drafts from an n-gram trie, matching up to ``max_match`` context tokens. ``per_request``: the request's trie
+    (``start`` clears it and inserts the prompt); else a shared store (``start`` begins a new stream; no prompt)."""
 
     learns_lazily = True
     wide_nodes = 2
@@ -127,9 +117,8 @@ class TrieSource(DraftSource):
 
 
 class ReadOnlyStore:
-    """A shared store as a batch row's source sees it: proposals, nothing written while the rows decode (they
-    interleave in one thread, whose one stream would join their n-grams); the batch writes each row's output as a
-    stream of its own when the call ends."""
+    """A shared store as a batch row sees it: it proposes, and the batch writes each row's output as a stream of its
+    own when the call ends (rows interleaved in one stream would join their n-grams)."""
 
     def __init__(self, store: NgramTrie):
         self.store = store
@@ -149,8 +138,8 @@ class ReadOnlyStore:
 
 
 class CorpusSource(TrieSource):
-    """Drafts from a corpus's read-only store (``corpus.DraftCorpus.shared_store``), which serves every decoder,
-    thread and batch row at once; it learns nothing."""
+    """Drafts from a corpus's read-only store (``corpus.DraftCorpus.shared_store``), shared by every decoder,
+    thread and batch row; it learns nothing."""
 
     learns_lazily = False
     transient = ("trie",)
@@ -182,12 +171,11 @@ def _edges(values) -> np.ndarray:
 
 
 class CopySource(DraftSource):
-    """Longest-match copies of the request's own context (``lookahead.cache.SuffixIndex``): the continuation of
-    the context's longest earlier match, ``max_depth`` deep, beside up to ``branches - 1`` other continuations of
-    that match or a shorter one (chains of ``branch_depth``). A node's match is the context it follows once its
-    ancestors are accepted, bucketed by ``buckets`` (1 below the first edge, 2 below the second, else 3).
-
-    Example: 2 tokens matched, a chain 5 deep, buckets (4, 16): matches 2..6 -> buckets 1, 1, 2, 2, 2."""
+    """Longest-match copies of the request's context (``lookahead.cache.SuffixIndex``): the continuation of its
+    longest earlier match, ``max_depth`` deep, beside up to ``branches - 1`` continuations of that match or a shorter
+    one (chains of ``branch_depth``). A node's match is the context it follows once its ancestors are accepted,
+    bucketed by ``buckets`` (1 below the first edge, 2 below the second, else 3). Example: 2 tokens matched, a chain
+    5 deep, buckets (4, 16): matches 2..6 -> buckets 1, 1, 2, 2, 2."""
 
     origin = COPY
     wide_nodes = 2
@@ -213,10 +201,9 @@ class CopySource(DraftSource):
 
 
 class ModelSource(DraftSource):
-    """The model's own predictions (Token Recycling): a best-first tree from the last two tokens through a
-    :class:`~lookahead.drafting.recycle.SuccessorTable` of every verified row's top-k successors. A node's match
-    is its share of its parent's row, bucketed by ``buckets``. With ``keep`` the table lives across calls on one
-    model; a batch's rows share one table (``table=``)."""
+    """The model's own predictions: a best-first tree from the last two tokens through a
+    :class:`~lookahead.drafting.recycle.SuccessorTable`; a node's match is its share, bucketed by ``buckets``.
+    ``keep``: the table lives across calls on one model; ``table``: one shared by a batch's rows."""
 
     origin = MODEL
     wide_nodes, wide_depth = 2, 0.5
@@ -256,9 +243,7 @@ class ModelSource(DraftSource):
 
 class FrequentSource(DraftSource):
     """The context's ``max_nodes`` most frequent tokens, each a child of the root, drafted only on a step no other
-    source drafts for (``fallback``): rarely accepted, but where a 2-row step costs less than a 1-row one it makes
-    the step cheaper as well. Ties go to the token that reached the count first.
-
+    source drafts for (``fallback``: where a 2-row step costs less than a 1-row one). Ties: the first to the count.
     Example: prompt ``[5, 7, 5, 9, 7, 5]``, 2 nodes -> ``[5, 7]``; after ``[9, 9]``: ``[5, 9]``."""
 
     origin = FREQUENT
@@ -304,10 +289,9 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
                     limit: int | None = None) -> Draft:
     """One draft from ``(origin, proposal)`` pairs: a path several sources drafted appears once, with the first
     one's origin, match and rank, and its agreement (how many others drafted it); depth-first, siblings in the
-    order first drafted; at most ``limit`` nodes (the shallowest).
-
-    Example: tokens ``[5, 6]`` parents ``[-1, 0]``, then tokens ``[5, 7, 8]`` parents ``[-1, 0, -1]`` -> tokens
-    ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``, agreement ``[1, 0, 0, 0]``; with limit 3: tokens ``[5, 6, 8]``."""
+    order first drafted; at most ``limit`` nodes (the shallowest). Example: tokens ``[5, 6]`` parents ``[-1, 0]``,
+    then tokens ``[5, 7, 8]`` parents ``[-1, 0, -1]`` -> tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``,
+    agreement ``[1, 0, 0, 0]``; with limit 3: tokens ``[5, 6, 8]``."""
     if not proposals:
         return Draft.empty(window)
     total = sum(len(p.tokens) for _, p in proposals)

@@ -1,28 +1,20 @@
-"""The Jacobi lookahead window: grows fresh n-grams in the same forward pass that verifies drafts.
+"""The Jacobi lookahead window: grows fresh n-grams in the same forward pass that verifies drafts (Fu et al.,
+"Break the Sequential Dependency of LLM Inference Using Lookahead Decoding", 2024).
 
-Terms (Fu et al., "Break the Sequential Dependency of LLM Inference Using Lookahead Decoding", 2024):
+``W`` (``window_width``) columns; ``N`` (``window_ngram``) the n-gram size: the window keeps ``N - 1`` *levels*
+(past Jacobi iterations) of ``W`` guessed tokens; ``G`` (``window_candidates``) n-grams are verified per step.
 
-- ``W`` (``LookaheadConfig.window_width``): the window's width, in columns.
-- ``N`` (``LookaheadConfig.window_ngram``): the n-gram size; the window keeps ``N - 1`` *levels*
-  (past Jacobi iterations), each a row of ``W`` guessed tokens.
-- ``G`` (``LookaheadConfig.window_candidates``): how many window n-grams are verified per step.
+Layout: with the root (the last emitted token) at position ``P``, level ``l`` (0 = oldest), column ``j`` sits at
+``P + 1 + l + j`` and sees the context, the root, the level-0 tokens of earlier columns and its own column's earlier
+levels: a causal guessed prefix of consecutive positions. Its argmax guesses position ``P + 2 + l + j``.
 
-Layout. Let ``P`` be the position of the root (the last emitted token). The token of level ``l``
-(0 = oldest), column ``j`` sits at position ``P + 1 + l + j``. It sees the context, the root, the
-level-0 tokens of earlier columns (``(0, j')``, ``j' < j``) and its own column's earlier levels
-(``(l', j)``, ``l' < l``): together a causal guessed prefix of consecutive positions. Its argmax is
-a guess for position ``P + 2 + l + j``.
+Each step the top level's outputs become the newest level (the oldest dropped once ``N - 1`` exist), and each
+column of a full window yields the n-gram ``(level_0[j], ..., level_{N-2}[j], output[j])``. When a step emits ``a``
+tokens the window slides ``a - 1`` columns left, so every kept guess keeps its position; new right-hand columns
+take tokens drawn from the context.
 
-Each step: the top level's outputs become the newest level (the oldest is dropped once ``N - 1``
-levels exist), and every column of a full window yields the n-gram
-``(level_0[j], ..., level_{N-2}[j], output[j])``: ``N`` tokens at consecutive positions, harvested
-into the window's n-gram store. When a step emits ``a`` tokens, the window slides ``a - 1``
-columns to the left so that every kept guess keeps its absolute position; new right-hand columns
-are filled with tokens drawn from the context.
-
-Worked example, W=3, N=3, two levels ``[[5, 6, 7], [8, 9, 4]]`` and top-level outputs
-``[1, 2, 3]``: harvested 3-grams ``(5, 8, 1), (6, 9, 2), (7, 4, 3)``; the new levels are
-``[[8, 9, 4], [1, 2, 3]]``; if that step emitted 2 tokens they become ``[[9, 4, x], [2, 3, y]]``.
+Worked example, W=3, N=3, levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``: 3-grams ``(5, 8, 1), (6, 9, 2),
+(7, 4, 3)``; new levels ``[[8, 9, 4], [1, 2, 3]]``, after 2 emitted tokens ``[[9, 4, x], [2, 3, y]]``.
 """
 
 from __future__ import annotations
@@ -34,15 +26,11 @@ from .draft import WINDOW, WindowRows
 from .kernels import window_step
 from .sources import DraftSource, Proposal
 
+
 def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Position offsets (from the root) and visibility of a window with ``levels`` x ``width`` tokens.
-
-    Rows are level-major: row ``l * width + j`` is level ``l``, column ``j``.
-    Returns ``offsets`` int64[L*W] (position = root position + offset) and ``visible`` bool[L*W, L*W].
-
-    Example, levels=2, width=2 (rows (0,0), (0,1), (1,0), (1,1)): offsets ``[1, 2, 2, 3]``;
-    visible rows ``[1,0,0,0], [1,1,0,0], [1,0,1,0], [1,1,0,1]``.
-    """
+    """(``offsets`` int64[L*W] from the root's position, ``visible`` bool[L*W, L*W]) of ``levels`` x ``width``
+    tokens, level-major (row ``l * width + j``). Example, levels=2, width=2: offsets ``[1, 2, 2, 3]``; visible rows
+    ``[1,0,0,0], [1,1,0,0], [1,0,1,0], [1,1,0,1]``."""
     n = levels * width
     offsets = np.empty(n, dtype=np.int64)
     visible = np.zeros((n, n), dtype=bool)
@@ -57,15 +45,11 @@ def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class LookaheadWindow:
-    """The window's state: up to ``N - 1`` levels of ``W`` guessed tokens.
-
-    Deterministic: fresh guesses are drawn from the context with a NumPy generator seeded per
-    call, so the torch random stream (used by sampling) is untouched. They are drawn :data:`DRAWS` at a time
-    .
-    """
+    """The window's state: up to ``N - 1`` levels of ``W`` guessed tokens. Fresh guesses come from the context
+    through a NumPy generator seeded per call, ``draws`` at a time, leaving torch's random stream untouched."""
 
     def __init__(self, width: int, ngram: int, context, seed: int = 0, draws: int = 256):
-        """``context``: the token ids (a sequence or int array) whose last 1024 the fresh guesses are drawn from."""
+        """``context``: token ids (a sequence or int array); the fresh guesses are drawn from its last 1024."""
         if width < 1 or ngram < 2:
             raise ValueError(f"window needs width >= 1 and ngram >= 2; got width={width}, ngram={ngram}")
         self.width, self.ngram = width, ngram
@@ -101,13 +85,11 @@ class LookaheadWindow:
         return (self.levels.reshape(-1), *layout)
 
     def advance(self, argmax: np.ndarray, emitted: int) -> np.ndarray:
-        """Apply one Jacobi step and return the harvested n-grams (int64[W, N], or [0, N] while filling).
-
-        ``argmax``: int[L*W], the target's argmax at each window row, in :meth:`rows` order.
-        ``emitted``: tokens the step emitted (accepted drafts + 1); the window slides by ``emitted - 1``.
-        """
+        """One Jacobi step from ``argmax`` int[L*W] (the target's, per row in :meth:`rows` order) and ``emitted``
+        (accepted + 1; the window slides ``emitted - 1``): the harvested n-grams int64[W, N] ([0, N] while filling)."""
         n_levels = len(self.levels)
-        out = np.ascontiguousarray(np.asarray(argmax, dtype=np.int64)[(n_levels - 1) * self.width : n_levels * self.width])
+        out = np.ascontiguousarray(
+            np.asarray(argmax, dtype=np.int64)[(n_levels - 1) * self.width : n_levels * self.width])
         shift = min(max(emitted - 1, 0), self.width)
         self._ahead(shift * min(n_levels + 1, self.ngram - 1))
         self.levels, grams, self._cursor = window_step(self.levels, out, self.ngram, shift, self._draws, self._cursor)
@@ -144,6 +126,5 @@ class WindowSource(DraftSource):
         return WindowRows(*self.window.rows())
 
     def advance(self, argmax: np.ndarray, n_emitted: int) -> None:
-        """One Jacobi step from the window rows' argmax; the harvested n-grams enter the window's trie, each a
-        stream of its own."""
+        """One Jacobi step; the harvested n-grams enter the window's trie, each a stream of its own."""
         self.trie.insert_rows(self.window.advance(argmax, n_emitted))

@@ -131,10 +131,7 @@ def exercise_other_paths() -> None:
 def quiet_first_call() -> None:
     """No "kernels not compiled yet" notice from the decoders this process runs next: they are compiled here, and
     said so."""
-    from .. import decoder
-
     mark_checked()
-    decoder._CHECKED.append(True)  # the decoder's own once-per-process flag, which mark_checked() does not set
 
 
 def compile_kernels(progress: bool = False) -> dict:
