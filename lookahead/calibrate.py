@@ -168,8 +168,9 @@ def _agree(a: float, b: float, factor: float) -> bool:
 
 def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
                     clock: Callable[[], float] = time.perf_counter, rounds: int = DEFAULT.rounds,
-                    attempts: int = DEFAULT.attempts, max_seconds: float = DEFAULT.max_seconds, agreement: float = DEFAULT.agreement,
-                    drift: float = DEFAULT.drift, stop_ratio: float | None = DEFAULT.stop_ratio) -> CostModel:
+                    attempts: int = DEFAULT.attempts, max_seconds: float = DEFAULT.max_seconds,
+                    agreement: float = DEFAULT.agreement, drift: float = DEFAULT.drift,
+                    stop_ratio: float | None = DEFAULT.stop_ratio) -> CostModel:
     """A cost curve from ``time_one(k) -> seconds`` (one timed run of whatever is priced: a forward of ``k`` new tokens,
     or a whole step of ``k`` rows), robust to a machine that other work slows: interleaved rounds, probes between them
     that must agree, the fastest timings; provisional when they never agree. Example: ``lambda k: 0.010 * k`` over sizes

@@ -62,12 +62,6 @@ def forward_is_compiled(model) -> bool:
     return getattr(model.forward, "_torchdynamo_orig_callable", None) is not None
 
 
-def eager_stance():
-    """``torch.compiler.set_stance("force_eager")`` (compiled functions run eagerly), or None before torch 2.6."""
-    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-    return None if set_stance is None else set_stance("force_eager")
-
-
 def forward_parameters(model) -> frozenset[str]:
     """The names ``model.forward`` takes, cached per function (a forward replaced on the instance is read anew)."""
     forward = model.forward

@@ -43,7 +43,7 @@ DRAFTS = ("layer-skip", "early-exit", "low-rank")
 """``draft=`` names of the target's own cheaper forwards (``lookahead.passes``)."""
 
 COMPILED_FORWARD_NOTE = (
-    "lookahead: model.forward is compiled (torch.compile), and the decoder runs it as the code it was compiled from. "
+    "lookahead: model.forward is compiled (torch.compile); the decoder runs the model's own forward eagerly instead. "
     "A step's number of rows and its mask change from step to step, so the compiled forward would be compiled again "
     "for each new shape; plain generate() keeps its compiled graphs. For compiled steps, pass "
     "cache_implementation='static' on CUDA (or a generation_config.compile_config that asks for every device): the "
@@ -175,11 +175,11 @@ class LookaheadDecoder:
                 from .static import compile_settings
 
                 compiles = compile_settings(model, generation_config or model.generation_config) is not None
-            with _eager_steps(model, compiles):
-                with refusals():  # the call's checks and set-up
-                    call = Call(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                streamer, model_kwargs, shape)
-                return call.run()
+            _warn_if_compiled(model, compiles)
+            with refusals():  # the call's checks and set-up
+                call = Call(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                            streamer, model_kwargs, shape)
+            return call.run()
         finally:
             if cache is not None and b == 1:
                 settle(cache)
@@ -216,7 +216,7 @@ class LookaheadDecoder:
         cpu = call.sync is None and _on_cpu(model)
         grouped = cpu and compat.grouped_applies(model)
         if grouped:
-            from .cpu.shadow import shadow
+            from .shadow import shadow
 
             call.runner = shadow(model, grouped=True)
         base = call.runner
@@ -301,16 +301,11 @@ def _static(generation_config, model_kwargs: dict) -> bool:
     return bool(layers) and all(isinstance(layer, StaticLayer) for layer in layers)
 
 
-def _eager_steps(model, compiles_itself: bool):
-    """Torch's ``force_eager`` stance, with a warning, where ``model.forward`` is compiled and the call does not
-    compile its own steps (steps change shape almost every time); else a null context."""
-    if compiles_itself or not compat.forward_is_compiled(model):
-        return contextlib.nullcontext()
-    stance = compat.eager_stance()
-    if stance is None:
-        return contextlib.nullcontext()
-    warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=4)
-    return stance
+def _warn_if_compiled(model, compiles_itself: bool) -> None:
+    """Where ``model.forward`` is ``torch.compile``d and the call does not compile its own steps: say once that the
+    call runs the model's forward eagerly (through a shadow: ``Call.eager``), not its compiled one."""
+    if not compiles_itself and compat.forward_is_compiled(model):
+        warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=4)
 
 
 _ROW_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

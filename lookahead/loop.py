@@ -106,7 +106,12 @@ class Call:
             from .parallel import RankSync
 
             self.sync = RankSync.for_model(model)
-        self.runner = model  # what runs a step's forward: the model, a layout of it, or a compiled step
+        self.eager = model  # what runs a one-token step: the model, or its shadow where its forward is compiled
+        if compat.forward_is_compiled(model):  # the model's own forward, eagerly: a step's shape changes every step
+            from .shadow import shadow
+
+            self.eager = shadow(model)
+        self.runner = self.eager  # what runs a step's forward: the model, a shadow of it, or a compiled step
         self.wants_hidden = decoder.heads is not None
         self.cost = None
         self.shape = shape(self, input_ids, mask)
@@ -124,7 +129,7 @@ class Call:
                             cached=(cache if cache is not None else self.cache).get_seq_length())
         self.stats.target_calls += 1
         # one row of one token (a plain step) runs the model itself: plain generate's computation
-        run = runner if runner is not None else (self.runner if cache is None and ids.numel() > 1 else self.model)
+        run = runner if runner is not None else (self.runner if cache is None and ids.numel() > 1 else self.eager)
         if self.wants_hidden and cache is None:  # (a compiled static step is a function: its model runs eagerly)
             module = run if isinstance(run, torch.nn.Module) else self.model
             logits, self.hidden = compat.forward_with_hidden(module, ids, pos, mask, kwargs, keep)

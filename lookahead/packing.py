@@ -1,10 +1,10 @@
 """Packing a step: its input ids, position ids and 4D attention mask.
 
-A step's query rows are, in order: the *pending* tokens (causal among themselves; they see the whole cache), the
-draft tree's nodes (node ``i`` sees the cache, the pending tokens and exactly its own ancestors and itself), and
-optionally the window's rows (they see the cache, the pending tokens and what their layout allows; tree and window
-rows never see each other). A batch pads every row's tree to one width with dummy nodes (each sees the pending
-tokens and itself); a static cache's step pads to a bucket's rows the same way, over all its columns.
+A step's query rows are, in order: the *pending* tokens (causal among themselves; they see the whole cache), the draft
+tree's nodes (node ``i`` sees the cache, the pending tokens, its ancestors and itself), and optionally the window's rows
+(the cache, the pending tokens and what their layout allows; tree and window rows never see each other). A batch pads
+every row's tree to one width with dummy nodes (each sees the pending tokens and itself); a static cache's step pads to
+a bucket's rows the same way.
 
 Worked example: one pending token ``p`` at position 10, tokens ``[a, b, c]``, parents ``[-1, -1, 0]``::
 
@@ -15,7 +15,7 @@ Worked example: one pending token ``p`` at position 10, tokens ``[a, b, c]``, pa
     c        c    12          1 1 0 1
 
 Every row also sees the cached columns that are not padding. Masks are additive: 0 where a row sees a column, the
-dtype's minimum elsewhere. The buffers (:class:`StepMask`, :class:`StaticMask`) are written in place, each step only
+dtype's minimum elsewhere. The buffers (:class:`StepMask`, ``static.StaticMask``) are written in place, each step only
 its own block.
 """
 
@@ -45,18 +45,11 @@ def pack_step(
     device: torch.device | str = "cpu",
     tree_depth: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Build the model inputs of one step, on the host, then copy them to ``device`` once.
-
-    - ``pending``: int[p] token ids; ``pending_pos``: int[p] their positions.
-    - ``tree_tokens``: int[n]; ``tree_parents``: int[n]; ``tree_depth``: int[n], the nodes' depths
-      (computed from the parents when not given).
-    - ``col_visible``: bool[past_len + p], False for padding among the cached and pending tokens,
-      or None when there is no padding.
-    - ``window``: optional (tokens int[m], position offsets from the last pending token int[m],
-      visibility bool[m, m]) of the window rows (a ``draft.WindowRows``).
-    - Returns ``input_ids`` long[1, q], ``position_ids`` long[1, q] and an additive ``mask`` of
-      ``dtype`` [1, 1, q, past_len+q] (0 where visible, dtype's min elsewhere), q = p + n + m.
-    """
+    """The model inputs of one step, built on the host and copied to ``device`` once. ``pending`` int[p]: token ids at
+    ``pending_pos`` int[p]; ``tree_tokens`` / ``tree_parents`` / ``tree_depth`` int[n] (depths computed when not given);
+    ``col_visible`` bool[past_len + p], False for padding, or None; ``window``: (tokens int[m], offsets from the last
+    pending position int[m], visibility bool[m, m]) or None. Returns ``input_ids`` long[1, q], ``position_ids``
+    long[1, q] and the additive ``mask`` of ``dtype`` [1, 1, q, past_len + q], q = p + n + m."""
     pending = np.asarray(pending, dtype=np.int64).reshape(-1)
     pending_pos = np.asarray(pending_pos, dtype=np.int64).reshape(-1)
     p, n = len(pending), len(tree_tokens)
@@ -75,10 +68,9 @@ def pack_step(
 
 def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndarray, tree_depth: np.ndarray,
                 window=None, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """(input ids long[1, q], position ids long[1, q]) of one step: the pending tokens, the tree nodes one past
-    the last pending position plus their depth - 1, the window rows at their offsets (see :func:`pack_step`).
-    A step with neither (a plain one) on a CPU reads ``pending`` and ``pending_pos`` as they are: views, valid
-    until the caller changes those arrays."""
+    """(input ids long[1, q], position ids long[1, q]) of one step: the pending tokens, the nodes at the last pending
+    position plus their depth, the window rows at their offsets. A plain step on a CPU returns views of ``pending`` /
+    ``pending_pos``, valid while those arrays are unchanged."""
     m = 0 if window is None else len(window[0])
     on_cpu = getattr(device, "type", device) == "cpu"
     p, n = len(pending), len(tree_tokens)
@@ -98,29 +90,18 @@ def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.nd
 
 
 _NO_WINDOW = np.zeros((0, 0), dtype=bool)
-
-
 _NO_IDS = np.zeros(0, dtype=np.int64)
-
-
 _NO_COLUMNS = np.zeros(0, dtype=bool)
-
-
 MASK_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class StepMask:
-    """One row's step masks in a preallocated buffer ``[1, 1, rows, columns]`` of the model's dtype, written in
-    place: each step writes only its own ``q x q`` block (``kernels.fill_step_block``) and returns a view
-    ``[1, 1, q, past + q]`` (the attention kernels take it as given; the row stride is the buffer's). What
-    :func:`pack_step` builds anew each step (a ``q x (past + q)`` array, then a copy to the device) this does
-    in O(q^2) host work; the prompt's step, with its many pending rows, stays :func:`pack_step`'s.
-
-    The buffer only ever holds 0 and the dtype's minimum, so the host writes them as integer bit patterns of the
-    same width (bf16 has no NumPy type). On a GPU the block is built on the host and copied into place.
-    Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]))`` ->
-    a [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``.
-    """
+    """One row's step masks in a preallocated buffer [1, 1, rows, columns] of the model's dtype: each step writes only
+    its own ``q x q`` block (:func:`fill_step_block`; :func:`pack_step` writes ``q x (past + q)``, and still builds the
+    prompt's step) and gets a view [1, 1, q, past + q]. The buffer holds only 0 and the dtype's minimum, written as
+    integer bit patterns of the same width (bf16 has no NumPy type); on a GPU the block is built on the host and copied
+    in. Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]))`` -> a
+    [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``."""
 
     def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
         self.dtype, self.device = dtype, torch.device(device)
@@ -143,8 +124,8 @@ class StepMask:
 
     def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None
                  ) -> torch.Tensor:
-        """The additive mask [1, 1, q, past + q] of a step with ``pending`` tokens, the tree ``parents`` and the
-        window rows' visibility after ``past`` cached tokens (a view of the buffer, valid until the next call)."""
+        """The additive mask [1, 1, q, past + q] of a step of ``pending`` tokens, the tree ``parents`` and the window
+        rows' visibility after ``past`` cached tokens: a view of the buffer, valid until the next call."""
         window = _NO_WINDOW if window_visible is None else window_visible
         q = pending + len(parents) + window.shape[0]
         host = self._host
@@ -153,23 +134,22 @@ class StepMask:
                 self._grow(q, past + q)
         clean = min(self.clean, past)
         if host is not None:
-            fillstep_block(self._host, past, pending, parents, window, self.col_visible, self.neg, clean,
+            fill_step_block(self._host, past, pending, parents, window, self.col_visible, self.neg, clean,
                               self.rows_used)
         else:
             self._fill_on_device(past, pending, parents, window, clean, q)
         return self._written(past, q)
 
     def _written(self, past: int, q: int) -> torch.Tensor:
-        """After a step's block is written: the buffer's state moved on, and the mask [1, 1, q, past + q]."""
+        """Record a written block; returns the mask [1, 1, q, past + q]."""
         self.clean, self.rows_used = past, max(self.rows_used, q)
         return self.buffer.as_strided((1, 1, q, past + q), self.buffer.stride())  # [:, :, :q, :past + q], cheaper
 
     def step(self, past: int, pending: np.ndarray, pending_pos: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
              parents: np.ndarray, window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
-        """(input ids long[1, q], position ids long[1, q], the mask of :meth:`__call__`) of a step: on a CPU written in
-        one kernel call into buffers kept across steps (views valid until the next call), else :func:`step_inputs`
-        and :meth:`__call__`. Arguments as :func:`step_inputs` and :meth:`__call__` take them; ``window``: the
-        window's rows (a ``draft.WindowRows``: tokens, offsets, visibility), or None."""
+        """(input ids long[1, q], position ids long[1, q], mask as :meth:`__call__`) of a step; on a CPU written in one
+        kernel call into buffers kept across steps (views valid until the next call). Arguments as :func:`step_inputs`
+        and :meth:`__call__` take them; ``window``: a ``draft.WindowRows`` (tokens, offsets, visibility) or None."""
         q = len(pending) + len(tokens) + (0 if window is None else len(window[0]))
         host = self._host
         if host is None or q > host.shape[0] or past + q > host.shape[1]:
@@ -182,11 +162,12 @@ class StepMask:
         fill_step(host, self._inputs_host, past, pending, pending_pos, tokens, depth, parents, w_tokens, w_offsets,
                     w_visible, self.col_visible, self.neg, min(self.clean, past), self.rows_used)
         inputs, width = self._inputs, self._inputs.shape[1]
-        return inputs.as_strided((1, q), (width, 1)), inputs.as_strided((1, q), (width, 1), width), self._written(past, q)
+        return (inputs.as_strided((1, q), (width, 1)), inputs.as_strided((1, q), (width, 1), width),
+                self._written(past, q))
 
     def _fill_on_device(self, past, pending, parents, window, clean, q) -> None:
         block = np.empty((q, q), dtype=np.dtype(f"int{torch.finfo(self.dtype).bits}"))
-        fillstep_block(block, 0, pending, parents, window, _NO_COLUMNS, self.neg, 0, 0)
+        fill_step_block(block, 0, pending, parents, window, _NO_COLUMNS, self.neg, 0, 0)
         buf = self.buffer[0, 0].view(self.bits)
         if past > clean and self.rows_used:
             buf[: self.rows_used, clean:past] = 0
@@ -215,17 +196,9 @@ class StepMask:
 
 @njit(cache=True)
 def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
-    """Fill the additive attention mask of one step in place: 0 where a row sees a column, ``neg`` elsewhere.
-
-    ``mask``: float[q, past_len + q] with q = p + n + m rows (pending tokens, tree nodes, window rows).
-    Pending rows are causal among themselves; node ``i`` sees the pending tokens, itself and its
-    ancestors (``parents``, parent-first); window rows see the pending tokens and what
-    ``window_visible`` bool[m, m] allows; tree and window rows never see each other. Every row sees
-    the cached columns, except those ``col_visible`` bool[past_len + p] marks as padding (an empty
-    ``col_visible`` means no padding).
-
-    Example: p = 1, parents ``[-1, -1, 0]``, no cache: rows ``p a b c`` see ``p``, ``p a``, ``p b``, ``p a c``.
-    """
+    """Write one step's additive mask ``mask`` float[q, past_len + q] in place, for ``q = p + n + m`` rows by the module
+    docstring's rules: 0 where a row sees a column, ``neg`` elsewhere. ``parents``: parent-first; ``window_visible``
+    bool[m, m]; ``col_visible`` bool[past_len + p], False for padding (empty: none)."""
     q = mask.shape[0]
     past = mask.shape[1] - q
     mask[:, :past] = 0.0
@@ -266,17 +239,13 @@ def step_block(mask, past, p, parents, window_visible, neg):
 
 
 @njit(cache=True)
-def fillstep_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
-    """One step's additive mask written in place into a preallocated buffer ``mask`` [rows, columns] (any
-    integer or float view: it only ever holds 0 and ``neg``): the block ``mask[:q, past:past + q]`` as
-    :func:`fill_step_mask` would write it (q = p + n + m rows: pending tokens, tree nodes, window rows), after
-    restoring the buffer's invariant that every column before ``past`` is visible (0) in every row, but the
-    padding columns ``col_visible`` marks False (an empty ``col_visible``: none): columns ``clean_from .. past
-    - 1`` (the last step's block, now cached) of the first ``rows_used`` rows (the most rows any step wrote).
-
-    Example: past 3, p 1, parents ``[-1, 0]``, clean_from 2, rows_used 4: column 2 of rows 0-3 becomes 0, and
-    rows 0-2 of columns 3-5 become the block ``[[0, n, n], [0, 0, n], [0, 0, 0]]`` (n: ``neg``).
-    """
+def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
+    """One step's mask written in place into a preallocated buffer ``mask`` [rows, columns] (any integer or float view:
+    it only holds 0 and ``neg``). First columns ``clean_from .. past - 1`` (the last step's block, now cached) of the
+    first ``rows_used`` rows become visible again but for padding (``col_visible`` False; empty: none), then the block
+    ``mask[:q, past:past + q]`` is written as :func:`fill_step_mask` writes it. Example: past 3, p 1, parents
+    ``[-1, 0]``, clean_from 2, rows_used 4: column 2 of rows 0-3 becomes 0, and rows 0-2 of columns 3-5 become
+    ``[[0, n, n], [0, 0, n], [0, 0, 0]]`` (n: ``neg``)."""
     for r in range(rows_used):
         for c in range(clean_from, past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
@@ -286,16 +255,12 @@ def fillstep_block(mask, past, p, parents, window_visible, col_visible, neg, cle
 @njit(cache=True)
 def fill_step(mask, inputs, past, pending, pending_pos, tokens, depth, parents, window_tokens, window_offsets,
               window_visible, col_visible, neg, clean_from, rows_used):
-    """:func:`fill_step_block` and the step's inputs in one call: ``inputs`` int64[2, >= q] gets the ids (row 0) and
-    positions (row 1) of the ``p`` pending tokens (``pending`` / ``pending_pos``), the tree's nodes (``tokens``,
-    one past the last pending position plus ``depth`` - 1) and the window's rows (``window_tokens`` at the last
-    pending position plus ``window_offsets``), as ``tree.step_inputs`` gives them.
-
-    Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]``, no window -> inputs
-    ``[[7, 5, 6], [9, 10, 11]]`` and the block of :func:`fill_step_block`."""
+    """:func:`fill_step_block` plus the step's inputs: ``inputs`` int64[2, >= q] gets the ids (row 0) and positions (row
+    1) as :func:`step_inputs` makes them. Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]``, no
+    window -> ``inputs[:, :3]`` = ``[[7, 5, 6], [9, 10, 11]]``."""
     p = pending.shape[0]
     n = tokens.shape[0]
-    fillstep_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)
+    fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)
     last = pending_pos[p - 1]
     for i in range(p):
         inputs[0, i] = pending[i]

@@ -137,7 +137,8 @@ class SlidingWindow:
     def widen(self, cache) -> None:
         """Replace each sliding layer of a batch's (or padded row's) empty cache by a plain one that keeps every column,
         before the first forward (:meth:`check_widenable`); :meth:`batch_masks` masks them by the window."""
-        cache.layers[:] = [GrowingLayer(replaces=layer) if is_sliding(layer) else layer for layer in cache_layers(cache)]
+        cache.layers[:] = [GrowingLayer(replaces=layer) if is_sliding(layer) else layer
+                           for layer in cache_layers(cache)]
 
     @staticmethod
     def check_widenable(cache) -> None:

@@ -9,6 +9,7 @@ Imported only by a call on a static cache.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 
@@ -162,6 +163,7 @@ graph is in torch's cache, and its next run is no warm-up."""
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
 """Per model, its compiled step per compile options (:func:`compiled_step`)."""
 
 
@@ -198,7 +200,8 @@ class Bucketed(OneRow):
         self.compiled = compile_config is not None
         self.step_runner = None if compile_config is None else compiled_step(call.model, compile_config)
         self.runner_key = repr(compile_config.to_dict()) if compile_config is not None else "eager"
-        self.ran: set = _RUN.setdefault(call.model, set())
+        with _LOCK:
+            self.ran: set = _RUN.setdefault(call.model, set())
         call.stats.time_compile = 0.0
         self.bucket = 1
         if decoder.tuning.adaptive:
@@ -256,7 +259,7 @@ class Bucketed(OneRow):
             return calibrate_curve(time_one, sizes, clock=clock)
 
     def _runner(self):
-        return self.step_runner if self.step_runner is not None else self.call.model
+        return self.step_runner if self.step_runner is not None else self.call.eager
 
     def _warm(self, k: int, fn) -> bool:
         """Run ``fn``, bucket ``k``'s first forward in this process, timing it apart; False when it ran before."""
@@ -318,7 +321,7 @@ class Bucketed(OneRow):
         """The prompt's forward eagerly; a bucket's through the runner (its first run compiles it)."""
         call = self.call
         if not self.bucket:
-            return call.forward(step.ids, step.pos, step.mask, keep, runner=call.model)
+            return call.forward(step.ids, step.pos, step.mask, keep, runner=call.eager)
         q, out = self.bucket, []
         if not self._warm(q, lambda: out.append(call.forward(step.ids, step.pos, step.mask, q, runner=self._runner()))):
             out.append(call.forward(step.ids, step.pos, step.mask, q, runner=self._runner()))
@@ -384,11 +387,12 @@ def compiled_step(model, compile_config):
     """``model``'s forward compiled with ``compile_config``'s options, once per model and options: a function of its
     own, whose graphs (one per bucket) count against their own recompilation limit, not plain ``generate``'s."""
     options = compile_config.to_dict()
-    per_model = _COMPILED.setdefault(model, {})
-    key = repr(sorted(options.items(), key=lambda kv: kv[0]))
-    if key not in per_model:
-        def step(**kwargs):
-            return model(**kwargs)
+    with _LOCK:  # concurrent first calls of a model compile once
+        per_model = _COMPILED.setdefault(model, {})
+        key = repr(sorted(options.items(), key=lambda kv: kv[0]))
+        if key not in per_model:
+            def step(**kwargs):
+                return model(**kwargs)
 
-        per_model[key] = torch.compile(step, **options)
-    return per_model[key]
+            per_model[key] = torch.compile(step, **options)
+        return per_model[key]

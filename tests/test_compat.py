@@ -196,7 +196,7 @@ def test_the_grouped_shadow_computes_sdpas_logits_and_leaves_the_model_alone(tin
     from transformers.integrations import sdpa_attention
 
     from lookahead.cpu.layouts import LinearPlan
-    from lookahead.cpu.shadow import shadow
+    from lookahead.shadow import shadow
 
     model = tiny_models("llama")
     configs = [(m, m.config) for m in model.modules() if hasattr(m, "num_key_value_groups")]

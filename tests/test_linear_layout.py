@@ -1,7 +1,7 @@
 """Linear layers computed the other way round or through oneDNN (``lookahead.cpu``): the same outputs, the same
 decoding, and nothing installed on the user's model.
 
-A call's multi-row steps run a *shadow* of the model (``cpu.shadow``): a copy of its module tree that shares every
+A call's multi-row steps run a *shadow* of the model (``shadow.py``): a copy of its module tree that shares every
 parameter, in which each ``nn.Linear`` is a ``LayoutLinear`` over the same weight. The user's modules, their classes
 and their hooks stay as they were, during the call and after it.
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import lookahead.cpu.layouts as layouts_module
-import lookahead.cpu.shadow as shadow_module
+import lookahead.shadow as shadow_module
 from lookahead import LookaheadDecoder
 from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cost import STEP_VARIANT, Calibrations, CostModel
@@ -25,7 +25,7 @@ from lookahead.cpu.layouts import (
     plan_layouts,
     whole_plan,
 )
-from lookahead.cpu.shadow import (
+from lookahead.shadow import (
     LINEAR,
     ONEDNN,
     TRANSPOSED,

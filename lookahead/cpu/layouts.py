@@ -12,7 +12,7 @@ from torch import nn
 
 from .._tuning import DEFAULT, Tuning
 from ..cost import STEP_VARIANT, CostModel
-from .shadow import LINEAR, ONEDNN, TRANSPOSED, onednn_linear, shadow
+from ..shadow import LINEAR, ONEDNN, TRANSPOSED, onednn_linear, shadow
 
 KIND_NAMES = ("nn.Linear", "transposed", "oneDNN")
 

@@ -112,7 +112,7 @@ class DraftPolicy:
         self.limits = limits
         self.budget = None
         self.step_nodes = narrow = self.config.step_nodes(t)[0]
-        self.window_on = self._window_spec is not None and not limits.chains and (
+        self.window_on = self._window_spec is not None and not limits.chains and narrow > 0 and (
             self.config.window != "auto"
             or (cost is not None and float(cost(self.max_rows(window=True)) / cost(1)) <= t.window_auto_cost))
         if self.window_on and self.window is None:

@@ -10,7 +10,7 @@ import weakref
 import torch
 from torch import nn
 
-from .. import compat
+from . import compat
 
 LINEAR, TRANSPOSED, ONEDNN = 0, 1, 2
 """The layouts: ``nn.Linear``, the other way round, oneDNN's linear."""
