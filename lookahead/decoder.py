@@ -134,7 +134,14 @@ class LookaheadDecoder:
             policy.bind_corpus(store)
 
     def __repr__(self) -> str:
-        return f"LookaheadDecoder({self.config})"
+        return f"LookaheadDecoder({getattr(self, 'config', '...')})"
+
+    def sibling(self) -> LookaheadDecoder:
+        """A new decoder with this one's settings that shares its store, corpus, heads and draft: for another stream
+        decoded at the same time (a decoder holds one stream's state)."""
+        return LookaheadDecoder(self.config, store=self.store, corpus=self.corpus_setting, heads=self.heads,
+                                draft=self.draft, tokenizer=self.tokenizer, _tuning=self.tuning, _clock=self.clock,
+                                _calibrations=self.calibrations)
 
     # The signature mirrors GenerationMixin._sample so that generate() passes what it prepared.
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,

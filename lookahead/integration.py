@@ -67,8 +67,10 @@ How it works (the decisions):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import threading
 import warnings
 
 import torch
@@ -95,6 +97,33 @@ class LookaheadGenerate:
         self.model = model
         self.default = default
         self._decoder = default
+        self._lock = threading.Lock()
+        self._siblings: dict[int, list[LookaheadDecoder]] = {}  # per own decoder, the ones concurrent calls made
+        self._running: set[int] = set()
+
+    def __getstate__(self):  # copy / pickle (a copied model's): no lock, no siblings of the running calls
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_siblings", "_running")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock, self._siblings, self._running = threading.Lock(), {}, set()
+
+    @contextlib.contextmanager
+    def _stream(self, decoder: LookaheadDecoder):
+        """The decoder a call runs: ``decoder``, or (while another thread's call runs it) an idle sibling of it
+        (``LookaheadDecoder.sibling``: the same settings, store, corpus and heads), made on first need and kept."""
+        with self._lock:
+            family = [decoder, *self._siblings.get(id(decoder), [])]
+            free = next((d for d in family if id(d) not in self._running), None)
+            if free is None:
+                free = decoder.sibling()
+                self._siblings.setdefault(id(decoder), []).append(free)
+            self._running.add(id(free))
+        try:
+            yield free
+        finally:
+            with self._lock:
+                self._running.discard(id(free))
 
     @property
     def decoder(self) -> LookaheadDecoder:
@@ -108,6 +137,12 @@ class LookaheadGenerate:
     def __call__(self, *args, assistant: LookaheadDecoder | None = None, lookahead: bool | None = None,
                  **kwargs):
         decoder = self._choose(assistant, lookahead, args, kwargs)
+        if decoder is not None and assistant is None:  # this model's own decoder: concurrent calls get siblings
+            with self._stream(decoder) as free:
+                return self._generate(free, assistant, lookahead, args, kwargs)
+        return self._generate(decoder, assistant, lookahead, args, kwargs)
+
+    def _generate(self, decoder, assistant, lookahead, args, kwargs):
         implicit = decoder is not None and assistant is None and lookahead is None  # the default, unasked for
         given = dict(kwargs)
         if decoder is None and isinstance(kwargs.get("custom_generate"), LookaheadDecoder):

@@ -145,3 +145,27 @@ def test_one_decoder_refuses_a_second_concurrent_call():
             model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, custom_generate=decoder)
     finally:
         decoder._busy.release()
+
+
+def test_an_enabled_model_serves_concurrent_calls_with_its_default_decoder():
+    """``lookahead.enable(model, default=...)``: threads calling the model at once each decode with a decoder of their
+    own (the default, or a sibling sharing its settings and store), every output plain's."""
+    import lookahead
+    from lookahead.cache import NgramTrie
+
+    model = tiny_model("llama")
+    store = NgramTrie(max_n=8, capacity=1 << 12)
+    default = LookaheadDecoder(cost_curve=TINY_COST_CURVE, store=store)
+    lookahead.enable(model, default=default)
+    try:
+        def one(prompt):
+            return model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)
+
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(one, PROMPTS * 2))
+        siblings = model.generate._siblings.get(id(default), [])
+        assert all(s.store is store and s.config == default.config for s in siblings)
+    finally:
+        lookahead.disable(model)
+    for prompt, out in zip(PROMPTS * 2, outs):
+        assert torch.equal(out, model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False))
