@@ -159,7 +159,7 @@ def check(name: str, factory, cls, dtype) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="architectures to check (default: all)")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)

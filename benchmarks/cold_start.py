@@ -34,8 +34,8 @@ CHILD = r"""
 import json, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[2]))
-from lookahead.demo import chat_inputs
-from lookahead.models import load_smollm2
+from lookahead.tools.demo import chat_inputs
+from lookahead.tools.models import load_smollm2
 model, tok = load_smollm2()
 inputs = chat_inputs(tok, "Write a Python function that returns the sum of a list of numbers.")
 kw = dict(max_new_tokens=int(sys.argv[3]), do_sample=False)

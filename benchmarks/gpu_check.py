@@ -1,22 +1,26 @@
 """The CUDA check: exactness of the decoder on a GPU, and the GPU's cost curve (run where there is one).
 
-    python -m benchmarks.gpu_check [--parts tiny,sampling,curves] [--device cuda] [--out gpu-check.json]
+    python -m benchmarks.gpu_check [--parts tiny,sampling,curves,static] [--device cuda] [--out gpu-check.json]
+        [--shapes smollm2-135m,llama-8b] [--static-prompts 4]
 
 The test suite runs on a CPU (CI has no GPU); this script runs the same headline checks on a GPU:
 
 - ``tiny``: greedy output of :class:`~lookahead.LookaheadDecoder` identical to plain ``generate``, token
   for token, on the test suite's tiny random models (float64, six architectures: ``tests/tiny.py``), on a
-  prompt that repeats and one that does not, with the calibrated budget, the full tree every step
-  (``adaptive=False``), a lookahead window and the widest steps (a flat curve: 255 nodes); and a left-padded batch
-  of four rows (``lookahead/batch.py``).
+  prompt that repeats and one that does not, with the calibrated budget, the full tree every step (no budget:
+  ``_tuning=Tuning(adaptive=False)``), a lookahead window (``window=4``) and the widest steps
+  (``cost_curve="flat"``: 255 nodes); and a left-padded batch of four rows (``lookahead/batch.py``).
 - ``sampling``: the decoder's samples of the next two tokens against their exact distribution (chi-square,
   as ``tests/test_sampling.py``), drawn on the GPU.
-- ``curves``: the forward's cost curve t(k) (k new tokens after a 1024-token context) of random-weight
-  Llama models of SmolLM2-135M's and an 8B model's shapes in bfloat16, and one lookahead call's host work
-  per step on the 8B one.
-- ``static``: SmolLM2 on a static cache, compiled as plain static ``generate`` compiles on CUDA (CUDA graphs),
-  against plain static ``generate`` and eager plain, in fp32 and bf16, on code editing, code completion and
-  chat (``benchmarks/static_bench.py``: speed, tokens per call, host time per step, warm-up, identity).
+- ``curves``: the forward's cost t(k) of k new tokens after a 1024-token context, k = 1 to 256 (timed here:
+  :func:`forward_times`), and t(k) / t(1), of random-weight Llama models of SmolLM2-135M's and an 8B model's
+  shapes in bfloat16; and one decoder call's host work per step on the last of them (the 8B one).
+- ``static`` (only when named in ``--parts``): SmolLM2 in fp32 and bf16 on code editing, code completion and
+  chat (4 prompts each: ``--static-prompts``; 128 new tokens; ``benchmarks/static_bench.py``), each prompt back
+  to back: plain eager, plain static compiled (as plain static ``generate`` compiles on CUDA: CUDA graphs),
+  prompt lookup, the decoder eager and the decoder on the static cache compiled; per method the median speed-up
+  against plain static compiled, tokens per call, host time per step, compile time, recompiles and identical
+  outputs. In fp32 the decoder's outputs must be plain eager's.
 
 Prints one JSON line per check and writes them all to ``--out``. Exit status 1 when an exactness check fails.
 """
@@ -40,17 +44,17 @@ BATCH = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 3, 4, 3
 def check_tiny(device: str) -> list[dict]:
     import torch
 
-    from benchmarks.replay import FLAT_CURVE
     from lookahead import LookaheadDecoder
+    from lookahead._tuning import Tuning
 
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     from tiny import TINY_ARCHS, tiny_model
 
     results = []
-    # "wide": a flat curve, so that step_nodes="auto" takes its widest steps (255 nodes, the sources' wide trees)
-    # whatever this GPU's own curve says
-    variants = {"calibrated": {}, "full-tree": {"adaptive": False}, "window": {"window_width": 4},
-                "wide": {"cost_curve": FLAT_CURVE}}
+    # "wide": a flat curve, so that max_draft_tokens="auto" takes its widest steps (255 nodes, the sources' wide
+    # trees) whatever this GPU's own curve says
+    variants = {"calibrated": {}, "full-tree": {"_tuning": Tuning(adaptive=False)}, "window": {"window": 4},
+                "wide": {"cost_curve": "flat"}}
     for arch in TINY_ARCHS:
         model = tiny_model(arch).to(device)
         for prompt_name, prompt in (("repetitive", REPETITIVE), ("no-repeat", NO_REPEAT)):
@@ -84,20 +88,22 @@ def check_sampling(device: str, n: int = 1500) -> list[dict]:
     import test_sampling as ts
 
     from lookahead import LookaheadDecoder
+    from lookahead._tuning import Tuning
 
     from tiny import peaky_llama
 
     model = peaky_llama(ts.VOCAB)
-    exact = ts._exact_two_token_distribution(model, ts.SETTINGS["temperature"])  # on the CPU, by enumeration
+    settings = ts.SETTINGS["temperature"]
+    exact = ts._exact_two_token_distribution(model, settings)  # on the CPU, by enumeration
     model = model.to(device)
     torch.manual_seed(2024)
-    dec = LookaheadDecoder(trie_capacity=4096, adaptive=False)
+    dec = LookaheadDecoder(_tuning=Tuning(trie_capacity=4096, adaptive=False))  # the full tree every step
     ids = torch.tensor([ts.PROMPT], device=device)
     counts = np.zeros((ts.VOCAB, ts.VOCAB))
     drafted = accepted = 0
     for _ in range(n):
         out = model.generate(ids, custom_generate=dec, do_sample=True, max_new_tokens=2, eos_token_id=None,
-                             pad_token_id=0, temperature=0.7)
+                             pad_token_id=0, **settings)
         a, b = out[0, len(ts.PROMPT):].tolist()
         counts[a, b] += 1
         drafted += dec.stats.drafted
@@ -130,25 +136,52 @@ def _random_llama(shape: str, device: str):
     return model
 
 
-def check_curves(device: str, shapes: tuple[str, ...] = ("smollm2-135m", "llama-8b")) -> list[dict]:
+def forward_times(model, sizes: list[int], context: int = 1024, repeats: int = 3) -> dict[int, float]:
+    """``{k: seconds}``: one forward of ``k`` new tokens after a ``context``-token prefix (random ids), the fastest
+    of ``repeats``. The prefix is prefilled once; each timed forward's ``k`` entries are cropped off again."""
     import torch
     from transformers import DynamicCache
 
-    from lookahead import LookaheadDecoder
-    from lookahead.cost import measure_cost_curve
+    from lookahead.compat import cache_kwarg_name
 
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    device = model.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (1, context + max(sizes)), generator=gen).to(device)
+    cache = DynamicCache(config=model.config)
+    kwargs = {cache_kwarg_name(model): cache, "use_cache": True}
+    times = {}
+    with torch.inference_mode():
+        model(input_ids=ids[:, :context], **kwargs)
+        for k in sizes:
+            new = ids[:, context : context + k]  # [1, k]
+            pos = torch.arange(context, context + k, device=device)[None]  # [1, k]
+            best = float("inf")
+            for _ in range(repeats):
+                sync()
+                t = time.perf_counter()
+                model(input_ids=new, position_ids=pos, **kwargs)
+                sync()
+                best = min(best, time.perf_counter() - t)
+                cache.crop(-k)
+            times[k] = best
+    return times
+
+
+def check_curves(device: str, shapes: tuple[str, ...] = ("smollm2-135m", "llama-8b")) -> list[dict]:
+    import torch
+
+    from lookahead import LookaheadDecoder
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     results = []
     for shape in shapes:
         model = _random_llama(shape, device)
-        with torch.inference_mode():
-            curve = measure_cost_curve(model, lambda m=model: DynamicCache(config=m.config), sizes,
-                                       context=1024, repeats=3)
-        t1 = curve.points[0][1]
+        times = forward_times(model, sizes, context=1024, repeats=3)
         results.append({"check": "cost-curve", "model": shape, "dtype": "bfloat16", "context": 1024,
-                        "ms": {k: round(t * 1e3, 3) for k, t in curve.points},
-                        "relative": {k: round(t / t1, 3) for k, t in curve.points}})
+                        "ms": {k: round(t * 1e3, 3) for k, t in times.items()},
+                        "relative": {k: round(t / times[1], 3) for k, t in times.items()}})
         if shape == shapes[-1]:  # one call's host work per step, on a prompt that repeats
             gen = torch.Generator().manual_seed(1)
             block = torch.randint(5, 30000, (1, 60), generator=gen)  # [1, 60]
@@ -181,24 +214,29 @@ def check_curves(device: str, shapes: tuple[str, ...] = ("smollm2-135m", "llama-
     return results
 
 
-def check_static(device: str, prompts: int = 2, max_new_tokens: int = 128) -> list[dict]:
-    """``benchmarks/static_bench.py`` on ``device``: one row per prompt and dtype (greedy identity is checked
-    against plain eager ``generate``; bf16 may differ at near ties, fp32 must not)."""
+def check_static(device: str, prompts: int = 4, max_new_tokens: int = 128) -> list[dict]:
+    """``benchmarks/static_bench.py`` on ``device``: one row per dtype and workload, each method's medians over its
+    prompts. Greedy identity is against plain eager ``generate``: the decoder's must hold in fp32 (bf16 may differ
+    at near ties, and so may the other methods'; they are reported, not checked)."""
     import torch
 
-    from benchmarks.static_bench import run, summary
-    from lookahead.bench.workloads import build_workloads
-    from lookahead.models import load_smollm2
+    from benchmarks.static_bench import DECODERS, aggregate, run, summary
+    from lookahead.tools.bench.workloads import build_workloads
+    from lookahead.tools.models import load_smollm2
 
+    workloads = build_workloads(["code-editing", "code-completion", "chat"], prompts)
     out = []
     for dtype in ("float32", "bfloat16"):
         model, tok = load_smollm2(dtype=getattr(torch, dtype), device=device)
-        for wl, items in build_workloads(["code-editing", "code-completion", "chat"], prompts).items():
-            rows = run(model, tok, items, device, max_new_tokens)
+        for wl, rows in run(model, tok, workloads, device, max_new_tokens).items():
             print(f"{dtype} {wl}\n{summary(rows)}", file=sys.stderr, flush=True)
-            for r in rows:
-                ok = dtype != "float32" or all(m["identical_to_plain"] for m in r["methods"].values())
-                out.append({"check": "static", "dtype": dtype, "workload": wl, "identical": ok, **r})
+            methods = aggregate(rows)
+            ours = all(methods[m]["identical"] == methods[m]["prompts"] for m in DECODERS)
+            out.append({"check": "static", "dtype": dtype, "workload": wl, "new_tokens": max_new_tokens,
+                        "identical": ours if dtype == "float32" else None, "methods": methods, "prompts": rows})
+        del model
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
     return out
 
 
@@ -207,6 +245,7 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", default="tiny,sampling,curves")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shapes", default="smollm2-135m,llama-8b", help="the curves' random models")
+    parser.add_argument("--static-prompts", type=int, default=4, help="the static part's prompts per workload")
     parser.add_argument("--out", default="gpu-check.json")
     args = parser.parse_args(argv)
 
@@ -218,7 +257,7 @@ def main(argv=None) -> int:
     print(json.dumps(meta), flush=True)
     shapes = tuple(args.shapes.split(","))
     parts = {"tiny": check_tiny, "sampling": check_sampling, "curves": lambda d: check_curves(d, shapes),
-             "static": check_static}
+             "static": lambda d: check_static(d, args.static_prompts)}
     results, failed = [], False
     for part in args.parts.split(","):
         t = time.perf_counter()
