@@ -18,9 +18,9 @@ import sys
 import torch
 
 from lookahead import LookaheadDecoder
-from lookahead.console import log_to_stderr, phase, set_threads
-from lookahead.demo import DEMO_PROMPT, chat_inputs
-from lookahead.models import load_smollm2
+from lookahead.tools.console import log_to_stderr, phase, set_threads
+from lookahead.tools.demo import DEMO_PROMPT, chat_inputs
+from lookahead.tools.models import load_smollm2
 
 MAX_NEW_TOKENS = int(sys.argv[1]) if len(sys.argv) > 1 else 160
 log_to_stderr()  # what the library is doing (loading, calibrating), on stderr as it happens

@@ -217,6 +217,11 @@ class Padded:
 
     static = False
 
+    @staticmethod
+    def processors(processors, b: int) -> list:
+        """Per row, the logits processors it is verified with (:func:`row_processors`)."""
+        return [row_processors(processors, r, b) for r in range(b)]
+
     def __init__(self, call, input_ids, mask):
         self.call = call
         decoder, tuning = call.decoder, call.tuning

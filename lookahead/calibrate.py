@@ -5,11 +5,9 @@ Imported only when a curve is measured (the first call of a model on a machine) 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -17,12 +15,11 @@ import torch
 from . import compat
 from ._tuning import DEFAULT
 from .checks import vocabulary_size
-from .cost import CostModel
+from .cost import PROGRESS, CostModel
 from .kv import keep_entries
 from .packing import StepMask
 
 log = logging.getLogger("lookahead")
-_BAR: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
 
 
 class CostRefiner:
@@ -98,26 +95,6 @@ def capped_curve(times: dict[int, float]) -> dict[int, float]:
     return {k: min(t, k * t1) for k, t in times.items()}
 
 
-@contextlib.contextmanager
-def calibration_progress(desc: str) -> Iterator[object | None]:
-    """While entered, :func:`calibrate_curve` counts its timed runs on a ``tqdm.auto`` bar labelled ``desc``, shown
-    after ``DEFAULT.progress_delay`` seconds. Yields the bar, or None when transformers' progress bars are off."""
-    from transformers.utils import logging as hf_logging
-
-    bar = None
-    if hf_logging.is_progress_bar_enabled():
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=desc, unit="step", delay=DEFAULT.progress_delay, leave=False, dynamic_ncols=True)
-    token = _BAR.set(bar)
-    try:
-        yield bar
-    finally:
-        _BAR.reset(token)
-        if bar is not None:
-            bar.close()
-
-
 def _counted(time_one: Callable[[int], float], bar) -> Callable[[int], float]:
     """``time_one`` that also advances ``bar`` (None: ``time_one`` itself)."""
     if bar is None:
@@ -186,7 +163,7 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     def over() -> bool:
         return clock() - start > max_seconds
 
-    bar = _BAR.get()  # calibration_progress's, when one is entered
+    bar = PROGRESS.get()  # calibration_progress's, when one is entered
     if bar is not None:
         bar.total = 1 + rounds * (len(sizes) + 1)  # a quiet machine's runs: the first probe, then the rounds
     time_one = _counted(time_one, bar)
@@ -230,21 +207,6 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
                 "measured again later in this process, and not saved", why)
     return curve
-
-
-def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT.rounds) -> float:
-    """A rough forecast of a calibration's seconds on a quiet machine, for the line announcing it: each forward reads
-    every weight once or computes ``2 * parameters * k`` operations, whichever takes longer."""
-    params = sum(p.numel() for p in model.parameters())
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    gpu = model.device.type != "cpu"
-    bandwidth, flops, overhead = (1e12, 1e14, 0.01) if gpu else (1e10, 1e11, 0.0)
-
-    def forward(k: int) -> float:
-        return overhead + max(nbytes / bandwidth, 2.0 * params * k / flops)
-
-    per_round = sum(forward(k) for k in sizes) + forward(1)
-    return forward(128) + forward(1) + rounds * per_round
 
 
 def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int = 128):

@@ -8,6 +8,7 @@ object, measured once under a lock (``calibrate.py``) and kept on disk per model
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -18,7 +19,8 @@ import platform
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -256,8 +258,6 @@ class Calibrations:
                          describe(stored.curve), stored.path)
                 self._keep(model, key, _Entry(stored.curve, False, self.clock()))
                 return stored.curve
-            from .calibrate import calibration_progress, estimate_calibration_seconds
-
             sizes = calibration_sizes(max_rows)
             about = max(1.0, estimate_calibration_seconds(model, sizes))
             if entry is None:
@@ -335,3 +335,39 @@ def set_cost_curve(model, points: Sequence[tuple[int, float]], calibrations: Cal
     return (calibrations or DEFAULT_CALIBRATIONS).pin(model, points)
 
 
+PROGRESS: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
+
+
+@contextlib.contextmanager
+def calibration_progress(desc: str) -> Iterator[object | None]:
+    """While entered, :func:`calibrate_curve` counts its timed runs on a ``tqdm.auto`` bar labelled ``desc``, shown
+    after ``DEFAULT.progress_delay`` seconds. Yields the bar, or None when transformers' progress bars are off."""
+    from transformers.utils import logging as hf_logging
+
+    bar = None
+    if hf_logging.is_progress_bar_enabled():
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=desc, unit="step", delay=DEFAULT.progress_delay, leave=False, dynamic_ncols=True)
+    token = PROGRESS.set(bar)
+    try:
+        yield bar
+    finally:
+        PROGRESS.reset(token)
+        if bar is not None:
+            bar.close()
+
+
+def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT.rounds) -> float:
+    """A rough forecast of a calibration's seconds on a quiet machine, for the line announcing it: each forward reads
+    every weight once or computes ``2 * parameters * k`` operations, whichever takes longer."""
+    params = sum(p.numel() for p in model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    gpu = model.device.type != "cpu"
+    bandwidth, flops, overhead = (1e12, 1e14, 0.01) if gpu else (1e10, 1e11, 0.0)
+
+    def forward(k: int) -> float:
+        return overhead + max(nbytes / bandwidth, 2.0 * params * k / flops)
+
+    per_round = sum(forward(k) for k in sizes) + forward(1)
+    return forward(128) + forward(1) + rounds * per_round

@@ -247,7 +247,7 @@ class LookaheadDecoder:
 
     def _measured_curve(self, call, variant: str) -> CostModel:
         model, base = call.model, call.runner
-        rows = self.policy.max_rows()  # before the call starts: an "auto" window's rows are not measured
+        rows = self.policy.first_rows()
         persist = None if self.clock is time.perf_counter else False  # an injected clock is not this machine's
         factory = (lambda: new_cache(model)) if call.window is None else DynamicCache
         timer = []  # one prefilled timer per runner
@@ -269,7 +269,7 @@ class LookaheadDecoder:
 
     def _sharded_curve(self, call) -> CostModel:
         """Under tensor parallelism: rank 0's curve of the sharded steps, timed by every rank on rank 0's clock."""
-        model, sync, rows = call.model, call.sync, self.policy.max_rows()
+        model, sync, rows = call.model, call.sync, self.policy.first_rows()
         known = self._tp_curves.get(model)
         sync.check("calibration", known=known is not None and known.covers >= rows)
         if known is None or known.covers < rows:

@@ -88,12 +88,7 @@ class Call:
         self.device, self.dtype = input_ids.device, model.dtype
         self.keeps_logits = compat.supports_logits_to_keep(model)
         self.forward_kwargs = {"use_cache": True, self.cache_kwarg: cache}
-        if b == 1:
-            processors = [logits_processor]
-        else:
-            from .batch import row_processors
-
-            processors = [row_processors(logits_processor, r, b) for r in range(b)]
+        processors = shape.processors(logits_processor, b)  # per row
         self.processors = [compat.processors_as_function(p) for p in processors]
         self.sampling = bool(gen.do_sample)
         self.keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)

@@ -28,7 +28,7 @@ def kernel_modules(core: bool = False) -> list:
         if not path or not path.endswith(".py"):
             continue
         with open(path, encoding="utf-8") as f:
-            if name in (__name__, "lookahead.warmup") or "njit" not in f.read():
+            if name == __name__ or "njit" not in f.read():
                 continue
         found.append(importlib.import_module(name))
     return found

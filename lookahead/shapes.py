@@ -35,6 +35,11 @@ class OneRow:
 
     static = False
 
+    @staticmethod
+    def processors(processors, b: int) -> list:
+        """Per row, the logits processors it is verified with: one row, the call's own."""
+        return [processors]
+
     def __init__(self, call, input_ids, mask):
         self.call = call
         policy = call.decoder.policy

@@ -23,7 +23,7 @@ from .cost import CostModel
 from .drafting.draft import Draft
 from .drafting.policy import Limits
 from .kv import CacheNotRollbackable, cache_layers, move_kept
-from .packing import MASK_BITS, pack_step, step_inputs, step_block
+from .packing import MASK_BITS, pack_step, step_block, step_inputs
 from .shapes import OneRow, Step
 from .sliding import SlidingWindow
 
@@ -195,7 +195,7 @@ class Bucketed(OneRow):
                              f"(max_length - 1 = {call.max_length} - 1): pass a StaticCache with max_cache_len >= "
                              f"{needed}, or let generate() make it (cache_implementation='static').")
         decoder = call.decoder
-        self.buckets = buckets_for(decoder.policy.max_rows(), decoder.tuning.buckets)
+        self.buckets = buckets_for(decoder.policy.first_rows(), decoder.tuning.buckets)
         compile_config = compile_settings(call.model, call.gen)
         self.compiled = compile_config is not None
         self.step_runner = None if compile_config is None else compiled_step(call.model, compile_config)

@@ -8,10 +8,12 @@ import json
 import pytest
 
 from lookahead import LookaheadConfig
-from lookahead.bench.methods import DEFAULT_METHODS, METHODS, Method, make_methods
-from lookahead.bench.report import markdown, write_reports
-from lookahead.bench.runner import run_bench
-from lookahead.bench.workloads import WORKLOADS, Prompt, build_workloads
+from lookahead._tuning import Tuning
+from lookahead.config import FLAT_CURVE
+from lookahead.tools.bench.methods import DEFAULT_METHODS, METHODS, Method, make_methods
+from lookahead.tools.bench.report import markdown, write_reports
+from lookahead.tools.bench.runner import run_bench
+from lookahead.tools.bench.workloads import WORKLOADS, Prompt, build_workloads
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
 NO_REPEAT = [3, 41, 7, 88, 19, 64, 2, 53, 30, 77, 9]
@@ -73,7 +75,8 @@ def test_summary_and_context(greedy_run):
     assert ctx["hardware"]["cpu"] and ctx["hardware"]["torch_threads"] >= 1
     assert greedy_run["settings"]["max_new_tokens"] == 16
     assert greedy_run["settings"]["prompts_per_workload"] == {"code": 1, "chat": 1}
-    assert greedy_run["methods"]["lookahead"]["settings"]["tree_nodes"] > 0
+    assert greedy_run["methods"]["lookahead"]["settings"] == {"config": dataclasses.asdict(LookaheadConfig()),
+                                                             "tuning": {}}
 
 
 def test_reports_written(greedy_run, tmp_path):
@@ -198,13 +201,60 @@ def test_prompt_forms_and_method_registry():
         Prompt("a")
     assert set(METHODS) >= {"plain", "prompt-lookup", "lookahead", "lookahead-small", "lookahead-window"}
     assert set(DEFAULT_METHODS) <= set(METHODS)
-    assert METHODS["lookahead"]().settings == dataclasses.asdict(LookaheadConfig())  # the default config
+    assert METHODS["lookahead"]().description == "LookaheadDecoder()"
     methods = make_methods(["lookahead-small", "prompt-lookup"])
     assert [m.name for m in methods] == ["plain", "lookahead-small", "prompt-lookup"]  # baseline first
     assert methods[2].kwargs() == {"prompt_lookup_num_tokens": 10}
-    assert methods[1].settings["tree_nodes"] < METHODS["lookahead"]().settings["tree_nodes"]
+    assert methods[1].settings["tuning"]["tree_nodes"] < Tuning().tree_nodes  # the non-default tuning fields
+    assert methods[1].description.startswith("LookaheadDecoder(_tuning=Tuning(tree_nodes=6, ")
     with pytest.raises(ValueError, match="valid: plain, plain-again, prompt-lookup"):
         make_methods(["nope"])
+
+
+def heads_or_skip():
+    """``lookahead.heads`` (the optional heads subpackage), or a skip while it is not in place."""
+    try:
+        import lookahead.heads.train  # noqa: F401
+    except ImportError as err:
+        pytest.skip(f"lookahead.heads is not importable ({err})")
+
+
+def test_every_method_is_made_with_the_new_api():
+    """Each registered method builds its decoder and records the decoder's config and non-default tuning (the
+    ones with the bundled heads: see the corpus test below)."""
+    for name, factory in METHODS.items():
+        if "heads" in name:
+            continue
+        m = factory()
+        assert m.name == name and m.description and json.loads(json.dumps(m.settings)) is not None, name
+        if m.decoder is not None:
+            assert m.settings["config"] == dataclasses.asdict(m.decoder.config), name
+    settings = {name: METHODS[name]().settings for name in ("lookahead-fixed", "lookahead-flat", "no-drafts",
+                                                            "lookahead-linear", "lookahead-transposed",
+                                                            "lookahead-no-fill", "lookahead-window")}
+    assert settings["lookahead-fixed"]["tuning"] == {"adaptive": False}
+    assert settings["lookahead-flat"] == {"config": {"max_draft_tokens": "auto", "window": "auto",
+                                                     "cost_curve": FLAT_CURVE}, "tuning": {}}
+    assert settings["no-drafts"]["config"]["max_draft_tokens"] == 0
+    assert settings["lookahead-linear"]["tuning"] == {"linear_layout": "linear"}
+    assert settings["lookahead-transposed"]["tuning"] == {"linear_layout": "transposed"}
+    assert settings["lookahead-no-fill"]["tuning"] == {"fill_nodes": 0}
+    assert settings["lookahead-window"]["config"]["window"] == 4
+    assert "lookahead-interpolated" not in METHODS
+    draft = METHODS["self-early-exit"]()
+    assert draft.settings["draft"] == "early-exit" and draft.settings["corpus"] is None
+    assert draft.settings["tuning"] == {"tree_nodes": 0, "copy_nodes": 0, "recycle_k": 0, "fill_nodes": 0}
+    assert METHODS["draft-model"]().settings["draft"] == "the target's first 10 layers"
+
+
+@pytest.mark.parametrize("name", ["lookahead-flat", "lookahead-fixed", "no-drafts", "lookahead-small"])
+def test_tuned_methods_give_plain_greedy_output(tiny_models, name):
+    res = run_bench(tiny_models("llama"), None, {"code": [REPETITIVE]}, ["plain", name], max_new_tokens=10,
+                    progress=False, warmup=False)
+    assert all(r["identical_to_plain"] for r in res["records"]), res["mismatches"]
+    rec = next(r for r in res["records"] if r["method"] == name)
+    if name == "no-drafts":
+        assert rec["target_calls"] == rec["new_tokens"]  # every step plain
 
 
 def test_the_corpus_methods_decode_with_the_corpus_they_name():
@@ -212,6 +262,7 @@ def test_the_corpus_methods_decode_with_the_corpus_they_name():
     ``lookahead+corpus`` the bundled one, ``lookahead+heads+corpus`` the bundled heads and corpus together."""
     from lookahead.corpus import DraftCorpus
 
+    heads_or_skip()
     default, none, given, both = (METHODS[name]().decoder for name in (
         "lookahead", "lookahead-no-corpus", "lookahead+corpus", "lookahead+heads+corpus"))
     assert default.corpus_setting == "auto" and none.corpus_setting is None and none.corpus is None
@@ -221,15 +272,42 @@ def test_the_corpus_methods_decode_with_the_corpus_they_name():
 
 def test_workloads_come_from_local_material():
     w = build_workloads(list(WORKLOADS), 3)
-    assert list(w) == ["code-completion", "code-editing", "chat", "rewrite"]
+    assert list(w) == ["code-completion", "code-editing", "chat", "rewrite", "qa", "translation", "summarization",
+                       "math", "rag", "multi-turn"]
     for name, prompts in w.items():
         assert len(prompts) == 3, name
         assert len({p.id for p in prompts}) == 3 and all(p.text for p in prompts)
     assert w["code-completion"][0].id == "HumanEval/0" and not w["code-completion"][0].chat
     assert "def " in w["code-editing"][0].text and "```python" in w["code-editing"][0].text
     assert len(build_workloads(["code-completion"], 500)["code-completion"]) == 164
-    with pytest.raises(ValueError, match="valid: code-completion, code-editing, chat, rewrite"):
+    families = build_workloads(["qa", "translation", "summarization", "math", "rag", "multi-turn"], 500)
+    assert {name: len(prompts) for name, prompts in families.items()} == dict.fromkeys(families, 8)
+    assert "Translate the following French text into English." in families["translation"][4].text
+    rag = families["rag"][3].text
+    assert "Document 2:" in rag and rag.endswith("Question: How often will the buses on route 11 run in the "
+                                                 "evening after the change?")
+    for chat in families["multi-turn"]:  # whole chats: earlier turns, then a user turn asking about them
+        assert isinstance(chat.text, tuple) and len(chat.text) >= 3 and chat.text[-1][0] == "user"
+    with pytest.raises(ValueError, match="valid: code-completion, code-editing, chat, rewrite, qa"):
         build_workloads(["poetry"], 1)
+
+
+def test_a_whole_chat_goes_through_the_chat_template():
+    import torch
+
+    from lookahead.tools.bench.runner import encode
+    from lookahead.tools.bench.texts import CHATS
+
+    class Tokenizer:
+        chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+        def apply_chat_template(self, messages, **kwargs):
+            self.seen = messages
+            return {"input_ids": torch.tensor([[1, 2]])}
+
+    tok = Tokenizer()
+    assert encode(Prompt("c", tuple(CHATS[0])), tok, None)["input_ids"].tolist() == [[1, 2]]
+    assert [m["role"] for m in tok.seen] == ["user", "assistant", "user", "assistant", "user"]
 
 
 def test_plain_again_is_an_a_a_control(tiny_models):

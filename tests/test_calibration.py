@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from lookahead import user_cache
-from lookahead.calibrate import calibrate_curve, calibration_progress, capped_curve, disagreement, round_order
+from lookahead.calibrate import calibrate_curve, capped_curve, disagreement, round_order
 from lookahead.cost import (
     CURVE_FORMAT,
     Calibrations,
     CostModel,
     CurveStore,
+    calibration_progress,
     curve_fingerprint,
 )
 

@@ -45,9 +45,11 @@ def tiny_folder(tmp_path_factory):
         (["bench", "--max-new-tokens", "ten"], "--max-new-tokens: must be a positive integer, got 'ten'"),
         (["bench", "--prompts-per-workload", "0"], "--prompts-per-workload: must be a positive integer"),
         (["bench", "--methods", "plain,warp-drive"],
-         "unknown method 'warp-drive'; valid: plain, plain-again, prompt-lookup, lookahead, lookahead-small, lookahead-window"),
+         "unknown method 'warp-drive'; valid: plain, plain-again, prompt-lookup, lookahead, lookahead-small, "
+         "lookahead-window"),
         (["bench", "--workloads", "poetry,chat,jokes"],
-         "unknown workloads 'poetry', 'jokes'; valid: code-completion, code-editing, chat, rewrite"),
+         "unknown workloads 'poetry', 'jokes'; valid: code-completion, code-editing, chat, rewrite, qa, "
+         "translation, summarization, math, rag, multi-turn"),
         (["bench", "--methods", ","], "no method given; valid: plain"),
         (["bench", "--dtype", "int3"], "invalid choice: 'int3'"),
         (["generate"], "the following arguments are required: --prompt"),
@@ -70,11 +72,13 @@ def test_argument_errors_exit_2_with_a_clear_message(argv, message, capsys):
 
 
 def test_generate_rejects_unknown_config_field_before_loading(capsys):
-    assert main(["generate", "--prompt", "hi", "--config", "tree_width=3", "--model", "/nonexistent"]) == 2
+    assert main(["generate", "--prompt", "hi", "--config", "tree_nodes=3", "--model", "/nonexistent"]) == 2
     err = capsys.readouterr().err
-    assert "unknown LookaheadConfig field 'tree_width'" in err and "tree_nodes" in err
-    assert main(["generate", "--prompt", "hi", "--config", "tree_nodes=-1", "--model", "/nonexistent"]) == 2
-    assert "tree_nodes" in capsys.readouterr().err
+    assert "unknown LookaheadConfig field 'tree_nodes'; valid: max_draft_tokens, window, cost_curve" in err
+    assert main(["generate", "--prompt", "hi", "--config", "max_draft_tokens=-1", "--model", "/nonexistent"]) == 2
+    assert "LookaheadConfig.max_draft_tokens=-1 is invalid" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "hi", "--config", "cost_curve=steep", "--model", "/nonexistent"]) == 2
+    assert "LookaheadConfig.cost_curve='steep' is invalid" in capsys.readouterr().err
 
 
 def test_module_entry_point_exit_status():
@@ -88,13 +92,13 @@ def test_generate_streams_the_plain_greedy_text(tiny_folder, capsys):
     folder, model, tok = tiny_folder
     prompt = "abcabcabcabcabc"
     assert main(["generate", "--model", folder, "--prompt", prompt, "--raw", "--max-new-tokens", "12",
-                 "--config", "tree_nodes=6"]) == 0
+                 "--config", "max_draft_tokens=6", "--config", "cost_curve=flat"]) == 0
     captured = capsys.readouterr()
     ids = tok(prompt, return_tensors="pt")["input_ids"]
     plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
     expected = tok.decode(plain[0, ids.shape[1]:], skip_special_tokens=True)
     assert captured.out == expected + "\n"
-    assert "target calls" in captured.err and "tree_nodes=6" in captured.err
+    assert "target calls" in captured.err and "max_draft_tokens=6" in captured.err
     assert "streamed nothing" not in captured.err  # it really streamed, token by token
 
 
@@ -133,7 +137,7 @@ def test_bench_command_end_to_end(tiny_folder, tmp_path, capsys):
 def _subparsers():
     import argparse
 
-    from lookahead.__main__ import build_parser
+    from lookahead.tools.cli import build_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -198,7 +202,7 @@ def test_demo_names_the_model_and_the_prompt_it_ran(tiny_folder, monkeypatch, ca
     import copy
     import re
 
-    from lookahead import models
+    from lookahead.tools import models
 
     _, model, tok = tiny_folder
     tok = copy.deepcopy(tok)
@@ -218,7 +222,7 @@ def test_demo_names_the_model_and_the_prompt_it_ran(tiny_folder, monkeypatch, ca
 def test_demo_takes_the_device_dtype_and_threads_it_is_given(tiny_folder, monkeypatch, capsys):
     import copy
 
-    from lookahead import models
+    from lookahead.tools import models
 
     _, model, tok = tiny_folder
     tok = copy.deepcopy(tok)
@@ -274,8 +278,8 @@ def test_train_heads_command_trains_saves_and_the_demo_drafts_with_them(chat_fol
     held-out report), then ``demo --heads DIR`` decodes with the heads it wrote, identically to plain."""
     import json
 
-    from lookahead import models
     from lookahead.heads import DraftHeads
+    from lookahead.tools import models
 
     folder, model, tok = chat_folder
     prompts = tmp_path / "prompts.txt"
@@ -308,8 +312,8 @@ def test_build_corpus_command_writes_the_training_answers_and_the_demo_drafts_fr
     prompt held out), bound to the model and installed in the user cache, where the default decoder finds it;
     ``demo --corpus DIR`` decodes with them, identically to plain."""
     from lookahead import corpus as corpus_module
-    from lookahead import models
     from lookahead.corpus import DraftCorpus, corpus_for
+    from lookahead.tools import models
 
     folder, model, tok = chat_folder
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))  # the install goes into this test's own cache
@@ -342,7 +346,7 @@ def test_build_corpus_command_writes_the_training_answers_and_the_demo_drafts_fr
 def test_demo_refuses_heads_trained_for_another_model(tiny_folder, monkeypatch):
     import copy
 
-    from lookahead import models
+    from lookahead.tools import models
 
     _, model, tok = tiny_folder
     tok = copy.deepcopy(tok)

@@ -1,4 +1,4 @@
-"""What the command line and the examples show while they work (``lookahead/console.py``): the library's
+"""What the command line and the examples show while they work (``lookahead/tools/console.py``): the library's
 log lines on stderr, timed phases, and the thread count for a busy machine (decided from given figures)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from lookahead import console
+from lookahead.tools import console
 
 
 @pytest.mark.parametrize("default, cores, load, threads", [

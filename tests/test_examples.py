@@ -26,7 +26,7 @@ EXPLAINED = re.compile(r"\d+ tokens in \d+ model calls \(\d+\.\d\d tokens per ca
 
 @pytest.fixture(scope="module")
 def smollm_installed():
-    from lookahead.models import smollm2_location
+    from lookahead.tools.models import smollm2_location
 
     try:
         smollm2_location()

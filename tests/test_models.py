@@ -1,4 +1,4 @@
-"""Loading the bundled model (``lookahead/models.py``): quietly (no progress-bar spam, the caller's
+"""Loading the bundled model (``lookahead/tools/models.py``): quietly (no progress-bar spam, the caller's
 transformers settings left as they were), and from its converted copy in the user's cache after the first
 load (bit-identical weights, the same tokenizer behaviour, made again whenever it does not fit)."""
 
@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers import modeling_gguf_pytorch_utils as gguf_utils
 from transformers.utils import logging as hf_logging
 
-from lookahead import models
+from lookahead.tools import models
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
-"""``lookahead.stats.plot_budgets`` draws without touching the user's matplotlib state."""
+"""``lookahead.tools.plots.plot_budgets`` draws without touching the user's matplotlib state."""
 
 from __future__ import annotations
 
 import pytest
 
-from lookahead.stats import DecodeStats, plot_budgets
+from lookahead.stats import DecodeStats
+from lookahead.tools.plots import plot_budgets
 
 matplotlib = pytest.importorskip("matplotlib")
 

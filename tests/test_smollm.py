@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from lookahead import LookaheadDecoder
-from lookahead.demo import DEMO_PROMPT, chat_inputs
+from lookahead.tools.demo import DEMO_PROMPT, chat_inputs
 
 PROMPTS = {
     "code-edit": DEMO_PROMPT,
-    "code-complete": "Complete this Python function:\n\ndef fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "code-complete": "Complete this Python function:\n\ndef fibonacci(n):\n"
+                     "    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "chat": "What are three good habits for staying healthy? Explain each briefly.",
 }
 
@@ -22,9 +23,9 @@ PROMPTS = {
 def test_smollm_greedy_equivalence(smollm, name):
     model, tok = smollm
     inputs = chat_inputs(tok, PROMPTS[name])
-    plain = model.generate(**inputs, max_new_tokens=128, do_sample=False)
+    plain = model.generate(**inputs, max_new_tokens=64, do_sample=False)
     decoder = LookaheadDecoder()
-    ours = model.generate(**inputs, max_new_tokens=128, custom_generate=decoder)
+    ours = model.generate(**inputs, max_new_tokens=64, custom_generate=decoder)
     n_new = plain.shape[1] - inputs["input_ids"].shape[1]
     if not torch.equal(plain, ours):
         # allowed only at a floating-point near-tie of the top two logits at the first difference
@@ -38,11 +39,16 @@ def test_smollm_greedy_equivalence(smollm, name):
 
 
 def _stop_string_spellings(model, tok):
-    """Each spelling of a lookahead call, as a function of generate()'s other kwargs."""
+    """Each spelling of a lookahead call, as a function of generate()'s other kwargs. The enabled models are shallow
+    copies (the instance attribute stays off ``model``) priced with a flat curve, so that they measure none."""
     import lookahead
+    from lookahead.config import FLAT_CURVE
+    from lookahead.cost import set_cost_curve
 
-    enabled = lookahead.enable(copy.copy(model))  # a shallow copy: the instance attribute stays off `model`
+    enabled = lookahead.enable(copy.copy(model))
     default = lookahead.enable(copy.copy(model), default=LookaheadDecoder())
+    for copied in (enabled, default):
+        set_cost_curve(copied, FLAT_CURVE)
     return {
         "custom_generate": lambda **kw: model.generate(**kw, custom_generate=LookaheadDecoder(tokenizer=tok)),
         "assistant": lambda **kw: enabled.generate(**kw, assistant=LookaheadDecoder()),

@@ -1,4 +1,4 @@
-"""``python -m lookahead warmup`` (``lookahead/warmup.py``): every Numba kernel of the package is reached by
+"""``python -m lookahead warmup`` (``lookahead/tools/warmup.py``): every Numba kernel of the package is reached by
 its runs, and a fresh process after it compiles nothing, whatever it decodes."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from lookahead import warmup
+from lookahead import numba_kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FRESH_DECODE = """
 import torch
-from lookahead import warmup
+from lookahead.tools import warmup
 from lookahead.decoder import LookaheadDecoder
 {load}
 ids = {ids}
@@ -32,7 +32,7 @@ print("compiled", compiled, "loaded", loaded)
 def warmed():
     """The warm-up's report from a process that ran nothing else: a kernel only other tests reach (in this
     process, or into Numba's cache) would not hide from ``missed``."""
-    proc = subprocess.run([sys.executable, "-c", "import json\nfrom lookahead import warmup\n"
+    proc = subprocess.run([sys.executable, "-c", "import json\nfrom lookahead.tools import warmup\n"
                            "print(json.dumps(warmup.compile_kernels()))"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -40,11 +40,12 @@ def warmed():
 
 
 def test_the_warm_up_reaches_every_kernel_of_the_package(warmed):
-    assert warmed["missed"] == [] and warmed["kernels"] >= 20
-    assert warmup.kernels_compiled() is True
-    names = {name for name, _ in warmup.kernels()}
-    assert {"lookahead.kernels.rows_top", "lookahead.cache.kernels.insert", "lookahead.cache.suffix.propose",
-            "lookahead.recycle._propose", "lookahead.proposer._merge"} <= names
+    assert warmed["failed"] == {} and warmed["missed"] == [] and warmed["kernels"] >= 20
+    assert numba_kernels.kernels_compiled() is True
+    names = {name for name, _ in numba_kernels.kernels()}
+    assert {"lookahead.verify.rows_top", "lookahead.cache.kernels.insert", "lookahead.cache.suffix.propose",
+            "lookahead.budget.choose", "lookahead.drafting.kernels.merge_trees", "lookahead.drafting.recycle._propose",
+            "lookahead.drafting.kernels.best_chain"} <= names
 
 
 def test_missed_kernels_names_a_kernel_nothing_ran():
@@ -62,9 +63,9 @@ def test_missed_kernels_names_a_kernel_nothing_ran():
     for value in vars(mod).values():
         if hasattr(value, "py_func"):
             value.py_func.__module__ = mod.__name__
-    assert warmup.missed_kernels([mod]) == ["lookahead_fake_kernels.never", "lookahead_fake_kernels.caller"]
+    assert numba_kernels.missed_kernels([mod]) == ["lookahead_fake_kernels.never", "lookahead_fake_kernels.caller"]
     mod.caller(1)
-    assert warmup.missed_kernels([mod]) == ["lookahead_fake_kernels.never"]  # helper: compiled into caller
+    assert numba_kernels.missed_kernels([mod]) == ["lookahead_fake_kernels.never"]  # helper: compiled into caller
 
 
 def test_a_fresh_process_after_the_warm_up_compiles_nothing(warmed):
@@ -94,7 +95,7 @@ def test_the_warmup_command_announces_and_times_each_phase(warmed):
 def test_the_bundled_model_after_the_warm_up_compiles_nothing_and_keeps_its_curve(warmed):
     """``warmup --calibrate`` on the bundled model, then a fresh process decoding with it: no kernel compiled,
     the weights read from their converted copy and the cost curve read back, not measured."""
-    from lookahead.models import smollm2_location
+    from lookahead.tools.models import smollm2_location
 
     try:
         smollm2_location()
@@ -106,7 +107,7 @@ def test_the_bundled_model_after_the_warm_up_compiles_nothing_and_keeps_its_curv
     assert warm.returncode == 0, warm.stderr[-3000:]
     script = FRESH_DECODE.format(
         load="import logging\nlogging.basicConfig(level=logging.INFO, format='%(message)s')\n"
-             "torch.set_num_threads(1)\nfrom lookahead.models import load_smollm2\n"
+             "torch.set_num_threads(1)\nfrom lookahead.tools.models import load_smollm2\n"
              "model, tok = load_smollm2()",
         ids="tok('def add(a, b):\\n    return a + b\\n\\ndef sub(a, b):', return_tensors='pt').input_ids")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
@@ -120,11 +121,9 @@ def test_the_bundled_model_after_the_warm_up_compiles_nothing_and_keeps_its_curv
 
 
 def test_the_first_call_says_once_when_kernels_will_compile(monkeypatch, caplog):
-    """Without a warm-up the first decoder call of a process says it compiles (once); after mark_checked()
-    (what the warm-up calls before compiling) nothing is said."""
+    """Without a warm-up the first decoder call of a process says it compiles (once); after mark_checked() (what
+    the warm-up calls before compiling) nothing is said."""
     import logging
-
-    from lookahead import numba_kernels
 
     monkeypatch.setattr(numba_kernels, "_CHECKED", [])
     monkeypatch.setattr(numba_kernels, "kernels_compiled", lambda modules=None: False)

@@ -23,7 +23,15 @@ from ..config import LookaheadConfig
 from ..cost import CostModel
 from .draft import MEMORY, TRIE, Draft
 from .kernels import best_chain
-from .sources import CopySource, CorpusSource, DraftSource, FrequentSource, ModelSource, TrieSource, merge_proposals
+from .sources import (
+    CopySource,
+    CorpusSource,
+    DraftSource,
+    FrequentSource,
+    ModelSource,
+    TrieSource,
+    merge_proposals,
+)
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,17 @@ class DraftPolicy:
             columns, ngram, candidates = self._window_spec
             others += candidates * (ngram - 1)
         drafted = min(max([others] + [s.limits()[0] for s in self._fallback]), self.step_nodes)
+        return 1 + drafted + (columns * (ngram - 1) if window else 0)
+
+    def first_rows(self) -> int:
+        """The most rows a step feeds before a call's cost curve is known (what a calibration measures): the narrow
+        ``step_nodes``, no wide trees, the window only where it is set explicitly; whatever earlier calls chose."""
+        others = sum(s.max_nodes for s in self._primary if s is not self.window)
+        window = self._window_spec is not None and self.config.window != "auto"
+        if window:
+            columns, ngram, candidates = self._window_spec
+            others += candidates * (ngram - 1)
+        drafted = min(max([others] + [s.max_nodes for s in self._fallback]), self.config.step_nodes(self.tuning)[0])
         return 1 + drafted + (columns * (ngram - 1) if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:

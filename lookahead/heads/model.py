@@ -20,12 +20,11 @@ from torch import nn
 
 from ..corpus import check_model, fingerprint
 from .context import ContextLayer, attention_heads, rms
+from .source import DTYPES, HeadsSource
 
 FORMAT = "lookahead-draft-heads"
 VERSION = 3
 KINDS = ("medusa", "feature", "context")
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
-"""``HeadsSettings.dtype``: the names and the torch dtype each fixes (``"auto"``: chosen by measurement)."""
 WEIGHTS_FILE, HEADER_FILE, DEFAULT_FILE = "heads.safetensors", "heads.json", "default.txt"
 MEDUSA_CONFIG, MEDUSA_WEIGHTS = "config.json", ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "heads-smollm2")
@@ -175,8 +174,6 @@ class DraftHeads(nn.Module):
     def make_source(self, most_nodes: int | None = None, tuning=None):
         """The draft source of these heads for one decoder (``DraftPolicy`` calls it): ``most_nodes``, the most
         draft nodes a step of the call may verify, caps the tree. ``tuning`` is the decoder's (not read)."""
-        from .source import HeadsSource
-
         s = self.settings
         nodes = s.max_nodes if most_nodes is None else max(1, min(s.max_nodes, int(most_nodes)))
         depth = s.max_depth or (self.num_heads if self.kind == "medusa" else max(FEATURE_DEPTH, self.num_heads))

@@ -28,7 +28,9 @@ from torch import nn
 from ..drafting.draft import HEADS, tree_depth_rank
 from ..drafting.sources import DraftSource, Proposal
 from .context import ContextCache, attend
-from .model import DTYPES, DraftHeads
+
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
+"""``HeadsSettings.dtype``: the names and the torch dtype each fixes (``"auto"``: chosen by measurement)."""
 
 WIDE_DEPTH, WIDE_WIDTH = 10, 12  # in the widest steps (DraftSource.wide): trees at least this deep and this wide
 PRIOR, DECAY = (2.0, 2.0), 0.98  # Beta prior (reached, missed) of each depth's acceptance; per-step decay of the counts
@@ -100,7 +102,7 @@ class Bound:
     (``net``), the LM-head rows of their vocabulary (``weight`` [Vk, H], ``bias``), the model's input embedding.
     Logits come out float32 whatever ``dtype``, so path scores add up in float32."""
 
-    def __init__(self, heads: DraftHeads, model, dtype: torch.dtype = torch.float32):
+    def __init__(self, heads, model, dtype: torch.dtype = torch.float32):
         out = model.get_output_embeddings()
         device = self.device = out.weight.device
         self.dtype = dtype
@@ -135,7 +137,7 @@ _BOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(id
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {tree shape + dtype: (base, per level)}
 
 
-def bind(heads: DraftHeads, model, dtype: torch.dtype = torch.float32) -> Bound:
+def bind(heads, model, dtype: torch.dtype = torch.float32) -> Bound:
     """``heads`` bound to ``model`` in ``dtype``, made once per model, heads and dtype; ValueError for another model."""
     heads.check_model(model)
     with _LOCK:
@@ -189,7 +191,7 @@ class HeadsSource(DraftSource):
     wide_nodes = 2
     transient = ("bound", "hidden", "cache", "_model")
 
-    def __init__(self, heads: DraftHeads, max_nodes: int, max_depth: int, topk: int = 8, width: int = 4,
+    def __init__(self, heads, max_nodes: int, max_depth: int, topk: int = 8, width: int = 4,
                  cost: tuple[float, float] | None = None, dtype: str = "auto"):
         if dtype not in DTYPES:
             raise ValueError(f"HeadsSource dtype={dtype!r} is invalid: must be one of {tuple(DTYPES)}")

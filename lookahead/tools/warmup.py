@@ -128,19 +128,13 @@ def exercise_other_paths() -> None:
     best_chain(np.array([-1, 0, -1], np.int64), np.ones(3))
 
 
-def quiet_first_call() -> None:
-    """No "kernels not compiled yet" notice from the decoders this process runs next: they are compiled here, and
-    said so."""
-    mark_checked()
-
-
 def compile_kernels(progress: bool = False) -> dict:
     """Compile (or load from Numba's cache) every kernel of the package: ``{"seconds", "compiled", "loaded",
     "kernels", "missed", "failed"}``, ``failed`` mapping a run that raised to its error. ``progress``: a progress
     bar over the runs on a terminal."""
     from tqdm.auto import tqdm
 
-    quiet_first_call()
+    mark_checked()  # no first-call notice from the decoders below: this compiles and says so
     t = time.perf_counter()
     runs = [(f"{name} ({dtype})", dtype, s, g, r) for dtype in DTYPES for name, s, g, r in workloads()]
     models, failed = {}, {}

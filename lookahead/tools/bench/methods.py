@@ -52,8 +52,8 @@ def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
              for k, v in kwargs.items() if k not in config and k != "_tuning"}
     args = [f"{k}={kwargs[k]!r}" for k in kwargs if k in config] + [f"{k}={v}" for k, v in given.items()]
     args += [f"_tuning=Tuning({', '.join(f'{k}={v!r}' for k, v in tuning.items())})"] if tuning else []
-    return Method(name, f"LookaheadDecoder({', '.join(args)})", settings={"config": dataclasses.asdict(decoder.config), "tuning": tuning,
-                                               **given}, decoder=decoder)
+    settings = {"config": dataclasses.asdict(decoder.config), "tuning": tuning, **given}
+    return Method(name, f"LookaheadDecoder({', '.join(args)})", settings=settings, decoder=decoder)
 
 
 def _tuned(name: str, **fields) -> Callable[[], Method]:

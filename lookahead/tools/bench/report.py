@@ -49,8 +49,8 @@ def markdown(result: dict) -> str:
     if ctx.get("command"):
         lines.append(f"- command: `{ctx['command']}`")
     lines += ["", "Methods:", ""] + [f"- `{name}`: {m['description']}" for name, m in result["methods"].items()]
-    lines += ["", "| workload | method | prompts | speed-up (median) | min–max | IQR | tokens/call | ms/call | tokens/s "
-              "| identical |", "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| workload | method | prompts | speed-up (median) | min–max | IQR | tokens/call | ms/call "
+              "| tokens/s | identical |", "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for row in result["summary"]:
         if row["status"] != "ok":
             lines.append(f"| {row['workload']} | {row['method']} | 0 | {row['status']} | | | | | | |")
