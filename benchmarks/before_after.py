@@ -37,7 +37,6 @@ try:  # an older install's loader first: a newer one's tools may be importable b
 except ImportError:
     from lookahead.tools.models import load_smollm2
 model, tok = load_smollm2()
-print(json.dumps({"ready": lookahead.__file__}), flush=True)
 
 def run(ids, max_new, decoder):
     extra = {} if decoder is None else {"custom_generate": decoder}
@@ -48,6 +47,7 @@ def run(ids, max_new, decoder):
 
 warm = [1, 2, 3] * 10
 run(warm, 8, None); run(warm, 8, LookaheadDecoder()); run(warm, 8, LookaheadDecoder(cost_curve=FLAT))
+print(json.dumps({"ready": lookahead.__file__}), flush=True)  # warmed up (curves measured) before any timing
 for line in sys.stdin:
     job = json.loads(line)
     ids, max_new, rot = job["ids"], job["max_new"], job["rotate"]
