@@ -349,10 +349,10 @@ class Padded:
     def forward(self, step: Step, drafts, k: int):
         call = self.call
         if self.groups is not None:
-            return self.prefill(self.groups), 0
+            return self.prefill(self.groups)
         media = None if call.media is None else {MEDIA_KWARG: call.media}
         call.media = None
-        return call.forward(step.ids, step.pos, step.mask, self.width + 1, extra=media), 0
+        return call.forward(step.ids, step.pos, step.mask, self.width + 1, extra=media)
 
     def prefill(self, groups: list[np.ndarray]) -> torch.Tensor:
         """The prompt's forward in groups of rows, each padded only to its longest row, into caches of their own

@@ -140,7 +140,10 @@ class Call:
 
     def run(self):
         """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
-        shape, rows, stats, clock, verifier = self.shape, self.shape.rows, self.stats, self.clock, self.verifier
+        shape, rows, clock, verifier = self.shape, self.shape.rows, self.clock, self.verifier
+        refine = self.tuning.refine_cost and rows.b == 1
+        after = getattr(shape, "after_step", None)  # a batch's: finished rows leave, the next pending tokens
+        stream = rows.stream if self.streamer is not None else None
         checked = False
         try:
             while rows.running():
@@ -149,7 +152,7 @@ class Call:
                 drafts, k = shape.draft()
                 step = shape.pack(drafts)
                 t1 = clock()
-                logits, warm = shape.forward(step, drafts, k)  # [b, q, V]
+                logits = shape.forward(step, drafts, k)  # [b, q, V]
                 if not checked:
                     check_rollbackable(self.cache)
                     checked = True
@@ -159,18 +162,21 @@ class Call:
                 emitted = rows.emit(verdicts)
                 accepted = [[] if v is None else v.nodes[: min(len(v.nodes), n)] for v, n in zip(verdicts, emitted)]
                 shape.keep(p, drafts, accepted)
-                seconds = self.shared_seconds(t3 - t1) if self.tuning.refine_cost and rows.b == 1 else 0.0
-                rows.learn(drafts, verdicts, emitted, window_argmax, tops, step.rows if p == 1 else 0, seconds,
+                rows.learn(drafts, verdicts, emitted, window_argmax, tops, step.rows if p == 1 else 0,
+                           self.shared_seconds(t3 - t1) if refine else 0.0,
                            self._hidden(accepted, step) if self.wants_hidden else None)
-                t4 = clock()
-                rows.record(drafts, accepted, emitted, t1 - t0, t2 - t1, t3 - t2, t4 - t3)
-                shape.after_step()
-                rows.stream()
-                stats.time_bookkeeping += clock() - t4
+                rows.record(drafts, accepted, emitted, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
+                if after is not None or stream is not None:
+                    t4 = clock()
+                    if after is not None:
+                        after()
+                    if stream is not None:
+                        stream()
+                    self.stats.time_bookkeeping += clock() - t4
         finally:
             shape.finish()
         if self.sync is not None:
-            self.sync.finish(stats.target_calls)
+            self.sync.finish(self.stats.target_calls)
         return rows.output()
 
     def _hidden(self, accepted: list[list[int]], step):
@@ -243,21 +249,20 @@ class Rows:
         return self.call.processors[self.active[i]]
 
     def running(self) -> bool:
-        return not all(self.done[r] for r in self.active)
+        return not self.done[0] if self.b == 1 else not all(self.done[r] for r in self.active)
 
     # -- emission --------------------------------------------------------------------------------------------------
 
     def emit(self, verdicts: list[Verdict | None]) -> list[int]:
         """Append each row's verdict tokens up to its stop; returns how many each emitted (0: a finished row)."""
+        if self.b == 1:
+            return [self._emit_one(verdicts[0])]
         call = self.call
         live = [i for i, v in enumerate(verdicts) if v is not None]
-        if self.b == 1:
-            index, by_limit = _first_stop(verdicts[0].tokens, int(self.length[0]), int(self.limit[0]), call.eos)
-        else:
-            index, by_limit = _first_stops([verdicts[i].tokens for i in live],
-                                           np.array([self.length[self.active[i]] for i in live], dtype=np.int64),
-                                           np.array([self.limit[self.active[i]] for i in live], dtype=np.int64),
-                                           call.eos_ids)
+        index, by_limit = _first_stops([verdicts[i].tokens for i in live],
+                                       np.array([self.length[self.active[i]] for i in live], dtype=np.int64),
+                                       np.array([self.limit[self.active[i]] for i in live], dtype=np.int64),
+                                       call.eos_ids)
         emitted = [0] * len(verdicts)
         others = [r for r in self.active if self.stops[r] is None]
         for j, i in enumerate(live):
@@ -298,6 +303,38 @@ class Rows:
         self.finish_rows()
         return emitted
 
+    def _emit_one(self, verdict: Verdict) -> int:
+        """:meth:`emit` of one row: its tokens up to the first that stops it (the length limit, an EOS id, another
+        criterion, token by token), which also finishes it."""
+        call, tokens = self.call, verdict.tokens
+        start, n, limit, eos = int(self.length[0]), len(tokens), int(self.limit[0]), call.eos
+        if self.seq_host is not None:
+            self.seq_host[0, start : start + n] = tokens
+        else:
+            self.seq[0, start : start + n] = torch.tensor(tokens, dtype=torch.long, device=call.device)
+        stop = -1
+        for i, t in enumerate(tokens):
+            if start + i + 1 >= limit or t in eos:
+                stop = i
+                break
+        if call.other_stops:
+            for i in range(stop + 1 if stop >= 0 else n):
+                scores = verdict.scores[i] if verdict.scores else None
+                if any(bool(c(self.seq[:, : start + i + 1], scores).all()) for c in call.other_stops):
+                    stop = i
+                    break
+        n_emit = n if stop < 0 else stop + 1
+        self.length[0] = start + n_emit
+        self.last[0] = tokens[n_emit - 1]
+        if stop >= 0:
+            self.stops[0] = start + n_emit
+            self.done[0] = True
+        if verdict.scores is not None:
+            self.scores.extend(verdict.scores[:n_emit])
+        if verdict.raw is not None:
+            self.raw.extend(verdict.raw[:n_emit])
+        return n_emit
+
     def finish_rows(self) -> None:
         """Mark rows done: stopped (with an EOS criterion, or one row), else at the length the last row stopped at."""
         if self.call.pads or self.b == 1:
@@ -317,6 +354,11 @@ class Rows:
 
     def learn(self, drafts, verdicts, emitted, window_argmax, tops, rows: int, seconds: float, hidden) -> None:
         """Each row's policy learns its step (the model-prediction source from ``tops``, its rows' top-k)."""
+        if self.b == 1:
+            d, v, n_emit = drafts[0], verdicts[0], emitted[0]
+            successors = None if tops is None else (tops[0][0, : len(d) + 1], tops[1][0, : len(d) + 1])
+            self.policies[0].learn(d, v.nodes, v.tokens[:n_emit], window_argmax, rows, seconds, successors, hidden)
+            return
         for i, (d, v, n_emit) in enumerate(zip(drafts, verdicts, emitted)):
             if v is None:
                 continue
@@ -423,16 +465,6 @@ def _limit_index(start: int, n: int, limit: int) -> int:
     """The index of the token at which a row of ``start`` tokens reaches ``limit``, or -1 within ``n``."""
     i = limit - start - 1
     return i if 0 <= i < n else -1
-
-
-def _first_stop(tokens: list[int], start: int, limit: int, eos) -> tuple[tuple[int], tuple[bool]]:
-    """:func:`first_stops` of one row, in Python. Example: tokens ``[5, 2, 7]``, EOS 2 -> ((1,), (False,))."""
-    for i, t in enumerate(tokens):
-        if start + i + 1 >= limit:
-            return (i,), (True,)
-        if t in eos:
-            return (i,), (False,)
-    return (-1,), (False,)
 
 
 def _first_stops(tokens: list[list[int]], starts: np.ndarray, limits: np.ndarray, eos_ids: np.ndarray):

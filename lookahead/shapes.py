@@ -55,6 +55,8 @@ class OneRow:
         self.recording = call.sliding.start(self.cache) if call.sliding is not None and not self.widened else []
         self.step_mask: StepMask | None = None
         self._pending = np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64)  # reused every step
+        self._flat = self._pending[0][0], self._pending[1][0]  # their one row, as the packing takes it
+        self.on_cpu = call.device.type == "cpu"
 
     def prepare(self) -> None:
         """The call's cost curve (a static cache prices its buckets instead)."""
@@ -79,16 +81,20 @@ class OneRow:
         CPU, after one pending token, it takes the buffer's additive mask (SDPA would convert a boolean one per
         layer). A model that takes no 4D mask always steps causally."""
         call, d = self.call, drafts[0]
-        pending, pending_pos = self.rows.pending[0], self.rows.pending_pos[0]
+        rows = self.rows
+        if rows.pending is self._pending[0]:  # after the prompt's step: the one pending token's kept views
+            pending, pending_pos = self._flat
+        else:
+            pending, pending_pos = rows.pending[0], rows.pending_pos[0]
         p = len(pending)
         if (self.col_visible is None and d.window is None and d.is_chain
-                and (call.chains or call.device.type != "cpu" or p > 1 or not len(d))):
+                and (call.chains or not self.on_cpu or p > 1 or not len(d))):
             ids, pos = step_inputs(pending, pending_pos, d.tokens, d.depth, None, call.device)
             return Step(ids, pos, None, 1 + d.rows)
         if p == 1:  # after the prompt's step the mask buffer writes only this step's block
             if self.step_mask is None:
-                rows = self.rows.policies[0].max_rows() + 1
-                self.step_mask = StepMask(rows, call.gen.max_length + rows + 1, call.dtype, call.device,
+                most = rows.policies[0].max_rows() + 1
+                self.step_mask = StepMask(most, call.gen.max_length + most + 1, call.dtype, call.device,
                                           self.col_visible)
             ids, pos, mask = self.step_mask.step(self.past, pending, pending_pos, d.tokens, d.depth, d.parents,
                                                  d.window)
@@ -117,7 +123,7 @@ class OneRow:
             _, (top_ids, top_vals) = call.verifier.read_rows(logits[:, :warm], None, np.array([warm]), k)
             policy.learn_prompt(rows.pending[0, :warm], top_ids[0], top_vals[0])
             logits = logits[:, warm:]
-        return logits, warm
+        return logits
 
     def run(self, step: Step, keep: int) -> torch.Tensor:
         return self.call.forward(step.ids, step.pos, step.mask, keep)
@@ -139,9 +145,6 @@ class OneRow:
         rows.pending[0, 0], rows.pending_pos[0, 0] = rows.last[0], last_pos
         if rows.pending_vis.shape[1] != 1:
             rows.pending_vis = np.ones((1, 1), dtype=bool)
-
-    def after_step(self) -> None:
-        pass
 
     def finish(self) -> None:
         if self.recording:

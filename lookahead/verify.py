@@ -226,7 +226,7 @@ class Verifier:
             d = drafts[0]
             n, m = len(d), d.n_window_rows
             if self.argmax_verdicts and self.on_cpu and width:  # one kernel call: read, bans, walk
-                verdict, argmax, tops = self._greedy_row(logits[0], d, 1 + n + m, rows.length_of(0), width)
+                verdict, argmax, tops = self._greedy_row(logits, d, 1 + n + m, rows.length_of(0), width)
                 if verdict is None:
                     verdict = self._processed(logits[0], d, rows, 0)
                 return [verdict], (argmax[0, n + 1 :] if m else None), _cut(tops, k)
@@ -254,7 +254,8 @@ class Verifier:
         return verdicts, None, _cut(tops, k)
 
     def _greedy_row(self, logits: torch.Tensor, draft, count: int, length: int, k: int):
-        arr = (logits.detach() if logits.requires_grad else logits).numpy()[None]
+        """One row's greedy verdict and readout in one kernel call; ``logits`` [1, q, V]."""
+        arr = (logits.detach() if logits.requires_grad else logits).numpy()
         q = arr.shape[1]
         argmax = np.empty((1, q), np.int64)
         ids, vals = np.empty((1, q, k), np.int64), np.empty((1, q, k), np.float32)
