@@ -53,10 +53,7 @@ def _threads_for_real_model(request):
 @pytest.fixture(scope="session")
 def smollm():
     """(model, tokenizer) of the bundled SmolLM2-135M-Instruct, fp32 on the CPU."""
-    try:
-        from lookahead.tools.models import load_smollm2, smollm2_location
-    except ImportError:  # (while the tools move)
-        from lookahead.models import load_smollm2, smollm2_location
+    from lookahead.tools.models import load_smollm2, smollm2_location
 
     try:
         smollm2_location()
