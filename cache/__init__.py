@@ -18,43 +18,31 @@ score
     tree is the best-first pick of the highest scores (ties: shallower, then most recently used); siblings are
     output by count, then recency.
 
-Worked example
---------------
+Example: ``(5, 1, 2)`` is no node, so the match is ``(1, 2)``, followed by 3 twice and 4 once: scores 2/3 and
+1/3, which the only children ``(1, 2, 3, 1)`` and ``(1, 2, 4, 1)`` inherit (depth <= ``max_n - 2`` here). With two
+nodes, the 2/3 path ``3 -> 1`` beats the 1/3 branch ``4``.
+
 >>> from lookahead.cache import NgramTrie
 >>> trie = NgramTrie(max_n=4, capacity=64)
 >>> trie.insert([1, 2, 3, 1, 2, 4, 1, 2, 3])
-
-``(5, 1, 2)`` is no node, so the match is ``(1, 2)``, followed by 3 twice and 4 once: scores 2/3 and 1/3, which
-the only children ``(1, 2, 3, 1)`` and ``(1, 2, 4, 1)`` inherit. Depth is at most ``max_n - 2 = 2`` here.
-
 >>> tokens, parents = trie.propose([5, 1, 2], max_nodes=8, max_depth=8)
 >>> tokens.tolist(), parents.tolist()
 ([3, 4, 1, 1], [-1, -1, 0, 1])
-
-With two nodes, the 2/3 path ``3 -> 1`` beats the 1/3 branch ``4``:
-
 >>> tokens, parents = trie.propose([5, 1, 2], max_nodes=2, max_depth=8)
 >>> tokens.tolist(), parents.tolist()
 ([3, 1], [-1, 0])
 
-Memory (64 to 72 bytes per node of ``capacity``) is allocated by the constructor: when fewer than ``max_n`` slots
-are free before a token is inserted, the least recently used n-grams are evicted (``kernels.evict``).
-
-A store across requests
------------------------
-``LookaheadDecoder(trie=NgramTrie(...))`` shares one trie across calls: *outputs persist, prompts fade*. The
-shared trie learns only each request's generated tokens (one stream per request); a prompt's n-grams go to that
-request's own trie and are gone with it.
+The constructor allocates all memory (64 to 72 bytes per node of ``capacity``): when fewer than ``max_n`` slots
+are free before a token is inserted, the least recently used n-grams are evicted (``kernels.evict``). A
+``LookaheadDecoder(store=NgramTrie(...))`` learns only each request's generated tokens, one stream per request.
 
 Persistence
 -----------
-``trie.save(path, vocab_size=..., tokenizer_id=tokenizer_identity(tok))`` writes a versioned, checksummed file
-atomically; ``NgramTrie.load(path, vocab_size=..., tokenizer_id=...)`` returns a new trie, ``trie.load_into(path,
-...)`` replaces a trie's contents. A file that is not a store, truncated, corrupt or of a newer format raises
-:class:`TrieFileError`; one for another vocabulary, tokenizer or ``max_n`` raises :class:`TrieMismatchError` (a
-``TrieFileError``, both ``ValueError``); on either the in-memory trie is untouched. The n-grams, counts, last-used
-steps and step counter are saved, so a loaded trie proposes and evicts as the saved one would; streams are not.
-Format: :mod:`lookahead.cache.persist`.
+``save`` writes a versioned, checksummed file atomically (format: :mod:`lookahead.cache.persist`); ``load`` and
+``load_into`` raise :class:`TrieFileError` for a file that is not a usable store and :class:`TrieMismatchError`
+(a subclass; both ``ValueError``) for another vocabulary, tokenizer or ``max_n``, leaving the trie untouched. The
+n-grams, counts, last-used steps and step counter are saved, so a loaded trie proposes and evicts as the saved one
+would; streams are not.
 
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "store.ngt")
@@ -72,7 +60,7 @@ Every public method holds the trie's lock. Each thread has its own stream (``ins
 the caller's), so concurrent requests never form n-grams across each other and yield the same n-grams and counts
 as decoding them one after the other. A paused thread's place is re-found by lookup when it inserts again, minus
 any of its open n-grams evicted meanwhile. Eviction never frees the n-grams the inserting thread's next token
-extends, but with interleaved threads near the minimum capacity it may free more recent ones than one stream would.
+extends, but near the minimum capacity interleaved threads may lose more recent ones than one stream would.
 ``clear`` and ``load_into`` restart every thread's stream.
 """
 
@@ -88,5 +76,6 @@ def __getattr__(name: str):  # the file format is imported when a store is saved
 
         return getattr(persist, name)
     raise AttributeError(f"module 'lookahead.cache' has no attribute {name!r}")
+
 
 __all__ = ["NgramTrie", "SuffixIndex", "TrieFileError", "TrieMismatchError", "tokenizer_identity", "FORMAT_VERSION"]

@@ -1,5 +1,5 @@
 """Numba kernels of the n-gram trie over four arrays that :class:`lookahead.cache.trie.NgramTrie` allocates once;
-each kernel mutates them in place and allocates nothing per node.
+the kernels mutate them in place and allocate nothing per node.
 
 ``nodes``  int32 ``(capacity + 1, 8)``, row 0 the root: ``TOKEN``, ``PARENT``, a doubly linked child list
            (``FIRST_CHILD``, ``LAST_CHILD``, ``NEXT_SIBLING``, ``PREV_SIBLING``), ``GROUP``, and ``GROUP_HEAD``
@@ -7,13 +7,13 @@ each kernel mutates them in place and allocates nothing per node.
 ``stats``  int64 ``(capacity + 1, 3)``: ``COUNT``, ``LAST_USED`` (step that last recorded it), ``CHILD_SUM``.
 ``table``  int32 power-of-two hash table (linear probing, load <= 1/2) from ``(parent, token)`` to the child's
            slot, 0 = empty. ``NgramTrie`` passes a prefix sized to the live nodes, or all of it wherever an insert
-           could evict: eviction borrows it as scratch (int64 last_used values, then keep flags) and rebuilds it.
+           could evict: eviction uses it as scratch, then rebuilds it.
 ``state``  int64: the scalars ``S_*``, then ``S_OPEN + k``: the node of the open path of length ``k + 1``.
 
-Child lists are sorted by (count desc, last_used desc), ``propose``'s sibling order, so a proposal reads only a
-node's first children. Runs of equal count are *groups* (O(1) LFU): ``nodes[v, GROUP]`` is a node's group id,
-``nodes[g, GROUP_HEAD]`` group ``g``'s first node (free group ids chain through that column). An update (count +1,
-most recent) moves a node to the front of the group just before its own: O(1).
+Child lists are sorted by (count desc, last_used desc), ``propose``'s sibling order. Runs of equal count are
+*groups* (O(1) LFU): ``nodes[v, GROUP]`` is a node's group id, ``nodes[g, GROUP_HEAD]`` group ``g``'s first node
+(free group ids chain through that column). An update (count +1, most recent) moves a node to the front of the
+group just before its own.
 """
 
 from __future__ import annotations
@@ -33,14 +33,12 @@ STAT_COLUMNS = 3
 S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE, S_HIGH = range(9)
 S_OPEN = 9  # state[S_OPEN + k]: node of the open path of length k + 1
 # Rows above S_HIGH count as a new trie's (``fresh_rows``) whatever they hold; ``_reach`` writes them when needed.
-
-# kernel status codes
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
 INT32_MAX = 2**31 - 1
 
 
 def table_size(capacity: int) -> int:
-    """A power of two >= 2 * capacity (load <= 1/2; as int64 it holds ``capacity`` values for eviction)."""
+    """A power of two >= 2 * capacity (load <= 1/2; as int64 scratch it holds ``capacity`` values)."""
     return 1 << (2 * capacity - 1).bit_length()
 
 
@@ -86,16 +84,10 @@ def _init_node(nodes, stats, x, token, parent, count, last_used):
 @njit(cache=True, inline="always")
 def _free_node(nodes, stats, v, next_free):
     """Slot ``v`` made free, linked to ``next_free`` (its ``GROUP_HEAD`` is not touched)."""
-    nodes[v, TOKEN] = -1
-    nodes[v, PARENT] = 0
-    nodes[v, FIRST_CHILD] = 0
-    nodes[v, LAST_CHILD] = 0
+    _init_node(nodes, stats, v, -1, 0, 0, 0)
     nodes[v, NEXT_SIBLING] = next_free
     nodes[v, PREV_SIBLING] = 0
     nodes[v, GROUP] = 0
-    stats[v, COUNT] = 0
-    stats[v, LAST_USED] = 0
-    stats[v, CHILD_SUM] = 0
 
 
 @njit(cache=True, inline="always")
@@ -108,8 +100,7 @@ def fresh_rows(nodes, stats, cap, lo, hi):
         nodes[v, GROUP_HEAD] = link
 
 
-REACH_ROWS = 512
-"""The fewest rows :func:`_write_ahead` writes at once."""
+REACH_ROWS = 512  # the fewest rows _write_ahead writes at once
 
 
 @njit(cache=True)
@@ -130,8 +121,8 @@ def _reach(nodes, stats, state, v):
 
 @njit(cache=True)
 def reset(nodes, stats, table, state):
-    """Empty trie: every slot but the root free (free list 1, 2, ..., capacity), step 0. O(live nodes): writes the
-    root row and the state, zeroes the live entries of ``table``; enough for new arrays with a zeroed table."""
+    """Empty trie (free list 1, 2, ..., capacity; step 0) in O(live nodes): writes the root row and the state and
+    zeroes the live entries of ``table``; enough for new arrays with a zeroed table."""
     cap = state[S_CAPACITY]
     high = state[S_HIGH]
     if 4 * high >= cap:
@@ -230,8 +221,7 @@ def evict(nodes, stats, table, state):
     With one stream and ``capacity >= 4 max_n**2`` this frees >= max_n: an ancestor of a node used at step u was
     used at >= u - max_n + 1, so at most max_n (max_n - 1) kept nodes have last_used <= T. Parked streams of other
     threads break that argument, so if too few would go, T rises to ``s - 2 max_n``, then ``s - 1`` (keeps at most
-    max_n (max_n + 1) <= capacity / 2 nodes). Example (max_n 3, capacity 36): thread A writes 1 2 3, thread B fills
-    the trie; A's next insert evicts but keeps A's open path ``(3)``, ``(2, 3)``, ``(1, 2, 3)``.
+    max_n (max_n + 1) <= capacity / 2 nodes).
     """
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
@@ -317,8 +307,8 @@ def insert(nodes, stats, table, state, tokens):
     [0, 2**31 - 1]: nothing changed) or ``ERR_EVICT``.
 
     Per token (step ``s``): each open path shorter than max_n and the new path ``(t,)`` get their child ``t``
-    (created if missing) with ``count += 1``, ``last_used = s``. The node update is inlined by hand: Numba left
-    reference counting in the loop when it inlined array-taking helpers.
+    (created if missing) with ``count += 1``, ``last_used = s``. The node update is inlined by hand (Numba kept
+    reference counting in the loop with array-taking helpers).
     """
     n = tokens.shape[0]
     for j in range(n):
@@ -326,7 +316,7 @@ def insert(nodes, stats, table, state, tokens):
             return ERR_TOKEN
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
-    # Write the at most n * max_n rows this call takes up front (until an eviction the free list is in row order).
+    # the at most n * max_n rows this call takes, written up front (the free list is in row order until an eviction)
     if state[S_FREE_HEAD] != 0:
         _reach(nodes, stats, state, min(state[S_FREE_HEAD] + n * max_n, cap))
     mask = table.shape[0] - 1
@@ -485,29 +475,28 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
         return 0
     out_match[0] = length
     dlim = min(max_depth, max_n - length)
-    # 2. best-first. es[e] = (score, parent's score); ei[e] = (node, depth, last_used, parent's pop index or -1)
+    # 2. best-first. es[e] = (score, parent's score); ei[e] = (node, depth, last_used, parent's pop index)
     size = 2 * max_nodes + 1
     es = np.empty((size, 2), np.float64)
-    ints = np.empty((size + max_nodes, 5), np.int64)
+    ints = np.empty((size + max_nodes + 1, 4), np.int64)
     ei = ints[:size]
-    # selected, in pop order: node, parent's pop index, first and last selected child, next sibling
+    # sel[j]: the j-th popped node (row 0: the match): node, first and last selected child, next selected sibling
     sel = ints[size:]
     heap = np.empty(size, np.int64)
     key_score, key_depth, key_tie = es[:, 0], ei[:, 1], ei[:, 2]  # the heap's order: (-score, depth, -last_used)
-    first_root = -1
-    last_root = -1
+    sel[0, 1] = -1
     c = nodes[match, FIRST_CHILD]
     es[0, 0] = np.float64(stats[c, COUNT]) / np.float64(stats[match, CHILD_SUM])
     es[0, 1] = 1.0
     ei[0, 0] = c
     ei[0, 1] = 1
     ei[0, 2] = stats[c, LAST_USED]
-    ei[0, 3] = -1
+    ei[0, 3] = 0
     heap[0] = 0
     n_heap = 1
     n_ent = 1
-    n_sel = 0
-    while n_heap > 0 and n_sel < max_nodes:
+    n_sel = 1
+    while n_heap > 0 and n_sel <= max_nodes:
         top, n_heap = heap_pop(heap, n_heap, key_score, key_depth, key_tie)
         x = ei[top, 0]
         depth = ei[top, 1]
@@ -517,22 +506,13 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
         me = n_sel
         n_sel += 1
         sel[me, 0] = x
-        sel[me, 1] = ppop
-        sel[me, 2] = -1
+        sel[me, 1] = -1
         sel[me, 3] = -1
-        sel[me, 4] = -1
-        if ppop < 0:
-            if last_root < 0:
-                first_root = me
-            else:
-                sel[last_root, 4] = me
-            last_root = me
+        if sel[ppop, 1] < 0:
+            sel[ppop, 1] = me
         else:
-            if sel[ppop, 2] < 0:
-                sel[ppop, 2] = me
-            else:
-                sel[sel[ppop, 3], 4] = me
-            sel[ppop, 3] = me
+            sel[sel[ppop, 2], 3] = me
+        sel[ppop, 2] = me
         # push the next sibling, then the first child
         for which in range(2):
             if which == 0:
@@ -560,48 +540,22 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
             ei[e, 2] = stats[y, LAST_USED]
             ei[e, 3] = pp
             n_heap = heap_push(heap, n_heap, e, key_score, key_depth, key_tie)
-    # 3. breadth-first output: queue over the selected tree (reuse ``heap`` as the queue)
+    # 3. breadth-first output: a queue over the selected tree from the match (``heap`` reused as the queue)
     order = heap
-    pos = 0
-    c = first_root
-    while c >= 0:
-        order[pos] = c
-        out_parents[pos] = -1
-        pos += 1
-        c = sel[c, 4]
+    order[0] = 0
+    pos = 1
     head = 0
     while head < pos:
-        j = order[head]
-        c = sel[j, 2]
+        c = sel[order[head], 1]
         while c >= 0:
             order[pos] = c
-            out_parents[pos] = head
+            out_parents[pos - 1] = head - 1
             pos += 1
-            c = sel[c, 4]
+            c = sel[c, 3]
         head += 1
-    for k in range(n_sel):
-        out_tokens[k] = nodes[sel[order[k], 0], TOKEN]
-    return n_sel
-
-
-@njit(cache=True)
-def live_nodes(nodes, stats):
-    """``(slot, token, parent, count, last_used)`` rows of all live nodes, slot ascending."""
-    n = 0
-    for v in range(1, nodes.shape[0]):
-        if nodes[v, TOKEN] >= 0:
-            n += 1
-    out = np.empty((n, 5), np.int64)
-    n = 0
-    for v in range(1, nodes.shape[0]):
-        if nodes[v, TOKEN] >= 0:
-            out[n, 0] = v
-            out[n, 1] = nodes[v, TOKEN]
-            out[n, 2] = nodes[v, PARENT]
-            out[n, 3] = stats[v, COUNT]
-            out[n, 4] = stats[v, LAST_USED]
-            n += 1
-    return out
+    for k in range(n_sel - 1):
+        out_tokens[k] = nodes[sel[order[k + 1], 0], TOKEN]
+    return n_sel - 1
 
 
 # ``build`` status codes (returned with the offending row)

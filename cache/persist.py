@@ -24,6 +24,7 @@ Written to ``<path>.tmp-<pid>-<thread>``, fsynced, then ``os.replace``d onto ``p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -103,26 +104,16 @@ def write_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def _fsync_dir(folder: str) -> None:
-    """Make the rename durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    # make the rename durable, where directories can be opened
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -184,8 +175,7 @@ def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
         raise bad(f"truncated: {size} bytes, expected {expected}")
     if size > expected:
         raise bad(f"corrupt: {size - expected} unexpected bytes after the payload")
-    view = memoryview(data)[start:]
-    if zlib.crc32(view) != header["payload_crc32"]:
+    if zlib.crc32(memoryview(data)[start:]) != header["payload_crc32"]:
         raise bad("corrupt: payload checksum mismatch")
     arrays = {}
     offset = 0
@@ -193,7 +183,6 @@ def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
         raw = np.frombuffer(data, dtype=np.dtype(dt), count=length, offset=start + offset)
         arrays[name] = raw.astype(dtype)  # a copy: aligned, native, writeable
         offset += raw.nbytes
-    del view
     return header, arrays
 
 
@@ -216,9 +205,8 @@ def _header_extent(data: bytearray, crc: int) -> int | None:
     return end
 
 
-def _check_header(h, bad) -> dict:
-    if not isinstance(h, dict):
-        raise bad("corrupt: header is not an object")
+def _check_header(h: dict, bad) -> dict:
+    """``h`` after checking its fields' types and ranges and the array specs against ``n_nodes``."""
 
     def int_field(name, lo, hi=None, optional=False):
         v = h.get(name)

@@ -1,8 +1,5 @@
-"""``SuffixIndex``: a suffix automaton over one request's context that drafts long copies.
-
-When a model copies (code, a quoted passage, a repeated list), the context's longest earlier-seen suffix can be
-dozens of tokens long, and what followed it then drafts far deeper than an n-gram. The index finds it in amortised
-O(1) per appended token.
+"""``SuffixIndex``: a suffix automaton over one request's context that drafts long copies, finding the context's
+longest earlier-seen suffix in amortised O(1) per appended token.
 
 Terms
 -----
@@ -23,35 +20,31 @@ draft tree
     ``branch_depth``, within ``max_nodes``; breadth-first (``parents[i] < i``, -1 under the root), each node's
     match its ``L_c``.
 
-Worked example
---------------
+Example: after ``7 1 2 3 9 1 2 4 5 1 2``, ``1 2`` was followed by 3 (position 3) and by 4 (at 7), both
+``L_c = 2``; 3 is earlier, so its chain ``3 9 1 2 4 5 1 2 ...`` comes first.
+
 >>> from lookahead.cache import SuffixIndex
 >>> index = SuffixIndex(capacity=64)
 >>> index.extend([7, 1, 2, 3, 9, 1, 2, 4, 5, 1, 2])
 >>> index.match_length
 2
-
-``1 2`` was followed by 3 (position 3) and by 4 (at 7), both ``L_c = 2``; 3 is earlier, so its chain comes first:
-``3 9 1 2 4 5 1 2 ...`` (running on into the drafted ``3 9 ...``).
-
 >>> tokens, parents, match = index.propose(max_nodes=8, max_depth=6, max_branches=2, branch_depth=2)
 >>> tokens.tolist(), parents.tolist(), match.tolist()
 ([3, 4, 9, 5, 1, 2, 4, 5], [-1, -1, 0, 1, 2, 4, 5, 6], [2, 2, 2, 2, 2, 2, 2, 2])
 
-How
----
-A suffix automaton (Blumer et al. 1985; SAM-Decoding, Hu et al. 2024): each state is a class of substrings with
-the same end positions, with ``LEN`` (longest string), suffix ``LINK`` and ``FIRST`` (first end position); the
-standard online construction. The match is the newest state's suffix link; the candidates are the transitions of
-the states on its suffix-link chain (longest first), ``f_c`` the ``FIRST`` of ``c``'s target.
+How: the standard online suffix automaton construction (Blumer et al. 1985; SAM-Decoding, Hu et al. 2024). Each
+state is a class of substrings with the same end positions, with ``LEN`` (longest string), suffix ``LINK`` and
+``FIRST`` (first end position). The match is the newest state's suffix link; the candidates are the transitions
+of the states on its suffix-link chain (longest first), ``f_c`` the ``FIRST`` of ``c``'s target.
 
 Arrays for C = ``capacity``: ``states`` int32 ``(2C + 2, 5)`` (``LEN``, ``LINK``, ``FIRST``, ``HEAD``/``TAIL``
 of the transition list), ``edges`` int32 ``(3C + 4, 4)`` (``TOKEN``, ``TARGET``, ``NEXT``, ``OWNER``), ``table``
 int32 hash from (state, token) to transition + 1 in its first ``info[I_TABLE]`` slots (doubling from
 :data:`MIN_TABLE`, load <= 1/2), ``tokens`` int64[C], ``info`` int64 (``I_*``). Not thread-safe: one per request.
 """
-
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from numba import njit
@@ -68,6 +61,7 @@ INT32_MAX = 2**31 - 1
 OK, ERR_TOKEN = 0, -1
 _I64 = np.dtype(np.int64)
 MIN_TABLE = 1024  # hash slots in use after a reset (4 KB), or the whole table when it is smaller
+
 
 @njit(cache=True)
 def reset(states, edges, table, info):
@@ -223,9 +217,7 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
         return 0
     # candidates: (L, first end, token), by L desc then first end asc; a token once only
     cand = np.empty((3, max_branches), np.int64)
-    cand_len = cand[0]
-    cand_first = cand[1]
-    cand_tok = cand[2]
+    cand_len, cand_first, cand_tok = cand[0], cand[1], cand[2]
     nc = 0
     s = q
     visited = 0
@@ -414,15 +406,11 @@ class SuffixIndex:
 
 _EMPTY = np.zeros(0, np.int64)
 _EMPTY.flags.writeable = False
-_WARMED = False
 
 
+@functools.cache
 def _warm_up() -> None:
     """Compile (or load from Numba's cache) the kernels once per process."""
-    global _WARMED
-    if _WARMED:
-        return
-    _WARMED = True
     index = SuffixIndex.__new__(SuffixIndex)
     index._allocate(8)
     index.extend(np.array([1, 2, 1, 2, 3, 1, 2, 1, 2, 3], np.int64))  # runs a rebuild too

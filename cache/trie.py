@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import threading
 
@@ -12,34 +13,26 @@ from . import kernels as K
 
 _I64 = np.dtype(np.int64)
 _I32 = np.dtype(np.int32)
-_WARMED = False
 MIN_TABLE = 1024
 """Hash-table slots in use after a reset; the table in use grows as nodes are made (``NgramTrie._fit``)."""
 
 
+@functools.cache
 def _warm_up() -> None:
     """Compile (or load from Numba's on-disk cache) every kernel, once per process."""
-    global _WARMED
-    if _WARMED:
-        return
     t = NgramTrie.__new__(NgramTrie)
     t._setup(2, 16)
     toks = np.array([1, 2, 1, 3, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], np.int64)
     t.insert(toks)  # enough distinct tokens to run an eviction
     t.propose(toks, 4, 2)
     t.insert_rows(toks[:4].reshape(2, 2))
-    t.ngrams()
     K.kth_smallest(np.array([3, 1, 2], np.int64), 3, 1)
     K.fresh_rows(t._nodes, t._stats, 16, 17, 16)  # writes nothing; compiled for __setstate__
     # persistence and stream switching (a thread compiling these would hold the trie's lock)
-    n = len(t)
-    out = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64))
-    K.export(t._nodes, t._stats, *out)
-    K.build(*_empty_arrays(2, 16), *out, t.step, 0)
+    K.build(*_empty_arrays(2, 16), *t._export().values(), t.step, 0)
     tail = np.empty(2, np.int64)
     K.reopen(t._nodes, t._tview, t._state, tail[: K.open_tail(t._nodes, t._state, tail)])
     K.rehash(t._nodes, t._table, t._state)
-    _WARMED = True
 
 
 def _int_array(values, field: str) -> np.ndarray:
@@ -128,7 +121,7 @@ class NgramTrie:
             state = {k: v for k, v in self.__dict__.items()
                      if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview",
                                   "_whole")}
-            used = _high(self._state) + 1
+            used = int(self._state[K.S_HIGH]) + 1
             entries = np.flatnonzero(self._table)
             state.update(_state=self._state.copy(), _pool_rows=used, _nodes_used=self._nodes[:used].copy(),
                          _stats_used=self._stats[:used].copy(), _table_entries=entries,
@@ -143,7 +136,7 @@ class NgramTrie:
                                                    int(state["_state"][K.S_CAPACITY]))
             nodes[:used] = state.pop("_nodes_used")
             stats[:used] = state.pop("_stats_used")
-            high = _high(state["_state"])
+            high = int(state["_state"][K.S_HIGH])
             if high >= used:  # older pickles dropped the new trie's rows below the high-water mark too
                 K.fresh_rows(nodes, stats, int(state["_state"][K.S_CAPACITY]), used, high)
             table[state.pop("_table_entries")] = state.pop("_table_values")
@@ -179,7 +172,7 @@ class NgramTrie:
     def max_token(self) -> int:
         """The largest token id held, -1 when empty."""
         with self._lock:
-            return int(self._nodes[: _high(self._state) + 1, K.TOKEN].max())
+            return int(self._nodes[: self._state[K.S_HIGH] + 1, K.TOKEN].max())
 
     def __repr__(self) -> str:
         return f"NgramTrie(max_n={self._max_n}, capacity={self._capacity}, nodes={len(self)}, step={self.step})"
@@ -290,24 +283,22 @@ class NgramTrie:
     def ngrams(self) -> dict[tuple[int, ...], tuple[int, int]]:
         """``{path: (count, last_used)}`` for every live node (tests and debugging; not fast)."""
         with self._lock:
-            high = _high(self._state) + 1
-            rows = K.live_nodes(self._nodes[:high], self._stats[:high])
-        rows = rows.tolist()
-        by_slot = {r[0]: r for r in rows}
-        paths: dict[int, tuple[int, ...]] = {0: ()}
+            arrays = self._export()
+        paths: list[tuple[int, ...]] = []
+        for token, parent in zip(arrays["token"].tolist(), arrays["parent"].tolist()):
+            paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+        return dict(zip(paths, zip(arrays["count"].tolist(), arrays["last_used"].tolist())))
 
-        def path(v: int) -> tuple[int, ...]:
-            chain = []
-            while v not in paths:
-                chain.append(v)
-                v = by_slot[v][2]
-            p = paths[v]
-            for u in reversed(chain):
-                p = p + (by_slot[u][1],)
-                paths[u] = p
-            return p
-
-        return {path(r[0]): (r[3], r[4]) for r in rows}
+    def _export(self) -> dict[str, np.ndarray]:
+        """``K.export``'s ``token``, ``parent``, ``count`` and ``last_used`` of every live node. Caller holds the
+        lock."""
+        n = len(self)
+        arrays = {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
+                  "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
+        got = K.export(self._nodes, self._stats, *arrays.values())
+        if got != n:
+            raise RuntimeError(f"NgramTrie: exported {got} nodes of {n} (invariant broken)")
+        return arrays
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
@@ -318,15 +309,10 @@ class NgramTrie:
         if tokenizer_id is not None and not isinstance(tokenizer_id, str):
             raise TypeError(f"tokenizer_id: expected a str, got {type(tokenizer_id).__name__}")
         with self._lock:
+            arrays = self._export()
             n = len(self)
-            arrays = {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
-                      "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
-            got = K.export(self._nodes, self._stats, arrays["token"], arrays["parent"], arrays["count"],
-                           arrays["last_used"])
             meta = dict(max_n=self._max_n, capacity=self._capacity, n_nodes=n, step=self.step,
                         n_evictions=self.n_evictions)
-        if got != n:
-            raise RuntimeError(f"NgramTrie.save: exported {got} nodes of {n} (invariant broken)")
         if vocab_size is not None and n and int(arrays["token"].max()) >= vocab_size:
             raise ValueError(f"vocab_size={vocab_size}, but the trie holds token id {int(arrays['token'].max())}")
         meta.update(vocab_size=vocab_size, tokenizer_id=tokenizer_id)
@@ -432,11 +418,6 @@ def _empty_arrays(max_n: int, capacity: int):
     state[K.S_CAPACITY] = capacity
     K.reset(nodes, stats, table, state)
     return nodes, stats, table, state
-
-
-def _high(state: np.ndarray) -> int:
-    """``S_HIGH``: the last row that may differ from a new trie's (<= capacity)."""
-    return int(state[K.S_HIGH])
 
 
 def _positive_int(value, field: str) -> int:
