@@ -1,10 +1,9 @@
-"""`Draft`: one step's finished proposal, immutable, as the loop and the budget see it.
+"""`Draft`: one step's immutable proposal, a tree of candidate tokens after the last context token with per-node
+features, plus optionally the window's rows.
 
-A draft is a tree of candidate tokens after the last context token, with per-node features saying where each came
-from, plus optionally the window's rows. A merged draft is in depth-first preorder (each node's first-drafted child
-right after it), and every subset keeps that order: the accepted path is then most often the step's first rows,
-whose KV entries stay where they are. Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``: ``5 -> 6``,
-``5 -> 7`` and ``8``; accepting ``5, 6`` keeps rows 0 and 1.
+A merged draft is in depth-first preorder (each node's first-drafted child right after it), and every subset keeps
+that order, so the accepted path is most often the step's first rows. Example: tokens ``[5, 6, 7, 8]``, parents
+``[-1, 0, 0, -1]``: ``5 -> 6``, ``5 -> 7`` and ``8``; accepting ``5, 6`` keeps rows 0 and 1.
 """
 
 from __future__ import annotations
@@ -64,13 +63,12 @@ class Draft:
     window: WindowRows | None = None
 
     @classmethod
-    def build(cls, tokens, parents, origin, match, window: WindowRows | None = None, rank=None) -> Draft:
-        """A draft from a proposed tree (depth computed; rank too unless given)."""
+    def build(cls, tokens, parents, origin, match, window: WindowRows | None = None) -> Draft:
+        """A draft from a proposed tree (depth and rank computed, no agreement)."""
         parents = np.asarray(parents, dtype=np.int64)
-        depth, own_rank = tree_depth_rank(parents)
+        depth, rank = tree_depth_rank(parents)
         return cls(np.asarray(tokens, dtype=np.int64), parents, np.asarray(origin, dtype=np.int8),
-                   np.asarray(match, dtype=np.int64), depth, own_rank if rank is None else np.asarray(rank),
-                   np.zeros(len(parents), dtype=np.int64), window)
+                   np.asarray(match, dtype=np.int64), depth, rank, np.zeros(len(parents), dtype=np.int64), window)
 
     @classmethod
     def empty(cls, window: WindowRows | None = None) -> Draft:

@@ -23,20 +23,17 @@ def depth_rank(parents):
         depth[i] = 1 if p < 0 else depth[p] + 1
         place[i] = count[p + 1]
         count[p + 1] += 1
-    rank = np.zeros(n, np.int64)
-    for i in range(n):
-        if count[parents[i] + 1] > 1:
-            rank[i] = place[i] + 1
-    return depth, rank, True
+    for i in range(n):  # place -> rank
+        place[i] = place[i] + 1 if count[parents[i] + 1] > 1 else 0
+    return depth, place, True
 
 
 @njit(cache=True)
 def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
     """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents): (int64[6, m]:
-    tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok), packed because
-    each returned array costs its boxing; ``ok`` False when a kept node's parent is not kept. Example: tokens
-    ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` -> tokens ``[5, 6, 8]``, parents
-    ``[-1, -1, 1]``."""
+    tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok: False when a kept
+    node's parent is not kept). Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` ->
+    tokens ``[5, 6, 8]``, parents ``[-1, -1, 1]``."""
     n, m = parents.shape[0], keep.shape[0]
     new_index = np.full(n, -1, np.int64)
     ints = np.empty((6, m), np.int64)
@@ -69,17 +66,13 @@ def best_chain(parents, weights):
         total[i] = weights[i] + (total[p] if p >= 0 else 0.0)
         if best < 0 or total[i] > total[best]:
             best = i
+    path = np.empty(n, np.int64)  # from the node up to the root
     count = 0
-    j = best
-    while j >= 0:
+    while best >= 0:
+        path[count] = best
         count += 1
-        j = parents[j]
-    out = np.empty(count, np.int64)
-    j = best
-    for c in range(count - 1, -1, -1):
-        out[c] = j
-        j = parents[j]
-    return out
+        best = parents[best]
+    return path[:count][::-1].copy()
 
 
 @njit(cache=True)
@@ -89,9 +82,7 @@ def shallowest_nodes(depth, count):
     Example: depths ``[1, 2, 3, 1, 2]``, count 3 -> ``[0, 1, 3]``."""
     n = depth.shape[0]
     count = max(min(count, n), 0)
-    deepest = 0
-    for i in range(n):
-        deepest = max(deepest, depth[i])
+    deepest = depth.max() if n else 0
     per_depth = np.zeros(deepest + 2, np.int64)
     for i in range(n):
         per_depth[depth[i]] += 1
@@ -128,17 +119,14 @@ def window_step(levels, out, ngram, shift, draws, cursor):
     first = n_levels - kept
     grams = np.empty((width if full else 0, ngram), np.int64)
     if full:
-        for j in range(width):
-            for lev in range(n_levels):
-                grams[j, lev] = levels[lev, j]
-            grams[j, n_levels] = out[j]
+        grams[:, :n_levels] = levels.T
+        grams[:, n_levels] = out
     new = np.empty((kept + 1, width), np.int64)
+    new[:kept, : width - shift] = levels[first:, shift:]
+    new[kept, : width - shift] = out[shift:]
     for lev in range(kept + 1):
-        for j in range(width - shift):
-            new[lev, j] = levels[first + lev, j + shift] if lev < kept else out[j + shift]
-        for j in range(width - shift, width):
-            new[lev, j] = draws[cursor]
-            cursor += 1
+        new[lev, width - shift :] = draws[cursor : cursor + shift]
+        cursor += shift
     return new, grams, cursor
 
 
@@ -193,19 +181,14 @@ def merge_trees(tokens, parents, origin, match, starts, limit):
             place[i] = 0 if siblings == 1 else 1 + place[i]
     # depth-first preorder: children lists are latest-drafted first, so the stack pops the earliest-drafted first
     order = np.empty(int(is_first.sum()), np.int64)
-    stack = np.empty(n, np.int64)
-    top = 0
-    c = first_child[0]
-    while c != -1:
-        stack[top] = c
-        top += 1
-        c = next_sibling[c]
-    m = 0
+    stack = np.empty(n + 1, np.int64)
+    stack[0], top, m = -1, 1, 0  # the root first
     while top:
         top -= 1
         v = stack[top]
-        order[m] = v
-        m += 1
+        if v >= 0:
+            order[m] = v
+            m += 1
         c = first_child[v + 1]
         while c != -1:
             stack[top] = c

@@ -1,13 +1,5 @@
-"""`DraftPolicy`: the whole decision of a step's draft, and all learning from its verdict, in one object.
-
-The loop asks it for a finished, immutable :class:`~lookahead.drafting.draft.Draft` and tells it what was accepted;
-``benchmarks/replay.py`` drives the same object on recorded outputs. Per step:
-
-1. **propose**: every source drafts (the frequent tokens only when none does); the trees are merged;
-2. **budget**: keep the nodes, and the window's rows, worth their cost (``budget.py``);
-3. **limits**: nothing past ``max_length`` or past the last position plain ``generate`` would feed; every row below
-   a sliding-window cache's window, where rollback still works; one chain for a model that takes no 4D mask.
-"""
+"""`DraftPolicy`: a step's whole draft decision and all learning from its verdict (the loop and
+``benchmarks/replay.py`` drive it alike)."""
 
 from __future__ import annotations
 
@@ -48,8 +40,8 @@ class Limits:
 
 class DraftPolicy:
     """Proposes, budgets and limits each step's draft; learns from each verdict. One per decoder (and per batch row).
-
-    Usage (what the loop and the replay both do)::
+    Each step every source proposes (the fallback ones only when none does), the trees are merged, the budget keeps
+    the nodes and window rows worth their cost, and the call's :class:`Limits` apply. Usage::
 
         policy.start(prompt, Limits(max_length), cost)   # cost: a CostModel, or None for no budget
         while ...:
@@ -62,7 +54,6 @@ class DraftPolicy:
                  tuning: Tuning = DEFAULT, draft=None, heads=None, successors=None, corpus: NgramTrie | None = None):
         self.config, self.tuning = config, tuning
         self.sources = make_sources(config, tuning, trie, memory, draft, heads, successors, corpus)
-        self.wants_hidden = any(s.wants_hidden for s in self.sources)
         self._lazy = [s for s in self.sources if s.learns_lazily]
         self._eager = [s for s in self.sources if not s.learns_lazily]
         self._unlearned: list[np.ndarray] = []  # emitted tokens the lazy sources have not learned yet
@@ -103,22 +94,21 @@ class DraftPolicy:
         """The most new tokens one step can feed: the last token, the trees (at most ``step_nodes``) and the window's
         rows when it runs (``window``; None: this call's choice, known once :meth:`start` has seen the cost curve)."""
         window = self.window_on if window is None else window and self._window_spec is not None
-        others = sum(s.limits()[0] for s in self._primary if s is not self.window)
-        if window:  # its n-grams (at most G * (N - 1) nodes) and its own rows (W * (N - 1))
-            columns, ngram, candidates = self._window_spec
-            others += candidates * (ngram - 1)
-        drafted = min(max([others] + [s.limits()[0] for s in self._fallback]), self.step_nodes)
-        return 1 + drafted + (columns * (ngram - 1) if window else 0)
+        return self._rows(lambda s: s.limits()[0], window, self.step_nodes)
 
     def first_rows(self) -> int:
         """The most rows a step feeds before a call's cost curve is known (what a calibration measures): the narrow
-        ``step_nodes``, no wide trees, the window only where it is set explicitly; whatever earlier calls chose."""
-        others = sum(s.max_nodes for s in self._primary if s is not self.window)
+        ``step_nodes``, no wide trees, the window only where it is set explicitly, whatever earlier calls chose."""
         window = self._window_spec is not None and self.config.window != "auto"
-        if window:
+        return self._rows(lambda s: s.max_nodes, window, self.config.step_nodes(self.tuning)[0])
+
+    def _rows(self, nodes, window: bool, step_nodes: int) -> int:
+        """1 + the trees (``nodes(source)`` each, at most ``step_nodes`` in all) + the window's rows if ``window``."""
+        others = sum(nodes(s) for s in self._primary if s is not self.window)
+        if window:  # its n-grams (at most G * (N - 1) nodes) and its own rows (W * (N - 1))
             columns, ngram, candidates = self._window_spec
             others += candidates * (ngram - 1)
-        drafted = min(max([others] + [s.max_nodes for s in self._fallback]), self.config.step_nodes(self.tuning)[0])
+        drafted = min(max([others] + [nodes(s) for s in self._fallback]), step_nodes)
         return 1 + drafted + (columns * (ngram - 1) if window else 0)
 
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
@@ -259,16 +249,15 @@ def make_sources(config: LookaheadConfig, tuning: Tuning, trie: NgramTrie, memor
     the draft passes (``lookahead.passes``), the heads, the frequent tokens; the window comes last, made by
     :meth:`DraftPolicy.start`. ``successors``: a model-prediction table a batch's rows share."""
     t = tuning
-    sources: list[DraftSource] = [TrieSource(trie, TRIE, t.max_match, per_request=True, max_nodes=t.tree_nodes,
-                                             max_depth=t.tree_depth)]
+    tree = {"max_nodes": t.tree_nodes, "max_depth": t.tree_depth}
+    sources: list[DraftSource] = [TrieSource(trie, TRIE, t.max_match, per_request=True, **tree)]
     if t.copy_nodes:
         sources.append(CopySource(t.copy_capacity, t.copy_nodes, t.copy_depth, t.copy_branches, t.copy_branch_depth,
                                   t.copy_buckets))
     if memory is not None:
-        sources.append(TrieSource(memory, MEMORY, t.max_match, per_request=False, max_nodes=t.tree_nodes,
-                                  max_depth=t.tree_depth))
+        sources.append(TrieSource(memory, MEMORY, t.max_match, per_request=False, **tree))
     if corpus is not None:
-        sources.append(CorpusSource(corpus, t.max_match, max_nodes=t.tree_nodes, max_depth=t.tree_depth))
+        sources.append(CorpusSource(corpus, t.max_match, **tree))
     if t.recycle_k:
         sources.append(ModelSource(t.recycle_k, t.recycle_nodes, t.recycle_depth, t.recycle_keep, successors,
                                    t.recycle_calibration, t.recycle_buckets))

@@ -1,21 +1,16 @@
 """The model's own predictions as drafts (Token Recycling, Luo et al. 2024): a successor table filled from every
-verified row, the rejected draft rows included.
+verified row, the rejected draft rows included, with the top-k the decoder takes beside its argmax (no extra forward).
 
-Each row's logits say what the model expects after that row's input token in its context. :class:`SuccessorTable`
-keeps the latest row's ``k`` likeliest successors (ids, and *shares*: the softmax of its top-k logits among
-themselves) under two keys: the input token, and the pair (previous token, input token). The decoder hands the
-rows' top-k over with the argmax it needs anyway: no extra forward.
+:class:`SuccessorTable` keeps the latest row's ``k`` likeliest successors (ids, and *shares*: the softmax of its
+top-k logits among themselves) under two keys: the input token, and the pair (previous token, input token). Slots:
+``rows`` for tokens at ``token & (rows - 1)``, ``rows`` for pairs at a hash; a slot keeps its key (a token's id + 1,
+or the pair's hash; 0: empty), and a later row of another key in the same slot replaces it.
 
 A draft grows best-first from the last token: a node's successors are the row of (its parent's token, its token),
-else of its token alone; a successor of share ``s`` scores its parent's score times ``calibration * s`` (the share
-as an acceptance probability), and the ``max_nodes`` best nodes at most ``max_depth`` deep are drafted: a confident
-prediction grows a deep chain, an unsure one a bushy fan.
-
-Worked example: the table knows ``5 -> [6 (share 0.9), 7 (0.1)]`` and ``6 -> [8 (1.0)]``; after ``5``, three nodes:
-``6`` (score 0.9c), ``8`` below it (0.9c^2), ``7`` (0.1c): tokens ``[6, 8, 7]``, parents ``[-1, 0, -1]``.
-
-Slots: ``rows`` for single tokens at ``token & (rows - 1)``, ``rows`` for pairs at a hash. A slot keeps its key (a
-token's id + 1, or the pair's hash; 0: empty); a later row of another key in the same slot replaces it.
+else of its token alone; a successor of share ``s`` scores its parent's score times ``calibration * s``, and the
+``max_nodes`` best nodes at most ``max_depth`` deep are drafted. Example: the table knows ``5 -> [6 (share 0.9),
+7 (0.1)]`` and ``6 -> [8 (1.0)]``; after ``5``, three nodes: ``6`` (score 0.9c), ``8`` below it (0.9c^2), ``7``
+(0.1c): tokens ``[6, 8, 7]``, parents ``[-1, 0, -1]``.
 """
 
 from __future__ import annotations
@@ -28,15 +23,10 @@ from ..cache.primitives import MIX1, MIX2, bucket, heap_pop, heap_push
 
 
 @njit(cache=True, inline="always")
-def _mix(a, b):
-    x = (np.uint64(a) ^ (np.uint64(b) * MIX2)) * MIX1
-    return x ^ (x >> np.uint64(29))
-
-
-@njit(cache=True, inline="always")
 def _pair_key(prev, token):
     """A 63-bit key of the pair (prev, token); never a token id (those are below 2**31)."""
-    x = _mix(np.uint64(prev), np.uint64(token))
+    x = (np.uint64(prev) ^ (np.uint64(token) * MIX2)) * MIX1
+    x ^= x >> np.uint64(29)
     return np.int64(x >> np.uint64(1)) | np.int64(1 << 40)
 
 
@@ -120,8 +110,6 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
     e_score = np.empty(size, np.float64)
     e_tie = np.empty(size, np.int64)  # minus the entry's index: the heap pops earlier entries first among equals
     heap = np.empty(size, np.int64)
-    n_ent = 0
-    n_heap = 0
     m = 0
     root = _row(keys, rows, prev, last)
     if root < 0 or max_nodes <= 0 or max_depth <= 0 or ids[root, 0] < 0:
@@ -186,7 +174,14 @@ class SuccessorTable:
         if k < 1 or rows < 2 or rows & (rows - 1):
             raise ValueError(f"SuccessorTable needs k >= 1 and rows a power of two, got k={k}, rows={rows}")
         self.k, self.rows, self.calibration = k, rows, calibration
-        self.keys, self.ids, self.share = slot_arrays(2 * rows, k)
+        # keys int64[2 rows], ids int32[2 rows, k], shares float32[2 rows, k]: strided views of one zeroed buffer,
+        # a slot's key, ids and shares side by side (8 + 8 k bytes), so a new table writes nothing and a slot's first
+        # use touches one page, not three
+        width = 8 + 8 * k
+        buf = np.zeros(2 * rows * width, np.uint8)
+        self.keys = np.ndarray((2 * rows,), np.int64, buf, 0, (width,))
+        self.ids = np.ndarray((2 * rows, k), np.int32, buf, 8, (width, 4))
+        self.share = np.ndarray((2 * rows, k), np.float32, buf, 8 + 4 * k, (width, 4))
         self.written = False  # whether a row was learned since the table was made or cleared
 
     def clear(self) -> None:
@@ -248,18 +243,6 @@ class SuccessorTable:
             keys[used < self.rows] += 1
         self.keys[used], self.ids[used], self.share[used] = keys, state["ids"], state["share"]
         self.written = bool(len(used))
-
-
-def slot_arrays(slots: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(keys int64[slots], ids int32[slots, k], shares float32[slots, k])``: strided views of one zeroed buffer,
-    slot ``s``'s key, ids and shares side by side (``8 + 8 k`` bytes; ``k = 8``: bytes ``72 s`` to ``72 s + 71``).
-    A new table writes nothing, and a slot's first use touches one page, not three."""
-    width = 8 + 8 * k
-    buf = np.zeros(slots * width, np.uint8)
-    keys = np.ndarray((slots,), np.int64, buf, 0, (width,))
-    ids = np.ndarray((slots, k), np.int32, buf, 8, (width, 4))
-    shares = np.ndarray((slots, k), np.float32, buf, 8 + 4 * k, (width, 4))
-    return keys, ids, shares
 
 
 _EMPTY = np.zeros(0, np.int64)

@@ -1,16 +1,5 @@
-"""The draft sources: the protocol every source follows, the copying and prediction sources, and the merge.
-
-A *source* proposes a tree after the context and learns the emitted tokens. What else it needs it declares with a
-class attribute, and the loop hands it over after each verified step:
-
-- ``priced``: proposing costs forwards of its own; :meth:`~DraftSource.priced_depth` says how deep pays (0: skip);
-- ``wants_rows``: it learns every verified row's top-k successors (:meth:`~DraftSource.learn_rows`);
-- ``wants_hidden``: it learns the accepted path's final hidden states (:meth:`~DraftSource.observe_hidden`);
-- ``learns_lazily``: its state depends on the tokens alone, so it learns them just before it next proposes;
-- ``fallback``: asked only on a priced step no other source drafts for.
-
-:func:`merge_proposals` unites the sources' trees into one :class:`~lookahead.drafting.draft.Draft`.
-"""
+"""The draft sources: the protocol every source follows (:class:`DraftSource`), the copying and prediction
+sources, and :func:`merge_proposals`, which unites their trees into one :class:`~lookahead.drafting.draft.Draft`."""
 
 from __future__ import annotations
 
@@ -20,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._tuning import DEFAULT
 from ..cache import NgramTrie, SuffixIndex
 from .draft import COPY, CORPUS, FREQUENT, MODEL, Draft, WindowRows
 from .kernels import merge_trees
@@ -38,7 +28,15 @@ class Proposal:
 
 class DraftSource:
     """Base of every source: a subclass sets ``origin`` (an index into ``draft.ORIGINS``), ``max_nodes`` and
-    ``max_depth`` and implements :meth:`propose`; the rest has do-nothing defaults."""
+    ``max_depth`` and implements :meth:`propose`; the rest has do-nothing defaults. A source proposes a tree after the
+    context and learns the emitted tokens; what else it needs it declares, and the policy hands it over:
+
+    - ``priced``: proposing costs forwards of its own; :meth:`priced_depth` says how deep pays (0: skip);
+    - ``wants_rows``: it learns every verified row's top-k successors (:meth:`learn_rows`);
+    - ``wants_hidden``: it learns the accepted path's final hidden states (:meth:`observe_hidden`);
+    - ``learns_lazily``: its state depends on the tokens alone, so it learns them just before it next proposes;
+    - ``fallback``: asked only on a priced step no other source drafts for.
+    """
 
     origin: int
     max_nodes: int
@@ -52,12 +50,7 @@ class DraftSource:
     """Attributes bound to one model (tensors, modules, a shared store): a copy or a pickle leaves them behind."""
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.update(dict.fromkeys(self.transient))
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        return {**self.__dict__, **dict.fromkeys(self.transient)}
 
     def start(self, prompt: np.ndarray, model=None) -> None:
         """A call begins: ``prompt`` int64[L], the target ``model`` (None in a replay)."""
@@ -182,7 +175,7 @@ class CopySource(DraftSource):
     learns_lazily = True
 
     def __init__(self, capacity: int, max_nodes: int, max_depth: int, branches: int, branch_depth: int = 8,
-                 buckets=(4, 16)):
+                 buckets=DEFAULT.copy_buckets):
         self.index = SuffixIndex(capacity)
         self.max_nodes, self.max_depth, self.branches, self.branch_depth = max_nodes, max_depth, branches, branch_depth
         self.buckets = _edges(buckets)
@@ -211,7 +204,7 @@ class ModelSource(DraftSource):
     transient = ("_model",)
 
     def __init__(self, k: int, max_nodes: int, max_depth: int, keep: bool = False, table: SuccessorTable | None = None,
-                 calibration: float = 0.62, buckets=(0.95, 2.0)):
+                 calibration: float = DEFAULT.recycle_calibration, buckets=DEFAULT.recycle_buckets):
         self.k, self.max_nodes, self.max_depth, self.keep = k, max_nodes, max_depth, keep
         self.table = SuccessorTable(k, calibration=calibration) if table is None else table
         self.buckets = _edges(buckets)

@@ -1,19 +1,14 @@
-"""The Jacobi lookahead window: grows fresh n-grams in the same forward pass that verifies drafts (Fu et al.,
-"Break the Sequential Dependency of LLM Inference Using Lookahead Decoding", 2024).
+"""The Jacobi lookahead window (Fu et al., "Break the Sequential Dependency of LLM Inference Using Lookahead
+Decoding", 2024): fresh n-grams grown in the forward that verifies the drafts.
 
-``W`` (``window_width``) columns; ``N`` (``window_ngram``) the n-gram size: the window keeps ``N - 1`` *levels*
-(past Jacobi iterations) of ``W`` guessed tokens; ``G`` (``window_candidates``) n-grams are verified per step.
+It keeps up to ``N - 1`` levels (``N``: ``window_ngram``) of ``W`` (``window_width``) guessed tokens. With the root
+(the last emitted token) at position ``P``, level ``l`` (0 = oldest), column ``j`` sits at ``P + 1 + l + j`` and sees
+the context, the root, the level-0 tokens of earlier columns and its own column's earlier levels; its argmax guesses
+position ``P + 2 + l + j``. Each step the top level's outputs become the newest level (the oldest dropped once
+``N - 1`` exist), each column of a full window yields the n-gram ``(level_0[j], ..., level_{N-2}[j], output[j])``,
+and after ``a`` emitted tokens every level slides ``a - 1`` columns left, new columns drawn from the context.
 
-Layout: with the root (the last emitted token) at position ``P``, level ``l`` (0 = oldest), column ``j`` sits at
-``P + 1 + l + j`` and sees the context, the root, the level-0 tokens of earlier columns and its own column's earlier
-levels: a causal guessed prefix of consecutive positions. Its argmax guesses position ``P + 2 + l + j``.
-
-Each step the top level's outputs become the newest level (the oldest dropped once ``N - 1`` exist), and each
-column of a full window yields the n-gram ``(level_0[j], ..., level_{N-2}[j], output[j])``. When a step emits ``a``
-tokens the window slides ``a - 1`` columns left, so every kept guess keeps its position; new right-hand columns
-take tokens drawn from the context.
-
-Worked example, W=3, N=3, levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``: 3-grams ``(5, 8, 1), (6, 9, 2),
+Example, W=3, N=3, levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``: 3-grams ``(5, 8, 1), (6, 9, 2),
 (7, 4, 3)``; new levels ``[[8, 9, 4], [1, 2, 3]]``, after 2 emitted tokens ``[[9, 4, x], [2, 3, y]]``.
 """
 
@@ -31,17 +26,10 @@ def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(``offsets`` int64[L*W] from the root's position, ``visible`` bool[L*W, L*W]) of ``levels`` x ``width``
     tokens, level-major (row ``l * width + j``). Example, levels=2, width=2: offsets ``[1, 2, 2, 3]``; visible rows
     ``[1,0,0,0], [1,1,0,0], [1,0,1,0], [1,1,0,1]``."""
-    n = levels * width
-    offsets = np.empty(n, dtype=np.int64)
-    visible = np.zeros((n, n), dtype=bool)
-    for lev in range(levels):
-        for j in range(width):
-            r = lev * width + j
-            offsets[r] = 1 + lev + j
-            visible[r, :j] = True  # level-0 tokens of earlier columns
-            for earlier in range(lev + 1):  # own column, levels 0..lev (itself included)
-                visible[r, earlier * width + j] = True
-    return offsets, visible
+    level, column = np.divmod(np.arange(levels * width, dtype=np.int64), width)
+    earlier = (level[None, :] == 0) & (column[None, :] < column[:, None])  # level-0 tokens of earlier columns
+    own = (column[None, :] == column[:, None]) & (level[None, :] <= level[:, None])  # own column, itself included
+    return 1 + level + column, earlier | own
 
 
 class LookaheadWindow:
@@ -56,33 +44,28 @@ class LookaheadWindow:
         self._rng, self.draws = np.random.default_rng(seed), draws
         self._pool = np.asarray(context[-1024:], dtype=np.int64)
         self._draws, self._cursor = np.zeros(0, dtype=np.int64), 0  # fresh guesses drawn ahead, the next unread
-        self.levels = self._fresh(width)[None]  # int64[n_levels, W]; starts with one level
+        self._ahead(width)
+        self.levels, self._cursor = self._draws[:width][None], width  # int64[n_levels, W]; starts with one level
         self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # window_layout per level count, made once
 
     def _ahead(self, k: int) -> None:
-        """At least ``k`` unread guesses in ``_draws``."""
+        """At least ``k`` unread guesses (tokens of the context drawn uniformly) in ``_draws``."""
         if self._cursor + k > len(self._draws):
             drawn = self._pool[self._rng.integers(0, len(self._pool), size=max(k, self.draws))]
             self._draws, self._cursor = np.concatenate([self._draws[self._cursor:], drawn]), 0
-
-    def _fresh(self, k: int) -> np.ndarray:
-        """int64[k]: the next ``k`` guesses, tokens of the context drawn uniformly."""
-        self._ahead(k)
-        self._cursor += k
-        return self._draws[self._cursor - k : self._cursor]
 
     @property
     def full(self) -> bool:
         """True once ``N - 1`` levels exist (from then on every step harvests ``W`` n-grams)."""
         return len(self.levels) == self.ngram - 1
 
-    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(tokens int64[L*W], position offsets int64[L*W], visibility bool[L*W, L*W]) of this step."""
+    def rows(self) -> WindowRows:
+        """This step's rows: tokens, position offsets, visibility (:func:`window_layout`)."""
         levels = len(self.levels)
         layout = self._layouts.get(levels)
         if layout is None:  # the same arrays every step (read, never written, by the step's packing)
             layout = self._layouts[levels] = window_layout(levels, self.width)
-        return (self.levels.reshape(-1), *layout)
+        return WindowRows(self.levels.reshape(-1), *layout)
 
     def advance(self, argmax: np.ndarray, emitted: int) -> np.ndarray:
         """One Jacobi step from ``argmax`` int[L*W] (the target's, per row in :meth:`rows` order) and ``emitted``
@@ -108,22 +91,21 @@ class WindowSource(DraftSource):
         self.trie = NgramTrie(max_n=ngram, capacity=max(1 << 14, 4 * ngram**2))
         self.window: LookaheadWindow | None = None
         self.max_nodes, self.max_depth = candidates * (ngram - 1), ngram - 1
-        self.max_rows = self.max_nodes + width * (ngram - 1)
 
     def start(self, prompt: np.ndarray, model=None) -> None:
         self.trie.clear()
         self.window = LookaheadWindow(self.width, self.ngram, prompt, draws=self.draws)
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
-        levels = self.ngram - 1
         if not self.candidates:
             return None
+        levels = self.ngram - 1
         tokens, parents, match = self.trie.propose(context, self.candidates * levels, min(max_depth, levels),
                                                    self.max_match, with_match=True)
         return Proposal(tokens, parents, match) if len(tokens) else None
 
     def rows(self) -> WindowRows:
-        return WindowRows(*self.window.rows())
+        return self.window.rows()
 
     def advance(self, argmax: np.ndarray, n_emitted: int) -> None:
         """One Jacobi step; the harvested n-grams enter the window's trie, each a stream of its own."""
