@@ -1,8 +1,6 @@
-"""A call's checks, before anything expensive: each refuses with a ``ValueError`` that says what to do instead.
-
-An error raised inside :func:`refusals` is a *refusal*: raised before the first decoding step, so ``enable``'s
-implicit default can run plain ``generate`` instead.
-"""
+"""A call's checks, before anything expensive: each refuses with a ``ValueError`` that says what to do instead. One
+raised inside :func:`refusals` is a *refusal*, raised before the first decoding step, so ``enable``'s implicit default
+can run plain ``generate`` instead."""
 
 from __future__ import annotations
 
@@ -25,11 +23,9 @@ def sharded(model) -> bool:
 
 
 HANDLED_KWARGS = {"attention_mask", "position_ids", "use_cache", "logits_to_keep", *compat.CACHE_KWARGS}
-
-
+MEDIA_KWARG = "mm_encoder_outputs"
+MEDIA_TYPE_KWARGS = ("token_type_ids", "mm_token_type_ids")
 STATIC_IMPLEMENTATIONS = ("static", "sliding_window", "hybrid", "hybrid_chunked")
-
-
 REFUSAL = "lookahead_refusal"
 
 
@@ -52,17 +48,13 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
     """Refuse every setting a call of ``batch`` rows would not decode exactly as asked (inputs unseen: ``enable``
     asks this of a call it routes)."""
     if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError(
-            "LookaheadDecoder supports decoder-only models; this is an encoder-decoder model. "
-            "Use plain generate() for it."
-        )
+        raise ValueError("LookaheadDecoder supports decoder-only models; this is an encoder-decoder model. Use plain "
+                         "generate() for it.")
     gen = generation_config
     if gen is not None:
         if gen.num_beams != 1:
-            raise ValueError(
-                f"LookaheadDecoder does not do beam search (num_beams={gen.num_beams}). "
-                "Remove num_beams or use plain generate()."
-            )
+            raise ValueError(f"LookaheadDecoder does not do beam search (num_beams={gen.num_beams}). Remove num_beams "
+                             "or use plain generate().")
         if getattr(gen, "prompt_lookup_num_tokens", None):
             raise ValueError("LookaheadDecoder cannot be combined with prompt_lookup_num_tokens; pick one.")
         check_generation_mode(gen)
@@ -74,21 +66,18 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
                          "draft sources, which every rank computes alike.")
     impl = getattr(gen, "cache_implementation", None) if gen is not None else None
     if impl not in (None, "dynamic", *STATIC_IMPLEMENTATIONS):
-        raise CacheNotRollbackable(
-            f"LookaheadDecoder needs a dynamic or static KV cache it can roll back; cache_implementation={impl!r} "
-            "is neither. Remove cache_implementation (or use 'static') or use plain generate()."
-        )
+        raise CacheNotRollbackable("LookaheadDecoder needs a dynamic or static KV cache it can roll back; "
+                                   f"cache_implementation={impl!r} is neither. Remove cache_implementation (or use "
+                                   "'static') or use plain generate().")
     if batch > 1 and impl in STATIC_IMPLEMENTATIONS:
         raise ValueError(f"LookaheadDecoder with a static cache (cache_implementation={impl!r}) decodes batch size 1; "
                          "for a batch drop cache_implementation (the default dynamic cache), or call generate once "
                          "per prompt.")
     if batch > 1:
         if gen is not None and gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
-            raise ValueError(
-                "LookaheadDecoder with batch size > 1 does not return scores or logits (output_scores / "
-                "output_logits): plain generate's scores of a finished row come from forwards the decoder never "
-                "runs. Use batch size 1 or plain generate() for them."
-            )
+            raise ValueError("LookaheadDecoder with batch size > 1 does not return scores or logits (output_scores / "
+                             "output_logits): plain generate's scores of a finished row come from forwards the "
+                             "decoder never runs. Use batch size 1 or plain generate() for them.")
         if decoder is not None and decoder.draft is not None:
             raise ValueError("LookaheadDecoder(draft=...) decodes batch size 1 only; call generate once per "
                              "prompt.")
@@ -181,25 +170,15 @@ def check_model_kwargs(model_kwargs: dict, gen) -> None:
     wanted = sorted(k for k in ("output_attentions", "output_hidden_states")
                     if model_kwargs.get(k) or (gen.return_dict_in_generate and getattr(gen, k, False)))
     if wanted:
-        raise ValueError(
-            f"LookaheadDecoder does not return attentions or hidden states ({', '.join(wanted)}=True): "
-            "the draft rows of each forward would make them differ from plain generate's. Use plain "
-            "generate() for them."
-        )
+        raise ValueError(f"LookaheadDecoder does not return attentions or hidden states ({', '.join(wanted)}=True): "
+                         "the draft rows of each forward would make them differ from plain generate's. Use plain "
+                         "generate() for them.")
     media = given(model_kwargs.get(MEDIA_KWARG))
     unknown = {k for k, v in model_kwargs.items()
                if given(v) and k not in HANDLED_KWARGS and k != MEDIA_KWARG and not (media and k in MEDIA_TYPE_KWARGS)}
     if unknown:
-        raise ValueError(
-            f"LookaheadDecoder does not support these model inputs: {sorted(unknown)} (it decodes from token ids, with "
-            "images given as generate() encodes them). Use plain generate() for them."
-        )
-
-
-MEDIA_KWARG = "mm_encoder_outputs"
-
-
-MEDIA_TYPE_KWARGS = ("token_type_ids", "mm_token_type_ids")
+        raise ValueError(f"LookaheadDecoder does not support these model inputs: {sorted(unknown)} (it decodes from "
+                         "token ids, with images given as generate() encodes them). Use plain generate() for them.")
 
 
 def media_of(model_kwargs: dict):
@@ -214,11 +193,10 @@ def check_cache_layers(cache) -> int | None:
     window = None
     for layer in cache_layers(cache):
         if type(layer) not in (*PLAIN_LAYERS, sliding):
-            raise CacheNotRollbackable(
-                f"the model's cache layer {type(layer).__name__} cannot roll back rejected draft tokens "
-                "(static, quantized, offloaded or recurrent state). LookaheadDecoder cannot decode this model "
-                "exactly; use plain generate() for it."
-            )
+            raise CacheNotRollbackable(f"the model's cache layer {type(layer).__name__} cannot roll back rejected "
+                                       "draft tokens (static, quantized, offloaded or recurrent state). "
+                                       "LookaheadDecoder cannot decode this model exactly; use plain generate() "
+                                       "for it.")
         if isinstance(layer, sliding):
             window = layer.sliding_window if window is None else min(window, layer.sliding_window)
     return window
@@ -227,11 +205,10 @@ def check_cache_layers(cache) -> int | None:
 def check_store(memory, vocab_size: int) -> None:
     """Refuse a shared store (``store=``) built with another tokenizer."""
     if memory is not None and memory.max_token() >= vocab_size:
-        raise ValueError(
-            f"the shared trie holds token id {memory.max_token()}, outside this model's vocabulary of {vocab_size}: "
-            "the store was built with another tokenizer. Use a store built with this model's tokenizer "
-            "(NgramTrie.load(path, vocab_size=..., tokenizer_id=...) checks it when the store was saved with them)."
-        )
+        raise ValueError(f"the shared trie holds token id {memory.max_token()}, outside this model's vocabulary of "
+                         f"{vocab_size}: the store was built with another tokenizer. Use a store built with this "
+                         "model's tokenizer (NgramTrie.load(path, vocab_size=..., tokenizer_id=...) checks it when "
+                         "the store was saved with them).")
 
 
 def with_stop_strings(stopping_criteria, stop_strings, tokenizer):
@@ -239,12 +216,11 @@ def with_stop_strings(stopping_criteria, stop_strings, tokenizer):
     from transformers import StoppingCriteriaList, StopStringCriteria
 
     if tokenizer is None:
-        raise ValueError(
-            "stop_strings need the model's tokenizer, and generate(..., tokenizer=tok) does not hand it on to a "
-            "custom_generate callable (transformers takes it out of the call before it reads the callable's "
-            "parameters). Give it to the decoder, LookaheadDecoder(tokenizer=tok), or call lookahead.enable(model) "
-            "and use generate(..., lookahead=True, tokenizer=tok), which passes it on."
-        )
+        raise ValueError("stop_strings need the model's tokenizer, and generate(..., tokenizer=tok) does not hand it "
+                         "on to a custom_generate callable (transformers takes it out of the call before it reads the "
+                         "callable's parameters). Give it to the decoder, LookaheadDecoder(tokenizer=tok), or call "
+                         "lookahead.enable(model) and use generate(..., lookahead=True, tokenizer=tok), which passes "
+                         "it on.")
     return StoppingCriteriaList([*(stopping_criteria or []), StopStringCriteria(tokenizer, stop_strings)])
 
 

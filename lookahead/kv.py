@@ -1,16 +1,10 @@
 """KV-cache bookkeeping: keep the accepted path's entries and drop the rest, a layer that grows in place, and handing a
 cache back as transformers made it.
 
-After a step the cache holds ``base`` old entries followed by ``n_new`` entries of the step's rows (pending tokens,
-draft nodes, window rows, dummies). ``keep`` lists, in order, which of those stay; they move to the front of the step's
-region and the rest is cropped (a batch: one gather per layer for every row, the rows that kept fewer holding *holes*,
-which the batch masks). No recomputation.
-
-Worked example: base 10, n_new 5 (p, a, b, c, d), keep ``[0, 2, 4]``: entries 12 and 14 move to 11 and 12, then the
-cache is cropped to 13 entries.
-
-A call undoes what it changed on a cache it was handed (:func:`settle`), so a later plain ``generate`` sees the cache it
-would have made.
+After a step the cache holds ``base`` old entries followed by ``n_new`` entries of the step's rows. ``keep`` lists, in
+order, which of those stay; they move to the front of the step's region and the rest is cropped (a batch: one gather per
+layer, the rows that kept fewer holding *holes*, which the batch masks). Example: base 10, n_new 5, keep ``[0, 2, 4]``:
+entries 12 and 14 move to 11 and 12, then the cache is cropped to 13 entries.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ from transformers.cache_utils import DynamicLayer
 from . import compat
 from ._tuning import DEFAULT
 from .compat import crop_cache
+from .packing import MASK_BITS
 
 
 class CacheNotRollbackable(ValueError):
@@ -38,18 +33,15 @@ def check_rollbackable(cache: Cache) -> None:
     """Raise :class:`CacheNotRollbackable` unless every layer can be cropped and gathered."""
     layers = cache_layers(cache)
     if not layers:
-        raise CacheNotRollbackable(
-            f"{type(cache).__name__} exposes no per-layer keys/values; LookaheadDecoder needs a cache whose "
-            "entries can be dropped (e.g. DynamicCache). Use plain generate() for this model."
-        )
+        raise CacheNotRollbackable(f"{type(cache).__name__} exposes no per-layer keys/values; LookaheadDecoder needs a "
+                                   "cache whose entries can be dropped (e.g. DynamicCache). Use plain generate() for "
+                                   "this model.")
     for layer in layers:
-        croppable = getattr(layer, "is_croppable", False)
-        if not croppable or not hasattr(layer, "keys"):
-            raise CacheNotRollbackable(
-                f"the model's cache layer {type(layer).__name__} cannot roll back rejected draft tokens "
-                "(static, quantized, sliding-window past its window, or recurrent state). LookaheadDecoder "
-                "cannot decode this model exactly; use plain generate() for it."
-            )
+        if not getattr(layer, "is_croppable", False) or not hasattr(layer, "keys"):
+            raise CacheNotRollbackable(f"the model's cache layer {type(layer).__name__} cannot roll back rejected "
+                                       "draft tokens (static, quantized, sliding-window past its window, or recurrent "
+                                       "state). LookaheadDecoder cannot decode this model exactly; use plain "
+                                       "generate() for it.")
 
 
 def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
@@ -85,27 +77,28 @@ def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | No
     moves = column_moves(keep) if moves is None else moves
     if not moves:
         return
-    src = order = None
+    gather = len(moves) > DEFAULT.max_moves
+    order = np.asarray(keep, dtype=np.int64) if gather else None
+    src = None
     for layer, first in zip(layers, firsts):
         for t in (layer.keys, layer.values):
-            host = host_view(t)
-            if host is not None:  # NumPy copies skip torch's per-op dispatch
-                if len(moves) <= DEFAULT.max_moves:
-                    for to, frm, count in moves:  # NumPy reads an overlapping source before it writes
-                        host[:, :, first + to : first + to + count] = host[:, :, first + frm : first + frm + count]
-                else:
-                    order = np.asarray(keep, dtype=np.int64) if order is None else order
-                    host[:, :, first : first + len(keep)] = host[:, :, first + order]  # the gather is a copy
-                continue
-            if len(moves) <= DEFAULT.max_moves:
-                move_columns(t, first, moves)
-                continue
-            if src is None or src.device != t.device:
-                src = torch.from_numpy(np.asarray(keep, dtype=np.int64)).to(t.device)
-            t[:, :, first : first + len(keep)] = t[:, :, first:][:, :, src]  # the source is read before it is written
+            host = host_view(t)  # NumPy copies skip torch's per-op dispatch
+            if not gather:
+                for to, frm, count in moves:  # left to right: each run reads right of all written before it
+                    a, b = first + to, first + frm
+                    if host is not None:  # NumPy reads an overlapping source before it writes
+                        host[:, :, a : a + count] = host[:, :, b : b + count]
+                    else:
+                        piece = t[:, :, b : b + count]
+                        t[:, :, a : a + count].copy_(piece.clone() if b - a < count else piece)
+            elif host is not None:
+                host[:, :, first : first + len(keep)] = host[:, :, first + order]  # the gather is a copy
+            else:
+                if src is None or src.device != t.device:
+                    src = torch.from_numpy(order).to(t.device)
+                t[:, :, first : first + len(keep)] = t[:, :, first:][:, :, src]  # the source is read before written
 
 
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NUMPY_FLOATS = (torch.float32, torch.float16, torch.float64)
 
 
@@ -116,17 +109,8 @@ def host_view(t: torch.Tensor) -> np.ndarray | None:
         return None
     if t.dtype in _NUMPY_FLOATS:
         return t.numpy()
-    bits = _BITS.get(t.element_size()) if t.dtype.is_floating_point else None
+    bits = MASK_BITS.get(t.element_size()) if t.dtype.is_floating_point else None
     return None if bits is None else t.view(bits).numpy()
-
-
-def move_columns(t: torch.Tensor, first: int, moves: list[tuple[int, int, int]]) -> None:
-    """Apply ``moves`` (:func:`column_moves`) to ``t`` [b, heads, columns, dim] from column ``first``, in place, left to
-    right (each run reads right of all written before it); an overlapping run is cloned first."""
-    for to, src, count in moves:
-        a, b = first + to, first + src
-        piece = t[:, :, b : b + count]
-        t[:, :, a : a + count].copy_(piece.clone() if b - a < count else piece)
 
 
 def kv_layers(cache: Cache) -> list:
@@ -144,9 +128,7 @@ class GrowingLayer(DynamicLayer):
     replaces = None  # the layer it stands in for (a sliding one a widened cache keeps whole), or None: a plain one
     _storage: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) [b, heads, capacity, head_dim]
     _layout: tuple = ()  # per buffer (b, heads, head_dim, strides): its views' shapes, made without reading it
-    _length: int | None = None
-    """The entries' length while they are the buffers' first columns (set by ``update`` and ``crop``); None while they
-    are tensors assigned from outside (or none)."""
+    _length: int | None = None  # the entries' length while they are the buffers' first columns; None: see _entries
     _entries: tuple = (None, None)  # (keys, values): tensors assigned from outside, or the last views made
     _made: int = -1  # the length ``_entries``' views were made for (-1: ``_entries`` came from outside)
 

@@ -23,14 +23,12 @@ def kernel_modules(core: bool = False) -> list:
                                                                  package + "."))
     found = []
     for name in sorted(names):
-        spec = importlib.util.find_spec(name)
-        path = getattr(spec, "origin", None)
-        if not path or not path.endswith(".py"):
+        path = getattr(importlib.util.find_spec(name), "origin", None)
+        if name == __name__ or not path or not path.endswith(".py"):
             continue
         with open(path, encoding="utf-8") as f:
-            if name == __name__ or "njit" not in f.read():
-                continue
-        found.append(importlib.import_module(name))
+            if "njit" in f.read():
+                found.append(importlib.import_module(name))
     return found
 
 
@@ -38,35 +36,32 @@ def kernels(modules=None) -> list[tuple[str, object]]:
     """``(module.name, dispatcher)`` for every Numba kernel defined in ``modules`` (default: the package's)."""
     from numba.core.registry import CPUDispatcher
 
-    out = []
-    for mod in kernel_modules() if modules is None else modules:
-        for name, value in vars(mod).items():
-            if isinstance(value, CPUDispatcher) and value.py_func.__module__ == mod.__name__:
-                out.append((f"{mod.__name__}.{name}", value))
-    return out
+    return [(f"{mod.__name__}.{name}", value) for mod in (kernel_modules() if modules is None else modules)
+            for name, value in vars(mod).items()
+            if isinstance(value, CPUDispatcher) and value.py_func.__module__ == mod.__name__]
 
 
-def missed_kernels(modules=None) -> list[str]:
-    """Kernels this process has neither compiled nor loaded, except those compiled into their callers."""
+def _entry_kernels(modules) -> list:
+    """The dispatchers of :func:`kernels` that are compiled on their own: neither ``inline="always"`` nor called by
+    another kernel (those are compiled into their callers)."""
     found = kernels(modules)
     called = set()
     for _, d in found:
         called.update(d.py_func.__code__.co_names)
-    return [name for name, d in found if not d.signatures and d.targetoptions.get("inline") != "always"
-            and d.py_func.__name__ not in called]
+    return [(name, d) for name, d in found
+            if d.targetoptions.get("inline") != "always" and d.py_func.__name__ not in called]
+
+
+def missed_kernels(modules=None) -> list[str]:
+    """Kernels this process has neither compiled nor loaded, except those compiled into their callers."""
+    return [name for name, d in _entry_kernels(modules) if not d.signatures]
 
 
 def kernels_compiled(modules=None) -> bool | None:
     """Whether Numba's on-disk cache holds every kernel for this CPU and source (None: unreadable); reads only the
     cache's index files."""
     try:
-        found = kernels(modules)
-        called = set()
-        for _, d in found:
-            called.update(d.py_func.__code__.co_names)
-        for _, d in found:
-            if d.targetoptions.get("inline") == "always" or d.py_func.__name__ in called:
-                continue
+        for _, d in _entry_kernels(modules):
             magic = d.targetctx.codegen().magic_tuple()
             index = d._cache._cache_file._load_index()  # {} when missing or made from another source
             if not any(key[1] == magic for key in index):

@@ -2,21 +2,17 @@
 
 A step's query rows are, in order: the *pending* tokens (causal among themselves; they see the whole cache), the draft
 tree's nodes (node ``i`` sees the cache, the pending tokens, its ancestors and itself), and optionally the window's rows
-(the cache, the pending tokens and what their layout allows; tree and window rows never see each other). A batch pads
-every row's tree to one width with dummy nodes (each sees the pending tokens and itself); a static cache's step pads to
-a bucket's rows the same way.
+(the cache, the pending tokens and what their layout allows; tree and window rows never see each other). Dummy nodes
+(a batch's padding to one width, a static cache's bucket) see the pending tokens and themselves. Every row also sees the
+cached columns that are not padding. Masks are additive: 0 where a row sees a column, the dtype's minimum elsewhere.
 
-Worked example: one pending token ``p`` at position 10, tokens ``[a, b, c]``, parents ``[-1, -1, 0]``::
+Example: one pending token ``p`` at position 10, tokens ``[a, b, c]``, parents ``[-1, -1, 0]``::
 
     rows     ids  positions   sees (new columns p a b c)
     p        p    10          1 0 0 0
     a        a    11          1 1 0 0
     b        b    11          1 0 1 0
     c        c    12          1 1 0 1
-
-Every row also sees the cached columns that are not padding. Masks are additive: 0 where a row sees a column, the
-dtype's minimum elsewhere. The buffers (:class:`StepMask`, ``static.StaticMask``) are written in place, each step only
-its own block.
 """
 
 from __future__ import annotations
@@ -33,18 +29,10 @@ def tree_depths(parents: np.ndarray) -> np.ndarray:
     return tree_depth_rank(parents)[0]
 
 
-def pack_step(
-    pending: np.ndarray,
-    pending_pos: np.ndarray,
-    tree_tokens: np.ndarray,
-    tree_parents: np.ndarray,
-    col_visible: np.ndarray | None,
-    past_len: int,
-    dtype: torch.dtype,
-    window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-    device: torch.device | str = "cpu",
-    tree_depth: np.ndarray | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_step(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndarray, tree_parents: np.ndarray,
+              col_visible: np.ndarray | None, past_len: int, dtype: torch.dtype,
+              window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, device: torch.device | str = "cpu",
+              tree_depth: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The model inputs of one step, built on the host and copied to ``device`` once. ``pending`` int[p]: token ids at
     ``pending_pos`` int[p]; ``tree_tokens`` / ``tree_parents`` / ``tree_depth`` int[n] (depths computed when not given);
     ``col_visible`` bool[past_len + p], False for padding, or None; ``window``: (tokens int[m], offsets from the last
@@ -58,9 +46,9 @@ def pack_step(
     host_dtype = np.float64 if dtype == torch.float64 else np.float32  # holds the dtype's min exactly
     mask = np.empty((q, past_len + q), dtype=host_dtype)
     fill_step_mask(mask, p, np.asarray(tree_parents, dtype=np.int64),
-                     np.asarray(window[2], dtype=bool) if m else _NO_WINDOW,
-                     _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool),
-                     float(torch.finfo(dtype).min))
+                   np.asarray(window[2], dtype=bool) if m else _NO_WINDOW,
+                   _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool),
+                   float(torch.finfo(dtype).min))
     depth = tree_depths(tree_parents) if tree_depth is None else tree_depth
     ids, pos = step_inputs(pending, pending_pos, tree_tokens, depth, window, device)
     return ids, pos, torch.from_numpy(mask[None, None]).to(device, dtype)
@@ -96,23 +84,19 @@ MASK_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class StepMask:
-    """One row's step masks in a preallocated buffer [1, 1, rows, columns] of the model's dtype: each step writes only
-    its own ``q x q`` block (:func:`fill_step_block`; :func:`pack_step` writes ``q x (past + q)``, and still builds the
-    prompt's step) and gets a view [1, 1, q, past + q]. The buffer holds only 0 and the dtype's minimum, written as
-    integer bit patterns of the same width (bf16 has no NumPy type); on a GPU the block is built on the host and copied
-    in. Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]))`` -> a
-    [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``."""
+    """One row's step masks in a preallocated buffer [1, 1, rows, columns] of the model's dtype, holding only 0 and the
+    dtype's minimum (written as same-width integer bit patterns: bf16 has no NumPy type): each step writes only its own
+    ``q x q`` block (on a GPU built on the host and copied in) and gets a view [1, 1, q, past + q]. Example:
+    ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]))`` -> a [1, 1, 3, 103] view:
+    every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``."""
 
     def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
         self.dtype, self.device = dtype, torch.device(device)
         self.col_visible = _NO_COLUMNS if col_visible is None else np.asarray(col_visible, dtype=bool)
-        bits = MASK_BITS[torch.finfo(dtype).bits // 8]
-        self.neg = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(bits).item())
-        self.bits = bits
+        self.bits = MASK_BITS[torch.finfo(dtype).bits // 8]
+        self.neg = int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(self.bits).item())
         self.buffer = torch.zeros((1, 1, rows, columns), dtype=dtype, device=self.device)
-        pad = np.flatnonzero(~self.col_visible[:columns])
-        if len(pad):
-            self.buffer[..., torch.from_numpy(pad).to(self.device)] = torch.finfo(dtype).min
+        self._hide(slice(None), 0, columns)
         self._host = self._host_view()
         self.clean = 0  # columns before this are in the invariant state (visible, but padding)
         self.rows_used = 0
@@ -122,20 +106,24 @@ class StepMask:
         """The buffer's bits as a NumPy array sharing its memory (on a CPU), else None."""
         return self.buffer[0, 0].view(self.bits).numpy() if self.device.type == "cpu" else None
 
+    def _hide(self, rows: slice, start: int, stop: int) -> None:
+        """Hide the padding among columns ``start .. stop - 1`` from the buffer's ``rows``."""
+        pad = np.flatnonzero(~self.col_visible[start:stop]) + start
+        if len(pad):
+            self.buffer[:, :, rows, torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
+
     def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None
                  ) -> torch.Tensor:
         """The additive mask [1, 1, q, past + q] of a step of ``pending`` tokens, the tree ``parents`` and the window
         rows' visibility after ``past`` cached tokens: a view of the buffer, valid until the next call."""
         window = _NO_WINDOW if window_visible is None else window_visible
         q = pending + len(parents) + window.shape[0]
-        host = self._host
-        if host is None or q > host.shape[0] or past + q > host.shape[1]:
-            if q > self.buffer.shape[2] or past + q > self.buffer.shape[3]:
-                self._grow(q, past + q)
+        if q > self.buffer.shape[2] or past + q > self.buffer.shape[3]:
+            self._grow(q, past + q)
         clean = min(self.clean, past)
-        if host is not None:
+        if self._host is not None:
             fill_step_block(self._host, past, pending, parents, window, self.col_visible, self.neg, clean,
-                              self.rows_used)
+                            self.rows_used)
         else:
             self._fill_on_device(past, pending, parents, window, clean, q)
         return self._written(past, q)
@@ -160,7 +148,7 @@ class StepMask:
             self._inputs_host = self._inputs.numpy()
         w_tokens, w_offsets, w_visible = (_NO_IDS, _NO_IDS, _NO_WINDOW) if window is None else window
         fill_step(host, self._inputs_host, past, pending, pending_pos, tokens, depth, parents, w_tokens, w_offsets,
-                    w_visible, self.col_visible, self.neg, min(self.clean, past), self.rows_used)
+                  w_visible, self.col_visible, self.neg, min(self.clean, past), self.rows_used)
         inputs, width = self._inputs, self._inputs.shape[1]
         return (inputs.as_strided((1, q), (width, 1)), inputs.as_strided((1, q), (width, 1), width),
                 self._written(past, q))
@@ -178,16 +166,13 @@ class StepMask:
 
     def _grow(self, rows: int, columns: int) -> None:
         old = self.buffer
-        new_rows, new_cols = max(rows, old.shape[2]), max(columns, 2 * old.shape[3])
-        self.buffer = torch.zeros((1, 1, new_rows, new_cols), dtype=self.dtype, device=self.device)
-        self.buffer[:, :, : old.shape[2], : old.shape[3]] = old
-        pad = np.flatnonzero(~self.col_visible[old.shape[3] : new_cols]) + old.shape[3]
-        if len(pad):
-            self.buffer[..., torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
-        if new_rows > old.shape[2] and old.shape[3]:  # new rows: visible cached columns, padding hidden
-            pad = np.flatnonzero(~self.col_visible[: old.shape[3]])
-            if len(pad):
-                self.buffer[:, :, old.shape[2] :, torch.from_numpy(pad).to(self.device)] = torch.finfo(self.dtype).min
+        old_rows, old_cols = old.shape[2], old.shape[3]
+        self.buffer = torch.zeros((1, 1, max(rows, old_rows), max(columns, 2 * old_cols)), dtype=self.dtype,
+                                  device=self.device)
+        self.buffer[:, :, :old_rows, :old_cols] = old
+        self._hide(slice(None), old_cols, self.buffer.shape[3])
+        if rows > old_rows and old_cols:  # new rows: visible cached columns, padding hidden
+            self._hide(slice(old_rows, None), 0, old_cols)
         self._host = self._host_view()
 
 
@@ -240,12 +225,10 @@ def step_block(mask, past, p, parents, window_visible, neg):
 
 @njit(cache=True)
 def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
-    """One step's mask written in place into a preallocated buffer ``mask`` [rows, columns] (any integer or float view:
-    it only holds 0 and ``neg``). First columns ``clean_from .. past - 1`` (the last step's block, now cached) of the
-    first ``rows_used`` rows become visible again but for padding (``col_visible`` False; empty: none), then the block
-    ``mask[:q, past:past + q]`` is written as :func:`fill_step_mask` writes it. Example: past 3, p 1, parents
-    ``[-1, 0]``, clean_from 2, rows_used 4: column 2 of rows 0-3 becomes 0, and rows 0-2 of columns 3-5 become
-    ``[[0, n, n], [0, 0, n], [0, 0, 0]]`` (n: ``neg``)."""
+    """One step's mask written in place into a buffer ``mask`` [rows, columns] (any integer or float view): columns
+    ``clean_from .. past - 1`` (the last step's block, now cached) of the first ``rows_used`` rows become visible again
+    but for padding (``col_visible`` False; empty: none), then the block ``mask[:q, past:past + q]`` is written as
+    :func:`fill_step_mask` writes it."""
     for r in range(rows_used):
         for c in range(clean_from, past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0

@@ -1,9 +1,6 @@
-"""Step shapes: what differs between one row, a batch and a static cache in the step loop (``loop.py``).
-
-A shape drafts (``draft``), packs (``pack``), runs the forward (``forward``) and keeps the accepted entries, rolling
-back the rest (``keep``). :class:`OneRow` is one row on a dynamic cache; ``batch.Padded`` several rows;
-``static.Bucketed`` one row on a static cache.
-"""
+"""Step shapes: what differs between one row, a batch and a static cache in the step loop (``loop.py``). A shape
+drafts (``draft``), packs (``pack``), runs the forward (``forward``) and keeps the accepted entries (``keep``).
+:class:`OneRow`: one row on a dynamic cache; ``batch.Padded``: several rows; ``static.Bucketed``: a static cache."""
 
 from __future__ import annotations
 
@@ -44,7 +41,7 @@ class OneRow:
         self.call = call
         policy = call.decoder.policy
         self.cache, self.past = call.cache, call.past
-        _, self.col_visible = _prompt_columns(mask, input_ids.shape[1], call.gen.max_length)
+        self.col_visible = _prompt_columns(mask, input_ids.shape[1], call.gen.max_length)
         self.widened = call.sliding is not None and self.col_visible is not None
         if self.widened:  # past a sliding window with padding: its layers keep every column, masked by position
             call.sliding.widen(self.cache)
@@ -63,8 +60,7 @@ class OneRow:
         self.call.cost = self.call.decoder.price(self.call)
 
     def limits(self) -> Limits:
-        call = self.call
-        return Limits(call.max_length, call.kv_window, chains=call.chains)
+        return Limits(self.call.max_length, self.call.kv_window, chains=self.call.chains)
 
     def draft(self):
         rows = self.rows
@@ -151,11 +147,10 @@ class OneRow:
             self.call.sliding.finish(self.recording)
 
 
-def _prompt_columns(attention_mask, length: int, max_length: int):
-    """(positions, col_visible bool[max(max_length, length) + 1], False at padding; None without padding)."""
+def _prompt_columns(attention_mask, length: int, max_length: int) -> np.ndarray | None:
+    """bool[max(max_length, length) + 1], False at the prompt's padding; None without padding."""
     if attention_mask is None or bool((attention_mask == 1).all()):
-        return np.arange(length), None
-    visible = attention_mask[0].bool().cpu().numpy()
+        return None
     col_visible = np.ones(max(max_length, length) + 1, dtype=bool)
-    col_visible[:length] = visible
-    return np.maximum(np.cumsum(visible) - 1, 0), col_visible
+    col_visible[:length] = attention_mask[0].bool().cpu().numpy()
+    return col_visible

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -44,8 +44,8 @@ class DecodeStats:
     time_bookkeeping: float = 0.0
     time_calibration: float = 0.0
     step_nodes: int = 0
-    linear_layout: str = "nn.Linear"
     time_compile: float = 0.0
+    linear_layout: str = "nn.Linear"
     corpus: str | None = None
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
@@ -109,31 +109,16 @@ class DecodeStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     def as_dict(self) -> dict:
-        return {
-            "target_calls": self.target_calls,
-            "new_tokens": self.new_tokens,
-            "tokens_per_call": round(self.tokens_per_call, 4),
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "accepted_hist": {int(k): int(v) for k, v in sorted(self.accepted_hist.items())},
-            "drafted_by_origin": dict(self.drafted_by_origin),
-            "accepted_by_origin": dict(self.accepted_by_origin),
-            "budgets": [list(b) for b in self.budgets],
-            "accepted_per_step": list(self.accepted_per_step),
-            "cost_curve": [list(p) for p in self.cost_curve] if self.cost_curve else None,
-            "cost_steps": self.cost_steps,
-            "cost_provisional": self.cost_provisional,
-            "time_propose": self.time_propose,
-            "time_forward": self.time_forward,
-            "time_verify": self.time_verify,
-            "time_bookkeeping": self.time_bookkeeping,
-            "time_calibration": self.time_calibration,
-            "step_nodes": self.step_nodes,
-            "time_compile": self.time_compile,
-            "linear_layout": self.linear_layout,
-            "corpus": self.corpus,
-        }
+        """Every statistic, the read ones included, as JSON-ready values."""
+        out = {"target_calls": self.target_calls, "new_tokens": self.new_tokens,
+               "tokens_per_call": round(self.tokens_per_call, 4), "drafted": self.drafted, "accepted": self.accepted,
+               "acceptance_rate": round(self.acceptance_rate, 4),
+               "accepted_hist": {int(k): int(v) for k, v in sorted(self.accepted_hist.items())},
+               "drafted_by_origin": dict(self.drafted_by_origin), "accepted_by_origin": dict(self.accepted_by_origin)}
+        out.update((f.name, getattr(self, f.name)) for f in fields(self) if f.repr and f.name not in out)
+        out.update(budgets=[list(b) for b in self.budgets], accepted_per_step=list(self.accepted_per_step),
+                   cost_curve=[list(p) for p in self.cost_curve] if self.cost_curve else None)
+        return out
 
     def explain(self) -> str:
         """What the decoder did and why, in two plain sentences."""

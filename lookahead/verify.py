@@ -1,20 +1,16 @@
 """The exact-acceptance core: which drafted tokens the target model itself would have produced.
 
 Greedy: from the root, take the argmax ``x`` of the target's *processed* logits at the node (the user's processors
-applied with that node's own prefix); if a child carries ``x``, accept it and go on from it; else emit ``x`` (the
-correction, or the bonus token after an accepted leaf) and stop.
+applied with that node's own prefix); accept the child carrying ``x`` and go on from it, else emit ``x`` (the
+correction, or the bonus token after an accepted leaf) and stop. Sampling (a draft is a point mass): at each node draw
+``y ~ p`` by inverse CDF from the uniform of the emitted *position*; accept the child carrying ``y``, else emit ``y``.
+Every emitted token has exactly the target's distribution, and a seed gives the same text whatever was drafted.
 
-Sampling (a draft is a point mass): at each node on the path draw ``y ~ p`` by inverse CDF from a uniform ``u`` that
-belongs to the emitted *position*; accept the child carrying ``y``, else emit ``y``. This is multi-candidate rejection
-sampling, so every emitted token has exactly the target's distribution, and a seed gives the same text whatever was
-drafted.
+Example (greedy): tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``, argmax of the rows (root, nodes) ``[5, 9, 3, 4]``:
+accept node 0 (5), then node 2 (9), then emit 4: nodes ``[0, 2]``, tokens ``[5, 9, 4]``.
 
-Worked example (greedy): tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``, argmax of the rows (root, nodes)
-``[5, 9, 3, 4]``: accept node 0 (5), then node 2 (9), then emit 4: nodes ``[0, 2]``, tokens ``[5, 9, 4]``.
-
-On a CPU every row's argmax and top-k come from one Numba pass (:func:`rows_top`, whose argmax is ``torch.argmax``'s),
-and processors that only ban tokens (:class:`TokenBans`) are applied from the top-k, so a greedy verdict runs no tensor
-code per row.
+On a CPU, Numba kernels read every row's argmax (``torch.argmax``'s) and top-k (:func:`rows_top`), apply processors
+that only ban tokens from the top-k (:func:`apply_bans`) and walk the tree: a greedy verdict runs no tensor code.
 """
 
 from __future__ import annotations
@@ -122,44 +118,20 @@ def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, k
         row = child + 1
 
 
-@dataclass(frozen=True)
-class TokenBans:
-    """Processors that only ban ids while the length is in a range (``compat.token_bans``), packed for
-    :func:`apply_bans`: rule ``r`` bans ``ids[offsets[r]:offsets[r + 1]]`` while ``lo[r] <= length < hi[r]``; ``width``:
-    a top-k that always holds an allowed token."""
-
-    ids: np.ndarray
-    offsets: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    width: int
-
-    @classmethod
-    def of(cls, rules) -> TokenBans | None:
-        if not rules:
-            return None
-        ids = np.concatenate([r[0] for r in rules]).astype(np.int64)
-        offsets = np.cumsum([0] + [len(r[0]) for r in rules]).astype(np.int64)
-        return cls(ids, offsets, np.array([r[1] for r in rules], np.int64), np.array([r[2] for r in rules], np.int64),
-                   len(np.unique(ids)) + 1)
-
-    def apply(self, argmax: np.ndarray, tops, counts: np.ndarray, lengths: np.ndarray) -> bool:
-        """Every verified row's argmax -> its processed argmax, in place; False when some row needs its scores."""
-        return apply_bans(argmax, tops[0], tops[1], counts, lengths, self.ids, self.offsets, self.lo, self.hi)
-
-
-_NO_BANS = np.zeros(0, np.int64)
-
-
-def tree_arrays(drafts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens int64[b, w], parents int64[b, w], counts int64[b]) of every row's tree, padded to the widest."""
-    counts = np.array([len(d) for d in drafts], dtype=np.int64)
-    w = max(int(counts.max()) if len(counts) else 0, 1)
-    tokens, parents = np.zeros((len(drafts), w), np.int64), np.full((len(drafts), w), -2, np.int64)
-    for i, d in enumerate(drafts):
-        tokens[i, : len(d)] = d.tokens
-        parents[i, : len(d)] = d.parents
-    return tokens, parents, counts
+def verify(logits: torch.Tensor, tree_tokens: list[int], tree_parents: list[int], prefix: torch.Tensor,
+           logits_processor=None, do_sample: bool = False, keep_scores: bool = False, keep_raw: bool = False,
+           uniforms: list[float] | None = None) -> Verdict:
+    """One row's verdict, greedy or sampled: ``logits`` float[n + 1, V] (row 0 the root, row ``i + 1`` node ``i``),
+    ``prefix`` long[1, L] its context; processors run only on the walked path; ``uniforms``: one per emittable
+    position."""
+    if do_sample:
+        if uniforms is None:
+            uniforms = torch.rand(len(tree_tokens) + 1).tolist()
+        return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_sampled, keep_scores,
+                     keep_raw, uniforms)
+    if not logits_processor and not keep_scores and not keep_raw:
+        return greedy_verify_argmax(logits.argmax(-1).tolist(), tree_tokens, tree_parents)
+    return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_greedy, keep_scores, keep_raw)
 
 
 def greedy_verdicts(argmax: np.ndarray, drafts) -> list[Verdict]:
@@ -170,29 +142,41 @@ def greedy_verdicts(argmax: np.ndarray, drafts) -> list[Verdict]:
             return [Verdict([], [int(argmax[0, 0])])]
         nodes, tokens = greedy_walk(argmax[0], d.tokens, d.parents)
         return [Verdict(nodes.tolist(), tokens.tolist())]
-    tokens, parents, counts = tree_arrays(drafts)
+    counts = np.array([len(d) for d in drafts], dtype=np.int64)  # the trees, padded to the widest
+    w = max(int(counts.max()) if len(counts) else 0, 1)
+    tokens, parents = np.zeros((len(drafts), w), np.int64), np.full((len(drafts), w), -2, np.int64)
+    for i, d in enumerate(drafts):
+        tokens[i, : len(d)] = d.tokens
+        parents[i, : len(d)] = d.parents
     nodes, accepted, emitted = greedy_walks(argmax, tokens, parents, counts)
     return [Verdict(nodes[i, :a].tolist(), emitted[i, : a + 1].tolist()) for i, a in enumerate(accepted.tolist())]
 
 
+def _ban_arrays(rules) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``compat.token_bans``' rules as :func:`apply_bans` takes them: (ids, offsets, lo, hi) int64, rule ``r`` banning
+    ``ids[offsets[r]:offsets[r + 1]]`` while ``lo[r] <= length < hi[r]``."""
+    ids = np.concatenate([r[0] for r in rules]).astype(np.int64)
+    offsets = np.cumsum([0] + [len(r[0]) for r in rules]).astype(np.int64)
+    return ids, offsets, np.array([r[1] for r in rules], np.int64), np.array([r[2] for r in rules], np.int64)
+
+
+_NO_BANS = (np.zeros(0, np.int64),) * 4
+
+
 class Verifier:
-    """One call's verification, for one row or a batch. ``rules``: the processors as token bans (``compat.token_bans``)
-    or None; ``keep_scores`` / ``keep_raw``: verdicts carry the processed scores / raw logits."""
+    """One call's verification, for one row or a batch. ``processors``: per row (in the call's row order), its
+    processors as one function or None; ``rules``: the processors as token bans (``compat.token_bans``) or None;
+    ``keep_scores`` / ``keep_raw``: verdicts carry the processed scores / raw logits."""
 
     def __init__(self, device: torch.device, vocab: int, processors: list, rules, sampling: bool,
                  keep_scores: bool = False, keep_raw: bool = False):
-        """``processors``: per row (in the call's row order), its processors as one function or None."""
         self.device, self.on_cpu = device, device.type == "cpu"
         self.argmax_by_max = self.on_cpu and vocab >= 1024  # ``max`` finds the argmax faster there (same indices)
-        self.processors, self.sampling = processors, sampling
-        self.keep_scores, self.keep_raw = keep_scores, keep_raw
+        self.sampling, self.keep_scores, self.keep_raw = sampling, keep_scores, keep_raw
         greedy = not sampling and not (keep_scores or keep_raw)
         self.argmax_verdicts = greedy and (all(p is None for p in processors) or rules is not None)
-        self.bans = TokenBans.of(rules) if greedy and rules else None
-
-    def top_width(self, k: int) -> int:
-        """The top-k read per verified row: the sources' ``k``, widened with bans to hold an allowed token."""
-        return max(k, self.bans.width) if self.bans is not None else k
+        self.bans = _ban_arrays(rules) if greedy and rules else None
+        self.ban_width = len(np.unique(self.bans[0])) + 1 if self.bans else 0  # a top-k holding an allowed token
 
     def read_rows(self, logits: torch.Tensor, argmax_rows: np.ndarray | None, top_rows: np.ndarray, k: int):
         """Host readout of ``logits`` [b, q, V]: (argmax int64[b, q] of row ``i``'s first ``argmax_rows[i]`` rows, or
@@ -221,20 +205,28 @@ class Verifier:
         top-``k`` (ids, logits) [b, 1 + w, k] of every row's root and nodes, None when ``k`` is 0) from ``logits``
         [b, q, V] (row ``i``: its root, its nodes, then window rows). ``rows``: ``loop.Rows`` in the cache's order
         (``length_of``, ``is_done``, ``prefix``, ``uniforms``, ``processors``)."""
-        width = self.top_width(k)
+        width = max(k, self.ban_width)  # the top-k read per verified row
         if len(drafts) == 1:  # one row: the root's row, the nodes', then the window's
             d = drafts[0]
             n, m = len(d), d.n_window_rows
             if self.argmax_verdicts and self.on_cpu and width:  # one kernel call: read, bans, walk
-                verdict, argmax, tops = self._greedy_row(logits, d, 1 + n + m, rows.length_of(0), width)
-                if verdict is None:
+                arr = (logits.detach() if logits.requires_grad else logits).numpy()
+                q = arr.shape[1]
+                argmax = np.empty((1, q), np.int64)
+                ids, vals = np.empty((1, q, width), np.int64), np.empty((1, q, width), np.float32)
+                decided, nodes, tokens = greedy_row(arr, 1 + n + m, width, d.tokens, d.parents, d.depth,
+                                                    rows.length_of(0), *(self.bans or _NO_BANS), argmax, ids, vals)
+                if decided:
+                    verdict = Verdict(nodes.tolist(), tokens.tolist())
+                else:  # its top-k could not decide: its processed scores
                     verdict = self._processed(logits[0], d, rows, 0)
-                return [verdict], (argmax[0, n + 1 :] if m else None), _cut(tops, k)
+                return [verdict], (argmax[0, n + 1 :] if m else None), _cut((ids, vals), k)
             argmax, tops = self.read_rows(logits, np.array([1 + n + m]) if self.argmax_verdicts else None,
                                           np.array([n + 1]), width)
             if self.argmax_verdicts:
                 window = argmax[0, n + 1 :] if m else None  # (bans rewrite the verified rows only)
-                if self.bans is None or self.bans.apply(argmax, tops, np.array([n + 1]), _lengths(rows, drafts)):
+                if self.bans is None or apply_bans(argmax, *tops, np.array([n + 1]), _lengths(rows, drafts),
+                                                   *self.bans):
                     return greedy_verdicts(argmax, drafts), window, _cut(tops, k)
                 return [self._processed(logits[0], d, rows, 0)], window, _cut(tops, k)
             window = logits[0, n + 1 :].argmax(-1).cpu().numpy() if m else None
@@ -244,26 +236,14 @@ class Verifier:
         argmax, tops = self.read_rows(logits, counts if self.argmax_verdicts else None, counts, width)
         live = [i for i, gone in enumerate(done) if not gone]
         verdicts: list[Verdict | None] = [None] * len(drafts)
-        if self.argmax_verdicts and (self.bans is None or self.bans.apply(argmax, tops, counts,
-                                                                          _lengths(rows, drafts))):
+        if self.argmax_verdicts and (self.bans is None or apply_bans(argmax, *tops, counts, _lengths(rows, drafts),
+                                                                     *self.bans)):
             for i, v in zip(live, greedy_verdicts(argmax[live], [drafts[i] for i in live])):
                 verdicts[i] = v
         else:
             for i in live:
                 verdicts[i] = self._processed(logits[i], drafts[i], rows, i)
         return verdicts, None, _cut(tops, k)
-
-    def _greedy_row(self, logits: torch.Tensor, draft, count: int, length: int, k: int):
-        """One row's greedy verdict and readout in one kernel call; ``logits`` [1, q, V]."""
-        arr = (logits.detach() if logits.requires_grad else logits).numpy()
-        q = arr.shape[1]
-        argmax = np.empty((1, q), np.int64)
-        ids, vals = np.empty((1, q, k), np.int64), np.empty((1, q, k), np.float32)
-        bans = self.bans
-        rules = (_NO_BANS,) * 4 if bans is None else (bans.ids, bans.offsets, bans.lo, bans.hi)
-        decided, nodes, tokens = greedy_row(arr, count, k, draft.tokens, draft.parents, draft.depth, length, *rules,
-                                            argmax, ids, vals)
-        return (Verdict(nodes.tolist(), tokens.tolist()) if decided else None), argmax, (ids, vals)
 
     def _processed(self, logits: torch.Tensor, draft, rows, i: int) -> Verdict:
         """Row ``i``'s verdict from its processed scores: ``logits`` float[1 + n (+ more), V]."""
@@ -292,26 +272,12 @@ def _lengths(rows, drafts) -> np.ndarray:
     return lengths
 
 
-def verify(logits: torch.Tensor, tree_tokens: list[int], tree_parents: list[int], prefix: torch.Tensor,
-           logits_processor=None, do_sample: bool = False, keep_scores: bool = False, keep_raw: bool = False,
-           uniforms: list[float] | None = None) -> Verdict:
-    """One row's verdict, greedy or sampled: ``logits`` float[n + 1, V] (row 0 the root, row ``i + 1`` node ``i``),
-    ``prefix`` long[1, L] its context; processors run only on the walked path; ``uniforms``: one per emittable
-    position."""
-    if do_sample:
-        if uniforms is None:
-            uniforms = torch.rand(len(tree_tokens) + 1).tolist()
-        return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_sampled, keep_scores,
-                     keep_raw, uniforms)
-    if not logits_processor and not keep_scores and not keep_raw:
-        return greedy_verify_argmax(logits.argmax(-1).tolist(), tree_tokens, tree_parents)
-    return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_greedy, keep_scores, keep_raw)
-
-
 # -- kernels ----------------------------------------------------------------------------------------------------
 
 
 _BLOCK = 16  # logits per block of _one_top's first pass, whose block maxima bound the top k from below
+RANKED_MAXIMA = 24  # at most this many block maxima are ranked by counting (:func:`_kth_largest`)
+RANKED = 32  # at most this many candidates are ranked by counting (:func:`_one_top`), more are inserted
 
 
 @njit(cache=True, nogil=True)
@@ -334,8 +300,8 @@ def _first_nan(row):
 
 @njit(cache=True, nogil=True, fastmath={"nnan"})
 def _block_maxima(row, out):
-    """Each :data:`_BLOCK` logits' maximum of a NaN-free ``row`` into ``out`` float32[>= ceil(V / _BLOCK)]; without NaN
-    the compiler vectorises it (a zero's sign may come out either way)."""
+    """Each :data:`_BLOCK` logits' maximum of a NaN-free ``row`` into ``out`` float32[>= ceil(V / _BLOCK)] (a zero's
+    sign may come out either way)."""
     v = row.shape[0]
     t = 0
     for a in range(0, v - _BLOCK + 1, _BLOCK):  # this loop's form is what vectorises (a stride in t does not)
@@ -380,10 +346,6 @@ def _insert_top(row, a, b, low, k, ids, vals, m):
     return m
 
 
-RANKED_MAXIMA = 24  # at most this many block maxima are ranked by counting (:func:`_kth_largest`)
-RANKED = 32  # at most this many candidates are ranked by counting (:func:`_one_top`), more are inserted
-
-
 @njit(cache=True, nogil=True)
 def _top_scratch(v, k):
     """:func:`_one_top`'s scratch arguments (``maxima`` .. ``blocks``) for rows of ``v`` logits."""
@@ -395,8 +357,8 @@ def _top_scratch(v, k):
 @njit(cache=True, nogil=True)
 def _kth_largest(x, n, k, ids, vals):
     """The ``k``-th largest of ``x[:n]`` (``n >= k``, with multiplicity); ``ids`` / ``vals``: scratch of ``k``. Up to
-    :data:`RANKED_MAXIMA` values are ranked without data branches (a fresh row would mispredict them), more through a
-    top ``k``. Example: ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
+    :data:`RANKED_MAXIMA` values are ranked without data branches, more through a top ``k``. Example:
+    ``[3., 7., 7., 1.]``, k=2 -> 7.; k=3 -> 3."""
     if n <= RANKED_MAXIMA:
         low = np.inf
         for t in range(n):
@@ -424,7 +386,7 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
         _insert_top(row, 0, v, -np.inf, k, ids, vals, 0)
         return _first_nan(row) if nan else ids[0]
     _block_maxima(row, maxima)
-    if k == 1:  # the blocks holding the maximum, offered in order (one comparison an entry: no ranking pays)
+    if k == 1:  # the blocks holding the maximum, offered in order
         _insert_top(maxima, 0, nb, -np.inf, 1, low_ids, low_vals, 0)
         low = low_vals[0]
         m = 0
@@ -463,27 +425,23 @@ def _one_top(row, k, ids, vals, maxima, low_ids, low_vals, cand_v, cand_i, block
 
 
 @njit(cache=True, nogil=True)
-def greedy_walk(argmax, tokens, parents):
-    """(accepted nodes int64[a], emitted tokens int64[a + 1]) of a parent-first tree given every row's argmax (row 0:
-    the last context token, row ``1 + i``: node ``i``): the module docstring's walk, taking the first matching child."""
-    n = tokens.shape[0]
-    nodes = np.empty(n, np.int64)
-    out = np.empty(n + 1, np.int64)
-    a = 0
-    row = 0
-    while True:
-        x = argmax[row]
-        out[a] = x
-        child = -1
-        for i in range(row, n):  # a node's children come after it (parent-first): scan from row - 1 + 1
-            if parents[i] == row - 1 and tokens[i] == x:
-                child = i
-                break
-        if child < 0:
-            return nodes[:a], out[: a + 1]
-        nodes[a] = child
-        a += 1
-        row = child + 1
+def _row_argmax(row, maxima):
+    """``torch.argmax`` of ``row`` float32[V] (the first maximal index, or the first NaN's), through the block maxima
+    (``maxima``: scratch)."""
+    v = row.shape[0]
+    if _has_nan(row):
+        return _first_nan(row)
+    _block_maxima(row, maxima)
+    nb = (v + _BLOCK - 1) // _BLOCK
+    best = 0
+    for t in range(1, nb):
+        if maxima[t] > maxima[best]:
+            best = t
+    m = maxima[best]
+    for c in range(best * _BLOCK, min(best * _BLOCK + _BLOCK, v)):
+        if row[c] == m:
+            return c
+    return best * _BLOCK  # not reached: the block holds its maximum
 
 
 @njit(cache=True, nogil=True)
@@ -504,24 +462,36 @@ def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
     return argmax
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _walk_tree(argmax, tokens, parents, n, nodes, out):
+    """The module docstring's walk over the first ``n`` nodes of a parent-first tree (the first matching child), given
+    its rows' argmax (row 0: the root, row ``1 + i``: node ``i``): accepted nodes into ``nodes``, emitted tokens into
+    ``out``; returns how many nodes were accepted."""
+    a = 0
+    row = 0
+    while True:
+        x = argmax[row]
+        out[a] = x
+        child = -1
+        for i in range(row, n):  # a node's children come after it (parent-first): scan from row - 1 + 1
+            if parents[i] == row - 1 and tokens[i] == x:
+                child = i
+                break
+        if child < 0:
+            return a
+        nodes[a] = child
+        a += 1
+        row = child + 1
+
+
 @njit(cache=True, nogil=True)
-def _row_argmax(row, maxima):
-    """``torch.argmax`` of ``row`` float32[V] (the first maximal index, or the first NaN's): the NaN check, the block
-    maxima into ``maxima``, then a scan of the first block holding the largest."""
-    v = row.shape[0]
-    if _has_nan(row):
-        return _first_nan(row)
-    _block_maxima(row, maxima)
-    nb = (v + _BLOCK - 1) // _BLOCK
-    best = 0
-    for t in range(1, nb):
-        if maxima[t] > maxima[best]:
-            best = t
-    m = maxima[best]
-    for c in range(best * _BLOCK, min(best * _BLOCK + _BLOCK, v)):
-        if row[c] == m:
-            return c
-    return best * _BLOCK  # not reached: the block holds its maximum
+def greedy_walk(argmax, tokens, parents):
+    """(accepted nodes int64[a], emitted tokens int64[a + 1]) of a parent-first tree (:func:`_walk_tree`)."""
+    n = tokens.shape[0]
+    nodes = np.empty(n, np.int64)
+    out = np.empty(n + 1, np.int64)
+    a = _walk_tree(argmax, tokens, parents, n, nodes, out)
+    return nodes[:a], out[: a + 1]
 
 
 @njit(cache=True, nogil=True)
@@ -534,34 +504,16 @@ def greedy_walks(argmax, tokens, parents, counts):
     accepted = np.zeros(b, np.int64)
     emitted = np.empty((b, w + 1), np.int64)
     for i in range(b):
-        n = counts[i]
-        a = 0
-        row = 0
-        while True:
-            x = argmax[i, row]
-            emitted[i, a] = x
-            child = -1
-            for c in range(row, n):
-                if parents[i, c] == row - 1 and tokens[i, c] == x:
-                    child = c
-                    break
-            if child < 0:
-                break
-            nodes[i, a] = child
-            a += 1
-            row = child + 1
-        accepted[i] = a
+        accepted[i] = _walk_tree(argmax[i], tokens[i], parents[i], counts[i], nodes[i], emitted[i])
     return nodes, accepted, emitted
 
 
 @njit(cache=True, nogil=True)
 def apply_bans(argmax, ids, vals, counts, lengths, ban_ids, ban_offsets, ban_lo, ban_hi):
-    """Every verified row's argmax -> its argmax under token bans, in place. Row ``j < counts[i]`` of batch row ``i``
-    continues ``lengths[i, j]`` tokens; rule ``r`` bans ``ban_ids[ban_offsets[r]:ban_offsets[r + 1]]`` while
-    ``ban_lo[r] <= length < ban_hi[r]``; the answer is the first unbanned id of the top-k ``ids[i, j]`` /
-    ``vals[i, j]``. Returns False when a row cannot be decided from its top-k (all banned or -inf, or a NaN row): the
-    caller processes its scores. Example: top-3 ``[[[2, 7, 5]]]``, lengths ``[[6]]``, ``[2]`` banned while length < 8:
-    argmax ``[[2]]`` -> ``[[7]]``."""
+    """Every verified row's argmax -> its argmax under token bans (:func:`_ban_arrays`), in place: the first unbanned id
+    of its top-k ``ids[i, j]`` / ``vals[i, j]``, row ``j < counts[i]`` of batch row ``i`` continuing ``lengths[i, j]``
+    tokens. False when a row's top-k cannot decide (all banned or -inf, or a NaN row). Example: top-3
+    ``[[[2, 7, 5]]]``, lengths ``[[6]]``, ``[2]`` banned while length < 8: argmax ``[[2]]`` -> ``[[7]]``."""
     b = counts.shape[0]
     k = ids.shape[2]
     for i in range(b):
