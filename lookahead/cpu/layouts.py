@@ -15,11 +15,7 @@ from ..cost import STEP_VARIANT, CostModel
 from ..shadow import LINEAR, ONEDNN, TRANSPOSED, onednn_linear, shadow
 
 KIND_NAMES = ("nn.Linear", "transposed", "oneDNN")
-
-
 ONEDNN_MAX_ROWS = 1 << 12
-
-
 FORCED = {"transposed": TRANSPOSED, "onednn": ONEDNN}
 """``Tuning.linear_layout`` values that force a layout."""
 
@@ -35,11 +31,10 @@ class LinearPlan:
 
     def __post_init__(self):
         uptos = [b[0] for b in self.bounds]
-        if any(not isinstance(u, int) or u < 1 for u in uptos) or uptos != sorted(set(uptos)):
-            raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: each upto an int >= 1, increasing")
-        if any(kind not in (LINEAR, TRANSPOSED, ONEDNN) for _, kind in self.bounds):
-            raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: kinds must be LINEAR, TRANSPOSED or "
-                             "ONEDNN")
+        if (any(not isinstance(u, int) or u < 1 for u in uptos) or uptos != sorted(set(uptos))
+                or any(kind not in (LINEAR, TRANSPOSED, ONEDNN) for _, kind in self.bounds)):
+            raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: each upto an int >= 1, increasing; each "
+                             "kind LINEAR, TRANSPOSED or ONEDNN")
 
     @classmethod
     def uniform(cls, kind: int, max_rows: int) -> LinearPlan:
@@ -108,38 +103,30 @@ def plan_layouts(linear: CostModel, transposed: CostModel | None = None, onednn:
     (``nn.Linear``), ``transposed`` (up to ``layout_max_rows``) and ``onednn``, each read up to the rows it covers;
     None: not timed.
 
-    At each point ``k`` >= 2 of ``linear`` the plan takes the cheapest layout, each relative to its own curve's
-    one-row step (``nn.Linear`` in each, so the machine's speed at each timing cancels out); another layout only
-    where it costs at most ``below`` times ``nn.Linear``. ``force``: that layout wherever it was timed. Rows between
-    two points take the upper point's layout. The curve: ``linear``'s points at the chosen layouts' relative costs
-    (provisional when a curve it takes is; steps when all are); ``linear`` itself where every step is ``nn.Linear``.
+    At each point ``k`` >= 2 of ``linear`` the plan takes the cheapest layout relative to its own curve's one-row
+    step (so the machine's speed at each timing cancels out); another layout only where it costs at most ``below``
+    times ``nn.Linear``; ``force``: that layout wherever it was timed. Rows between two points take the upper point's
+    layout. The curve: ``linear``'s points at the chosen layouts' relative costs (provisional when a curve it takes
+    is; steps when all are); ``linear`` itself where every step is ``nn.Linear``.
 
-    Example (ms; measured curves): linear ``{1: 80, 2: 126, 4: 126, 8: 116, 16: 142}``, transposed ``{1: 80, 2: 69,
-    4: 79, 8: 120, 16: 124}``, oneDNN ``{1: 88, 2: 92, 4: 99, 8: 106, 16: 132}``. At 2 rows the other way round
-    costs 0.86 one-row steps (oneDNN 1.05, ``nn.Linear`` 1.58), at 4 rows 0.99; at 8 oneDNN 1.20 (the other way
-    round 1.50, ``nn.Linear`` 1.45), at 16 oneDNN 1.50 (1.55, 1.78) -> 2-4 rows transposed, 5-16 rows oneDNN;
-    curve ``{1: 80, 2: 69, 4: 79, 8: 96.4, 16: 120}``. Without the oneDNN curve: 2-4 rows transposed, 9-16 rows
-    transposed as well (1.55 <= 0.95 x 1.78), 5-8 ``nn.Linear``; the same transposed curve measured on a machine
-    1.5x slower gives the same plan and curve.
+    Example (ms): linear ``{1: 80, 2: 126, 4: 126, 8: 116, 16: 142}``, transposed ``{1: 80, 2: 69, 4: 79, 8: 120,
+    16: 124}``, oneDNN ``{1: 88, 2: 92, 4: 99, 8: 106, 16: 132}``: at 2 rows transposed costs 0.86 one-row steps
+    (oneDNN 1.05, ``nn.Linear`` 1.58), at 8 oneDNN 1.20 (transposed 1.50, ``nn.Linear`` 1.45) -> 2-4 rows transposed,
+    5-16 rows oneDNN; curve ``{1: 80, 2: 69, 4: 79, 8: 96.4, 16: 120}``.
     """
     base = float(linear(1))
     others = [(kind, curve, float(curve(1)), min(curve.covers, cap)) for kind, curve, cap in
-              ((TRANSPOSED, transposed, DEFAULT.layout_max_rows), (ONEDNN, onednn, 1 << 62)) if curve is not None]
+              ((TRANSPOSED, transposed, DEFAULT.layout_max_rows), (ONEDNN, onednn, 1 << 62))
+              if curve is not None and force in (None, kind)]
     bounds: list[tuple[int, int]] = []
     points, used = [], {id(linear): linear}
     for k, t in linear.points:
         kind, rel = LINEAR, t / base
-        if k >= 2:
-            best = None
-            for other, curve, one, reach in others:
-                if k > reach or (force is not None and other != force):
-                    continue
-                r = float(curve(k)) / one
-                if (force is not None or r <= below * rel) and (best is None or r < best[0]):
-                    best = (r, other, curve)
-            if best is not None:
-                rel, kind, curve = best
-                used[id(curve)] = curve
+        options = [(float(curve(k)) / one, other, curve) for other, curve, one, reach in others if 2 <= k <= reach]
+        options = [o for o in options if force is not None or o[0] <= below * rel]
+        if options:
+            rel, kind, curve = min(options, key=lambda o: o[0])
+            used[id(curve)] = curve
         if bounds and bounds[-1][1] == kind:
             bounds[-1] = (k, kind)
         else:
@@ -162,6 +149,14 @@ def linear_modules(model) -> list[nn.Linear]:
             and m.weight.dim() == 2 and m.weight.is_floating_point()]
 
 
+def _check_onednn(kind: int, modules: Sequence[nn.Linear]) -> None:
+    if kind == ONEDNN and not onednn_fits(modules):
+        dtypes = sorted({str(m.weight.dtype) for m in modules})
+        raise ValueError(f"Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
+                         f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN "
+                         f"(torch.backends.mkldnn.is_available(): {torch.backends.mkldnn.is_available()})")
+
+
 def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist, runner,
                variant: str = STEP_VARIANT):
     """(the step curve, what runs the steps, the plan in words) for ``model`` on a CPU: each layout's step curve is
@@ -173,11 +168,7 @@ def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tunin
     grouped = runner is not model
     if not modules:
         return linear, runner, KIND_NAMES[LINEAR]
-    if force == ONEDNN and not onednn_fits(modules):
-        dtypes = sorted({str(m.weight.dtype) for m in modules})
-        raise ValueError(f"Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights "
-                         f"(this model's: {', '.join(dtypes)}) and a torch built with oneDNN "
-                         f"(torch.backends.mkldnn.is_available(): {torch.backends.mkldnn.is_available()})")
+    _check_onednn(force, modules)
 
     def timed(kind: int, most: int, name: str) -> CostModel:
         steps = shadow(model, whole_plan(kind), grouped)
@@ -198,10 +189,7 @@ def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tunin
 
 def forced(model, tuning: Tuning, grouped: bool = False):
     """(the shadow that runs every step in the layout ``tuning.linear_layout`` forces, the plan in words)."""
-    modules = linear_modules(model)
     kind = FORCED[tuning.linear_layout]
-    if kind == ONEDNN and not onednn_fits(modules):
-        raise ValueError("Tuning.linear_layout='onednn' cannot run here: it needs torch.float32 linear weights and a "
-                         "torch built with oneDNN")
+    _check_onednn(kind, linear_modules(model))
     plan = whole_plan(kind)
     return shadow(model, plan, grouped), plan.describe()

@@ -1,10 +1,10 @@
 """Tensor parallelism: every rank of a sharded model makes the same decisions (:class:`RankSync`).
 
 Under ``torchrun`` a model loaded with ``tp_plan="auto"`` runs collectives inside its layers, so every rank must run
-forwards of the same shapes in the same order: the same draft at every step. Drafts follow from the tokens and the
-logits, gathered and identical on every rank, and from what one rank's clock or random state gives (the cost curve,
-a measured time, the sampling seed): that is taken from rank 0, the rest is checked. Without ``torch.distributed``,
-with one rank, or for a model that is not sharded, every method is a no-op returning its local value. In each rank::
+forwards of the same shapes in the same order: the same draft at every step. What one rank's clock or random state
+gives (the cost curve, a measured time, the sampling seed) is taken from rank 0; the rest is checked. Without
+``torch.distributed``, with one rank, or for a model that is not sharded, every method is a no-op returning its
+local value. In each rank::
 
     sync = RankSync.for_model(model)                 # the model's tensor-parallel group
     curve = sync.broadcast(measured_curve)           # rank 0's curve on every rank
@@ -31,7 +31,8 @@ MAX_SHARED = 8
 """Floats one :meth:`RankSync.check` hands over from rank 0 at most."""
 
 _HEADER = 4  # slots before the fields: checksums of ``where`` and of the field names, the phase, the step
-_WIDTH = _HEADER + MAX_FIELDS + MAX_SHARED  # int64 slots of every message, on every rank
+_SHARED = _HEADER + MAX_FIELDS  # the first slot of the shared floats
+_WIDTH = _SHARED + MAX_SHARED  # int64 slots of every message, on every rank
 _STEP, _FINISH = 1, 2  # phases: a step's check; the loop's end
 
 CAUSES = ("every rank of a tensor-parallel model must make the same decisions; what differs usually comes from one "
@@ -124,15 +125,13 @@ def encode_message(where, phase: int, fields: Mapping[str, object], shared: Sequ
     msg[0], msg[1], msg[2] = checksum(where), checksum(tuple(fields)), phase
     msg[3] = int(where) if isinstance(where, (int, np.integer)) and not isinstance(where, bool) else -1
     msg[_HEADER : _HEADER + len(fields)] = [checksum(v) for v in fields.values()]
-    start = _HEADER + MAX_FIELDS
-    msg[start : start + len(shared)] = np.asarray(shared, dtype=np.float64).view(np.int64)
+    msg[_SHARED : _SHARED + len(shared)] = np.asarray(shared, dtype=np.float64).view(np.int64)
     return msg
 
 
 def shared_values(messages: np.ndarray, count: int) -> tuple[float, ...]:
     """Rank 0's first ``count`` shared floats from the gathered messages int64[ranks, _WIDTH]."""
-    start = _HEADER + MAX_FIELDS
-    return tuple(messages[0, start : start + count].copy().view(np.float64).tolist())
+    return tuple(messages[0, _SHARED : _SHARED + count].copy().view(np.float64).tolist())
 
 
 def _differ(messages: np.ndarray, names: Sequence[str]) -> list[tuple[int, bool, list[str]]]:
@@ -235,30 +234,19 @@ class RankSync:
         """``count`` seeds for the sampling uniforms, rank 0's on every rank. Each rank draws them as one process
         would (``torch.randint(0, 2**62, (1,))`` each), so ``torch.manual_seed(s)`` gives the single-process seeds."""
         local = [int(torch.randint(0, 2**62, (1,)).item()) for _ in range(count)]
-        if not self.active or not count:
-            return local
-        t = torch.tensor(local, dtype=torch.int64, device=self._device)
-        torch.distributed.broadcast(t, src=self._src, group=self.group)
-        self.collectives += 1
-        return [int(v) for v in t.cpu().tolist()]
+        return self._rank0(local, torch.int64) if self.active and count else local
 
     def shared_clock(self, clock):
         """``clock`` read on every rank, rank 0's reading returned (one broadcast per reading): a timing loop whose
         decisions follow its readings then runs the same sharded forwards on every rank. Inactive: ``clock``."""
-        if not self.active:
-            return clock
+        return (lambda: self._rank0([float(clock())], torch.float64)[0]) if self.active else clock
 
-        def read() -> float:
-            t = torch.tensor([float(clock())], dtype=torch.float64, device=self._device)
-            torch.distributed.broadcast(t, src=self._src, group=self.group)
-            self.collectives += 1
-            return float(t.item())
-
-        return read
-
-    def due(self, where) -> bool:
-        """Whether :meth:`check` at ``where`` runs its collective (without ``shared`` values)."""
-        return self.active and (not isinstance(where, (int, np.integer)) or where % self.every == 0)
+    def _rank0(self, values: list, dtype: torch.dtype) -> list:
+        """Rank 0's ``values`` (numbers, as a tensor of ``dtype``) on every rank: one broadcast."""
+        t = torch.tensor(values, dtype=dtype, device=self._device)
+        torch.distributed.broadcast(t, src=self._src, group=self.group)
+        self.collectives += 1
+        return t.cpu().tolist()
 
     def check(self, where, *, shared: Sequence[float] = (), **fields) -> tuple[float, ...]:
         """Compare ``fields`` (name -> value, see :func:`checksum`) across the ranks with one ``all_gather`` of
@@ -268,7 +256,8 @@ class RankSync:
         rank when a field differs from rank 0's, or a rank is at another step or has left the loop (:meth:`finish`).
         """
         shared = tuple(float(s) for s in shared)
-        if not self.active or not (shared or self.due(where)):
+        due = shared or not isinstance(where, (int, np.integer)) or where % self.every == 0
+        if not self.active or not due:
             return shared
         messages = self._gather(encode_message(where, _STEP, fields, shared))
         self._raise_if_diverged(messages, where, tuple(fields))
@@ -288,11 +277,9 @@ class RankSync:
         return torch.stack(out).cpu().numpy()  # int64[ranks, _WIDTH], in the group's rank order
 
     def _raise_if_diverged(self, messages: np.ndarray, where, names: tuple[str, ...]) -> None:
-        what = find_divergence(messages, names)
-        if what is None:
-            return
         differ = _differ(messages, names)
-        ranks = tuple(r for r, _, _ in differ)
-        fields = tuple(n for n in names if any(n in f for _, _, f in differ))
-        raise RankDivergence(f"the ranks of this tensor-parallel call diverged: {what}. {CAUSES}.", where, fields,
-                             ranks)
+        if differ:
+            what = find_divergence(messages, names)
+            fields = tuple(n for n in names if any(n in f for _, _, f in differ))
+            raise RankDivergence(f"the ranks of this tensor-parallel call diverged: {what}. {CAUSES}.", where, fields,
+                                 tuple(r for r, _, _ in differ))

@@ -2,20 +2,16 @@
 
 ``LookaheadDecoder(draft=...)`` takes ``"layer-skip"``, ``"early-exit"``, ``"low-rank"`` (the target's own cheaper
 forward, ``drafters.py``), a causal LM with the target's tokenizer, or a function ``target -> causal LM`` (built on
-the first call). :func:`draft_source` makes its one :class:`DraftPassSource`, which runs the drafter greedily from
-a KV cache of its own and crops that cache to the accepted prefix as it learns the emitted tokens.
+the first call). :func:`draft_source` makes its one :class:`DraftPassSource`.
 
-Pricing: a draft forward is not free. Each step the source drafts the depth ``d`` that maximises modelled tokens per
-second ``(1 + a + ... + a^d) / (t(1 + d) + d * c * t(1))`` (``a``: its measured acceptance per token, ``c``: one
-draft forward over one target forward, ``t``: the call's cost curve), if that beats a plain step ``1 / t(1)`` by
-the budget's margin; else nothing, with a depth-2 probe now and then to keep ``a`` measured. Example: a = 0.8,
-c = 0.5, a flat curve: d = 1 gives 1.8 / 1.5 = 1.2 tokens per t(1), d = 2 gives 2.44 / 2 = 1.22, d = 4 gives
-3.36 / 3 = 1.12: two deep.
+Pricing: each step the source drafts the depth ``d`` that maximises modelled tokens per second
+``(1 + a + ... + a^d) / (t(1 + d) + d * c * t(1))`` (``a``: its measured acceptance per token, ``c``: one draft
+forward over one target forward, ``t``: the call's cost curve), if that beats a plain step ``1 / t(1)`` by the
+budget's margin; else nothing, with a depth-2 probe now and then to keep ``a`` measured (worked example:
+:func:`~lookahead.passes.drafters.modelled_speed`).
 
-Sampling: drafts are greedy, so deterministic given the context: the decoder's point-mass acceptance is exact for
-them, as for any draft chosen independently of the verification's uniforms.
+Drafts are greedy, so deterministic given the context: the decoder's point-mass acceptance is exact for them.
 """
-
 from __future__ import annotations
 
 import threading
@@ -113,10 +109,10 @@ class DraftPassSource(DraftSource):
         self._acc = self._tried = 0.0
         self._reset()
 
-    def _reset(self) -> None:
+    def _reset(self, context=()) -> None:
         self.stats = dict.fromkeys(STATS, 0)
         self._idle, self._probe = 0, self.probe_every[0]
-        self.tokens: list[int] = []  # the context
+        self.tokens = [int(t) for t in context]
         self.cached: list[int] = []  # the tokens whose keys and values the drafter's cache holds, in order
         self.chain: list[int] = []
 
@@ -126,20 +122,17 @@ class DraftPassSource(DraftSource):
         a, b = self.prior
         return (self._acc + a) / (self._tried + a + b)
 
-    def _model_drafter(self, target) -> ModelDrafter:
-        if self._built is None or self._built[0]() is not target:
-            model = self.draft if isinstance(self.draft, nn.Module) else self.draft(target)
-            check_draft_model(model, target)
-            self._built = (weakref.ref(target), ModelDrafter(model))
-        return self._built[1]
-
     def start(self, prompt: np.ndarray, model=None) -> None:
         if model is None:
             raise ValueError("a draft pass needs the target model at start")
         if isinstance(self.draft, str):
             self.drafter, self.info = self_drafter(model, self.draft, self.size, prompt)
         else:
-            self.drafter = self._model_drafter(model)
+            if self._built is None or self._built[0]() is not model:
+                draft = self.draft if isinstance(self.draft, nn.Module) else self.draft(model)
+                check_draft_model(draft, model)
+                self._built = (weakref.ref(model), ModelDrafter(draft))
+            self.drafter = self._built[1]
             self.info = {"draft_model": type(self.drafter.model).__name__,
                          "layers": getattr(self.drafter.model.config, "num_hidden_layers", None)}
         if self.cost_ratio:
@@ -153,8 +146,7 @@ class DraftPassSource(DraftSource):
         agreement = self.info.get("agreement")
         self.hopeless = agreement is not None and drafters.modelled_speed(agreement, self.ratio) < self.margin
         self.cache = self.drafter.new_cache()
-        self._reset()
-        self.tokens = [int(t) for t in prompt]
+        self._reset(prompt)
 
     def priced_depth(self, depth: int, cost, margin: float = DEFAULT.margin) -> int:
         """How deep to draft this step on the cost curve ``cost`` (a ``CostModel``; None: ``depth``); see the module
@@ -193,29 +185,26 @@ class DraftPassSource(DraftSource):
             crop_cache(self.cache, len(self.cached) - len(self.tokens) + 1)
             del self.cached[len(self.tokens) - 1:]
         logits = self._forward(self.tokens[len(self.cached):])
-        tokens, parents, match, chain = [], [], [], []
+        tokens, shares = [], []
         for level in range(depth):
             top = torch.topk(torch.softmax(logits, -1), self.branches)
-            ids, shares = top.indices.tolist(), top.values.tolist()
-            parent = len(tokens) - self.branches if level else -1  # the previous level's first node
-            tokens += ids
-            parents += [parent] * len(ids)
-            match += [3 if s >= 0.8 else 2 if s >= 0.4 else 1 for s in shares]
-            chain.append(ids[0])
+            tokens += top.indices.tolist()
+            shares += top.values.tolist()
             if level + 1 < depth:
-                logits = self._forward([ids[0]])
-        self.chain = chain
-        self.stats["proposed"] += len(chain)
+                logits = self._forward([tokens[-self.branches]])
+        self.chain = tokens[:: self.branches]
+        self.stats["proposed"] += depth
         self.stats["drafting_steps"] += 1
-        return Proposal(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
-                        np.array(match, dtype=np.int64))
+        # each level's nodes hang from the previous level's first node
+        parents = np.repeat([-1, *range(0, (depth - 1) * self.branches, self.branches)], self.branches)
+        match = np.digitize(shares, (0.4, 0.8)) + 1  # >= 0.8: 3, >= 0.4: 2, else 1
+        return Proposal(np.array(tokens, dtype=np.int64), parents.astype(np.int64), match.astype(np.int64))
 
     def learn(self, emitted: np.ndarray) -> None:
         emitted = [int(t) for t in emitted]
         if self.chain:
-            n = min(len(self.chain), len(emitted))
             accepted = _common_prefix(self.chain, emitted)
-            tried = accepted + (accepted < n)
+            tried = accepted + (accepted < min(len(self.chain), len(emitted)))
             self._acc = self.decay * self._acc + accepted
             self._tried = self.decay * self._tried + tried
             self.stats["tried"] += tried
@@ -236,7 +225,4 @@ class DraftPassSource(DraftSource):
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    n, i = min(len(a), len(b)), 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -7,14 +7,12 @@ logits``, ``new_cache()``, ``device`` and ``linear_params()``:
 - :class:`ModelDrafter`: a separate causal LM with the target's vocabulary.
 
 Nothing of the target is modified and its own forward verifies every step, so every drafter is exact. Early exit
-does not hand its layers' keys and values to the verification: they equal the target's only up to floating point,
-and transformers has no public forward that starts at layer L.
+does not hand its layers' keys and values to the verification (equal only up to floating point).
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import time
 from collections.abc import Sequence
 
@@ -73,8 +71,7 @@ def causal_mask(past: int, q: int, dtype: torch.dtype, device) -> torch.Tensor |
     for one token. Example: past 1, q 2 -> rows ``[0, 0, min]``, ``[0, 0, 0]``."""
     if q == 1:
         return None
-    visible = torch.arange(past + q, device=device)[None, :] <= past + torch.arange(q, device=device)[:, None]
-    return torch.zeros((), dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)[None, None]
+    return torch.full((q, past + q), torch.finfo(dtype).min, dtype=dtype, device=device).triu(past + 1)[None, None]
 
 
 def _linear_weights(modules) -> int:
@@ -83,9 +80,8 @@ def _linear_weights(modules) -> int:
 
 class LayerStack:
     """A forward through a Llama-family model's embedding, rotary table, the given decoder ``layers`` (the target's
-    own, or new ones), final norm and ``head``. Not an ``nn.Module``: it owns nothing, so no ``.to()`` or
-    ``.train()`` on it can reach the target. Each layer keeps its ``layer_idx``: in the lazily grown cache a left-out
-    layer's slot stays empty."""
+    own, or new ones), final norm and ``head``. Not an ``nn.Module``: no ``.to()`` or ``.train()`` on it can reach the
+    target. Each layer keeps its ``layer_idx``: a left-out layer's cache slot stays empty."""
 
     def __init__(self, model, layers: Sequence[nn.Module], head: nn.Module | None = None):
         check_llama_family(model)
@@ -94,8 +90,7 @@ class LayerStack:
         self.head = model.lm_head if head is None else head
         self.layers = list(layers)
         self.device = self.embed.weight.device
-        params = inspect.signature(type(self.layers[0]).forward).parameters if self.layers else {}
-        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.cache_kwarg = cache_kwarg_name(type(self.layers[0])) if self.layers else "past_key_values"
         self.ratio: float | None = None  # one forward's time over the target's, once measured
 
     def new_cache(self) -> DynamicCache:
@@ -157,8 +152,7 @@ def low_rank_drafter(model, fraction: float, factors: dict | None = None) -> Lay
         new = copy.deepcopy(layer, {id(t): t for t in (*layer.parameters(), *layer.buffers())})  # modules only
         for name, mod in list(new.named_modules()):
             if isinstance(mod, nn.Linear):
-                parent, _, child = name.rpartition(".")
-                setattr(new.get_submodule(parent) if parent else new, child, low_rank(f"model.layers.{i}.{name}", mod))
+                new.set_submodule(name, low_rank(f"model.layers.{i}.{name}", mod))
         layers.append(new)
     return LayerStack(model, layers, head=low_rank("lm_head", model.lm_head))
 
@@ -204,8 +198,7 @@ class ModelDrafter:
 
 def truncated_copy(model, layers: int):
     """A separate causal LM of ``model``'s first ``layers`` decoder layers, embedding, final norm and head: NEW module
-    objects and config sharing the target's weight tensors. The bench's draft model when no second model of the
-    tokenizer is at hand; through HF's own forward it computes what early exit at ``layers`` does."""
+    objects and config sharing the target's weight tensors (what early exit at ``layers`` computes)."""
     check_llama_family(model)
     new = copy.deepcopy(model, {id(t): t for t in (*model.parameters(), *model.buffers())})
     new.model.layers = nn.ModuleList(list(new.model.layers)[:layers])
