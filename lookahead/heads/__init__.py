@@ -1,10 +1,9 @@
 """Trained draft heads: small modules over the target's final hidden state that draft a tree each step.
 
-Each step's verification forward already computes the hidden state its output layer reads; at the row that gave
-the step's last token it says much about the next few tokens. Heads trained on the model's own greedy answers turn
-it into a draft tree for a fraction of a forward, with no second model. The exact acceptance core verifies every
-node, so heads change the speed, never the output. Three kinds, each ending in the model's own LM-head rows of a
-frequent-token vocabulary ``vocab_ids`` (a full head is costly on a CPU):
+The hidden state that gives a step's last token says much about the next few tokens; heads trained on the model's
+own greedy answers turn it into a draft tree for a fraction of a forward, with no second model. Verification stays
+exact, so heads change the speed, never the output. Three kinds (:data:`KINDS`), each ending in the model's own
+LM-head rows of a frequent-token vocabulary ``vocab_ids``:
 
 - ``"medusa"`` (Cai et al. 2024): head ``k`` maps ``h`` through a residual SiLU block and predicts the token
   ``k + 1`` ahead; the tree is the best-first product of the heads' top-k lists.

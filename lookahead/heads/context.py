@@ -10,10 +10,8 @@ model's input embedding), and the layer maps it to the next feature::
 *Level 1* at position ``p`` maps the true ``z_p`` attending to the true ``z_0..z_p``: it predicts ``t_{p+1}``.
 *Level k* feeds the predicted feature back, ``z^k = fc([n(f'^{k-1}), n(e(t_{p+k-1}))])`` at position
 ``p + k - 1``, attending to the true ``z_0..z_p`` and to its own chain ``z^2..z^k`` (a draft path's ancestors).
-Training unrolls the levels so (:func:`unrolled_features`); drafting runs them over a tree's paths.
-
-Example: 40 positions cached, 8 paths, 10 candidates each: level 1 is one query over 40 keys; level 2 is 8
-queries, each over the 40 cached keys and its own one chain key; level 3 has 2 chain keys per query.
+Training unrolls the levels so (:func:`unrolled_features`); drafting runs them over a tree's paths, each path's
+queries attending to the cached positions and to its own chain.
 """
 
 from __future__ import annotations

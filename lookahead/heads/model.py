@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..corpus import check_model, fingerprint
@@ -33,6 +34,19 @@ FEATURE_DEPTH = 6
 """A feature or context head's default draft depth (it runs on usefully past the depth it was trained to)."""
 
 
+def invalid(settings, name: str, why: str) -> ValueError:
+    """The error for field ``name`` of a settings object: ``"HeadsSettings.topk=0 is invalid: {why}"``."""
+    return ValueError(f"{type(settings).__name__}.{name}={getattr(settings, name)!r} is invalid: {why}")
+
+
+def check_ints(settings, bounds: dict[str, tuple[int, int]]) -> None:
+    """Raise :func:`invalid` unless each field ``name`` of ``settings`` is an int in ``bounds[name]`` (inclusive)."""
+    for name, (low, high) in bounds.items():
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise invalid(settings, name, f"must be an int in [{low}, {high}]")
+
+
 @dataclass(frozen=True)
 class HeadsSettings:
     """How the heads draft: at most ``max_nodes`` nodes (also capped by the most a step may verify; twice that in
@@ -40,8 +54,7 @@ class HeadsSettings:
     ``topk`` candidates per head or expanded node, ``width`` paths expanded per level (feature and context heads),
     ``cost``: the heads' own seconds per step ``(base, per level)`` (None: measured once per model and tree shape),
     ``dtype``: what they compute in, ``"float32"``, ``"bfloat16"`` or ``"auto"`` (on a CPU with a measured cost,
-    the faster of the two; else float32; a context head always float32). Their precision never changes the output,
-    which the target verifies, only which candidates rank first."""
+    the faster of the two; else float32; a context head always float32). None of them changes the output."""
 
     max_nodes: int = 127
     max_depth: int = 0
@@ -51,23 +64,17 @@ class HeadsSettings:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        def bad(name, why):
-            return ValueError(f"HeadsSettings.{name}={getattr(self, name)!r} is invalid: {why}")
-
-        for name, low, high in (("max_nodes", 1, 256), ("max_depth", 0, 64), ("topk", 1, 64), ("width", 1, 64)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise bad(name, f"must be an int in [{low}, {high}]")
+        check_ints(self, {"max_nodes": (1, 256), "max_depth": (0, 64), "topk": (1, 64), "width": (1, 64)})
         if self.cost is not None:
             try:
                 base, per = (float(c) for c in self.cost)
             except (TypeError, ValueError):
-                raise bad("cost", "must be (base seconds, seconds per level) or None") from None
+                raise invalid(self, "cost", "must be (base seconds, seconds per level) or None") from None
             if base < 0 or per < 0:
-                raise bad("cost", "seconds must be >= 0")
+                raise invalid(self, "cost", "seconds must be >= 0")
             object.__setattr__(self, "cost", (base, per))
         if self.dtype not in DTYPES:
-            raise bad("dtype", f"must be one of {tuple(DTYPES)}")
+            raise invalid(self, "dtype", f"must be one of {tuple(DTYPES)}")
 
 
 class DraftHeads(nn.Module):
@@ -126,8 +133,6 @@ class DraftHeads(nn.Module):
         super().__setstate__(state)
         self._devices, self._lock = {}, threading.Lock()
 
-    # -- compute -----------------------------------------------------------------------------------------------
-
     def medusa_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """float[N, K, H]: each Medusa head's residual block of ``hidden`` float[N, H]."""
         z = torch.einsum("nj,kij->nki", self.drop(hidden), self.block_weight) + self.block_bias
@@ -144,8 +149,6 @@ class DraftHeads(nn.Module):
         """float[N, H]: the next feature from the current one and its token's embedding (both [N, H])."""
         z = self.fc(self.drop(torch.cat([rms(feature), rms(embedding)], -1)))
         return z + self.down(self.drop(nn.functional.silu(self.up(z))))
-
-    # -- binding -----------------------------------------------------------------------------------------------
 
     def check_model(self, model) -> None:
         """Raise ValueError unless these heads were trained for ``model``."""
@@ -185,8 +188,6 @@ class DraftHeads(nn.Module):
         other.settings = replace(self.settings, **changes)
         return other
 
-    # -- files -------------------------------------------------------------------------------------------------
-
     def header(self) -> dict:
         """What ``heads.json`` holds."""
         head = {"format": FORMAT, "version": 3 if self.kind == "context" else 2 if self.own_outputs else 1,
@@ -201,8 +202,6 @@ class DraftHeads(nn.Module):
 
     def save(self, folder: str) -> None:
         """Write ``heads.safetensors`` and ``heads.json`` into ``folder``."""
-        from safetensors.torch import save_file
-
         os.makedirs(folder, exist_ok=True)
         tensors = {name: p.detach().to("cpu", torch.float16).contiguous() for name, p in self.named_parameters()}
         tensors["vocab_ids"] = self.vocab_ids.cpu().contiguous()
@@ -215,8 +214,6 @@ class DraftHeads(nn.Module):
     def load(cls, folder: str, model=None, **settings) -> DraftHeads:
         """Heads written by :meth:`save` (a training run's folder: those its ``default.txt`` names); with ``model``,
         refused (ValueError) unless trained for it. ``settings``: :class:`HeadsSettings` fields."""
-        from safetensors.torch import load_file
-
         path, default = os.path.join(folder, HEADER_FILE), os.path.join(folder, DEFAULT_FILE)
         if not os.path.exists(path) and os.path.exists(default):
             with open(default, encoding="utf-8") as f:
@@ -238,10 +235,9 @@ class DraftHeads(nn.Module):
         state["vocab_ids"] = heads.vocab_ids
         state["temperature"] = torch.tensor(head.get("temperature", [1.0] * heads.num_heads), dtype=torch.float32)
         heads.load_state_dict(state, strict=True)
-        heads.eval()
         if model is not None:
             heads.check_model(model)
-        return heads
+        return heads.eval()
 
     @classmethod
     def from_medusa(cls, folder: str, model, **settings) -> DraftHeads:
@@ -253,9 +249,6 @@ class DraftHeads(nn.Module):
         earliest format, which uses the model's LM head); keys may carry a ``medusa_head.`` prefix. More than one
         block per head, or sizes that do not fit ``model``, are refused. Verification stays exact (Medusa's "typical
         acceptance" is not used). ``settings``: :class:`HeadsSettings` fields.
-
-        Example: ``"medusa_num_heads": 5, "medusa_num_layers": 1`` for H = 4096 and 32000 tokens gives
-        ``block_weight`` [5, 4096, 4096] and ``head_out`` [5, 32000, 4096].
         """
         config_path = os.path.join(folder, MEDUSA_CONFIG)
         if not os.path.exists(config_path):
@@ -272,8 +265,6 @@ class DraftHeads(nn.Module):
         if weights is None:
             raise FileNotFoundError(f"no {' or '.join(MEDUSA_WEIGHTS)} in {folder!r}")
         if weights.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
             state = load_file(weights)
         else:
             state = torch.load(weights, map_location="cpu", weights_only=True)

@@ -117,7 +117,6 @@ class Bound:
         self.embed = model.get_input_embeddings()
         self.vocab = heads.vocab_ids.numpy()  # host int64[Vk]
         self.temperatures = heads.temperature.tolist()
-        self.lookup = {int(t): i for i, t in enumerate(self.vocab.tolist())}  # token -> vocabulary position
 
     def temperature(self, level: int) -> float:  # of head / level ``level`` (1-based; deeper levels: the last)
         return self.temperatures[min(level, len(self.temperatures)) - 1]
@@ -126,7 +125,7 @@ class Bound:
         return nn.functional.linear(x, self.weight, self.bias).float()
 
     def embedding(self, vocab_index: torch.Tensor) -> torch.Tensor:  # [N, H] of vocabulary positions long[N]
-        return self.embed(self.net.vocab_ids[vocab_index]).to(self.dtype)
+        return self.embed_tokens(self.net.vocab_ids[vocab_index])
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:  # [N, H] of token ids long[N]
         return self.embed(ids).to(self.dtype)
@@ -357,9 +356,7 @@ def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: in
         feature = bound.net.feature_step(feature, emb)  # [m, H]
         return feature, feature
 
-    vocab_pos = bound.lookup.get(int(last), -1)  # the last token's embedding, through the vocabulary when inside it
-    emb = (bound.embedding(torch.tensor([vocab_pos], device=bound.device)) if vocab_pos >= 0
-           else bound.embed_tokens(torch.tensor([last], device=bound.device)))
+    emb = bound.embed_tokens(torch.tensor([last], device=bound.device))
     return grow_tree(bound, hidden.to(bound.weight.dtype)[None], emb, advance, lambda state, rows: state[rows],
                      max_nodes, max_depth, topk, width)
 

@@ -1,25 +1,23 @@
 """Training draft heads by self-distillation: ``python -m lookahead train-heads --out DIR``.
 
-The model answers prompts greedily; every answer token's final hidden state (what its output layer reads) is
-stored with the tokens that followed it, and the heads learn the model's own continuations from its own hidden
-states: Medusa head ``k`` the token ``k`` after the one the row produced; the feature and context heads the next
-hidden state and token, unrolled over their own predictions for ``K`` levels. The model stays frozen.
+The frozen model answers prompts greedily; each answer token's final hidden state is stored with the tokens that
+followed it. Medusa head ``k`` learns the token ``k`` after the one its row produced; the feature and context heads
+learn the next hidden state and token, unrolled over their own predictions for ``K`` levels.
 
 Stages, each resumable (kept under ``DIR/work``; a rerun continues where one stopped):
 
-1. prompts: one per line from ``--prompts FILE``, or written from ``lookahead/data/topics.txt`` (chat and code
-   topics): per topic ``--questions`` questions the model writes itself (sampled, seeded) and one direct request.
-   Every tenth topic (or prompt) is held out.
-2. answers: greedy answers (``--max-new-tokens``) in batches, stored as float16 hidden states in shards; the
-   training split's answers are also written as a draft corpus, ``DIR/corpus``.
-3. raw code: the code blocks of the model's answers, cut after the first function's docstring, continued as raw
-   text (no chat template), as a code-completion request is.
+1. prompts: one per line of ``--prompts FILE``, or from ``lookahead/data/topics.txt`` (chat and code topics): per
+   topic ``--questions`` questions the model writes itself (sampled, seeded) and one direct request. Every tenth
+   topic (or prompt) is held out.
+2. answers: greedy answers (``--max-new-tokens``) in batches, their hidden states stored in float16 shards (read
+   memory-mapped); the training split's answers are also written as a draft corpus, ``DIR/corpus``.
+3. raw code: the answers' code blocks, cut after the first function's docstring, continued as raw text.
 4. vocabulary: the ``--vocab`` most frequent tokens of the training split's answers.
 5. training (AdamW, cosine schedule, checkpoints), one temperature per head fitted on the held-out split, and the
-   held-out report (per-head top-1 / top-k accuracy, wall and CPU seconds and peak memory per stage).
+   held-out report (per-head top-1 / top-k accuracy; wall and CPU seconds and peak memory per stage).
 
 Writes ``DIR/<kind>/`` per trained kind and ``DIR/default.txt`` naming the kind with the longest held-out top-1
-chain (``DraftHeads.load(DIR)`` loads that one). Hidden states go to disk shard by shard and are read memory-mapped.
+chain (``DraftHeads.load(DIR)`` loads that one).
 """
 
 from __future__ import annotations
@@ -40,18 +38,13 @@ import torch
 from torch import nn
 
 from .context import unrolled_features
-from .model import KINDS, DraftHeads
+from .model import KINDS, DraftHeads, check_ints, invalid
 
 TOPICS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "topics.txt")
 HELD_OUT_EVERY = 10
 """Every this-many-th topic (or prompt, with ``--prompts``) is held out."""
 CORPUS_QUESTIONS = 2
 """``build-corpus``'s questions per topic (more of the model's own writing drafts more)."""
-
-
-_BOUNDS = {"num_heads": (1, 16), "vocab": (2, 1 << 20), "max_new_tokens": (2, 8192), "raw_tokens": (0, 8192),
-           "question_tokens": (4, 512), "questions": (0, 64), "batch_size": (1, 1024), "steps": (0, 10**7),
-           "batch_rows": (1, 1 << 16), "topk": (1, 100), "checkpoint_every": (1, 10**7)}
 
 
 @dataclass(frozen=True)
@@ -75,19 +68,16 @@ class TrainSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        def bad(name, why):
-            return ValueError(f"TrainSettings.{name}={getattr(self, name)!r} is invalid: {why}")
-
         if not self.kinds or any(k not in KINDS for k in self.kinds):
-            raise bad("kinds", f"must be a non-empty tuple of {KINDS}")
-        for name, (low, high) in _BOUNDS.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise bad(name, f"must be an int in [{low}, {high}]")
+            raise invalid(self, "kinds", f"must be a non-empty tuple of {KINDS}")
+        check_ints(self, {"num_heads": (1, 16), "vocab": (2, 1 << 20), "max_new_tokens": (2, 8192),
+                          "raw_tokens": (0, 8192), "question_tokens": (4, 512), "questions": (0, 64),
+                          "batch_size": (1, 1024), "steps": (0, 10**7), "batch_rows": (1, 1 << 16), "topk": (1, 100),
+                          "checkpoint_every": (1, 10**7)})
         if not 0 < self.lr < 1:
-            raise bad("lr", "must be in (0, 1)")
+            raise invalid(self, "lr", "must be in (0, 1)")
         if not 0 <= self.reg_weight <= 100:
-            raise bad("reg_weight", "must be in [0, 100]")
+            raise invalid(self, "reg_weight", "must be in [0, 100]")
 
 
 @dataclass
@@ -130,8 +120,7 @@ def generate_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
                   eos: Sequence[int], pad_token_id: int, **sample) -> list[tuple[np.ndarray, np.ndarray]]:
     """Greedy (with ``sample`` kwargs: sampled) continuations of a left-padded batch ``input_ids`` long[B, L]: per
     row ``(hidden float16[T, H], tokens int64[T])``, cut after the first end-of-sequence token. ``hidden[i]`` is the
-    final hidden state that produced token ``i`` (``generate``'s last ``hidden_states`` entry at the forward's last
-    position): what the decoder hands ``HeadsSource.observe_hidden``."""
+    final hidden state that produced token ``i``: what the decoder hands ``HeadsSource.observe_hidden``."""
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              min_new_tokens=1, pad_token_id=pad_token_id, eos_token_id=list(eos) or None,
@@ -139,12 +128,9 @@ def generate_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
                              **sample)
     new = out.sequences[:, input_ids.shape[1]:].cpu().numpy().astype(np.int64)  # [B, T]
     hidden = torch.stack([s[-1][:, -1].to("cpu", torch.float16) for s in out.hidden_states[: new.shape[1]]], 1)
-    rows = []
-    for b in range(new.shape[0]):
-        ends = np.nonzero(np.isin(new[b], np.asarray(list(eos), dtype=np.int64)))[0]
-        n = int(ends[0]) + 1 if len(ends) else new.shape[1]
-        rows.append((hidden[b, :n].numpy(), new[b, :n]))
-    return rows
+    is_end = np.isin(new, np.asarray(list(eos), dtype=np.int64))
+    lengths = np.where(is_end.any(1), is_end.argmax(1) + 1, new.shape[1])  # through the first end-of-sequence
+    return [(hidden[b, :n].numpy(), new[b, :n]) for b, n in enumerate(lengths.tolist())]
 
 
 def left_padded(tokenizer, texts: Sequence[str], chat: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,9 +145,6 @@ def left_padded(tokenizer, texts: Sequence[str], chat: bool, device) -> tuple[to
     finally:
         tokenizer.padding_side = side
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
-
-
-# -- prompts -------------------------------------------------------------------------------------------------------
 
 
 def read_topics(path: str | None = None) -> list[tuple[str, str]]:
@@ -219,9 +202,6 @@ def code_prefix(answer: str, max_lines: int = 12) -> str | None:
     return "\n".join(lines[: cut or 3]) + "\n"
 
 
-# -- batches and losses --------------------------------------------------------------------------------------------
-
-
 def vocab_by_frequency(tokens: np.ndarray, size: int, always: Iterable[int] = ()) -> np.ndarray:
     """int64[<= size]: ``always`` first, then the most frequent of ``tokens`` (ties: the smaller id)."""
     always = [int(t) for t in always]
@@ -238,44 +218,34 @@ def positions_in(vocab_ids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 
 
 class Batch:
-    """What a batch trains or is scored on, per query ``n`` and level ``k = 1..K``: ``target`` int64[N, K] (vocabulary
-    positions, -100: ignored), ``valid`` bool[N, K], :attr:`truth` float32[N, K, H] (the true feature level ``k``
-    should match). Rows ``idx`` int64[B] (Medusa, feature): a query per row, level ``k`` fed token ``inputs[:, k]``.
-    Whole answers (context; :meth:`answers`): ``hidden`` float32[S, T, H], ``tokens`` int64[S, T] (zero past an
-    answer's end), query ``positions`` int64[S, P] below each answer's length minus one, ``N = S * P``."""
+    """What a batch trains or is scored on, per query ``n`` (a row ``idx[n]``) and level ``k = 1..K``: ``target``
+    int64[N, K] (vocabulary positions, -100: ignored), ``valid`` bool[N, K], :attr:`truth` float32[N, K, H] (the
+    true feature level ``k`` should match); ``hidden`` float32[N, H] and ``inputs`` int64[N, K], the token level
+    ``k`` is fed (Medusa, feature). A context head's batch (:meth:`answers`) holds whole answers instead: ``hidden``
+    float32[S, T, H], ``tokens`` int64[S, T] (zero past an answer's end), query ``positions`` int64[S, P] below each
+    answer's length minus one, ``N = S * P``."""
 
     def __init__(self, rows: Rows, idx: np.ndarray, vocab_ids: np.ndarray, levels: int):
-        at = idx[:, None] + np.arange(1, levels + 1)[None, :]  # [B, K]: the row whose token level k predicts
+        at = idx[:, None] + np.arange(1, levels + 1)[None, :]  # [N, K]: the row whose token level k predicts
         self.valid = at < rows.ends[idx][:, None]
         self._rows, self._truth_at = rows, np.where(self.valid, at, idx[:, None])
         self.target = np.where(self.valid, positions_in(vocab_ids, rows.tokens[self._truth_at]), -100)
         self.inputs = rows.tokens[np.where(self.valid, at - 1, idx[:, None])]
-        self.hidden = np.asarray(rows.hidden[idx], dtype=np.float32)  # [B, H]
-        self.positions = None
+        self.hidden = np.asarray(rows.hidden[idx], dtype=np.float32)
+        self.tokens = self.positions = None
 
     @classmethod
     def answers(cls, rows: Rows, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray,
                 vocab_ids: np.ndarray, levels: int) -> Batch:
-        b = cls.__new__(cls)
-        t = int(lengths.max())
-        inside = np.arange(t)[None, :] < lengths[:, None]  # [S, T]
-        at = np.where(inside, starts[:, None] + np.arange(t)[None, :], starts[:, None])
-        hidden = np.asarray(rows.hidden[at.reshape(-1)], dtype=np.float32).reshape(*at.shape, -1)
-        b.hidden = np.where(inside[..., None], hidden, 0.0).astype(np.float32)
+        b = cls(rows, (starts[:, None] + positions).reshape(-1), vocab_ids, levels)
+        inside = np.arange(int(lengths.max()))[None, :] < lengths[:, None]  # [S, T]
+        at = np.where(inside, starts[:, None] + np.arange(inside.shape[1])[None, :], starts[:, None])
+        b.hidden = np.where(inside[..., None], np.asarray(rows.hidden[at], dtype=np.float32), 0.0).astype(np.float32)
         b.tokens, b.positions = np.where(inside, rows.tokens[at], 0), positions
-        ahead = positions[:, :, None] + np.arange(1, levels + 1)[None, None, :]  # [S, P, K]
-        valid = ahead < lengths[:, None, None]
-        safe = np.where(valid, ahead, positions[:, :, None])
-        seq = np.arange(len(starts))[:, None, None]
-        b.valid, b._truth_at = valid.reshape(-1, levels), None
-        b.target = np.where(valid, positions_in(vocab_ids, b.tokens[seq, safe]), -100).reshape(-1, levels)
-        b._truth = b.hidden[seq, safe].reshape(-1, levels, b.hidden.shape[-1])
         return b
 
     @property
     def truth(self) -> np.ndarray:
-        if self._truth_at is None:
-            return self._truth
         return np.asarray(self._rows.hidden[self._truth_at], dtype=np.float32)
 
 
@@ -325,29 +295,21 @@ def level_outputs(heads: DraftHeads, b: Batch, weight, bias, embed) -> tuple[tor
 
 
 def batch_loss(heads: DraftHeads, b: Batch, weight, bias, embed, reg_weight: float = 0.5):
-    """(the loss, float[K] cross-entropy per level): each level's token cross-entropy, plus for the feature and
-    context heads ``reg_weight`` times a smooth-L1 loss to the true next hidden state; level ``k`` weighs
-    ``0.8 ** (k - 1)`` (Medusa's), the weights summing to 1."""
+    """(the loss, float[K] cross-entropy per level): each level's token cross-entropy (0 without a target in the
+    vocabulary), plus for the feature and context heads ``reg_weight`` times a smooth-L1 loss to the true next
+    hidden state; level ``k`` weighs ``0.8 ** (k - 1)`` (Medusa's), the weights summing to 1."""
     K = heads.num_heads
     logits, features = level_outputs(heads, b, weight, bias, embed)
     target, valid = torch.from_numpy(b.target), torch.from_numpy(b.valid)
+    truth = None if features is None else torch.from_numpy(b.truth)  # [N, K, H]
     ce, reg = torch.zeros(K), torch.zeros(K)
     for k in range(K):
-        ce[k] = _ce(logits[:, k], target[:, k])
+        scored = bool((target[:, k] >= 0).any())  # (-100: ignored; with none scored, 0 that still has a gradient)
+        ce[k] = nn.functional.cross_entropy(logits[:, k], target[:, k]) if scored else logits.sum() * 0.0
         if features is not None and valid[:, k].any():
-            truth = torch.from_numpy(b.truth[:, k])
-            reg[k] = nn.functional.smooth_l1_loss(features[:, k][valid[:, k]], truth[valid[:, k]])
+            reg[k] = nn.functional.smooth_l1_loss(features[:, k][valid[:, k]], truth[:, k][valid[:, k]])
     weights = 0.8 ** torch.arange(K, dtype=torch.float32)
     return (weights / weights.sum() * (ce + reg_weight * reg)).sum(), ce.detach()
-
-
-def _ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    if not bool((target >= 0).any()):
-        return logits.sum() * 0.0
-    return nn.functional.cross_entropy(logits, target, ignore_index=-100)
-
-
-# -- training and scoring ------------------------------------------------------------------------------------------
 
 
 def train_heads(heads: DraftHeads, rows: Rows, model, steps: int, batch_rows: int = 256, lr: float = 1e-3,
@@ -366,12 +328,11 @@ def train_heads(heads: DraftHeads, rows: Rows, model, steps: int, batch_rows: in
     warm = max(1, min(50, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / max(steps, 1))))
-    losses, start = [], 0
+    parts, losses, start = {"heads": heads, "optimizer": opt, "schedule": sched}, [], 0
     if checkpoint and os.path.exists(checkpoint):
         state = torch.load(checkpoint, weights_only=False)
-        heads.load_state_dict(state["heads"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["schedule"])
+        for key, part in parts.items():
+            part.load_state_dict(state[key])
         losses, start = list(state["losses"]), int(state["step"])
     stop = steps if until is None else min(steps, until)
     bar = _bar(range(start, stop), progress, f"training {heads.kind} heads", initial=start, total=steps)
@@ -393,8 +354,7 @@ def train_heads(heads: DraftHeads, rows: Rows, model, steps: int, batch_rows: in
         if progress:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", head1=f"{float(ce[0]):.2f}")
         if checkpoint and ((step + 1) % checkpoint_every == 0 or step + 1 == stop):
-            state = {"heads": heads.state_dict(), "optimizer": opt.state_dict(), "schedule": sched.state_dict(),
-                     "losses": losses, "step": step + 1}
+            state = {key: part.state_dict() for key, part in parts.items()} | {"losses": losses, "step": step + 1}
             _atomic(functools.partial(torch.save, state), checkpoint)
     heads.eval()
     return losses
@@ -470,9 +430,6 @@ def calibrate(heads: DraftHeads, rows: Rows, model, grid: Sequence[float] | None
     return best
 
 
-# -- the run -------------------------------------------------------------------------------------------------------
-
-
 def _bar(it, progress: bool, desc: str, **kw):
     if not progress:
         return it
@@ -482,18 +439,14 @@ def _bar(it, progress: bool, desc: str, **kw):
 
 
 def _atomic(write, path: str) -> None:
-    """``write(temporary path)``, then move it to ``path`` (a stage interrupted midway leaves no half file)."""
-    tmp = path + ".tmp"
-    write(tmp)
-    os.replace(tmp, path)
+    """``write(a binary file)``, then move the file to ``path`` (a stage interrupted midway leaves no half file)."""
+    with open(path + ".tmp", "wb") as f:
+        write(f)
+    os.replace(path + ".tmp", path)
 
 
 def _atomic_json(obj, path: str) -> None:
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
-
-    _atomic(write, path)
+    _atomic(lambda f: f.write(json.dumps(obj, indent=1).encode()), path)
 
 
 def _held_out(key: int) -> bool:
@@ -523,9 +476,7 @@ class ShardStore:
     def write(self, name: str, sequences: list[tuple[np.ndarray, np.ndarray]], meta: list[dict]) -> None:
         for suffix, arr in (("hidden", np.concatenate([h for h, _ in sequences]).astype(np.float16)),
                             ("tokens", np.concatenate([t for _, t in sequences]).astype(np.int64))):
-            tmp = os.path.join(self.folder, f"{name}.{suffix}.tmp.npy")
-            np.save(tmp, arr)
-            os.replace(tmp, os.path.join(self.folder, f"{name}.{suffix}.npy"))
+            _atomic(functools.partial(np.save, arr=arr), os.path.join(self.folder, f"{name}.{suffix}.npy"))
         _atomic_json([dict(m, length=int(len(t))) for m, (_, t) in zip(meta, sequences)],
                      os.path.join(self.folder, name + ".json"))
 
@@ -536,33 +487,29 @@ class ShardStore:
         with open(os.path.join(self.folder, name + ".json"), encoding="utf-8") as f:
             return json.load(f)
 
-    def sequences(self, prefix: str, split: str):
-        """(shard name, meta, start row, end row) of every ``split`` sequence in shards named ``prefix...``."""
+    def sequences(self, prefix: str, split: str, arrays: tuple[str, ...] = ("hidden", "tokens")):
+        """(meta, [memory-mapped rows of each of ``arrays``]) of every ``split`` sequence in shards ``prefix...``."""
         for name in self.names(prefix):
             meta = self.meta(name)
-            offsets = np.cumsum([0] + [m["length"] for m in meta])
-            for i, m in enumerate(meta):
+            opened = [np.load(os.path.join(self.folder, f"{name}.{a}.npy"), mmap_mode="r") for a in arrays]
+            ends = np.cumsum([m["length"] for m in meta])
+            for m, end in zip(meta, ends.tolist()):
                 if m["split"] == split:
-                    yield name, m, int(offsets[i]), int(offsets[i + 1])
+                    yield m, [x[end - m["length"]: end] for x in opened]
 
     def rows(self, split: str, out_path: str) -> Rows:
         """The rows of every shard's ``split`` sequences, merged into one memory-mapped file ``out_path``."""
-        chosen = list(self.sequences("", split))
-        total = sum(b - a for _, _, a, b in chosen)
-        tokens, hidden, at, opened = np.zeros(total, np.int64), None, 0, {}
-        for name, _, a, b in chosen:
-            if name not in opened:
-                opened = {name: [np.load(os.path.join(self.folder, f"{name}.{s}.npy"), mmap_mode="r")
-                                 for s in ("hidden", "tokens")]}
-            h, t = opened[name]
-            if hidden is None:
-                hidden = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float16, shape=(total, h.shape[1]))
-            hidden[at: at + b - a], tokens[at: at + b - a] = h[a:b], t[a:b]
-            at += b - a
-        if hidden is None:
-            return Rows(np.zeros((0, 0), np.float16), tokens, np.zeros(0, np.int64))
+        chosen = [pair for _, pair in self.sequences("", split)]
+        if not chosen:
+            return Rows.of([])
+        lengths = [len(t) for _, t in chosen]
+        hidden = np.lib.format.open_memmap(out_path, mode="w+", dtype=np.float16,
+                                           shape=(sum(lengths), chosen[0][0].shape[1]))
+        for (h, _), end in zip(chosen, np.cumsum(lengths).tolist()):
+            hidden[end - len(h): end] = h
         hidden.flush()
-        return Rows(np.load(out_path, mmap_mode="r"), tokens, sequence_ends([b - a for _, _, a, b in chosen]))
+        tokens = np.concatenate([t for _, t in chosen]).astype(np.int64)
+        return Rows(np.load(out_path, mmap_mode="r"), tokens, sequence_ends(lengths))
 
 
 def _generate_stage(model, tok, store: ShardStore, prefix: str, items: list[dict], max_new_tokens: int,
@@ -604,11 +551,7 @@ def corpus_of(store: ShardStore, split: str, model, described: dict):
     """The answers (shards ``answers-*``) of ``split`` as a ``DraftCorpus`` of ``model``, one stream per answer."""
     from ..corpus import DraftCorpus
 
-    streams, opened = [], {}
-    for name, _, a, b in store.sequences("answers", split):
-        if name not in opened:
-            opened = {name: np.load(os.path.join(store.folder, f"{name}.tokens.npy"), mmap_mode="r")}
-        streams.append(np.array(opened[name][a:b]))
+    streams = [np.array(tokens) for _, (tokens,) in store.sequences("answers", split, ("tokens",))]
     return DraftCorpus.from_streams(streams, model, described)
 
 
@@ -680,7 +623,7 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
         "model": model_name, "prompts": len(items), "prompts_sha256": digest_of(prompts_file or topics_file or TOPICS),
         "train_rows": len(train_rows), "held_out_rows": len(held), "held_out": f"every {HELD_OUT_EVERY}th topic/prompt",
         "settings": asdict(settings)}
-    results = {}
+    results, curves = {}, {}
     for kind in settings.kinds:
         torch.manual_seed(settings.seed)
         heads = DraftHeads.for_model(model, kind, settings.num_heads, vocab)
@@ -693,13 +636,13 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
                                 times={k: round(v, 1) for k, v in times.items()})
         heads.save(os.path.join(out, kind))
         results[kind] = {"accuracy": acc, "temperature": temps,
-                         "final_loss": float(np.mean(losses[-50:])) if losses else None, "losses": losses}
+                         "final_loss": float(np.mean(losses[-50:])) if losses else None}
+        curves[kind] = losses
     best = max(results, key=lambda k: results[k]["accuracy"].get("chain", 0.0))
     with open(os.path.join(out, "default.txt"), "w", encoding="utf-8") as f:
         f.write(best + "\n")
     report = {"times": times, "default": best, "train_rows": len(train_rows), "held_out_rows": len(held),
-              "results": {k: {kk: vv for kk, vv in v.items() if kk != "losses"} for k, v in results.items()},
-              "losses": {k: v["losses"] for k, v in results.items()}, "prompts": len(items),
+              "results": results, "losses": curves, "prompts": len(items),
               "vocab_coverage_train": float(np.isin(train_rows.tokens, vocab).mean()) if len(train_rows) else 0.0}
     _atomic_json(report, os.path.join(out, "report.json"))
     return report
@@ -715,14 +658,8 @@ def _thin(values: list[float], points: int) -> list[list[float]]:
 
 def digest_of(path: str) -> str:
     """sha256 of a file (which prompts or topics trained a set of heads)."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-# -- the command line ----------------------------------------------------------------------------------------------
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -784,13 +721,11 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    return add_arguments(argparse.ArgumentParser(prog="python -m lookahead train-heads", description=__doc__,
-                                                 formatter_class=argparse.RawDescriptionHelpFormatter))
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_args(build_parser().parse_args(argv))
+    """``python -m lookahead.heads.train``: as ``python -m lookahead train-heads``."""
+    parser = argparse.ArgumentParser(prog="python -m lookahead train-heads", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return run_args(add_arguments(parser).parse_args(argv))
 
 
 def run_args(args: argparse.Namespace) -> int:
