@@ -4,7 +4,7 @@ Each row drafts with its own policy; the batch chooses one *width* for all rows 
 it saves until its last row ends (:func:`choose_width`, :func:`token_values`); a row that kept fewer entries holds
 masked *holes*, squeezed out once they pass ``hole_slack`` columns (:func:`realign_index`); finished rows leave the
 cache once the forwards they cost reach the copy's time; prompts of different lengths may be prefilled in groups
-(:func:`prefill_groups`). Imported only by a call of several rows.
+(:func:`prefill_groups`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,18 @@ from .compat import crop_cache
 from .cost import CostModel
 from .drafting.draft import Draft
 from .drafting.policy import Limits
-from .kv import PLAIN_LAYERS, cache_layers, kv_layers, move_kept, new_cache
+from .kv import PLAIN_LAYERS, cache_layers, keep_entries, kv_layers, new_cache
 from .loop import Rows
 from .packing import fill_step_mask
 from .shapes import Step
 
 
 def prefill_groups(lengths: np.ndarray, cost, margin: float = DEFAULT.prefill_margin) -> list[np.ndarray] | None:
-    """The rows of a left-padded prompt batch in groups, each prefilled padded only to its own longest row, when
-    the cost curve puts the groups' forwards below one padded forward of the batch by ``margin``; else None. A group
-    of ``g`` rows whose longest has ``l`` tokens costs ``t(g * l)``; an optimal split is a run of the rows sorted by
-    length, found by dynamic programming over the cut points.
-
-    Example: lengths [10, 200, 12, 190], ``t(k) = 0.1 + 0.001 k``: one padded forward 0.9 s; groups [0, 2] and
-    [3, 1] cost 0.624 s -> ``[array([0, 2]), array([3, 1])]``."""
+    """The rows of a left-padded prompt batch in groups, each prefilled padded only to its own longest row, when the
+    cost curve ``t`` puts the groups' forwards below one padded forward by ``margin``; else None. A group of ``g`` rows
+    whose longest has ``l`` tokens costs ``t(g * l)``; the best split into runs of the rows sorted by length is found
+    by dynamic programming. Example: lengths [10, 200, 12, 190], ``t(k) = 0.1 + 0.001 k``: one padded forward 0.9 s;
+    groups [0, 2] and [3, 1] cost 0.624 s -> ``[array([0, 2]), array([3, 1])]``."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     if n < 2 or lengths.min() < 1 or lengths.min() == lengths.max():
@@ -128,34 +126,31 @@ def fill_batch_masks(mask, p, parents, col_visible, neg):
 
 
 def keep_rows_entries(cache, n_new: int, keeps: list[list[int]]) -> int:
-    """After a step of ``n_new`` query rows (the cache's last ``n_new`` columns): keep, per row of the batch,
-    the step's columns ``keeps[i]`` (increasing) at the front of the step's region, in one gather per layer
-    for every row, and crop the step's region to the longest row's. Returns that kept width. Mutates ``cache``.
-
-    A row that kept fewer columns than the longest has *holes* there (its last kept column repeated), which
-    a batch masks. Example: ``keeps [[0, 2, 3], [0]]``: row 0 keeps columns 0, 2, 3 of the step, row 1 column 0
-    and two holes; the region is cropped to 3 columns.
-    """
+    """After a step of ``n_new`` query rows (the cache's last ``n_new`` columns): keep, per row, the step's columns
+    ``keeps[i]`` (increasing) at the front of the step's region and crop it to the longest row's; returns that width.
+    A shorter row has *holes* there (its last kept column repeated), which a batch masks. Example: ``keeps [[0, 2, 3],
+    [0]]``: row 0 keeps columns 0, 2, 3 of the step, row 1 column 0 and two holes; the region keeps 3 columns."""
     most = max(len(k) for k in keeps)
-    if len(keeps) == 1:  # one row: move the kept columns into place
-        layers = kv_layers(cache)
-        move_kept(layers, [layer.keys.shape[-2] - n_new for layer in layers], keeps[0])
-    elif any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
-        idx = np.empty((len(keeps), most), dtype=np.int64)
-        for i, keep in enumerate(keeps):
-            idx[i, : len(keep)] = keep
-            idx[i, len(keep):] = keep[-1]
-        index = None
-        for layer in kv_layers(cache):
-            first = layer.keys.shape[-2] - n_new  # the layer's own first column of the step
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                if index is None or index.device != t.device:
-                    index = torch.from_numpy(idx).to(t.device)[:, None, :, None]
-                region = index.expand(t.shape[0], t.shape[1], most, t.shape[3])
-                t[:, :, first : first + most] = t[:, :, first:].gather(2, region)
-    crop_cache(cache, n_new - most)  # a negative count crops on every transformers version
+    if len(keeps) == 1:
+        keep_entries(cache, n_new, keeps[0])
+        return most
+    if any(k != list(range(most)) for k in keeps):  # not one plain prefix for every row: gather
+        gather_columns(cache, np.array([k + k[-1:] * (most - len(k)) for k in keeps], dtype=np.int64), n_new)
+    crop_cache(cache, n_new - most)
     return most
+
+
+def gather_columns(cache, idx: np.ndarray, region: int) -> None:
+    """In every layer, row ``i``'s columns ``idx[i]`` (int64[b, w]) of the last ``region`` columns moved, in that
+    order, to the front of them, in place."""
+    index, width = None, idx.shape[1]
+    for layer in kv_layers(cache):
+        for t in (layer.keys, layer.values):
+            first = t.shape[-2] - region
+            if index is None or index.device != t.device:
+                index = torch.from_numpy(idx).to(t.device)[:, None, :, None]
+            columns = index.expand(t.shape[0], t.shape[1], width, t.shape[3])
+            t[:, :, first : first + width] = t[:, :, first:].gather(2, columns)
 
 
 def realign_index(visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -164,15 +159,13 @@ def realign_index(visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Example: visible ``[[F, T, F, T], [T, T, T, F]]`` -> T' = 3, idx ``[[1, 1, 3], [0, 1, 2]]``, visible
     ``[[F, T, T], [T, T, T]]`` (row 0's first column is a hole pointing at a column of its own).
     """
-    counts = visible.sum(1)
-    width = max(int(counts.max()), 1)
+    width = max(int(visible.sum(1).max()), 1)
     idx = np.zeros((visible.shape[0], width), dtype=np.int64)
     new_visible = np.zeros((visible.shape[0], width), dtype=bool)
-    for i in range(visible.shape[0]):
-        cols = np.flatnonzero(visible[i])
+    for i, row in enumerate(visible):
+        cols = np.flatnonzero(row)
         if len(cols):
-            idx[i, width - len(cols):] = cols
-            idx[i, : width - len(cols)] = cols[0]
+            idx[i] = np.concatenate([np.full(width - len(cols), cols[0]), cols])
             new_visible[i, width - len(cols):] = True
     return idx, new_visible
 
@@ -239,14 +232,10 @@ class Padded:
             call.sliding.widen(self.cache)
         self.rows = Rows(call, input_ids, mask, decoder.policies_for(b), Limits(call.max_length, call.kv_window))
         decoder.prefill_groups = None
-        self.T = 0
-        cap = max(call.max_length, length) + 1
-        self.vis = np.zeros((b, cap + tuning.hole_slack + 2 * (self.max_nodes + 1) + length), dtype=bool)
-        self.groups = None
-        self.width = 0
+        self.T, self.width, self.groups = 0, 0, None
+        cap = max(call.max_length, length) + 1 + tuning.hole_slack + 2 * (self.max_nodes + 1) + length
+        self.vis = np.zeros((b, cap), dtype=bool)
         self.done_before = np.zeros(b, dtype=bool)
-
-    # -- drafts ----------------------------------------------------------------------------------------------------
 
     def draft(self):
         rows, call = self.rows, self.call
@@ -254,6 +243,7 @@ class Padded:
         self.done_before = rows.done[rows.active].copy()
         self.groups = self.prefill_plan()
         if self.groups is not None:  # the prompt, in groups of rows of similar length; no drafts this step
+            self.width = 0
             return [Draft.empty()] * len(live), max(p.recycle_k for p in live)
         drafts, k = self.row_drafts()
         if call.media is not None:  # the prompt's step, with its images' features: no drafts beside them
@@ -274,35 +264,30 @@ class Padded:
         if call.cost is None or not any(len(d) for d in drafts):
             return drafts, k
         probs = [rows.policies[r].budget.probabilities_of(d) for r, d in zip(rows.active, drafts)]
-        live = [r for r in rows.active if not rows.done[r]]
-        gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for r, pr in zip(rows.active, probs)
-                 if not rows.done[r]]
-        widest = max(len(d) for d in drafts)
-        paces = np.array([max(1.0, rows.stats[r].new_tokens / max(rows.stats[r].target_calls, 1)) for r in live])
-        remaining = np.array([rows.limit[r] - rows.length[r] for r in live], dtype=np.float64)
+        live = [(r, pr) for r, pr in zip(rows.active, probs) if not rows.done[r]]
+        gains = [np.concatenate([[0.0], np.cumsum(np.sort(pr)[::-1])]) for _, pr in live]
+        paces = np.array([max(1.0, rows.stats[r].new_tokens / max(rows.stats[r].target_calls, 1)) for r, _ in live])
+        remaining = np.array([rows.limit[r] - rows.length[r] for r, _ in live], dtype=np.float64)
         values = token_values(remaining, paces, float(call.cost(len(live))), float(call.cost(1)))
-        width = choose_width(gains, values, self.step_costs(b, p, widest), self.margin)
+        width = choose_width(gains, values, self.step_costs(b, p, max(len(d) for d in drafts)), self.margin)
         if self.prober.due(bool(width)):
             width = 1
         return [d.keep(top_nodes(pr, width)) if len(d) > width else d for d, pr in zip(drafts, probs)], k
 
     def prefill_plan(self):
         """At the prompt's step: the rows' prefill groups, or None for one padded forward."""
-        call = self.call
+        call, layers = self.call, cache_layers(self.cache)
         if (self.T or call.cost is None or not call.tuning.grouped_prefill or call.media is not None
-                or call.kv_window is not None or call.sliding is not None):
-            return None
-        layers = cache_layers(self.cache)
-        if not layers or not all(type(layer) in PLAIN_LAYERS and not getattr(layer, "is_initialized", False)
-                                 for layer in layers):
+                or call.kv_window is not None or call.sliding is not None or not layers
+                or any(type(layer) not in PLAIN_LAYERS or getattr(layer, "is_initialized", False) for layer in layers)):
             return None
         return prefill_groups(self.rows.pending_vis.sum(1), call.cost, call.tuning.prefill_margin)
 
     def batch_can_pay(self, b: int, p: int) -> bool:
-        key = (b, p)
-        if key not in self._can_pay:
-            self._can_pay[key] = can_pay(self.step_costs(b, p, self.max_nodes), self.margin)
-        return self._can_pay[key]
+        """Whether any width pays for a step of ``b`` rows and ``p`` pending tokens each (kept per shape)."""
+        if (b, p) not in self._can_pay:
+            self._can_pay[b, p] = can_pay(self.step_costs(b, p, self.max_nodes), self.margin)
+        return self._can_pay[b, p]
 
     def step_costs(self, b: int, p: int, widest: int) -> np.ndarray:
         """float[widest + 1]: a step of ``b`` rows, ``p`` pending tokens each and width ``w``, as the width's rule
@@ -324,14 +309,8 @@ class Padded:
         spare = kv_window - 1 - self.T - p
         if spare < 0:
             raise RuntimeError("the batch no longer fits the model's sliding window")
-        if width > spare:
-            for i, d in enumerate(drafts):
-                if len(d) > spare:
-                    drafts[i] = d.shallowest(spare)
-            width = spare
-        return width
-
-    # -- the forward ---------------------------------------------------------------------------------------------
+        drafts[:] = [d.shallowest(spare) if len(d) > spare else d for d in drafts]
+        return min(width, spare)
 
     def pack(self, drafts) -> Step:
         rows, call = self.rows, self.call
@@ -374,32 +353,23 @@ class Padded:
             logits[index] = group_logits
             layers = cache_layers(cache)
             if full is None:  # per layer: keys and values [b, heads, length, head_dim], zeros where padded
-                full = [(layer.keys.new_zeros((b, layer.keys.shape[1], length, layer.keys.shape[3])),
-                         layer.values.new_zeros((b, layer.values.shape[1], length, layer.values.shape[3])))
+                full = [[t.new_zeros((b, t.shape[1], length, t.shape[3])) for t in (layer.keys, layer.values)]
                         for layer in layers]
-            for (keys, values), layer in zip(full, layers):
-                keys[index, :, length - width :] = layer.keys
-                values[index, :, length - width :] = layer.values
+            for entries, layer in zip(full, layers):
+                for whole, part in zip(entries, (layer.keys, layer.values)):
+                    whole[index, :, length - width :] = part
             del cache, group_logits
         for i in range(len(full)):  # update copies each layer into the cache: drop ours as it goes
-            keys, values = full[i]
+            self.cache.update(*full[i], i)
             full[i] = None
-            self.cache.update(keys, values, i)
-            del keys, values
         call.decoder.prefill_groups = [g.tolist() for g in groups]
         return logits
 
-    # -- the cache -------------------------------------------------------------------------------------------------
-
     def keep(self, p: int, drafts, accepted) -> None:
         """Per row, keep its pending tokens' and accepted nodes' entries at the front of the step's columns."""
-        rows = self.rows
-        width = self.width if self.groups is None else 0
-        prefix = list(range(p))
-        keeps = [prefix + [p + j for j in nodes] if nodes else prefix for nodes in accepted]
-        start = self.T
-        most = keep_rows_entries(self.cache, p + width, keeps)
-        vis = self.vis
+        rows, start, vis = self.rows, self.T, self.vis
+        keeps = [list(range(p)) + [p + j for j in nodes] for nodes in accepted]
+        most = keep_rows_entries(self.cache, p + self.width, keeps)
         vis[: len(keeps), start : start + most] = False
         for i, k in enumerate(keeps):
             if not self.done_before[i]:
@@ -421,9 +391,8 @@ class Padded:
         if len(live) == b:
             self.compact(None)
             return
-        width = self.width if self.groups is None else 0
         if call.cost is not None and live:
-            self._dead_cost += float(call.cost(b * (1 + width)) - call.cost(len(live) * (1 + width)))
+            self._dead_cost += float(call.cost(b * (1 + self.width)) - call.cost(len(live) * (1 + self.width)))
             if self._dead_cost < self._cache_bytes() * self._copy_seconds_per_byte:
                 self.compact(None)
                 return
@@ -454,13 +423,8 @@ class Padded:
             return
         idx, new_vis = realign_index(vis)
         width = idx.shape[1]
-        index = torch.from_numpy(idx).to(self.call.device)
-        for layer in kv_layers(self.cache):
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                t[:, :, :width] = t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3]))
-        if T > width:
-            self.cache.crop(-(T - width))
+        gather_columns(self.cache, idx, T)
+        crop_cache(self.cache, T - width)
         self.vis[:b, :T] = False
         self.vis[:b, :width] = new_vis
         self.T = width

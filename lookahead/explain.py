@@ -1,7 +1,4 @@
-"""``DecodeStats.explain``: what a call did and why, in two plain sentences (three when the curve was provisional).
-
-Imported when a user asks for it.
-"""
+"""``DecodeStats.explain``: what a call did and why, in two plain sentences (three when the curve was provisional)."""
 
 from __future__ import annotations
 
@@ -12,29 +9,13 @@ EXPLAIN_PAID, EXPLAIN_COSTLY = DEFAULT.explain_paid, DEFAULT.explain_costly
 
 
 def explain(stats) -> str:
-    """What the decoder did and why, in two plain sentences a newcomer can read (three when the cost
-    curve was provisional).
+    """What the decoder did and why: tokens per model call, then why, in the first case that applies: a fixed budget
+    (no cost curve; how many steps had a draft); drafting paid (``EXPLAIN_PAID`` tokens per call; why the other steps
+    were plain); most steps plain and a 2-token forward dear (``EXPLAIN_COSTLY[0]``): drafting did not pay here; most
+    steps plain otherwise: little to copy; else the acceptance rate. A provisional curve adds a third sentence.
 
-    The first sentence gives tokens per model call (plain ``generate`` makes one call per token).
-    The second says why it came out so, in the first of these cases that applies:
-
-    - a fixed budget (``adaptive=False``, no cost curve): every step verified the whole draft tree
-      the n-gram store proposed; how many steps had one and how much of it was accepted;
-    - drafting paid (at least ``EXPLAIN_PAID`` tokens per call): how many steps drafted, how many
-      drafted tokens were accepted, and why the other steps were plain: where even a 2-token forward
-      is dear (``EXPLAIN_COSTLY[0]``), a draft too unlikely to be worth its cost, naming that cost;
-      else nothing likely to be accepted;
-    - most steps plain and even a 2-token forward dear: drafting did not pay on this machine, naming
-      what verifying 2 and 16 tokens costs against a 1-token forward;
-    - most steps plain and a short draft cheap: the text offered little to copy (and, when a 16-token
-      forward is dear, ``EXPLAIN_COSTLY[1]``, that long drafts are not cheap);
-    - otherwise: drafts were verified but the text did not repeat much (the acceptance rate).
-
-    With ``cost_provisional`` a last sentence says the curve was measured on a busy machine.
-
-    Cost ratios read ``CostModel(stats.cost_curve, steps=stats.cost_steps)``: as steps for a measured curve,
-    else linear between its points, extended with the last segment's slope beyond them. A step is *plain* when it verified no draft token and ran
-    no window row. Example, a busy CPU where the budget kept every step plain::
+    The curve reads ``CostModel(stats.cost_curve, steps=stats.cost_steps)``; a step is *plain* when it verified no
+    draft token and ran no window row. Example::
 
         DecodeStats(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
                     cost_curve=((1, .010), (2, .017), (16, .024))).explain()
@@ -49,8 +30,7 @@ def explain(stats) -> str:
             "per call; plain generate makes one call per token).")
     plain = sum(1 for nodes, rows in stats.budgets if not nodes and not rows)
     drafting = steps - plain
-    accepted = (f"{stats.accepted} of {stats.drafted} drafted tokens were accepted "
-                f"({stats.acceptance_rate:.0%})")
+    accepted = f"{stats.accepted} of {stats.drafted} drafted tokens were accepted ({stats.acceptance_rate:.0%})"
     paid = stats.tokens_per_call >= EXPLAIN_PAID
     if stats.cost_curve is None:
         if not drafting:
@@ -63,6 +43,7 @@ def explain(stats) -> str:
         " The cost curve was measured while other work slowed the machine (provisional): the budget's "
         "choices may be off until it is measured again." if stats.cost_provisional else "")
 
+
 def _why_adaptive(stats, plain: int, drafting: int, accepted: str, paid: bool) -> str:
     """explain()'s second sentence for an adaptive budget (see there)."""
     steps = plain + drafting
@@ -73,10 +54,9 @@ def _why_adaptive(stats, plain: int, drafting: int, accepted: str, paid: bool) -
     if paid:
         why = f"{drafting} of {steps} steps verified a draft and {accepted}"
         if plain:
-            why += (f"; the other {plain} steps were plain: there a draft was too unlikely to be worth its "
-                    f"cost (on this machine {dear})" if short_dear
-                    else f"; the other {plain} steps were plain: the text offered nothing likely to be "
-                    "accepted there")
+            why += f"; the other {plain} steps were plain: " + (
+                f"there a draft was too unlikely to be worth its cost (on this machine {dear})" if short_dear
+                else "the text offered nothing likely to be accepted there")
         return f"{why}."
     if 2 * plain > steps:
         others = (f"; the other {drafting} accepted {stats.accepted} of their {stats.drafted} drafted tokens"
@@ -84,11 +64,10 @@ def _why_adaptive(stats, plain: int, drafting: int, accepted: str, paid: bool) -
         if short_dear:
             return (f"Drafting did not pay on this machine: {dear}, so the budget kept {plain} of {steps} "
                     f"steps plain{others}.")
-        cheap = (f"verifying 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
-                 if r16 < EXPLAIN_COSTLY[1] else
-                 f"verifying 2 tokens costs {r2:.1f}x a 1-token forward, though 16 tokens cost "
-                 f"{r16:.1f}x")
-        what = "extra tokens" if r16 < EXPLAIN_COSTLY[1] else "a short draft"
+        long_cheap = r16 < EXPLAIN_COSTLY[1]
+        cheap = f"verifying 2 tokens costs {r2:.1f}x a 1-token forward" + (
+            f" and 16 tokens {r16:.1f}x" if long_cheap else f", though 16 tokens cost {r16:.1f}x")
+        what = "extra tokens" if long_cheap else "a short draft"
         return (f"Verifying {what} is cheap on this machine ({cheap}), yet the prompt and output offered "
                 f"little to copy: {plain} of {steps} steps were plain{others}.")
     return f"{drafting} of {steps} steps verified a draft, but the text did not repeat much: {accepted}."

@@ -1,7 +1,4 @@
-"""Images (video, audio) a multimodal model's call hands the decoder: the checks and the prompt's forward.
-
-Imported only by a call with media features (``checks.media_of``).
-"""
+"""Images (video, audio) a multimodal model's call hands the decoder: the checks and the prompt's forward."""
 
 from __future__ import annotations
 
@@ -13,28 +10,17 @@ from .kv import cache_layers
 
 
 def media_token_ids(config) -> set[int]:
-    """The ids of the placeholder tokens a multimodal model's config names for its media (``image_token_id``,
-    ``video_token_index``, ...): the prompt positions whose embeddings its encoded features replace."""
+    """The ids of the media placeholder tokens ``config`` names (``image_token_id``, ``video_token_index``, ...)."""
     names = [f"{kind}_token_{suffix}" for kind in ("image", "video", "audio") for suffix in ("id", "index")]
     return {int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)}
 
 
 def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool, windowed: bool) -> None:
-    """Before any forward: refuse a call with media features (:func:`media_of`) the decoder would not decode as plain
-    ``generate`` does, with the reason.
-
-    Refused:
-
-    - a static cache with other layers than full-attention ``StaticLayer``s (a sliding one's prompt forward would need
-      the decoder's own masks, ``static.py``);
-    - a cache that holds tokens already (the features belong to the prompt's first forward);
-    - positions in sections that differ (multimodal RoPE; Qwen2-VL's ``position_ids`` [sections, b, L] are taken when
-      every section holds the same positions, as ``generate`` gives them, since the decoder's steps give one position
-      per token);
-    - one row (:func:`prefill_media`): a padded row with sliding layers past their window (``windowed``), a prompt
-      whose last token is a media placeholder, and token types (:data:`MEDIA_TYPE_KWARGS`) that mark other tokens
-      than the placeholders;
-    - a batch: token types."""
+    """Before any forward: raise ValueError for a call with media features that the decoder would not decode as plain
+    ``generate`` does: a static cache with other than full-attention ``StaticLayer``s; a cache holding tokens; positions
+    whose sections differ (multimodal RoPE); a batch with token types (:data:`MEDIA_TYPE_KWARGS`); one row that is
+    padded past a sliding window (``windowed``), ends in a media placeholder, or has token types marking other tokens
+    than the placeholders."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
     placeholders = media_token_ids(model.config)
@@ -69,14 +55,10 @@ def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, stati
 
 
 def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cache_kwarg: str, stats) -> None:
-    """One row with media features (checked by :func:`check_media`): run the prompt's forward for every prompt token
-    but the last, into ``cache``, with the features, as plain ``generate``'s first forward runs it. The decode loop
-    then continues that cache from the last prompt token on, as it continues any cache that holds a prefix of
-    ``input_ids``, with text-only forwards, as plain ``generate``'s later steps are (a static cache's too). Token
-    types go to this forward too. (A batch passes the features to its prompt's step instead: ``batch.BatchCall``.)
-
-    Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs ``[bos, <image> x 576, "Describe", "it"]``
-    with the image's features here; the decoder's first step forwards ``":"`` and its drafts."""
+    """One row with media features (checked by :func:`check_media`): the prompt's forward for every token but the last,
+    with the features and token types, into ``cache``, as plain ``generate``'s first forward; the decode loop continues
+    that cache with text-only steps. Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs all but
+    ``":"`` here; the first step forwards ``":"`` and its drafts."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
     model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],

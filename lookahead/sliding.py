@@ -1,27 +1,11 @@
-"""One row decoded past a sliding window: the window's layers kept whole through each step, and their masks.
+"""Decoding past a sliding window: the window's layers kept whole through each step, and their masks.
 
-A dynamic cache's sliding-window layer (``DynamicSlidingWindowLayer``) keeps the last ``window - 1`` tokens, so a step
-of ``q`` rows would push up to ``q`` cached tokens out before the verdict, and a rejected row could not be undone. As
-transformers' assisted decoding does, :class:`SlidingWindow` turns on the layers' *past recording* for the call
-(:meth:`~SlidingWindow.start`: an update keeps every entry until the next ``crop``), restricts them to the window after
-each step (:meth:`~SlidingWindow.restrict`) and turns it off at the end (:meth:`~SlidingWindow.finish`), so the returned
-cache is one plain ``generate`` could continue.
-
-**Masks.** A chain step passes no mask (the model builds its own sliding one). A step with a tree or window rows passes
-its own additive 4D mask (``packing.py``); a sliding layer sees the keys of the last ``seen = min(past, window - 1)``
-cached tokens and the step's ``q`` rows, a row at position ``P`` only those at ``k`` with ``P - k < window``, so its
-mask is the full mask's last ``seen + q`` columns with the out-of-window ones hidden (:meth:`SlidingWindow.masks`).
-Llama 4's chunked layers see their own chunk of ``window`` positions instead. Masks go per layer type (a dict) when the
-model names them (``config.layer_types``), else every layer slides (Mistral) and takes one mask.
-
-A static cache (``static.py``) gives its sliding layers the whole length, so their mask is the full one with
-out-of-window columns hidden (:meth:`SlidingWindow.static_masks`). A batch, or one row with padding, widens its dynamic
-cache the same way (:meth:`SlidingWindow.widen`); its columns are not its positions, so the masks hide keys by each
-row's positions (:meth:`SlidingWindow.batch_masks`).
-
-Worked example: window 4, 5 tokens cached (positions 0-4), a step of the pending token (position 5) and a node under it
-(position 6). The sliding layers see positions 2, 3, 4, then 5 and 6 (``seen`` = 3). The pending row sees 2-5; the node
-sees 3-6, so its mask row hides position 2.
+A dynamic cache's sliding layer keeps the last ``window - 1`` tokens, so a step of ``q`` rows would push cached tokens
+out before the verdict. As transformers' assisted decoding does, an unpadded row records the layers' past through each
+step (:meth:`~SlidingWindow.start`, :meth:`~SlidingWindow.restrict`, :meth:`~SlidingWindow.finish`). A batch or a
+padded row keeps every column (:meth:`~SlidingWindow.widen`), a static cache gives the layers its whole length
+(``static.full_length_layers``). A step's own 4D mask is then narrowed for those layers to each row's window, or chunk
+(Llama 4): :meth:`~SlidingWindow.masks`, :meth:`~SlidingWindow.static_masks`, :meth:`~SlidingWindow.batch_masks`.
 """
 
 from __future__ import annotations
@@ -34,9 +18,8 @@ from . import compat
 from .kv import CacheNotRollbackable, GrowingLayer, cache_layers
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
-"""The layer types (``config.layer_types``) :meth:`SlidingWindow.masks` knows: a sliding layer's row at ``P`` sees keys
-at ``k`` with ``P - k < window``; a chunked layer's (Llama 4) those with ``k // window == P // window``; a full layer's
-all."""
+"""The layer types (``config.layer_types``) known: a sliding layer's row at ``P`` sees keys at ``k`` with
+``P - k < window``; a chunked layer's (Llama 4) those with ``k // window == P // window``; a full layer's all."""
 
 
 _SLIDING_LAYER = compat.rollbackable_layer_types()[1]
@@ -49,8 +32,9 @@ def is_sliding(layer) -> bool:
 
 @dataclass(frozen=True)
 class SlidingWindow:
-    """How a call of one row decodes past the ``window`` of its cache's sliding layers. ``layer_types``: the model's
-    ``config.layer_types`` (masks per type, a dict), or None (every layer slides: one mask)."""
+    """How a call decodes past the ``window`` of its cache's sliding layers. ``layer_types``: the model's
+    ``config.layer_types`` (masks per type, a dict), or None (every layer slides: one mask). Raises ValueError for a
+    window under 2 and :class:`~lookahead.kv.CacheNotRollbackable` for unknown layer types."""
 
     window: int
     layer_types: tuple[str, ...] | None = None
@@ -60,14 +44,16 @@ class SlidingWindow:
             raise ValueError(f"SlidingWindow window={self.window!r} is invalid: must be at least 2")
         unknown = sorted(set(self.layer_types or ()) - {SLIDING, CHUNKED, FULL})
         if unknown:
-            raise ValueError(f"SlidingWindow layer_types holds {unknown}: only {SLIDING!r}, {CHUNKED!r} and {FULL!r} "
-                             "are known")
+            raise CacheNotRollbackable(f"the model's layer types {unknown} (layer_types) are not known to "
+                                       f"LookaheadDecoder past a sliding window (only {SLIDING!r}, {CHUNKED!r} and "
+                                       f"{FULL!r}). Use plain generate() for this model.")
 
     @classmethod
     def of(cls, model, cache) -> SlidingWindow:
-        """The plan for ``model`` and its ``cache``, whose sliding layers must share one window; raises
-        :class:`~lookahead.kv.CacheNotRollbackable` when the layers cannot be told apart or their types are unknown."""
-        sliding = [layer for layer in cache_layers(cache) if is_sliding(layer)]
+        """The plan for ``model`` and its ``cache``; raises :class:`~lookahead.kv.CacheNotRollbackable` when the
+        layers cannot keep their past, have several windows, cannot be told apart or are of unknown types."""
+        layers = cache_layers(cache)
+        sliding = [layer for layer in layers if is_sliding(layer)]
         if not all(hasattr(layer, "activate_past_recording") for layer in sliding):
             raise CacheNotRollbackable("this transformers version's sliding-window cache layers cannot keep their past "
                                        "entries (no activate_past_recording); LookaheadDecoder cannot roll back past "
@@ -78,30 +64,26 @@ class SlidingWindow:
             raise CacheNotRollbackable(f"the model's sliding layers have windows {sorted(windows)}; LookaheadDecoder "
                                        "decodes past one window only. Use plain generate() for this model.")
         types = getattr(compat.text_config(model), "layer_types", None)
-        if types is None and not all(is_sliding(layer) for layer in cache_layers(cache)):
+        if types is None and len(sliding) < len(layers):
             raise CacheNotRollbackable("the model mixes sliding and full attention layers without naming them "
                                        "(config.layer_types), so their masks cannot be told apart; LookaheadDecoder "
                                        "cannot decode it past its window. Use plain generate() for this model.")
-        unknown = sorted(set(types or ()) - {SLIDING, CHUNKED, FULL})
-        if unknown:
-            raise CacheNotRollbackable(f"the model's layer types {unknown} are not known to LookaheadDecoder past a "
-                                       "sliding window. Use plain generate() for this model.")
         return cls(windows.pop(), None if types is None else tuple(types))
 
     def masks(self, mask: torch.Tensor, positions: torch.Tensor, past: int):
-        """A step's masks from its full-attention ``mask`` [1, 1, q, past + q] (additive; not changed), its rows'
-        ``positions`` long[1, q] and ``past`` cached tokens at positions 0 .. past - 1: the sliding layers' new mask
-        [1, 1, q, seen + q] (alone, or in a dict per layer type beside ``mask``)."""
+        """One row's step: ``mask`` [1, 1, q, past + q] (additive, full attention; not changed), the rows'
+        ``positions`` long[1, q], ``past`` cached tokens at positions 0 .. past - 1. The sliding layers' mask
+        [1, 1, q, seen + q], ``seen = min(past, window - 1)`` (alone, or in a dict per layer type beside ``mask``).
+        Example: window 4, past 5, rows at 5 and 6: columns at positions 2-6; row 5 sees 2-5, row 6 3-6."""
         seen = min(past, self.window - 1)
         rows = positions[0]  # long[q]
         columns = torch.cat([torch.arange(past - seen, past, device=rows.device), rows])  # long[seen + q]
         return self._per_type(mask, mask[..., past - seen:], columns[None, :], rows[:, None])
 
     def _per_type(self, full: torch.Tensor, part: torch.Tensor, columns: torch.Tensor, rows: torch.Tensor):
-        """The masks per layer type: ``full`` for full layers; for the others ``part`` (the columns they see, at
-        positions ``columns``) with keys outside each row's (at ``rows``) window or chunk hidden. One tensor when the
-        model names no layer types, else a dict. ``columns`` / ``rows`` broadcast to ``part``'s last two dimensions:
-        [1, c] / [q, 1], or for a batch [b, 1, 1, c] / [b, 1, q, 1]."""
+        """``full`` for full layers; for the others ``part`` (the columns they see, at positions ``columns``) with keys
+        outside each row's (at ``rows``) window or chunk hidden; one tensor when the model names no layer types, else a
+        dict. ``columns`` / ``rows`` broadcast to ``part``: [1, c] / [q, 1], or [b, 1, 1, c] / [b, 1, q, 1]."""
         neg = torch.finfo(full.dtype).min
         types = self.layer_types or (SLIDING,)
         out = {}
@@ -116,27 +98,24 @@ class SlidingWindow:
         return out
 
     def static_masks(self, mask: torch.Tensor, positions: torch.Tensor, past: int):
-        """A step's masks on a static cache whose sliding layers hold every column (``static.full_length_layers``):
-        ``mask`` [1, 1, q, columns] (not changed), ``positions`` long[1, q] of the rows written at columns
-        ``past .. past + q - 1`` (column ``c < past`` holds position ``c``). Returns ``mask`` with keys outside each
-        row's window or chunk hidden, as :meth:`masks` does. Example: window 4, past 5, rows at positions 5 and 6: the
-        first sees columns 2-5 of what ``mask`` allows, the second 3-6."""
+        """A static cache's step (its sliding layers hold every column): ``mask`` [1, 1, q, columns] (not changed),
+        ``positions`` long[1, q] of the rows written at columns ``past .. past + q - 1`` (column ``c < past`` holds
+        position ``c``). Returns ``mask`` with keys outside each row's window or chunk hidden. Example: window 4,
+        past 5, rows at positions 5 and 6: the first sees columns 2-5 of what ``mask`` allows, the second 3-6."""
         columns = torch.arange(mask.shape[-1], device=positions.device)
-        q = positions.shape[1]
-        columns[past : past + q] = positions[0]  # a step's columns hold its rows' positions (a node's: by depth)
+        columns[past : past + positions.shape[1]] = positions[0]  # a step's columns hold its rows' positions
         return self._per_type(mask, mask, columns[None, :], positions[0][:, None])
 
     def batch_masks(self, mask: torch.Tensor, positions: torch.Tensor, cached: torch.Tensor):
-        """A batched step's masks on a widened cache (:meth:`widen`): ``mask`` [b, 1, q, T + q] (padding and holes
-        hidden; not changed), ``positions`` long[b, q] of the step's rows and columns, ``cached`` long[b, T] of each
-        row's cached columns (a hidden one's: any). Keys outside a row's window are hidden by position, as plain batched
-        ``generate`` does."""
+        """A step on a widened cache (:meth:`widen`): ``mask`` [b, 1, q, T + q] (padding and holes hidden; not
+        changed), ``positions`` long[b, q] of the step's rows, ``cached`` long[b, T] of each row's cached columns (a
+        hidden one's: any). Keys outside a row's window are hidden by position, as plain batched ``generate`` does."""
         columns = torch.cat([cached, positions], dim=1)  # long[b, T + q]
         return self._per_type(mask, mask, columns[:, None, None, :], positions[:, None, :, None])
 
     def widen(self, cache) -> None:
-        """Replace each sliding layer of a batch's (or padded row's) empty cache by a plain one that keeps every column,
-        before the first forward (:meth:`check_widenable`); :meth:`batch_masks` masks them by the window."""
+        """Before the first forward, replace each sliding layer of an empty cache by a plain one that keeps every
+        column (:meth:`check_widenable`); :meth:`batch_masks` masks them by the window."""
         cache.layers[:] = [GrowingLayer(replaces=layer) if is_sliding(layer) else layer
                            for layer in cache_layers(cache)]
 

@@ -1,10 +1,9 @@
-"""One row on a static cache in the one step loop: :class:`Bucketed`, the step shape ``loop.Call`` runs for it.
+"""One row on a static cache: :class:`Bucketed`, the step shape ``loop.Call`` runs for it.
 
 The prompt's step runs eagerly at its own length; every later step runs one of a few *bucket* sizes (dummy rows pad
 it), optionally compiled as transformers compiles plain static ``generate`` (one graph per bucket); rollback moves the
 kept entries inside the cache's buffers and moves its length back (:func:`keep_static`). A static sliding layer is
-given the cache's whole length for the call (:func:`full_length_layers`) and handed back as transformers keeps it.
-Imported only by a call on a static cache.
+given the cache's whole length for the call (:func:`full_length_layers`).
 """
 
 from __future__ import annotations
@@ -23,15 +22,15 @@ from .cost import CostModel
 from .drafting.draft import Draft
 from .drafting.policy import Limits
 from .kv import CacheNotRollbackable, cache_layers, move_kept
-from .packing import MASK_BITS, pack_step, step_block, step_inputs
+from .packing import MASK_BITS, fill_step_block, pack_step, step_inputs
 from .shapes import OneRow, Step
 from .sliding import SlidingWindow
 
 
 class StaticMask:
-    """The masks of a static-cache call's steps, over all ``max_cache_len`` columns, in one buffer ``[1, 1, rows,
-    max_cache_len]`` of the model's dtype, written in place (``kernels.fill_static_block``): a step writes its
-    block, restores the columns the last steps touched, and returns the view of its bucket's rows.
+    """The masks of a static-cache call's steps, in one buffer ``[1, 1, rows, max_cache_len]`` of the model's dtype
+    written in place (:func:`fill_static_block`): a step writes its block, restores the columns the last steps touched,
+    and returns the view of its bucket's rows; raises ValueError when the step does not fit.
 
     Example: ``StaticMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]), q=8)`` ->
     a [1, 1, 8, 512] view whose rows p, a, b see the 100 cached columns and ``p``, ``p a``, ``p a b``; the five
@@ -52,8 +51,7 @@ class StaticMask:
     def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None,
                  q: int | None = None) -> torch.Tensor:
         window = np.zeros((0, 0), dtype=bool) if window_visible is None else window_visible
-        real = pending + len(parents) + window.shape[0]
-        q = real if q is None else q
+        q = pending + len(parents) + window.shape[0] if q is None else q
         if q > self._host.shape[0] or past + q > self._host.shape[1]:
             raise ValueError(f"a step of {q} rows after {past} cached columns does not fit the static cache's "
                              f"{self._host.shape[1]} columns")
@@ -61,51 +59,40 @@ class StaticMask:
                             self.dirty, self.rows_used, q)
         self.clean, self.dirty, self.rows_used = past, max(self.dirty, past + q), max(self.rows_used, q)
         if self.device.type != "cpu":
-            rows = self.buffer[0, 0, :q].view(self.bits)
-            rows.copy_(torch.from_numpy(self._host[:q]), non_blocking=False)
+            self.buffer[0, 0, :q].view(self.bits).copy_(torch.from_numpy(self._host[:q]), non_blocking=False)
         return self.buffer[:, :, :q]
 
 
 def canonical(t: torch.Tensor) -> torch.Tensor:
     """``t`` with the strides a new tensor of its shape has (a compiled graph guards on strides, even those of a
     dimension of size 1, which ``contiguous()`` leaves as they are)."""
-    return t if t.stride() == torch.empty(t.shape, device="meta").stride() else t.clone(memory_format=torch.contiguous_format)
+    if t.stride() == torch.empty(t.shape, device="meta").stride():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 @njit(cache=True)
 def fill_static_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, dirty_to, rows_used,
                       q):
-    """One step's additive mask in a preallocated buffer over a static cache's every column (``mask`` [rows,
-    max_cache_len], holding only 0 and ``neg``, all ``neg`` when new): the step's ``q`` rows (pending tokens,
-    tree nodes, window rows, then dummy rows up to the bucket's size) see the cached columns (but padding:
-    ``col_visible`` False; empty: none), and in the block ``mask[:q, past:past + q]`` what :func:`fill_step_mask`
-    gives them; a dummy row sees the pending tokens and itself; every later column is hidden.
+    """One step's additive mask in ``mask`` [rows, max_cache_len] (only 0 and ``neg``; all ``neg`` when new; earlier
+    steps wrote columns ``clean_from .. dirty_to`` of its first ``rows_used`` rows): the step's ``q`` rows (pending
+    tokens, tree nodes, window rows, dummy rows up to the bucket) see the cached columns (not those ``col_visible``
+    hides, when given) and in the block ``mask[:q, past:past + q]`` what ``packing.fill_step_block`` gives them; a
+    dummy row sees the pending tokens and itself; every later column is hidden.
 
     Example: past 2, p 1, parents ``[-1]``, q 3 (one dummy): rows ``p a d`` see columns ``0 1 p``, ``0 1 p a``,
     ``0 1 p d``; every column from 5 on is hidden."""
     for r in range(rows_used, q):  # rows never used: their cached columns
         for c in range(past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
-    for r in range(rows_used):
-        for c in range(clean_from, min(dirty_to, mask.shape[1])):
-            if c < past:
-                mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
-            else:
-                mask[r, c] = neg
-    step_block(mask, past, p, parents, window_visible, neg)
-    real = p + len(parents) + window_visible.shape[0]
-    for r in range(real, q):  # dummy rows: the pending tokens and themselves
+    for r in range(rows_used):  # the last steps' columns past the cached ones: hidden again
+        for c in range(past, min(dirty_to, mask.shape[1])):
+            mask[r, c] = neg
+    fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)
+    for r in range(p + len(parents) + window_visible.shape[0], q):  # dummy rows: the pending tokens and themselves
         for j in range(p):
             mask[r, past + j] = 0
         mask[r, past + r] = 0
-
-
-def static_layers(cache) -> bool:
-    """Whether ``cache`` is a static one the decoder can roll back: every layer a plain ``StaticLayer`` or one
-    :func:`full_length_layers` made (sliding-window or offloaded static layers are not: their columns are not the
-    sequence's)."""
-    layers = cache_layers(cache)
-    return bool(layers) and all(type(layer) in (StaticLayer, FullLengthSlidingLayer) for layer in layers)
 
 
 class FullLengthSlidingLayer(StaticLayer):
@@ -117,16 +104,10 @@ class FullLengthSlidingLayer(StaticLayer):
         self.sliding_window, self.replaces = sliding_window, replaces
 
 
-def cache_length(cache) -> int:
-    """``max_cache_len`` of a static cache (every layer's)."""
-    return int(min(layer.max_cache_len for layer in cache_layers(cache)))
-
-
 def keep_static(cache, past: int, keep: list[int], q: int) -> None:
-    """After a step of ``q`` rows written at columns ``past .. past + q - 1`` of a static cache: move the kept
-    step columns ``keep`` (increasing) to the front of them (``kv_cache.move_kept``), and move the cache's length
-    back over the rest (the next step overwrites them). Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15
-    go to 11, 12 and the cache holds 13 columns."""
+    """After a step of ``q`` rows written at columns ``past .. past + q - 1`` of a static cache: move the kept step
+    columns ``keep`` (increasing) to the front of them (``kv.move_kept``) and the cache's length back over the rest.
+    Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15 go to 11, 12 and the cache holds 13 columns."""
     layers = cache_layers(cache)
     move_kept(layers, [past] * len(layers), keep)
     if q > len(keep):
@@ -135,12 +116,11 @@ def keep_static(cache, past: int, keep: list[int], q: int) -> None:
 
 
 def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
-    """Before any forward: a static cache's sliding-window layers (which keep a window's columns in a ring, whose
-    rejected entries could not be dropped) replaced by :class:`~lookahead.kv.FullLengthSlidingLayer`s of the cache's
-    length (its full layers', else ``length``) that remember their window, a written one holding its ring's tokens at
-    their own columns (``compat.adopt_ring``); every step then masks them by the window
-    (:meth:`SlidingWindow.static_masks`): the same attention, more memory. Returns how their masks are made, or None
-    when the cache has no such layer; ``kv.settle`` puts the layers back."""
+    """Before any forward: replace a static cache's sliding-window layers (rings, whose rejected entries could not be
+    dropped) by :class:`FullLengthSlidingLayer`s of the cache's length (its full layers', else ``length``), a written
+    one holding its ring's tokens at their own columns (``compat.adopt_ring``), masked by the window every step
+    (:meth:`SlidingWindow.static_masks`). Returns that :class:`SlidingWindow`, or None when the cache has no such
+    layer; ``kv.settle`` puts the layers back."""
     layers = cache_layers(cache)
     config = compat.text_config(model)  # the window of its sliding layers, or the chunk of its chunked ones
     window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
@@ -158,13 +138,10 @@ def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
 
 
 _RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per model, the (runner, cache length, bucket) shapes a forward has run with in this process: a compiled one's
-graph is in torch's cache, and its next run is no warm-up."""
-
-
+"""Per model, the (runner, cache length, bucket) shapes a forward has run with in this process (compiled, if so)."""
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
 """Per model, its compiled step per compile options (:func:`compiled_step`)."""
+_LOCK = threading.Lock()
 
 
 class Bucketed(OneRow):
@@ -180,15 +157,16 @@ class Bucketed(OneRow):
         if call.sliding is not None and self.col_visible is not None:
             raise CacheNotRollbackable("a static cache with sliding-window layers decodes an unpadded row only (its "
                                        "columns are the row's positions); drop the padding, or use plain generate().")
-        if not static_layers(self.cache):
+        layers = cache_layers(self.cache)  # sliding-window or offloaded static layers' columns are not the sequence's
+        if not layers or any(type(layer) not in (StaticLayer, FullLengthSlidingLayer) for layer in layers):
             raise CacheNotRollbackable(
                 f"LookaheadDecoder rolls back a static cache whose layers are all StaticLayer; this one has "
-                f"{sorted({type(layer).__name__ for layer in cache_layers(self.cache)})} (sliding-window, hybrid or "
+                f"{sorted({type(layer).__name__ for layer in layers})} (sliding-window, hybrid or "
                 "offloaded static layers). Drop cache_implementation, or use plain generate().")
         if call.sync is not None:
             raise ValueError("LookaheadDecoder with a static cache does not run under tensor parallelism; drop "
                              "cache_implementation='static' (the dynamic cache is synchronised across ranks).")
-        self.columns = cache_length(self.cache)
+        self.columns = int(min(layer.max_cache_len for layer in layers))
         needed = call.max_length - 1  # the columns plain static generate fills: every token but the last
         if self.columns < needed:
             raise ValueError(f"the static cache holds {self.columns} tokens and this call needs {needed} "
@@ -198,8 +176,8 @@ class Bucketed(OneRow):
         self.buckets = buckets_for(decoder.policy.first_rows(), decoder.tuning.buckets)
         compile_config = compile_settings(call.model, call.gen)
         self.compiled = compile_config is not None
-        self.step_runner = None if compile_config is None else compiled_step(call.model, compile_config)
-        self.runner_key = repr(compile_config.to_dict()) if compile_config is not None else "eager"
+        self.runner = compiled_step(call.model, compile_config) if self.compiled else call.eager
+        self.runner_key = repr(compile_config.to_dict()) if self.compiled else "eager"
         with _LOCK:
             self.ran: set = _RUN.setdefault(call.model, set())
         call.stats.time_compile = 0.0
@@ -221,45 +199,39 @@ class Bucketed(OneRow):
         """Every bucket's forward time on this call's cache and runner (kept per model, device, dtype, cache length
         and runner); each bucket's first (compiling) run is timed apart."""
         call = self.call
-        room = self.columns - self.past
-        sizes = tuple(b for b in self.buckets if b <= room) or (1,)
-        variant = f"static/{'compiled' if self.compiled else 'eager'}/{self.columns}"
-        persist = None if call.clock is time.perf_counter else False
-        return call.decoder.calibrations.get(call.model, max(sizes), lambda _: self._time_buckets(sizes), variant,
-                                             persist=persist)
-
-    def _time_buckets(self, sizes: tuple[int, ...]) -> CostModel:
-        call = self.call
         clock, device, past = call.clock, call.device, self.past
-        gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, call.vocab, (1, max(sizes)), generator=gen).to(device)
+        sizes = tuple(b for b in self.buckets if b <= self.columns - past) or (1,)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        mask = StaticMask(self.buckets[-1], self.columns, call.dtype, device)  # the decoding mask's strides
 
-        def run(k: int) -> None:  # a chain of k - 1 nodes after one pending token
-            m = mask(past, 1, np.arange(-1, k - 2), None, k)
-            pos = canonical(torch.arange(past, past + k, device=device)[None])
-            compat.last_logits(self._runner(), canonical(ids[:, :k]), pos, self.masks(m, pos, past),
-                               call.forward_kwargs, call.keeps_logits, k)
-            for layer in cache_layers(self.cache):
-                layer.crop(-k)
-
-        def time_one(k: int) -> float:
-            sync()
-            t = clock()
-            run(k)
-            sync()
-            return clock() - t
-
-        with torch.no_grad():
-            for k in sizes:  # the first run of each bucket compiles it: not a timing
-                self._warm(k, lambda k=k: run(k))
+        def measure(_) -> CostModel:
             from .calibrate import calibrate_curve
 
-            return calibrate_curve(time_one, sizes, clock=clock)
+            ids = torch.randint(0, call.vocab, (1, max(sizes)), generator=torch.Generator().manual_seed(0)).to(device)
+            mask = StaticMask(self.buckets[-1], self.columns, call.dtype, device)  # the decoding mask's strides
 
-    def _runner(self):
-        return self.step_runner if self.step_runner is not None else self.call.eager
+            def run(k: int) -> None:  # a chain of k - 1 nodes after one pending token
+                m = mask(past, 1, np.arange(-1, k - 2), None, k)
+                pos = canonical(torch.arange(past, past + k, device=device)[None])
+                compat.last_logits(self.runner, canonical(ids[:, :k]), pos, self.masks(m, pos, past),
+                                   call.forward_kwargs, call.keeps_logits, k)
+                for layer in cache_layers(self.cache):
+                    layer.crop(-k)
+
+            def time_one(k: int) -> float:
+                sync()
+                t = clock()
+                run(k)
+                sync()
+                return clock() - t
+
+            with torch.no_grad():
+                for k in sizes:  # the first run of each bucket compiles it: not a timing
+                    self._warm(k, lambda k=k: run(k))
+                return calibrate_curve(time_one, sizes, clock=clock)
+
+        variant = f"static/{'compiled' if self.compiled else 'eager'}/{self.columns}"
+        return call.decoder.calibrations.get(call.model, max(sizes), measure, variant,
+                                             persist=None if clock is time.perf_counter else False)
 
     def _warm(self, k: int, fn) -> bool:
         """Run ``fn``, bucket ``k``'s first forward in this process, timing it apart; False when it ran before."""
@@ -296,16 +268,13 @@ class Bucketed(OneRow):
             columns = None if self.col_visible is None else self.col_visible[: int(rows.length[0])]
             ids, pos, mask = pack_step(pending, pending_pos, d.tokens, d.parents, columns, self.past, call.dtype,
                                        d.window, call.device, d.depth)
-            full = torch.full((*mask.shape[:3], self.columns), torch.finfo(call.dtype).min, dtype=call.dtype,
-                              device=call.device)
-            full[..., : mask.shape[-1]] = mask
+            full = torch.nn.functional.pad(mask, (0, self.columns - mask.shape[-1]), value=torch.finfo(call.dtype).min)
             return Step(ids, pos, self.masks(full, pos), 1 + d.rows)
         q = bucket_of(1 + d.rows, self.buckets, self.columns - self.past)
         ids, pos = step_inputs(pending, pending_pos, d.tokens, d.depth, d.window, call.device)
         if q > ids.shape[1]:  # dummy rows: token 0 one past the pending position
-            extra = q - ids.shape[1]
-            ids = torch.cat([ids, torch.zeros((1, extra), dtype=ids.dtype, device=ids.device)], 1)
-            pos = torch.cat([pos, pos[:, :1].expand(1, extra) + 1], 1)
+            pos = torch.cat([pos, pos[:, :1].expand(1, q - ids.shape[1]) + 1], 1)
+            ids = torch.nn.functional.pad(ids, (0, q - ids.shape[1]))
         ids, pos = canonical(ids), canonical(pos)  # the strides a bucket's graph was compiled for
         mask = self.static_mask(self.past, 1, d.parents, None if d.window is None else d.window.visible, q)
         self.bucket = q
@@ -323,8 +292,8 @@ class Bucketed(OneRow):
         if not self.bucket:
             return call.forward(step.ids, step.pos, step.mask, keep, runner=call.eager)
         q, out = self.bucket, []
-        if not self._warm(q, lambda: out.append(call.forward(step.ids, step.pos, step.mask, q, runner=self._runner()))):
-            out.append(call.forward(step.ids, step.pos, step.mask, q, runner=self._runner()))
+        if not self._warm(q, lambda: out.append(call.forward(step.ids, step.pos, step.mask, q, runner=self.runner))):
+            out.append(call.forward(step.ids, step.pos, step.mask, q, runner=self.runner))
         if call.wants_hidden:
             call.hidden = call.hidden[:, :keep]
         return out[0][:, :keep]
@@ -338,22 +307,15 @@ class Bucketed(OneRow):
 
 def buckets_for(max_rows: int, buckets) -> tuple[int, ...]:
     """The buckets up to the first that holds ``max_rows`` rows. Example: 20 -> ``(1, 8, 16, 32)``."""
-    out = []
-    for b in buckets:
-        out.append(b)
-        if b >= max_rows:
-            break
-    return tuple(out)
+    buckets = tuple(buckets)
+    return buckets[: next((i for i, b in enumerate(buckets) if b >= max_rows), len(buckets) - 1) + 1]
 
 
 def bucket_of(rows: int, buckets: tuple[int, ...], room: int) -> int:
-    """The smallest bucket that holds ``rows`` and fits ``room`` columns, else the largest that fits. Example:
-    ``bucket_of(9, (1, 8, 16), 100)`` -> 16; with room 12 -> 8."""
+    """The smallest bucket that holds ``rows`` and fits ``room`` columns, else the largest that fits (none: 1).
+    Example: ``bucket_of(9, (1, 8, 16), 100)`` -> 16; with room 12 -> 8."""
     fitting = [b for b in buckets if b <= room]
-    for b in fitting:
-        if b >= rows:
-            return b
-    return fitting[-1] if fitting else 1
+    return next((b for b in fitting if b >= rows), fitting[-1] if fitting else 1)
 
 
 def bucketed_curve(curve: CostModel, buckets: tuple[int, ...]) -> CostModel:
@@ -371,12 +333,10 @@ def compile_settings(model, gen):
 
     if getattr(gen, "disable_compile", False):
         return None
+    devices = set((getattr(model, "hf_device_map", None) or {}).values())
+    if "disk" in devices or ("cpu" in devices and len(devices) > 1):
+        return None
     config = getattr(gen, "compile_config", None)
-    device_map = getattr(model, "hf_device_map", None)
-    if device_map is not None:
-        devices = set(device_map.values())
-        if "disk" in devices or ("cpu" in devices and len(devices) > 1):
-            return None
     accelerated = model.device.type in ("cuda", "xpu")
     if config is not None and (accelerated or compat.compiles_on_all_devices(config)):
         return config
