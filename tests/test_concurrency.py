@@ -9,12 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from tiny import TINY_COST_CURVE, tiny_model
 
 import lookahead.calibrate as calibrate_module
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
 from lookahead.cost import Calibrations, CostModel
+
+from tiny import TINY_COST_CURVE, tiny_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 11, 5, 6, 7], [3, 4, 3, 4, 3, 4, 3, 4, 3], [9, 8, 7, 6, 5, 9, 8, 7, 6],
            [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [11, 12, 13, 11, 12, 13, 11, 12], [20, 21, 22, 23, 24, 25, 20, 21]]
