@@ -34,10 +34,11 @@ def explain(stats) -> str:
     paid = stats.tokens_per_call >= EXPLAIN_PAID
     if stats.cost_curve is None:
         if not drafting:
-            return (f"{head} The budget was fixed (adaptive=False), so every step would have verified the "
-                    "whole draft tree, but the prompt and output offered nothing to copy: no step had one.")
-        return (f"{head} The budget was fixed (adaptive=False), so every step verified the whole draft tree "
-                f"the n-gram store proposed: {drafting} of {steps} steps had one, and {accepted}"
+            return (f"{head} No cost curve priced the drafts (a fixed budget), so every step would have "
+                    "verified the whole draft tree, but the prompt and output offered nothing to copy: no step "
+                    "had one.")
+        return (f"{head} No cost curve priced the drafts (a fixed budget), so every step verified the whole "
+                f"draft tree the n-gram store proposed: {drafting} of {steps} steps had one, and {accepted}"
                 + ("." if paid else ": the text did not repeat much."))
     return f"{head} {_why_adaptive(stats, plain, drafting, accepted, paid)}" + (
         " The cost curve was measured while other work slowed the machine (provisional): the budget's "

@@ -132,7 +132,7 @@ def test_drafted_but_little_accepted():
 def test_fixed_budget_paid():
     s = stats(1, [(6, 4), (6, 2)], cost_curve=None)
     assert s.explain() == (
-        HEAD.format(9, 3, "3.00") + " The budget was fixed (adaptive=False), so every step verified the whole "
+        HEAD.format(9, 3, "3.00") + " No cost curve priced the drafts (a fixed budget), so every step verified the whole "
         "draft tree the n-gram store proposed: 2 of 3 steps had one, and 6 of 12 drafted tokens were accepted "
         "(50%).")
 
@@ -140,7 +140,7 @@ def test_fixed_budget_paid():
 def test_fixed_budget_little_accepted():
     s = stats(0, [(16, 1), (16, 0), (16, 0), (16, 0)], cost_curve=None)
     assert s.explain() == (
-        HEAD.format(5, 4, "1.25") + " The budget was fixed (adaptive=False), so every step verified the whole "
+        HEAD.format(5, 4, "1.25") + " No cost curve priced the drafts (a fixed budget), so every step verified the whole "
         "draft tree the n-gram store proposed: 4 of 4 steps had one, and 1 of 64 drafted tokens were accepted "
         "(2%).")
 
@@ -148,7 +148,7 @@ def test_fixed_budget_little_accepted():
 def test_fixed_budget_nothing_to_copy():
     s = stats(5, [], cost_curve=None)
     assert s.explain() == (
-        HEAD.format(5, 5, "1.00") + " The budget was fixed (adaptive=False), so every step would have verified "
+        HEAD.format(5, 5, "1.00") + " No cost curve priced the drafts (a fixed budget), so every step would have verified "
         "the whole draft tree, but the prompt and output offered nothing to copy: no step had one.")
 
 
