@@ -68,9 +68,9 @@ class Tuning:
     window_probe_every: int = 16
     window_gain_start: float = 1.0
     window_gain_keep: float = 0.9
-    refine_cost: bool = False  # fold each step's measured time into the call's curve
-    refine_weight: float = 0.2
-    refine_relax: float = 0.98
+    learn_slope_cpu: float = 0.1  # a learned curve's price of a size not yet seen: one-row steps per extra token
+    learn_slope_gpu: float = 0.02
+    learn_keep_after: int = 16  # a learned curve is kept on disk once this many steps of a process taught it
     # -- batches --
     hole_slack: int = 16  # hole columns past the longest row before the cache is re-aligned
     copy_seconds_per_byte: float = 1 / 4e9  # a whole-cache copy before one was measured
@@ -81,7 +81,8 @@ class Tuning:
     # -- KV cache --
     grow_columns: int = 64  # spare columns a growing layer allocates
     max_moves: int = 2  # runs of kept columns moved by slices; more take one gather
-    # -- the cost curve's calibration --
+    # -- the cost curve's calibration (``python -m lookahead warmup --calibrate``; a call learns from its steps) --
+    calibrate: bool = False  # time the model's steps before the call, and plan the CPU layouts from the timings
     rounds: int = 2
     agreement: float = 1.2  # a size's two fastest timings must agree within this
     drift: float = 1.5  # a round whose bracketing 1-row timings differ more is not used
@@ -135,10 +136,10 @@ class Tuning:
             raise bad("max_match", f"needs 1 <= max_match < ngram_size ({self.ngram_size})")
         if not 4 * self.ngram_size ** 2 <= self.trie_capacity <= 1 << 27:
             raise bad("trie_capacity", f"must be in [4 * ngram_size**2 = {4 * self.ngram_size ** 2}, {1 << 27}]")
-        for name in ("decay", "belief_relax", "window_gain_keep", "refine_relax", "self_draft_size"):
+        for name in ("decay", "belief_relax", "window_gain_keep", "self_draft_size"):
             if getattr(self, name) > 1:
                 raise bad(name, "must be in [0, 1]")
-        for name in ("depth_lift", "refine_weight"):
+        for name in ("depth_lift", "learn_slope_cpu", "learn_slope_gpu"):
             if not 0 < getattr(self, name) <= 1:
                 raise bad(name, "must be in (0, 1]")
         for name in ("belief_prior", "belief_off_scale"):

@@ -285,18 +285,14 @@ def choose_nodes(probs: np.ndarray, cost, extra_rows: int = 0, extra_gain: float
 class Budget:
     """One row's per-step choices and what it learns from each verified step: the acceptance estimates (fresh per call,
     or an earlier call's capped at ``carry_trials``), the copy belief, the window's worth (a running mean of window-made
-    tokens accepted per step, re-tried every ``window_probe_every`` steps while off) and a prober. The cost curve is
-    fixed for the call unless ``refine_cost``."""
+    tokens accepted per step, re-tried every ``window_probe_every`` steps while off) and a prober. ``learner``: a
+    ``cost.LearnedCurve`` that each step's time teaches (None: ``cost`` is fixed for the call)."""
 
-    def __init__(self, cost: CostModel, tuning: Tuning = DEFAULT, cost_rows: int = 1024):
+    def __init__(self, cost: CostModel, tuning: Tuning = DEFAULT, cost_rows: int = 1024, learner=None):
         self.tuning = tuning
-        self.cost = cost
-        self._table = cost(np.arange(cost_rows + 2))
-        self.refiner = None
-        if tuning.refine_cost:
-            from .calibrate import CostRefiner
-
-            self.refiner = CostRefiner(cost, tuning.refine_weight, tuning.refine_relax)
+        self.cost = cost if learner is None else learner.curve()
+        self._table = self.cost(np.arange(cost_rows + 2))
+        self.learner = learner
         self.acceptance = AcceptanceStats(len(ORIGINS), tuning)
         self.belief = CopyBelief(tuning)
         self.window_gain = tuning.window_gain_start
@@ -346,9 +342,9 @@ class Budget:
         return draft
 
     def record(self, draft: Draft, accepted_nodes: Sequence[int], rows: int = 0, seconds: float = 0.0) -> None:
-        """Learn from one verified step of ``draft``; ``rows`` new tokens took ``seconds`` (used only when refining)."""
-        if self.refiner is not None and rows:
-            self.cost = self.refiner.observe(rows, seconds)
+        """Learn from one verified step of ``draft``; ``rows`` new tokens took ``seconds`` (used by a learner)."""
+        if self.learner is not None and rows and self.learner.observe(rows, seconds):
+            self.cost = self.learner.curve()
             self._table = self.cost(np.arange(len(self._table)))
         if len(draft):
             self.belief.update(*self.acceptance.update(draft, accepted_nodes))

@@ -1,6 +1,7 @@
-"""Measuring a cost curve: timings that survive a busy machine, and opt-in refinement of one call's curve.
+"""Measuring a cost curve with timed steps: timings that survive a busy machine.
 
-Imported only when a curve is measured (the first call of a model on a machine) or refined (``refine_cost``).
+Imported only by an explicit measurement (``python -m lookahead warmup --calibrate``, ``Tuning.calibrate``); a call
+learns its curve from its own steps instead (``cost.LearnedCurve``).
 """
 
 from __future__ import annotations
@@ -20,39 +21,6 @@ from .kv import keep_entries
 from .packing import StepMask
 
 log = logging.getLogger("lookahead")
-
-
-class CostRefiner:
-    """Opt-in refinement of one call's cost curve from measured step times: ``base(k) * scale * shape[k]``, ``scale`` an
-    exponential mean of measured / base over every observation, ``shape[i]`` moved only by observations nearest point
-    ``i`` and relaxed towards 1 at the others. Refining each point alone would ratchet: a decoder that stops drafting
-    observes only ``k = 1``, and stale large points would make drafting look ever worse. Example: base
-    ``t(1) = 10 ms, t(16) = 30 ms``, every step measures ``t(1) = 5 ms``: ``scale`` tends to 0.5, ``shape`` stays 1:
-    ``t(1) = 5 ms, t(16) = 15 ms``."""
-
-    def __init__(self, base: CostModel, weight: float = DEFAULT.refine_weight, relax: float = DEFAULT.refine_relax):
-        if not 0.0 < weight <= 1.0 or not 0.0 <= relax <= 1.0:
-            raise ValueError(f"CostRefiner needs 0 < weight <= 1 and 0 <= relax <= 1; got {weight}, {relax}")
-        self.base = base
-        self.weight, self.relax = weight, relax
-        self._log_k = np.log(base._ks)
-        self.scale = 1.0
-        self.shape = np.ones(len(base._ks))
-        self.curve = base
-
-    def observe(self, k: int, seconds: float) -> CostModel:
-        """Fold one forward of ``k`` new tokens that took ``seconds``; returns the refined curve."""
-        if k < 1 or seconds <= 0:
-            return self.curve
-        i = int(np.argmin(np.abs(self._log_k - np.log(k))))
-        ratio = seconds / float(self.base(k))
-        self.scale = float(np.exp((1 - self.weight) * np.log(self.scale) + self.weight * np.log(ratio)))
-        others = np.arange(len(self.shape)) != i
-        self.shape[others] = self.shape[others] ** self.relax  # relax towards 1 in log space
-        self.shape[i] = float(np.exp((1 - self.weight) * np.log(self.shape[i])
-                                     + self.weight * np.log(ratio / self.scale)))
-        self.curve = self.base.scaled(self.scale * self.shape)
-        return self.curve
 
 
 def round_order(sizes: Sequence[int], r: int) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ A transformers upgrade that changes one of these breaks here, and ``tests/test_c
 - :func:`grouped_attention`: ``transformers.integrations.sdpa_attention.sdpa_attention_forward``.
 - :func:`grouped_config`: ``ALL_ATTENTION_FUNCTIONS`` and a config's private ``_attn_implementation_internal``.
 - :func:`grouped_applies`: a text config's ``_attn_implementation``.
+- :func:`plain_sample`: ``GenerationMixin._sample``, plain ``generate``'s greedy and sampled loop.
 """
 
 from __future__ import annotations
@@ -315,3 +316,12 @@ def grouped_applies(model) -> bool:
     if not isinstance(heads, int) or not isinstance(kv_heads, int) or not 0 < kv_heads < heads:
         return False
     return getattr(text, "_attn_implementation", None) == "sdpa"
+
+
+def plain_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+                 model_kwargs: dict):
+    """transformers' own decoding loop for greedy and sampled search (``GenerationMixin._sample``): what plain
+    ``generate`` runs, with the arguments ``generate`` prepared for the decoder."""
+    return model._sample(input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                         generation_config=generation_config, synced_gpus=synced_gpus, streamer=streamer,
+                         **model_kwargs)

@@ -47,7 +47,7 @@ def calibration_sizes(max_rows: int) -> tuple[int, ...]:
 class CostModel:
     """Step time for ``k`` new tokens (rows) through measured points ``[(k, seconds), ...]``, extrapolated linearly past
     the last. ``steps``: priced as the next measured size (else interpolated, made non-decreasing); ``covers``: the rows
-    its measurement was asked for. Immutable: refinement makes a new curve."""
+    its measurement was asked for. Immutable: a learned curve makes a new one when it changes."""
 
     def __init__(self, points: Sequence[tuple[int, float]], provisional: bool = False, steps: bool = False,
                  covers: int = 0):
@@ -89,6 +89,64 @@ class CostModel:
     def __repr__(self) -> str:
         return ("CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points)
                 + (", steps" if self.steps else "") + (", provisional" if self.provisional else "") + ")")
+
+
+class LearnedCurve:
+    """A cost curve learned from the steps calls run, with no synthetic timing: per step size ``k`` the fastest time
+    seen (load only ever adds time), from its second timing on (a size's first step in a process pays one-time costs,
+    such as a kernel's set-up for that shape, which would make it look dear for good). Shared by a model's calls (a
+    lock guards it) and kept on disk between processes.
+
+    :meth:`curve`: the fastest times, each lowered to that of any larger size (a larger step cannot cost less) and
+    capped at ``k`` one-row steps. A size not seen costs ``slope`` one-row steps per token more than the largest size
+    seen below it (never more than a larger size seen): a conservative prior, so that a first call drafts little and
+    learns upward, one size at a time. Example: ``slope=0.25``, seen ``{1: 10 ms, 4: 12 ms}``: ``t(2) = 12.5 ms``,
+    ``t(3) = 12 ms``, ``t(8) = 12 + 4 * 2.5 = 22 ms``."""
+
+    def __init__(self, slope: float, points: Sequence[tuple[int, float]] = ()):
+        if not slope > 0:
+            raise ValueError(f"LearnedCurve needs slope > 0; got {slope}")
+        self.slope = float(slope)
+        self.fastest: dict[int, float] = {int(k): float(t) for k, t in points}
+        self.timed: set[int] = set(self.fastest)  # sizes timed at least once in this process (or kept)
+        self.lock = threading.Lock()
+        self.seen = 0  # steps observed in this process
+        self._curve = self._make()
+
+    def observe(self, k: int, seconds: float) -> bool:
+        """Fold one step of ``k`` rows that took ``seconds``; True when the curve changed."""
+        if k < 1 or not seconds > 0:
+            return False
+        with self.lock:
+            self.seen += 1
+            if k not in self.timed:
+                self.timed.add(k)
+                return False
+            if seconds >= self.fastest.get(k, math.inf):
+                return False
+            self.fastest[k] = seconds
+            self._curve = self._make()
+            return True
+
+    def curve(self) -> CostModel:
+        return self._curve
+
+    def _make(self) -> CostModel:
+        seen = sorted(self.fastest.items())
+        if not seen:
+            return CostModel([(1, 1.0), (2, 1.0 + self.slope)])  # seconds unknown yet: only ratios matter
+        ks = np.array([k for k, _ in seen])
+        ts = np.minimum.accumulate(np.array([t for _, t in seen])[::-1])[::-1]  # no larger size costs less
+        t1 = float(ts[0]) if ks[0] == 1 else float(ts[0]) / (1.0 + self.slope * (ks[0] - 1))
+        top = int(ks[-1])
+        k = np.arange(1, 2 * top + 2)
+        below = np.searchsorted(ks, k, side="right") - 1  # the largest size seen <= k (-1: none)
+        base_k = np.where(below >= 0, ks[np.maximum(below, 0)], 1)
+        base_t = np.where(below >= 0, ts[np.maximum(below, 0)], t1)
+        t = base_t + self.slope * t1 * (k - base_k)  # unseen: the prior's price from the size seen below
+        above = np.minimum(np.searchsorted(ks, k, side="left"), len(ks) - 1)
+        t = np.where(k <= top, np.minimum(t, ts[above]), t)  # and never above a larger size seen
+        return CostModel(list(zip(k.tolist(), np.minimum(t, k * t1).tolist())), steps=True, covers=1 << 12)
 
 
 def describe(curve: CostModel) -> str:
@@ -234,9 +292,10 @@ class Calibrations:
         on = self.persist if persist is None else persist
         return CurveStore(self.folder) if on and user_cache.persist_enabled() else None
 
-    def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel], variant: str = "",
-            persist: bool | None = None) -> CostModel:
-        """``model``'s curve for ``max_rows``: pinned, kept, stored on disk, or measured now by ``measure(sizes)``.
+    def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel] | None = None,
+            variant: str = "", persist: bool | None = None) -> CostModel | None:
+        """``model``'s curve for ``max_rows``: pinned, kept, stored on disk, or measured now by ``measure(sizes)``
+        (None: not measured; None is returned).
         ``variant``: what else it depends on (``"step"``: whole steps timed); a pinned curve applies to every variant.
         ``persist``: this call's choice over the registry's (False for a measurement that is not the machine's, e.g. on
         an injected clock). A long measurement shows a progress bar (``calibrate.calibration_progress``)."""
@@ -258,6 +317,8 @@ class Calibrations:
                          describe(stored.curve), stored.path)
                 self._keep(model, key, _Entry(stored.curve, False, self.clock()))
                 return stored.curve
+            if measure is None:
+                return None
             sizes = calibration_sizes(max_rows)
             about = max(1.0, estimate_calibration_seconds(model, sizes))
             if entry is None:
@@ -279,6 +340,31 @@ class Calibrations:
             log.info("calibrated in %.1f s: %s%s", seconds, describe(curve),
                      f"; saved to {path}" if path else "; provisional" if curve.provisional else "")
             return curve
+
+    def learner(self, model, variant: str, slope: float, persist: bool | None = None) -> LearnedCurve:
+        """The :class:`LearnedCurve` of ``model`` for ``variant``: kept in this process, else read back from disk (what
+        an earlier process learnt), else a new one pricing with ``slope``."""
+        key = model_key(model) + (variant + "+learned",)
+        with self._lock:
+            found = self._curves.get(model, {}).get(key)
+            if found is None:
+                store = self.store(persist)
+                stored = store.load(curve_fingerprint(model, key[-1]), 1) if store is not None else None
+                found = LearnedCurve(slope, stored.curve.points[:-1] if stored is not None else ())
+                if stored is not None:
+                    log.info("using the cost curve learnt for this model on %s (%s)", stored.measured, stored.path)
+                else:
+                    log.info("no cost curve is known for this model here: calls price drafts cautiously and learn "
+                             "the curve from their own steps (kept for later calls and processes)")
+                self._curves.setdefault(model, {})[key] = found
+            return found
+
+    def keep_learned(self, model, variant: str, learner: LearnedCurve, min_steps: int,
+                     persist: bool | None = None) -> None:
+        """Write ``learner``'s curve to disk, for the next process, once this process's steps taught it enough."""
+        store = self.store(persist)
+        if store is not None and learner.seen >= min_steps and learner.fastest:
+            store.save(curve_fingerprint(model, variant + "+learned"), learner.curve(), 0.0)
 
     def _retry_due(self, entry: _Entry) -> bool:
         return (entry.curve.provisional and not entry.pinned
@@ -303,7 +389,10 @@ class Calibrations:
             variant = None if entry is not None else STEP_VARIANT
         if variant:
             entry = curves.get(model_key(model) + (variant,))
-        return None if entry is None else entry.curve
+        if entry is None:  # what the decoder's steps taught, where nothing was measured
+            learned = [v for k, v in curves.items() if k[-1].endswith("+learned")]
+            return learned[0].curve() if learned else None
+        return entry.curve
 
     def __reduce__(self):
         """Pickle / deepcopy: the default registry stays the default one; another becomes an empty one with the same

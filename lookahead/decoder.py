@@ -30,12 +30,12 @@ from .checks import (
 )
 from .config import LookaheadConfig
 from .corpus import AUTO, DraftCorpus, corpus_for
-from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, calibration_sizes
+from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, LearnedCurve
 from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
 from .kv import new_cache, settle
 from .loop import Call
-from .numba_kernels import warn_if_uncompiled
+from .numba_kernels import kernels_ready, paused
 from .shapes import OneRow
 from .stats import DecodeStats
 
@@ -159,7 +159,6 @@ class LookaheadDecoder:
                 raise ValueError(f"LookaheadDecoder(heads=...) reads the input of the model's output layer; this "
                                  f"{type(model).__name__} computes its logits otherwise. Drop heads= for it.")
         _warn_if_row_dependent(model)
-        warn_if_uncompiled()
         if streamer is None:
             streamer = given_streamer
         if stop_strings:
@@ -171,6 +170,14 @@ class LookaheadDecoder:
         cache = compat.cache_of(model_kwargs)
         try:
             self.stats = DecodeStats()
+            if not kernels_ready():  # compiling in the background: this call decodes as plain generate() does
+                self.stats.plain_reason = "the Numba kernels were still compiling in the background"
+                with paused():
+                    out = compat.plain_sample(model, input_ids, logits_processor, stopping_criteria,
+                                              generation_config, synced_gpus, streamer, model_kwargs)
+                seq = out if isinstance(out, torch.Tensor) else out.sequences
+                self.stats.new_tokens = self.stats.target_calls = int(seq.shape[1] - input_ids.shape[1])
+                return out
             if self._corpus_auto:
                 self._use_corpus(corpus_for(model))
             self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
@@ -186,7 +193,11 @@ class LookaheadDecoder:
             with refusals():  # the call's checks and set-up
                 call = Call(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                             streamer, model_kwargs, shape)
-            return call.run()
+            out = call.run()
+            if call.learned is not None:
+                self.calibrations.keep_learned(model, call.learned[0], call.learner, self.tuning.learn_keep_after,
+                                               call.learned[1])
+            return out
         finally:
             if cache is not None and b == 1:
                 settle(cache)
@@ -202,7 +213,7 @@ class LookaheadDecoder:
         """A batch's per-row policies, kept across calls: each has its own trie and copy index, and shares the
         model-prediction table, the store (read-only) and the corpus's store."""
         config = replace(self.config, window=0, max_draft_tokens=self.config.step_nodes(self.tuning)[0])
-        tuning = replace(self.tuning, refine_cost=False)
+        tuning = self.tuning
         memory = ReadOnlyStore(self.store) if self.store is not None else None
         model = self.policy.model
         while len(self.row_policies) < rows:
@@ -233,8 +244,10 @@ class LookaheadDecoder:
             curve = CostModel(self.config.cost_curve)
         elif call.sync is not None:
             curve = self._sharded_curve(call)
+        elif tuning.calibrate:
+            curve = self.measure_curve(call, STEP_VARIANT + ("+grouped" if grouped else ""))
         else:
-            curve = self._measured_curve(call, STEP_VARIANT + ("+grouped" if grouped else ""))
+            curve = self._known_curve(call, STEP_VARIANT + ("+grouped" if grouped else ""))
         if tuning.linear_layout in ("transposed", "onednn") and call.runner is base and cpu \
                 and _layouts_may_pay(model, tuning):  # a forced layout, whatever the curve
             from .cpu.layouts import forced
@@ -245,10 +258,42 @@ class LookaheadDecoder:
             stats.cost_curve, stats.cost_steps, stats.cost_provisional = curve.points, curve.steps, curve.provisional
         return curve
 
-    def _measured_curve(self, call, variant: str) -> CostModel:
+    def _slope(self, model) -> float:
+        return self.tuning.learn_slope_cpu if _on_cpu(model) else self.tuning.learn_slope_gpu
+
+    def _known_curve(self, call, variant: str) -> CostModel:
+        """The curve measured for the model (``python -m lookahead warmup --calibrate``, kept on disk), with the CPU
+        layouts it planned; else the one its calls' steps teach (:class:`LearnedCurve`, kept on disk): no forward
+        is ever timed apart from a call's own steps."""
         model, base = call.model, call.runner
         rows = self.policy.first_rows()
         persist = None if self.clock is time.perf_counter else False  # an injected clock is not this machine's
+        curve = self.calibrations.get(model, rows, None, variant, persist=persist)
+        layouts = self.tuning.linear_layout != "linear" and _layouts_may_pay(model, self.tuning)
+        if curve is not None:
+            if layouts:
+                from .cpu.layouts import plan_steps
+
+                curve, call.runner, self.stats.linear_layout = plan_steps(model, curve, None, self.calibrations, rows,
+                                                                          self.tuning, persist, base, variant)
+            return curve
+        if layouts and self.tuning.linear_layout == "auto":  # (a forced layout is set by price)
+            from .cpu.layouts import default_plan
+
+            call.runner, self.stats.linear_layout = default_plan(model, self.tuning, base is not model)
+            variant += "+" + self.stats.linear_layout
+        if not call.shape_class.static:
+            call.learner = self.calibrations.learner(model, variant, self._slope(model), persist)
+            call.learned = (variant, persist)
+            return call.learner.curve()
+        return self.calibrations.learner(model, variant, self._slope(model), persist).curve()
+
+    def measure_curve(self, call, variant: str) -> CostModel:
+        """Time the model's steps now (``python -m lookahead warmup --calibrate``): the curve, kept as
+        :meth:`_known_curve` reads it, and the CPU layouts planned from it."""
+        model, base = call.model, call.runner
+        rows = self.policy.first_rows()
+        persist = None if self.clock is time.perf_counter else False
         factory = (lambda: new_cache(model)) if call.window is None else DynamicCache
         timer = []  # one prefilled timer per runner
 
@@ -268,19 +313,13 @@ class LookaheadDecoder:
         return curve
 
     def _sharded_curve(self, call) -> CostModel:
-        """Under tensor parallelism: rank 0's curve of the sharded steps, timed by every rank on rank 0's clock."""
-        model, sync, rows = call.model, call.sync, self.policy.first_rows()
-        known = self._tp_curves.get(model)
-        sync.check("calibration", known=known is not None and known.covers >= rows)
-        if known is None or known.covers < rows:
-            from .calibrate import calibrate_curve, step_timer
-
-            clock = sync.shared_clock(self.clock)
-            timer = step_timer(call, DynamicCache if call.window is not None else (lambda: new_cache(model)), clock,
-                               max(calibration_sizes(rows)), model)
-            known = self._tp_curves[model] = sync.broadcast(calibrate_curve(timer, calibration_sizes(rows),
-                                                                            clock=clock))
-        return known
+        """Under tensor parallelism: a curve the call's own steps teach, every rank on rank 0's timings (so every
+        rank decides alike; kept by this decoder for its later calls)."""
+        learner = self._tp_curves.get(call.model)
+        if learner is None:
+            learner = self._tp_curves[call.model] = LearnedCurve(self._slope(call.model))
+        call.learner = learner
+        return learner.curve()
 
 
 def _on_cpu(model) -> bool:

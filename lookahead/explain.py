@@ -24,6 +24,9 @@ def explain(stats) -> str:
         #     1-token forward and 16 tokens 2.4x, so the budget kept 4 of 4 steps plain."
     """
     steps = len(stats.budgets)
+    if stats.plain_reason:
+        return (f"{stats.new_tokens} tokens in {stats.target_calls} model calls: this call decoded as plain "
+                f"generate() does, because {stats.plain_reason}.")
     if not stats.target_calls or not steps:
         return "Nothing was generated: the decoder made no model call."
     head = (f"{stats.new_tokens} tokens in {stats.target_calls} model calls ({stats.tokens_per_call:.2f} tokens "

@@ -109,6 +109,9 @@ class Call:
         self.runner = self.eager  # what runs a step's forward: the model, a shadow of it, or a compiled step
         self.wants_hidden = decoder.heads is not None
         self.cost = None
+        self.learner = None  # a cost.LearnedCurve the steps teach (set by the decoder's price)
+        self.learned = None  # (variant, persist) under which the decoder keeps it
+        self.shape_class = shape
         self.shape = shape(self, input_ids, mask)
 
     # -- pieces every shape uses -----------------------------------------------------------------------------------
@@ -141,7 +144,7 @@ class Call:
     def run(self):
         """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
         shape, rows, clock, verifier = self.shape, self.shape.rows, self.clock, self.verifier
-        refine = self.tuning.refine_cost and rows.b == 1
+        learn = self.learner is not None and rows.b == 1
         after = getattr(shape, "after_step", None)  # a batch's: finished rows leave, the next pending tokens
         stream = rows.stream if self.streamer is not None else None
         checked = False
@@ -163,7 +166,7 @@ class Call:
                 accepted = [[] if v is None else v.nodes[: min(len(v.nodes), n)] for v, n in zip(verdicts, emitted)]
                 shape.keep(p, drafts, accepted)
                 rows.learn(drafts, verdicts, emitted, window_argmax, tops, step.rows if p == 1 else 0,
-                           self.shared_seconds(t3 - t1) if refine else 0.0,
+                           self.shared_seconds(t3 - t1) if learn else 0.0,
                            self._hidden(accepted, step) if self.wants_hidden else None)
                 rows.record(drafts, accepted, emitted, t1 - t0, t2 - t1, t3 - t2, clock() - t3)
                 if after is not None or stream is not None:
@@ -227,7 +230,8 @@ class Rows:
         self.raw: list[torch.Tensor] = []
         self.streamed = length
         for r, policy in enumerate(policies):
-            policy.start(ids[r][visible[r]], limits, call.cost if b == 1 else call.row_cost, call.model)
+            policy.start(ids[r][visible[r]], limits, call.cost if b == 1 else call.row_cost, call.model,
+                         call.learner if b == 1 else None)
 
     # -- what the verifier reads, by active index ------------------------------------------------------------------
 

@@ -3,9 +3,14 @@ holds them (for ``python -m lookahead warmup`` and the first call's notice). Imp
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import os
 import pkgutil
+import subprocess
+import sys
+import threading
 
 CORE = ("lookahead.budget", "lookahead.loop", "lookahead.packing", "lookahead.verify", "lookahead.drafting.kernels",
         "lookahead.drafting.recycle", "lookahead.cache.kernels", "lookahead.cache.primitives", "lookahead.cache.suffix")
@@ -71,22 +76,141 @@ def kernels_compiled(modules=None) -> bool | None:
         return None
 
 
-_CHECKED: list = []  # one entry once this process has checked (or need not check) for uncompiled kernels
+class _Background:
+    """This process's view of the kernels: ready, compiled here on first use, or compiled by a background process."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ready = False  # every CORE kernel compiled or in Numba's cache (never False again)
+        self.inline = False  # compile on first use, inside the call (``warmup``, the tests)
+        self.process = None  # the background compiler this process started
+        self.pausing = 0  # calls running that keep it stopped
 
 
-def mark_checked() -> None:
-    """No first-call notice in this process (``warmup`` compiles the kernels and says so itself)."""
-    _CHECKED.append(True)
+_STATE = _Background()
 
 
-def warn_if_uncompiled() -> None:
-    """Once per process, log that this call compiles the :data:`CORE` kernels where Numba's cache lacks one."""
-    if _CHECKED:
-        return
-    _CHECKED.append(True)
-    if kernels_compiled(kernel_modules(core=True)) is False:
-        import logging
+def compile_inline() -> None:
+    """In this process, kernels compile inside the call that first needs them (``warmup``; a test session), not in
+    the background: every call drafts from its first step."""
+    _STATE.inline = True
 
-        logging.getLogger("lookahead").warning(
-            "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
-            "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead")
+
+def kernels_ready() -> bool:
+    """Whether a call may run the :data:`CORE` kernels now without compiling one: they are compiled in this process,
+    held by Numba's cache, or this process compiles inline (:func:`compile_inline`; also when the cache cannot be
+    read). Otherwise a background process compiles them into Numba's cache, at the lowest priority, once per machine
+    at a time (a lock file in the user's cache); False until it is done, so the call decodes plain meanwhile."""
+    if _STATE.ready or _STATE.inline:
+        return True
+    with _STATE.lock:
+        modules = kernel_modules(core=True)
+        if not missed_kernels(modules) or kernels_compiled(modules) is not False:
+            _STATE.ready = True
+            return True
+        if _STATE.process is None or _STATE.process.poll() is not None:
+            _STATE.process = _start_compiler()
+            if _STATE.process is None:  # could not start one (or another process holds the lock and is alive)
+                if not _lock_held():
+                    _STATE.inline = True  # nothing will compile them elsewhere: compile on first use
+                    return True
+    return False
+
+
+def _lock_path() -> str:
+    from .user_cache import cache_dir
+
+    return os.path.join(cache_dir(), "compiling-kernels.lock")
+
+
+def _lock_held() -> bool:
+    """Whether a live process holds the compile lock (a stale lock, its process gone, is removed)."""
+    path = _lock_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            pid = int(f.read().strip() or 0)
+        os.kill(pid, 0)
+        return True
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        return False
+
+
+def _start_compiler():
+    """Start ``python -m lookahead.numba_kernels`` at the lowest CPU priority, or None when another live process
+    compiles already or none can be started."""
+    if _lock_held():
+        return None
+    try:
+        os.makedirs(os.path.dirname(_lock_path()), exist_ok=True)
+        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    except OSError:
+        return None
+    import logging
+
+    logging.getLogger("lookahead").warning(
+        "lookahead: compiling the Numba kernels in a background process (once per machine, lowest priority); "
+        "until they are ready, calls decode as plain generate() does. `python -m lookahead warmup` compiles them "
+        "ahead.")
+    return process
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs (Linux): killed when the thread that started it ends, so that a compiler paused by
+    :func:`paused` never outlives it (the kernels it compiled stay in the cache)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def paused():
+    """While entered, this process's background compiler (if one runs) is stopped, so that it takes no CPU from the
+    call: a multi-threaded forward slows by several times when any other process runs on its cores."""
+    import signal
+
+    process = _STATE.process
+    stop = process is not None and process.poll() is None and hasattr(signal, "SIGSTOP")
+    if stop:
+        with _STATE.lock:
+            _STATE.pausing += 1
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if stop:
+            with _STATE.lock:
+                _STATE.pausing -= 1
+                if not _STATE.pausing:  # the last call running: it may go on
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGCONT)
+
+
+def _compile_in_background() -> None:
+    """The background process: take the lock, lower its priority, compile every kernel, release the lock."""
+    path = _lock_path()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except OSError:
+        return  # another process compiles
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        with contextlib.suppress(OSError, AttributeError):
+            os.nice(19)
+        from .tools.warmup import compile_kernels
+
+        compile_kernels()
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+if __name__ == "__main__":
+    _compile_in_background()

@@ -26,6 +26,7 @@ class DecodeStats:
     - ``step_nodes``: the most draft tokens a step could verify (``LookaheadConfig.step_nodes``, resolved).
     - ``linear_layout``: how the steps computed linear layers on a CPU, in words (``"nn.Linear"``: as usual).
     - ``corpus``: the repr of the ``DraftCorpus`` drafted from, or None.
+    - ``plain_reason``: why the call decoded as plain ``generate`` does (None: it did not).
     """
 
     target_calls: int = 0
@@ -47,6 +48,7 @@ class DecodeStats:
     time_compile: float = 0.0
     linear_layout: str = "nn.Linear"
     corpus: str | None = None
+    plain_reason: str | None = None
 
     def record_step(self, draft, accepted: list[int], emitted: int, t_propose: float, t_forward: float,
                     t_verify: float, t_bookkeeping: float) -> None:

@@ -9,6 +9,12 @@ import torch
 
 from tiny import TINY_COST_CURVE, tiny_model
 
+from lookahead.numba_kernels import compile_inline
+
+# Kernels compile inside the first call that needs them, as before a background compiler existed: every call
+# drafts from its first step (tests/test_warmup.py tests the background compiler itself).
+compile_inline()
+
 # Tiny models run far faster on one thread (no OpenMP hand-offs, no spinning when cores are busy);
 # the SmolLM2 tests switch to all cores for their duration. LOOKAHEAD_TEST_THREADS=2 runs the tiny
 # models on two threads instead: no test's outcome may depend on it.
@@ -32,7 +38,7 @@ def tiny_models():
 
         if arch not in cache:
             cache[arch] = tiny_model(arch)
-        # a pinned curve, which no step's timing moves (refine_cost is off by default): the budget's
+        # a pinned curve, which no step's timing moves (only a learned curve learns): the budget's
         # choices, and so every call count a test asserts, are the same on any machine and under any load.
         set_cost_curve(cache[arch], TINY_COST_CURVE)
         return cache[arch]

@@ -215,7 +215,7 @@ _SCALE_PAIR = ("Tuning accepts a match_scale without three factors; AcceptanceSt
     ("belief_prior", 1.0),
     ("belief_off_scale", 0.0), ("belief_relax", 1.5), ("priors", ((1.0, 0.0),)),
     ("match_scale", (1.0, 1.0)),
-    ("probe_every", 0), ("refine_weight", 0.0)])
+    ("probe_every", 0), ("learn_slope_cpu", 0.0)])
 def test_tuning_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=f"Tuning.{field}="):
         Tuning(**{field: value})

@@ -246,14 +246,15 @@ def test_demo_takes_the_device_dtype_and_threads_it_is_given(tiny_folder, monkey
 
 
 def test_the_library_says_what_it_is_doing_on_stderr(tiny_folder, capsys):
-    """generate's stderr carries the library's own lines: the load, and the calibration (measured, or read
-    back from the session's cache folder when an earlier test measured this model already)."""
+    """generate's stderr carries the library's own lines: the load, and the cost curve (learnt from the call's
+    steps, or read back from the session's cache folder when an earlier test measured this model already)."""
     folder, _, _ = tiny_folder
     assert main(["generate", "--model", folder, "--prompt", "abcabc", "--raw", "--max-new-tokens", "4",
                  "--threads", "1"]) == 0
     err = capsys.readouterr().err
     assert f"loading {folder} ..." in err and f"loaded {folder} in " in err
-    assert ("calibrating the cost curve once for this model (about " in err
+    assert ("calibrates the curve from their own steps" in err or "learn the curve from their own steps" in err
+            or "using the cost curve learnt for this model on " in err
             or "using the cost curve measured for this model on " in err), err
 
 

@@ -109,6 +109,28 @@ def test_threads_on_the_real_model_give_plain_outputs(smollm):
         torch.set_num_threads(threads)
 
 
+def test_concurrent_first_calls_learn_one_curve():
+    """Four threads' first calls on one model, with no curve known, time no forward apart from their own steps and
+    teach one shared learned curve."""
+    model = tiny_model("llama")
+    calibrations = Calibrations()
+    barrier = threading.Barrier(4)
+
+    def one(prompt):
+        decoder = LookaheadDecoder(_calibrations=calibrations)
+        barrier.wait()
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, custom_generate=decoder)
+        return out, decoder.stats.target_calls, decoder.stats.new_tokens
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, PROMPTS[:4]))
+    learned = [key for key in calibrations._curves[model] if key[-1].endswith("+learned")]
+    assert len(learned) == 1 and calibrations.known(model) is not None
+    for prompt, (out, calls, new) in zip(PROMPTS[:4], results):
+        assert torch.equal(out, model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False))
+        assert calls <= new  # the prefill's forward makes the first token: no forward was timed apart
+
+
 def test_concurrent_first_calls_calibrate_once(monkeypatch):
     """Four threads' first calls on one model measure its cost curve once, not once per thread."""
     model = tiny_model("llama")
@@ -125,7 +147,8 @@ def test_concurrent_first_calls_calibrate_once(monkeypatch):
     barrier = threading.Barrier(4)
 
     def one(prompt):
-        decoder = LookaheadDecoder(_calibrations=calibrations, _clock=lambda: next(ticks) * 1e-3)
+        decoder = LookaheadDecoder(_calibrations=calibrations, _clock=lambda: next(ticks) * 1e-3,
+                                   _tuning=Tuning(calibrate=True))
         barrier.wait()
         return model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, custom_generate=decoder)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,8 +15,7 @@ import torch
 
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
-from lookahead.calibrate import CostRefiner
-from lookahead.cost import Calibrations, CostModel, calibration_sizes, set_cost_curve
+from lookahead.cost import Calibrations, CostModel, LearnedCurve, calibration_sizes, set_cost_curve
 
 IDS = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
 _TUNING_FIELDS = {f.name for f in dataclasses.fields(Tuning)}
@@ -47,26 +47,46 @@ def test_cost_model_interpolates_and_extrapolates():
         CostModel([(0, 1.0)])
 
 
-def test_refiner_keeps_the_calibrated_shape_when_only_one_point_is_observed():
-    """The ratchet that failed CI on a faster machine: only k=1 observed, twice as fast as calibrated."""
-    base = CostModel([(1, 0.010), (16, 0.030)])
-    refiner = CostRefiner(base)
-    for _ in range(200):
-        curve = refiner.observe(1, 0.005)
-    assert curve(1) == pytest.approx(0.005, rel=1e-3)
-    assert curve(16) / curve(1) == pytest.approx(3.0, rel=1e-3)  # the ratio is the calibrated one
+def test_learned_curve_prices_unseen_sizes_from_the_prior_and_ignores_a_sizes_first_timing():
+    """The docstring's example, then: a size's first timing is not used (one-time costs), its second is; a larger
+    size timed cheaper lowers a smaller one; the curve is capped at k one-row steps."""
+    c = LearnedCurve(0.25, [(1, 0.010), (4, 0.012)])
+    assert [round(float(c.curve()(k)) * 1e3, 3) for k in (1, 2, 3, 4, 8, 9, 20)] == [10, 12, 12, 12, 22, 24.5, 52]
+    assert not c.observe(6, 0.5)  # the first timing of 6 rows: ignored
+    assert float(c.curve()(6)) == pytest.approx(0.017)
+    assert c.observe(6, 0.013) and float(c.curve()(6)) == pytest.approx(0.013)
+    assert not c.observe(6, 0.020)  # slower than the fastest: nothing changes
+    c.observe(2, 1.0)
+    assert c.observe(2, 0.5) and float(c.curve()(2)) == pytest.approx(0.012)  # 4 rows cost less: so do 2
+    fresh = LearnedCurve(0.1)
+    assert float(fresh.curve()(4) / fresh.curve()(1)) == pytest.approx(1.3)  # nothing seen: the prior's ratios
+    with pytest.raises(ValueError, match="slope"):
+        LearnedCurve(0.0)
 
 
-def test_refiner_learns_a_shape_it_observes_and_forgets_it_when_unobserved():
-    base = CostModel([(1, 0.010), (16, 0.030)])
-    refiner = CostRefiner(base)
-    for _ in range(100):
-        refiner.observe(1, 0.010)
-        curve = refiner.observe(16, 0.060)  # drafting costs twice what was calibrated
-    assert curve(16) / curve(1) > 4.0
-    for _ in range(1000):
-        curve = refiner.observe(1, 0.010)  # only plain steps from now on
-    assert curve(16) / curve(1) == pytest.approx(3.0, rel=0.02)
+def test_a_call_learns_its_curve_from_its_steps_and_a_new_process_reads_it_back(tmp_path, monkeypatch):
+    """No synthetic timing: a call with no curve known prices with the prior and its steps teach the curve; the
+    curve is kept on disk, and a new registry (a new process) starts from it."""
+    from tiny import tiny_model
+
+    from lookahead import LookaheadDecoder
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
+    model = tiny_model("llama")
+    ids = torch.tensor([[3, 10, 11, 12, 13, 14] * 5])
+    plain = model.generate(ids, max_new_tokens=40, do_sample=False)
+    registry = Calibrations(persist=True)
+    decoder = LookaheadDecoder(_calibrations=registry, _tuning=Tuning(learn_keep_after=1))
+    out = model.generate(ids, max_new_tokens=40, do_sample=False, custom_generate=decoder)
+    assert torch.equal(out, plain)
+    assert decoder.stats.cost_curve == ((1, 1.0), (2, 1.1))  # priced with the prior: nothing was timed before
+    learned = registry.known(model)
+    assert learned is not None and float(learned(1)) < 1.0  # now in seconds, from the steps
+    assert os.listdir(tmp_path / "curves")
+    again = Calibrations(persist=True)
+    decoder = LookaheadDecoder(_calibrations=again)
+    model.generate(ids, max_new_tokens=8, do_sample=False, custom_generate=decoder)
+    assert decoder.stats.cost_curve[0][1] < 1.0  # read back: priced in seconds from the first step
 
 
 def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
@@ -75,7 +95,7 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
-        dec = LookaheadDecoder(_calibrations=registry, _clock=FakeClock())
+        dec = LookaheadDecoder(_calibrations=registry, _clock=FakeClock(), _tuning=Tuning(calibrate=True))
         model.generate(IDS, custom_generate=dec, max_new_tokens=10, eos_token_id=None)
         first = len(calls)
         curve = registry.known(model)
@@ -88,7 +108,7 @@ def test_calibration_is_kept_per_model_in_the_registry_it_is_given(tiny_models):
         # a deadline check before each forward of round 2: 2 + 1 + 2 * 17 + 7, and the second reading
         assert first - dec.stats.target_calls == 1 + 1 + 17 and dec.stats.time_calibration == pytest.approx(0.045)
         calls.clear()
-        again = LookaheadDecoder(_calibrations=registry, _clock=FakeClock())
+        again = LookaheadDecoder(_calibrations=registry, _clock=FakeClock(), _tuning=Tuning(calibrate=True))
         model.generate(IDS, custom_generate=again, max_new_tokens=10, eos_token_id=None)
         assert len(calls) == again.stats.target_calls  # no second calibration
         assert again.stats.time_calibration == pytest.approx(0.001)  # one tick: a look-up, nothing measured
@@ -105,16 +125,18 @@ def test_calibration_covers_the_rows_a_step_can_feed(tiny_models):
     assert calibration_sizes(33) == (1, 2, 4, 8, 16, 32, 64)
     model = tiny_models("gpt2")
     registry = Calibrations(persist=False)
-    dec = _decoder(copy_nodes=0, recycle_k=0, _calibrations=registry, _clock=FakeClock())  # 1 + 16 tree rows
+    dec = _decoder(copy_nodes=0, recycle_k=0, calibrate=True, _calibrations=registry,
+                   _clock=FakeClock())  # 1 + 16 tree rows
     model.generate(IDS, custom_generate=dec, max_new_tokens=4, eos_token_id=None)
     assert [k for k, _ in dec.stats.cost_curve] == [1, 2, 4, 8, 16, 32]
     kept = registry.known(model)
-    small = _decoder(tree_nodes=4, copy_nodes=4, recycle_k=0, _calibrations=registry)  # the kept curve serves
+    small = _decoder(tree_nodes=4, copy_nodes=4, recycle_k=0, calibrate=True,
+                     _calibrations=registry)  # the kept curve serves
     model.generate(IDS, custom_generate=small, max_new_tokens=4, eos_token_id=None)
     assert registry.known(model) is kept and len(small.stats.cost_curve) == 6
     # a shared memory store doubles the tree, the window adds its rows: 1 + 32 + 3*3 + 4*3 = 54 rows
     big = _decoder(store=NgramTrie(12), window=4, window_ngram=4, window_candidates=3, copy_nodes=0, recycle_k=0,
-                   _calibrations=registry, _clock=FakeClock())
+                   calibrate=True, _calibrations=registry, _clock=FakeClock())
     assert big.policy.max_rows() == 54
     # the copy and model sources add 56 and 63, but a step verifies at most 63 (max_draft_tokens "auto" before a
     # call widens it): 1 + 63 + 4*3 rows
@@ -150,7 +172,7 @@ def test_explicit_curve_or_fixed_budget_skip_calibration(tiny_models):
 
 @pytest.mark.parametrize("tick", [0.0001, 0.01])
 def test_call_counts_do_not_depend_on_the_clock(tiny_models, tick):
-    """The same curve gives the same steps whatever the forwards take (refinement is off by default)."""
+    """The same curve gives the same steps whatever the forwards take (a pinned curve learns nothing)."""
     model = tiny_models("llama")
     ids = torch.tensor([[3, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10]])
     curve = ((1, 0.0025), (2, 0.0027), (16, 0.0030), (64, 0.0036))

@@ -399,7 +399,8 @@ def test_both_layouts_are_timed_after_a_prefill_each_at_most():
     hook = model.register_forward_pre_hook(lambda m, args, kw: queries.append(kw["input_ids"].shape[1]),
                                            with_kwargs=True)
     ticks = iter(range(10**9))
-    decoder = LookaheadDecoder(_calibrations=Calibrations(), _tuning=Tuning(linear_layout="transposed"),
+    decoder = LookaheadDecoder(_calibrations=Calibrations(),
+                               _tuning=Tuning(linear_layout="transposed", calibrate=True),
                                _clock=lambda: next(ticks) * 1e-3)
     try:
         model.generate(torch.tensor([REPETITIVE]), custom_generate=decoder, max_new_tokens=8, eos_token_id=None)

@@ -120,22 +120,71 @@ def test_the_bundled_model_after_the_warm_up_compiles_nothing_and_keeps_its_curv
     assert "using the cost curve measured for this model" in proc.stderr and "calibrating" not in proc.stderr
 
 
-def test_the_first_call_says_once_when_kernels_will_compile(monkeypatch, caplog):
-    """Without a warm-up the first decoder call of a process says it compiles (once); after mark_checked() (what
-    the warm-up calls before compiling) nothing is said."""
-    import logging
+def _not_compiled(monkeypatch, started: list, alive: bool = True):
+    """This process as a fresh install sees it: no kernel compiled, none in Numba's cache; starting the background
+    compiler is recorded in ``started`` (a stand-in process, running while ``alive``)."""
 
-    monkeypatch.setattr(numba_kernels, "_CHECKED", [])
+    class Process:  # what stands for the compiler: a process of its own, which paused() stops and continues
+        pid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]).pid
+
+        def poll(self):
+            return None if alive else 0
+
+    def start():
+        started.append(True)
+        return Process()
+
+    monkeypatch.setattr(numba_kernels, "_STATE", numba_kernels._Background())
+    monkeypatch.setattr(numba_kernels, "missed_kernels", lambda modules=None: ["a kernel"])
     monkeypatch.setattr(numba_kernels, "kernels_compiled", lambda modules=None: False)
-    with caplog.at_level(logging.WARNING, logger="lookahead"):
-        numba_kernels.warn_if_uncompiled()
-        numba_kernels.warn_if_uncompiled()
-    assert [r.getMessage() for r in caplog.records].count(
-        "lookahead: the Numba kernels are not compiled yet, so this first call compiles the ones it needs "
-        "(tens of seconds, once per machine); `python -m lookahead warmup` compiles them ahead") == 1
-    caplog.clear()
-    monkeypatch.setattr(numba_kernels, "_CHECKED", [])
-    numba_kernels.mark_checked()
-    with caplog.at_level(logging.WARNING, logger="lookahead"):
-        numba_kernels.warn_if_uncompiled()
-    assert not caplog.records
+    monkeypatch.setattr(numba_kernels, "_start_compiler", start)
+
+
+def test_uncompiled_kernels_compile_in_the_background_and_the_call_decodes_plain(monkeypatch, tiny_models):
+    """A fresh install: the call starts one background compiler and decodes as plain generate() does (the same
+    tokens, one forward per token, said by explain()); a second call while it runs starts no other; once the cache
+    holds the kernels the decoder drafts again."""
+    import torch
+
+    from lookahead.decoder import LookaheadDecoder
+
+    model = tiny_models("llama")
+    ids = torch.tensor([[3, 10, 11, 12, 13, 14] * 4])
+    plain = model.generate(ids, max_new_tokens=16, do_sample=False)
+    started: list = []
+    _not_compiled(monkeypatch, started)
+    decoder = LookaheadDecoder()
+    for _ in range(2):
+        out = model.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=decoder)
+        assert torch.equal(out, plain)
+        assert decoder.stats.target_calls == decoder.stats.new_tokens == 16
+        assert "decoded as plain generate() does, because the Numba kernels were still compiling" in \
+            decoder.stats.explain()
+    assert started == [True]
+    monkeypatch.setattr(numba_kernels, "kernels_compiled", lambda modules=None: True)
+    out = model.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=decoder)
+    assert torch.equal(out, plain) and decoder.stats.plain_reason is None
+    assert decoder.stats.target_calls < 16
+
+
+def test_a_compile_lock_left_by_a_dead_process_is_taken_over(monkeypatch, tmp_path):
+    """The lock file names the compiling process; when that process is gone the lock is stale and removed, so a
+    new compiler can start; while it lives, nobody else starts one."""
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
+    path = numba_kernels._lock_path()
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))  # this process: alive
+    assert numba_kernels._lock_held() and numba_kernels._start_compiler() is None
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with open(path, "w") as f:
+        f.write(str(dead.pid))
+    assert not numba_kernels._lock_held() and not os.path.exists(path)
+
+
+def test_compile_inline_runs_every_call_through_the_decoder(monkeypatch):
+    """After compile_inline() (warmup, the tests) kernels compile where first used: ready at once, nothing started."""
+    started: list = []
+    _not_compiled(monkeypatch, started)
+    numba_kernels.compile_inline()
+    assert numba_kernels.kernels_ready() and not started

@@ -16,6 +16,7 @@ from ..shadow import LINEAR, ONEDNN, TRANSPOSED, onednn_linear, shadow
 
 KIND_NAMES = ("nn.Linear", "transposed", "oneDNN")
 ONEDNN_MAX_ROWS = 1 << 12
+DEFAULT_TRANSPOSED_ROWS = 8  # the default plan's last transposed step size
 FORCED = {"transposed": TRANSPOSED, "onednn": ONEDNN}
 """``Tuning.linear_layout`` values that force a layout."""
 
@@ -185,6 +186,19 @@ def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tunin
     if not plan:
         return curve, runner, KIND_NAMES[LINEAR]
     return curve, shadow(model, plan, grouped), plan.describe()
+
+
+def default_plan(model, tuning: Tuning, grouped: bool = False):
+    """(the shadow that runs the steps, the plan in words) where no layout was timed: transposed up to 8 rows and
+    oneDNN above where it fits, else transposed up to ``layout_max_rows``. ``warmup --calibrate`` plans from timings
+    instead."""
+    modules = linear_modules(model)
+    if not modules:
+        return model if not grouped else shadow(model, grouped=True), KIND_NAMES[LINEAR]
+    cap = min(DEFAULT_TRANSPOSED_ROWS, tuning.layout_max_rows)
+    plan = (LinearPlan(((cap, TRANSPOSED), (ONEDNN_MAX_ROWS, ONEDNN))) if onednn_fits(modules)
+            else LinearPlan.uniform(TRANSPOSED, tuning.layout_max_rows))
+    return shadow(model, plan, grouped), plan.describe()
 
 
 def forced(model, tuning: Tuning, grouped: bool = False):

@@ -111,9 +111,11 @@ class DraftPolicy:
         drafted = min(max([others] + [nodes(s) for s in self._fallback]), step_nodes)
         return 1 + drafted + (columns * (ngram - 1) if window else 0)
 
-    def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None) -> None:
-        """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget);
-        ``model``: the target model (the model-prediction table is kept per model)."""
+    def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None,
+              learner=None) -> None:
+        """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget), taught
+        by ``learner`` (a ``cost.LearnedCurve``) when given; ``model``: the target model (the model-prediction table is
+        kept per model)."""
         t = self.tuning
         arr = np.asarray(prompt, dtype=np.int64)
         self._unlearned = []
@@ -148,11 +150,11 @@ class DraftPolicy:
             else:
                 self.step_nodes = narrow
                 self._widen(False)
-        self.budget = None if cost is None else Budget(cost, t, self.max_rows())
+        self.budget = None if cost is None else Budget(cost, t, self.max_rows(), learner)
         if self.budget is not None and self._carried is not None:
             self.budget.acceptance.start_from(self._carried)
         # no tree can pay on this curve (and no window needs drafting): skip proposing
-        self._propose = self.budget is None or self.window_on or t.refine_cost or self.budget.drafting_can_pay
+        self._propose = self.budget is None or self.window_on or learner is not None or self.budget.drafting_can_pay
 
     def _widen(self, on: bool) -> None:
         for source in self.sources:
@@ -221,7 +223,7 @@ class DraftPolicy:
               window_argmax: np.ndarray | None = None, rows: int = 0, seconds: float = 0.0,
               successors: tuple[np.ndarray, np.ndarray] | None = None, hidden=None) -> None:
         """After a verified step: its accepted nodes (root to leaf), emitted tokens, the window rows' argmax, the
-        forward's ``rows`` and ``seconds`` (refinement only), the verified rows' ``successors`` (ids int64[1 + n, k],
+        forward's ``rows`` and ``seconds`` (a learned curve's), the verified rows' ``successors`` (ids int64[1 + n, k],
         logits) when :attr:`recycle_k`, and the accepted path's final ``hidden`` states when a source wants them."""
         if successors is not None:
             for source in self.sources:

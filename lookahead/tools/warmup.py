@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from ..numba_kernels import kernels, kernels_compiled, mark_checked, missed_kernels
+from ..numba_kernels import compile_inline, kernels, kernels_compiled, missed_kernels
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 PROMPT = [3, 10, 11, 12, 13, 14] * 5 + [3, 10, 11]  # repeats: the n-gram sources draft at once
@@ -132,7 +132,7 @@ def compile_kernels(progress: bool = False) -> dict:
     bar over the runs on a terminal."""
     from tqdm.auto import tqdm
 
-    mark_checked()  # no first-call notice from the decoders below: this compiles and says so
+    compile_inline()  # the decoders below compile what they need here, not in the background
     t = time.perf_counter()
     runs = [(f"{name} ({dtype})", dtype, s, g, r) for dtype in DTYPES for name, s, g, r in workloads()]
     models, failed = {}, {}
@@ -169,6 +169,7 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
     if weights or calibrate_dtypes:
         import torch
 
+        from .._tuning import Tuning
         from ..decoder import LookaheadDecoder
         from .models import BUNDLED_NAME, load_smollm2, smollm2_location
 
@@ -185,7 +186,7 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
         for dtype in calibrate_dtypes:  # one short call measures and keeps (or reads back) the cost curve
             threads = torch.get_num_threads()
             say(f"calibrating {dtype} at {threads} torch thread{'' if threads == 1 else 's'} ...")
-            t, decoder = time.perf_counter(), LookaheadDecoder()
+            t, decoder = time.perf_counter(), LookaheadDecoder(_tuning=Tuning(calibrate=True))
             model.to(getattr(torch, dtype))
             with torch.inference_mode():
                 model.generate(torch.tensor([PROMPT]), max_new_tokens=2, custom_generate=decoder)
