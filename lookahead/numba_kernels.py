@@ -117,7 +117,7 @@ def kernels_ready() -> bool:
     return False
 
 
-def _lock_path() -> str:
+def lock_path() -> str:
     from .user_cache import cache_dir
 
     return os.path.join(cache_dir(), "compiling-kernels.lock")
@@ -125,7 +125,7 @@ def _lock_path() -> str:
 
 def _lock_held() -> bool:
     """Whether a live process holds the compile lock (a stale lock, its process gone, is removed)."""
-    path = _lock_path()
+    path = lock_path()
     try:
         with open(path, encoding="utf-8") as f:
             pid = int(f.read().strip() or 0)
@@ -138,13 +138,13 @@ def _lock_held() -> bool:
 
 
 def _start_compiler():
-    """Start ``python -m lookahead.numba_kernels`` at the lowest CPU priority, or None when another live process
+    """Start ``python -m lookahead.tools.warmup`` (``warmup.compile_in_background``) at the lowest CPU priority, or None when another live process
     compiles already or none can be started."""
     if _lock_held():
         return None
     try:
-        os.makedirs(os.path.dirname(_lock_path()), exist_ok=True)
-        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.DEVNULL,
+        os.makedirs(os.path.dirname(lock_path()), exist_ok=True)
+        process = subprocess.Popen([sys.executable, "-m", "lookahead.tools.warmup"], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
                                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     except OSError:
@@ -190,27 +190,3 @@ def paused():
                 if not _STATE.pausing:  # the last call running: it may go on
                     with contextlib.suppress(OSError):
                         os.kill(process.pid, signal.SIGCONT)
-
-
-def _compile_in_background() -> None:
-    """The background process: take the lock, lower its priority, compile every kernel, release the lock."""
-    path = _lock_path()
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except OSError:
-        return  # another process compiles
-    try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        with contextlib.suppress(OSError, AttributeError):
-            os.nice(19)
-        from .tools.warmup import compile_kernels
-
-        compile_kernels()
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)
-
-
-if __name__ == "__main__":
-    _compile_in_background()

@@ -238,8 +238,10 @@ def test_demo_takes_the_device_dtype_and_threads_it_is_given(tiny_folder, monkey
         torch.set_num_threads(before)
     assert seen[0]["dtype"] is torch.bfloat16 and seen[0]["device"] == "cpu"
     out = capsys.readouterr()
-    assert "tokens in" in out.out.splitlines()[-1]  # ends with what the decoder did and why
-    for line in ("warming up: 8 tokens plain and 8 with the decoder, not timed ...",
+    assert "tokens in" in out.out.splitlines()[-2]  # what the decoder did and why, then the first calls apart
+    assert out.out.splitlines()[-1].startswith("first call of the process (8 tokens, not in the figures above): "
+                                               "plain generate ")
+    for line in ("first calls: 8 tokens plain and 8 with the decoder, reported apart ...",
                  "plain generate, up to 4 new tokens ...", "LookaheadDecoder, up to 4 new tokens ..."):
         assert line in out.err  # each phase announced on stderr, then timed
     assert "plain generate, up to 4 new tokens: " in out.err

@@ -171,7 +171,7 @@ def test_a_compile_lock_left_by_a_dead_process_is_taken_over(monkeypatch, tmp_pa
     """The lock file names the compiling process; when that process is gone the lock is stale and removed, so a
     new compiler can start; while it lives, nobody else starts one."""
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
-    path = numba_kernels._lock_path()
+    path = numba_kernels.lock_path()
     with open(path, "w") as f:
         f.write(str(os.getpid()))  # this process: alive
     assert numba_kernels._lock_held() and numba_kernels._start_compiler() is None

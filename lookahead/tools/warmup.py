@@ -194,3 +194,30 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
                 " (provisional: the machine was busy; not kept)" if decoder.stats.cost_provisional else ""))
     say(f"warm-up done in {time.perf_counter() - start:.1f} s")
     return 1 if k["failed"] else 0
+
+
+def compile_in_background() -> None:
+    """The background compiler a call starts (``numba_kernels.kernels_ready``): take the lock, lower its priority,
+    compile every kernel, release the lock."""
+    import contextlib
+
+    from ..numba_kernels import lock_path
+
+    path = lock_path()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except OSError:
+        return  # another process compiles
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        with contextlib.suppress(OSError, AttributeError):
+            os.nice(19)
+        compile_kernels()
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+if __name__ == "__main__":
+    compile_in_background()
