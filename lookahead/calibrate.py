@@ -16,8 +16,9 @@ import torch
 from . import compat
 from ._tuning import DEFAULT
 from .checks import vocabulary_size
-from .cost import PROGRESS, CostModel
-from .kv import keep_entries
+from .cost import CostModel
+from .kv import keep_entries, new_cache
+from .measuring import PROGRESS
 from .packing import StepMask
 
 log = logging.getLogger("lookahead")
@@ -215,3 +216,29 @@ def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int =
     if max_rows >= 2:
         time_one(2)
     return time_one
+
+
+def measure_curve(decoder, call, variant: str, layouts: bool) -> CostModel:
+    """Time ``call``'s model's steps now (``Tuning.calibrate``: ``python -m lookahead warmup --calibrate``): the curve,
+    kept where ``decoder`` finds it on later calls, and (``layouts``) the CPU layouts planned from it
+    (``call.runner`` set)."""
+    from transformers import DynamicCache
+
+    model, base, tuning = call.model, call.runner, decoder.tuning
+    rows = decoder.policy.first_rows()
+    persist = None if decoder.clock is time.perf_counter else False  # an injected clock is not this machine's
+    factory = (lambda: new_cache(model)) if call.window is None else DynamicCache
+    timer = []  # one prefilled timer per runner
+
+    def measure(sizes, runner=base):
+        if not timer or timer[0][0] < max(sizes) or timer[0][1] is not runner:
+            timer[:] = [(max(sizes), runner, step_timer(call, factory, decoder.clock, max(sizes), runner))]
+        return calibrate_curve(timer[0][2], sizes, clock=decoder.clock)
+
+    curve = decoder.calibrations.get(model, rows, measure, variant, persist=persist)
+    if layouts:
+        from .cpu.layouts import plan_steps
+
+        curve, call.runner, decoder.stats.linear_layout = plan_steps(model, curve, measure, decoder.calibrations,
+                                                                     rows, tuning, persist, base, variant)
+    return curve

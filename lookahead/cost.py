@@ -2,13 +2,13 @@
 
 ``t(k)`` is the seconds of one decoding step with ``k`` new tokens. Verifying extra tokens is nearly free on a
 datacenter GPU and costs real time on a CPU, so the budget (``budget.py``) prices every draft with it.
-:class:`CostModel` is an immutable curve through measured points; :class:`Calibrations` holds the curves per model
-object, measured once under a lock (``calibrate.py``) and kept on disk per model fingerprint (:class:`CurveStore`).
+:class:`CostModel` is an immutable curve through points; :class:`LearnedCurve` learns one from a call's own steps;
+:class:`Calibrations` holds the curves per model object (learnt, pinned, or measured on request by ``calibrate.py``)
+and keeps them on disk per model fingerprint (:class:`CurveStore`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
@@ -19,8 +19,7 @@ import platform
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,14 +33,6 @@ log = logging.getLogger("lookahead")
 CURVE_FORMAT = 3  # the version of a persisted curve's file
 _CURVE_KIND = "lookahead cost curve"
 STEP_VARIANT = "step"  # what a decoder's calibration times: whole steps (curves are kept per variant)
-
-
-def calibration_sizes(max_rows: int) -> tuple[int, ...]:
-    """Powers of two from 1 up to the first >= ``max_rows`` (and >= 16). Example: 17 -> ``(1, 2, 4, 8, 16, 32)``."""
-    sizes = [1]
-    while sizes[-1] < max(max_rows, 16):
-        sizes.append(2 * sizes[-1])
-    return tuple(sizes)
 
 
 class CostModel:
@@ -298,7 +289,7 @@ class Calibrations:
         (None: not measured; None is returned).
         ``variant``: what else it depends on (``"step"``: whole steps timed); a pinned curve applies to every variant.
         ``persist``: this call's choice over the registry's (False for a measurement that is not the machine's, e.g. on
-        an injected clock). A long measurement shows a progress bar (``calibrate.calibration_progress``)."""
+        an injected clock). A measurement shows a progress bar (``measuring.announced_measurement``)."""
         with self._lock:
             curves = self._curves.get(model, {})
             pinned = curves.get(model_key(model))
@@ -319,23 +310,11 @@ class Calibrations:
                 return stored.curve
             if measure is None:
                 return None
-            sizes = calibration_sizes(max_rows)
-            about = max(1.0, estimate_calibration_seconds(model, sizes))
-            if entry is None:
-                log.info("calibrating the cost curve once for this model%s (about %.0f s) ...",
-                         "" if store is not None else " in this process", about)
-            else:
-                log.info("measuring the cost curve again, %s (about %.0f s) ...",
-                         "the last one was provisional" if entry.curve.provisional
-                         else f"for {max_rows} rows (it covered {entry.curve.covers})", about)
-            t = time.perf_counter()
-            desc = f"lookahead calibration ({variant or 'forwards'}), once per model"
-            with calibration_progress(desc):
-                curve = measure(sizes)
-            seconds = time.perf_counter() - t
+            from .measuring import announced_measurement
+
+            curve, seconds = announced_measurement(model, max_rows, measure, variant, entry, store)
             again = entry is not None and entry.curve.provisional and curve.provisional
-            retries = entry.retries + 1 if again else 0
-            self._keep(model, key, _Entry(curve, False, self.clock(), retries))
+            self._keep(model, key, _Entry(curve, False, self.clock(), entry.retries + 1 if again else 0))
             path = store.save(fingerprint, curve, seconds) if store is not None else None
             log.info("calibrated in %.1f s: %s%s", seconds, describe(curve),
                      f"; saved to {path}" if path else "; provisional" if curve.provisional else "")
@@ -422,41 +401,3 @@ def set_cost_curve(model, points: Sequence[tuple[int, float]], calibrations: Cal
     ``decoder.stats.cost_curve``, or a flat curve for a GPU). Example:
     ``set_cost_curve(model, [(1, 0.010), (64, 0.011)])``."""
     return (calibrations or DEFAULT_CALIBRATIONS).pin(model, points)
-
-
-PROGRESS: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
-
-
-@contextlib.contextmanager
-def calibration_progress(desc: str) -> Iterator[object | None]:
-    """While entered, :func:`calibrate_curve` counts its timed runs on a ``tqdm.auto`` bar labelled ``desc``, shown
-    after ``DEFAULT.progress_delay`` seconds. Yields the bar, or None when transformers' progress bars are off."""
-    from transformers.utils import logging as hf_logging
-
-    bar = None
-    if hf_logging.is_progress_bar_enabled():
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=desc, unit="step", delay=DEFAULT.progress_delay, leave=False, dynamic_ncols=True)
-    token = PROGRESS.set(bar)
-    try:
-        yield bar
-    finally:
-        PROGRESS.reset(token)
-        if bar is not None:
-            bar.close()
-
-
-def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFAULT.rounds) -> float:
-    """A rough forecast of a calibration's seconds on a quiet machine, for the line announcing it: each forward reads
-    every weight once or computes ``2 * parameters * k`` operations, whichever takes longer."""
-    params = sum(p.numel() for p in model.parameters())
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    gpu = model.device.type != "cpu"
-    bandwidth, flops, overhead = (1e12, 1e14, 0.01) if gpu else (1e10, 1e11, 0.0)
-
-    def forward(k: int) -> float:
-        return overhead + max(nbytes / bandwidth, 2.0 * params * k / flops)
-
-    per_round = sum(forward(k) for k in sizes) + forward(1)
-    return forward(128) + forward(1) + rounds * per_round

@@ -15,7 +15,6 @@ import weakref
 from dataclasses import fields, replace
 
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import StaticLayer
 
 from . import compat
@@ -33,7 +32,7 @@ from .corpus import AUTO, DraftCorpus, corpus_for
 from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, LearnedCurve
 from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
-from .kv import new_cache, settle
+from .kv import settle
 from .loop import Call
 from .numba_kernels import kernels_ready, paused
 from .shapes import OneRow
@@ -245,11 +244,14 @@ class LookaheadDecoder:
         elif call.sync is not None:
             curve = self._sharded_curve(call)
         elif tuning.calibrate:
-            curve = self.measure_curve(call, STEP_VARIANT + ("+grouped" if grouped else ""))
+            from .calibrate import measure_curve
+
+            curve = measure_curve(self, call, STEP_VARIANT + ("+grouped" if grouped else ""),
+                                  tuning.linear_layout != "linear" and layouts_may_pay(model, tuning))
         else:
             curve = self._known_curve(call, STEP_VARIANT + ("+grouped" if grouped else ""))
         if tuning.linear_layout in ("transposed", "onednn") and call.runner is base and cpu \
-                and _layouts_may_pay(model, tuning):  # a forced layout, whatever the curve
+                and layouts_may_pay(model, tuning):  # a forced layout, whatever the curve
             from .cpu.layouts import forced
 
             call.runner, stats.linear_layout = forced(model, tuning, grouped)
@@ -269,7 +271,7 @@ class LookaheadDecoder:
         rows = self.policy.first_rows()
         persist = None if self.clock is time.perf_counter else False  # an injected clock is not this machine's
         curve = self.calibrations.get(model, rows, None, variant, persist=persist)
-        layouts = self.tuning.linear_layout != "linear" and _layouts_may_pay(model, self.tuning)
+        layouts = self.tuning.linear_layout != "linear" and layouts_may_pay(model, self.tuning)
         if curve is not None:
             if layouts:
                 from .cpu.layouts import plan_steps
@@ -288,30 +290,6 @@ class LookaheadDecoder:
             return call.learner.curve()
         return self.calibrations.learner(model, variant, self._slope(model), persist).curve()
 
-    def measure_curve(self, call, variant: str) -> CostModel:
-        """Time the model's steps now (``python -m lookahead warmup --calibrate``): the curve, kept as
-        :meth:`_known_curve` reads it, and the CPU layouts planned from it."""
-        model, base = call.model, call.runner
-        rows = self.policy.first_rows()
-        persist = None if self.clock is time.perf_counter else False
-        factory = (lambda: new_cache(model)) if call.window is None else DynamicCache
-        timer = []  # one prefilled timer per runner
-
-        def measure(sizes, runner=base):
-            from .calibrate import calibrate_curve, step_timer
-
-            if not timer or timer[0][0] < max(sizes) or timer[0][1] is not runner:
-                timer[:] = [(max(sizes), runner, step_timer(call, factory, self.clock, max(sizes), runner))]
-            return calibrate_curve(timer[0][2], sizes, clock=self.clock)
-
-        curve = self.calibrations.get(model, rows, measure, variant, persist=persist)
-        if self.tuning.linear_layout != "linear" and _layouts_may_pay(model, self.tuning):
-            from .cpu.layouts import plan_steps
-
-            curve, call.runner, self.stats.linear_layout = plan_steps(model, curve, measure, self.calibrations, rows,
-                                                                      self.tuning, persist, base, variant)
-        return curve
-
     def _sharded_curve(self, call) -> CostModel:
         """Under tensor parallelism: a curve the call's own steps teach, every rank on rank 0's timings (so every
         rank decides alike; kept by this decoder for its later calls)."""
@@ -328,7 +306,7 @@ def _on_cpu(model) -> bool:
     return device is not None and torch.device(device).type == "cpu" and not getattr(model, "hf_device_map", None)
 
 
-def _layouts_may_pay(model, tuning: Tuning) -> bool:
+def layouts_may_pay(model, tuning: Tuning) -> bool:
     """Whether ``lookahead.cpu``'s layouts are worth timing: on a CPU, with big full-precision weights or forced."""
     if not _on_cpu(model):
         return False

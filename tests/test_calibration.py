@@ -12,12 +12,12 @@ import torch
 
 from lookahead import user_cache
 from lookahead.calibrate import calibrate_curve, capped_curve, disagreement, round_order
+from lookahead.measuring import calibration_progress
 from lookahead.cost import (
     CURVE_FORMAT,
     Calibrations,
     CostModel,
     CurveStore,
-    calibration_progress,
     curve_fingerprint,
 )
 

@@ -15,7 +15,8 @@ import torch
 
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
-from lookahead.cost import Calibrations, CostModel, LearnedCurve, calibration_sizes, set_cost_curve
+from lookahead.measuring import calibration_sizes
+from lookahead.cost import Calibrations, CostModel, LearnedCurve, set_cost_curve
 
 IDS = torch.tensor([[3, 10, 11, 12, 10, 11, 12]])
 _TUNING_FIELDS = {f.name for f in dataclasses.fields(Tuning)}
