@@ -79,6 +79,29 @@ def test_summary_and_context(greedy_run):
                                                              "tuning": {}}
 
 
+def test_the_first_call_of_each_method_is_timed_apart(greedy_run):
+    """The warm-up: every method once on the first prompt, plain first, timed and counted apart from the records
+    (no speed asserted: only the structure and the counts)."""
+    firsts = greedy_run["first_calls"]
+    assert firsts["order"] == ["plain", "lookahead"] == list(firsts["methods"])
+    assert firsts["prompt"] == "code/code-0" and firsts["max_new_tokens"] == 16
+    assert "first_calls" in greedy_run["settings"]["warmup"] and len(greedy_run["records"]) == 4  # not a record
+    plain, la = firsts["methods"]["plain"], firsts["methods"]["lookahead"]
+    for r in (plain, la):
+        assert set(r) == {"status", "seconds", "new_tokens", "target_calls", "tokens_per_call", "seconds_vs_plain",
+                          "decoded_plain"}
+        assert r["status"] == "ok" and r["seconds"] > 0 and 0 < r["new_tokens"] <= 16
+        assert r["tokens_per_call"] == pytest.approx(r["new_tokens"] / r["target_calls"])
+        assert r["seconds_vs_plain"] == pytest.approx(r["seconds"] / plain["seconds"])
+    assert plain["target_calls"] == plain["new_tokens"] and plain["seconds_vs_plain"] == 1.0
+    assert plain["decoded_plain"] is None and 1 <= la["target_calls"] <= la["new_tokens"]
+    md = markdown(greedy_run)
+    assert "The process's first call of each method (not in the medians): at most 16 new tokens on code/code-0, " \
+           "one method after the other, in this order: plain, lookahead. Plain runs first" in md
+    assert f"| lookahead | {la['seconds']:.3f} | {la['new_tokens']} | {la['target_calls']} | " in md
+    assert md.index("first call of each method") < md.index("Per prompt:")
+
+
 def test_reports_written(greedy_run, tmp_path):
     paths = write_reports(greedy_run, str(tmp_path))
     with open(paths["json"], encoding="utf-8") as f:
@@ -111,6 +134,7 @@ def test_mismatch_is_reported_with_its_position(tiny_models):
     assert 0 <= mm["first_difference"] < 12 and mm["top2_gap"] >= 0 and mm["plain_token"] != mm["method_token"]
     assert res["mismatches"][0]["prompt_id"] == "code-0"
     assert "NOT identical" in markdown(res)
+    assert res["first_calls"] is None and "first call of each method" not in markdown(res)  # no warm-up
 
 
 def _refuses_sampling(model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
@@ -129,6 +153,8 @@ def test_sampled_run_records_refusals_as_unsupported(tiny_models, tmp_path):
                     progress=False)
     assert res["context"]["mode"] == "sampled" and res["settings"]["sampling"] == {"temperature": 0.7, "top_p": 0.9}
     assert res["unsupported"] == {"refuser": "ValueError: this decoder does not sample"}
+    assert res["first_calls"]["methods"]["refuser"] == {"status": "unsupported",
+                                                       "reason": "ValueError: this decoder does not sample"}
     by_method = {}
     for r in res["records"]:
         by_method.setdefault(r["method"], []).append(r)
@@ -296,7 +322,7 @@ def test_a_whole_chat_goes_through_the_chat_template():
     import torch
 
     from lookahead.tools.bench.runner import encode
-    from lookahead.tools.bench.texts import CHATS
+    from lookahead.tools.bench.workloads import texts
 
     class Tokenizer:
         chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -306,7 +332,7 @@ def test_a_whole_chat_goes_through_the_chat_template():
             return {"input_ids": torch.tensor([[1, 2]])}
 
     tok = Tokenizer()
-    assert encode(Prompt("c", tuple(CHATS[0])), tok, None)["input_ids"].tolist() == [[1, 2]]
+    assert encode(Prompt("c", tuple(texts()["chats"][0])), tok, None)["input_ids"].tolist() == [[1, 2]]
     assert [m["role"] for m in tok.seen] == ["user", "assistant", "user", "assistant", "user"]
 
 

@@ -22,6 +22,7 @@ is announced on stderr when it starts and timed when it ends.
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
 
@@ -61,32 +62,28 @@ def name_list(kind: str, valid_names):
                                              f"{', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
         return names
 
-    parse.__name__ = f"{kind} list"
     return parse
 
 
-def _methods():
-    from .bench.methods import METHODS
+def _registry(module: str, name: str):
+    """``valid_names`` for :func:`name_list`: a registry of the bench, imported when an option is parsed."""
+    return lambda: getattr(importlib.import_module(module, __package__), name)
 
-    return METHODS
 
-
-def _workloads():
-    from .bench.workloads import WORKLOADS
-
-    return WORKLOADS
+def _add(p: argparse.ArgumentParser, flag: str, help: str, **kw) -> None:
+    """An option whose help ends with its default (a switch's: off) unless the help says it itself."""
+    if "default: " not in help:
+        help += " (default: off)" if kw.get("action") == "store_true" else " (default: %(default)s)"
+    p.add_argument(flag, help=help, **kw)
 
 
 def _common(p: argparse.ArgumentParser, threads) -> None:
-    p.add_argument("--model", type=str, default=None,
-                   help="a local model folder or hub name (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--device", type=str, default="auto",
-                   help="cpu, cuda, cuda:1, ...; auto: cuda if present, else cpu (default: %(default)s)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="the model's weights and activations (default: %(default)s)")
-    p.add_argument("--threads", type=thread_count, default=threads, help=THREADS_HELP + (
-        " (default: %(default)s)" if threads else " (default: torch's own choice, the conditions a benchmark "
-                                                  "reports; a hint is printed when the machine looks busy)"))
+    _add(p, "--model", "a local model folder or hub name (default: the bundled SmolLM2-135M-Instruct)")
+    _add(p, "--device", "cpu, cuda, cuda:1, ...; auto: cuda if present, else cpu", default="auto")
+    _add(p, "--dtype", "the model's weights and activations", choices=DTYPES, default="float32")
+    _add(p, "--threads", THREADS_HELP + ("" if threads else " (default: torch's own choice, the conditions a "
+                                         "benchmark reports; a hint is printed when the machine looks busy)"),
+         type=thread_count, default=threads)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,40 +92,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="plain vs LookaheadDecoder on the bundled SmolLM2-135M: speed-up, identity")
-    demo.add_argument("--max-new-tokens", type=positive_int, default=160,
-                      help="new tokens per run (default: %(default)s)")
-    demo.add_argument("--prompt", type=str, default=None,
-                      help="a user message (default: the built-in code-editing prompt)")
-    demo.add_argument("--heads", metavar="DIR", nargs="?", const="bundled", default=None,
-                      help="also run lookahead+heads: the decoder with draft heads saved in DIR (bare --heads: the "
-                           "heads shipped for the bundled model; default: not run)")
-    demo.add_argument("--corpus", metavar="DIR", nargs="?", const="bundled", default=None,
-                      help="also run lookahead+corpus: the decoder with the draft corpus saved in DIR (bare "
-                           "--corpus: the one shipped for the bundled model, which the default decoder already "
-                           "drafts from for it; default: not run)")
+    _add(demo, "--max-new-tokens", "new tokens per run", type=positive_int, default=160)
+    _add(demo, "--prompt", "a user message (default: the built-in code-editing prompt)")
+    _add(demo, "--heads", "also run lookahead+heads: the decoder with draft heads saved in DIR (bare --heads: the "
+         "heads shipped for the bundled model; default: not run)", metavar="DIR", nargs="?", const="bundled")
+    _add(demo, "--corpus", "also run lookahead+corpus: the decoder with the draft corpus saved in DIR (bare "
+         "--corpus: the one shipped for the bundled model, which the default decoder already drafts from for it; "
+         "default: not run)", metavar="DIR", nargs="?", const="bundled")
     _common(demo, "auto")
 
     gen = sub.add_parser("generate", help="decode one prompt with LookaheadDecoder, streaming the text",
                          description="Decode one prompt with LookaheadDecoder; the text streams to stdout, the "
                                      "decoder's statistics go to stderr.")
     gen.add_argument("--prompt", type=str, required=True, help="the user message (or raw text with --raw)")
-    gen.add_argument("--max-new-tokens", type=positive_int, default=128,
-                     help="the most new tokens to generate (default: %(default)s)")
-    gen.add_argument("--raw", action="store_true",
-                     help="tokenize the prompt as is, without the chat template (default: off)")
-    gen.add_argument("--config", action="append", metavar="KEY=VALUE",
-                     help="a LookaheadConfig setting, e.g. --config max_draft_tokens=16 or --config cost_curve=flat "
-                          "(repeatable; default: none, every setting at its default)")
-    gen.add_argument("--sample", action="store_true",
-                     help="sample (do_sample=True) instead of greedy decoding (default: off)")
-    gen.add_argument("--temperature", type=float, default=0.7,
-                     help="sampling temperature, used with --sample (default: %(default)s)")
-    gen.add_argument("--top-p", type=float, default=0.9,
-                     help="nucleus sampling: keep the most likely tokens up to this probability mass, used with "
-                          "--sample (default: %(default)s)")
-    gen.add_argument("--plot-budget", metavar="PNG", default=None,
-                     help="save a plot of the budget chosen at every step (and the cost curve) to this file "
-                          "(default: no plot)")
+    _add(gen, "--max-new-tokens", "the most new tokens to generate", type=positive_int, default=128)
+    _add(gen, "--raw", "tokenize the prompt as is, without the chat template", action="store_true")
+    _add(gen, "--config", "a LookaheadConfig setting, e.g. --config max_draft_tokens=16 or --config "
+         "cost_curve=flat (repeatable; default: none, every setting at its default)", action="append",
+         metavar="KEY=VALUE")
+    _add(gen, "--sample", "sample (do_sample=True) instead of greedy decoding", action="store_true")
+    _add(gen, "--temperature", "sampling temperature, used with --sample", type=float, default=0.7)
+    _add(gen, "--top-p", "nucleus sampling: keep the most likely tokens up to this probability mass, used with "
+         "--sample", type=float, default=0.9)
+    _add(gen, "--plot-budget", "save a plot of the budget chosen at every step (and the cost curve) to this file "
+         "(default: no plot)", metavar="PNG")
     _common(gen, "auto")
 
     bench = sub.add_parser("bench", help="benchmark decoding methods side by side; JSON, Markdown table, PNG plot",
@@ -136,27 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
                                        "baseline); speed-up per prompt = method tokens/s / plain tokens/s. Writes "
                                        "bench.json, bench.md and bench.png into --out.")
     _common(bench, None)
-    bench.add_argument("--workloads", type=name_list("workload", _workloads), default=None,
-                       help="comma-separated workloads (default: all)")
-    bench.add_argument("--methods", type=name_list("method", _methods), default=None,
-                       help="comma-separated methods (default: plain, prompt-lookup, lookahead, lookahead-small); "
-                            "plain is always run")
-    bench.add_argument("--max-new-tokens", type=positive_int, default=None,
-                       help=f"new tokens per prompt (default: {DEFAULT_TOKENS}; {QUICK_TOKENS} with --quick)")
-    bench.add_argument("--prompts-per-workload", type=positive_int, default=None,
-                       help=f"prompts per workload (default: {DEFAULT_PROMPTS}; {QUICK_PROMPTS} with --quick)")
-    bench.add_argument("--quick", action="store_true", help="a short run: few prompts, short outputs (default: off)")
-    bench.add_argument("--sample", action="store_true",
-                       help="sampled decoding (temperature 0.7, top_p 0.9) instead of greedy (default: off)")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the sampled runs (default: %(default)s)")
-    bench.add_argument("--out", type=str, default="bench-out", help="output folder (default: %(default)s)")
-    bench.add_argument("--reuse-decoders", action="store_true",
-                       help="one decoder per method for the whole run, carrying what it learns from prompt to "
-                            "prompt (default: off, a fresh decoder per prompt)")
-    bench.add_argument("--repeats", type=positive_int, default=1,
-                       help="rounds of all methods per prompt; a method's time on a prompt is the median of its "
-                            "rounds (default: %(default)s)")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar (default: off, one is shown)")
+    _add(bench, "--workloads", "comma-separated workloads (default: all)",
+         type=name_list("workload", _registry(".bench.workloads", "WORKLOADS")))
+    _add(bench, "--methods", "comma-separated methods (default: plain, prompt-lookup, lookahead, lookahead-small); "
+         "plain is always run", type=name_list("method", _registry(".bench.methods", "METHODS")))
+    _add(bench, "--max-new-tokens", f"new tokens per prompt (default: {DEFAULT_TOKENS}; {QUICK_TOKENS} with --quick)",
+         type=positive_int)
+    _add(bench, "--prompts-per-workload", f"prompts per workload (default: {DEFAULT_PROMPTS}; {QUICK_PROMPTS} with "
+         "--quick)", type=positive_int)
+    _add(bench, "--quick", "a short run: few prompts, short outputs", action="store_true")
+    _add(bench, "--sample", "sampled decoding (temperature 0.7, top_p 0.9) instead of greedy", action="store_true")
+    _add(bench, "--seed", "seed of the sampled runs", type=int, default=0)
+    _add(bench, "--out", "output folder", default="bench-out")
+    _add(bench, "--reuse-decoders", "one decoder per method for the whole run, carrying what it learns from prompt "
+         "to prompt (default: off, a fresh decoder per prompt)", action="store_true")
+    _add(bench, "--repeats", "rounds of all methods per prompt; a method's time on a prompt is the median of its "
+         "rounds", type=positive_int, default=1)
+    _add(bench, "--no-progress", "no progress bar (default: off, one is shown)", action="store_true")
 
     warm = sub.add_parser(
         "warmup", help="compile the kernels and keep the bundled model's converted weights (and cost curve)",
@@ -164,25 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "package (kept in Numba's on-disk cache), converts the bundled model's GGUF weights and keeps "
                     "them in the user's cache, and with --calibrate measures and keeps its cost curve. Each phase "
                     "prints a line when it starts and its time when it ends.")
-    warm.add_argument("--no-weights", action="store_true",
-                      help="skip converting the bundled model's weights (default: off, they are converted and kept)")
-    warm.add_argument("--calibrate", type=name_list("dtype", lambda: DTYPES), nargs="?", const=["float32"],
-                      default=None, metavar="DTYPES",
-                      help="also measure and keep the bundled model's cost curve, for these comma-separated dtypes "
-                           "(float32 when none is named; default: not calibrated)")
-    warm.add_argument("--threads", type=thread_count, default="auto", help=THREADS_HELP + " (default: %(default)s)")
-    _add_training(sub)
-    return parser
-
-
-def _add_training(sub) -> None:
-    """``train-heads`` and ``build-corpus``, whose options ``lookahead.heads.train`` defines."""
-    try:
+    _add(warm, "--no-weights", "skip converting the bundled model's weights (default: off, they are converted and "
+         "kept)", action="store_true")
+    _add(warm, "--calibrate", "also measure and keep the bundled model's cost curve, for these comma-separated "
+         "dtypes (float32 when none is named; default: not calibrated)", type=name_list("dtype", lambda: DTYPES),
+         nargs="?", const=["float32"], metavar="DTYPES")
+    _add(warm, "--threads", THREADS_HELP, type=thread_count, default="auto")
+    try:  # train-heads and build-corpus, whose options lookahead.heads.train defines
         from ..heads import train
     except ImportError as err:  # a broken optional part leaves the other commands working
         for name in ("train-heads", "build-corpus"):
             sub.add_parser(name, help=f"(unavailable: {err})").set_defaults(unavailable=str(err))
-        return
+        return parser
     train.add_arguments(sub.add_parser(
         "train-heads", help="train draft heads for a model on its own answers (self-distillation)",
         description=train.__doc__.replace("``", ""), formatter_class=argparse.RawDescriptionHelpFormatter))
@@ -193,6 +169,7 @@ def _add_training(sub) -> None:
                     "the training split are saved as OUT/corpus and installed for the model, where "
                     "LookaheadDecoder() finds it. The output stays exactly that of plain decoding. Resumable: a "
                     "rerun continues from OUT/work."))
+    return parser
 
 
 def run_bench_command(args, argv: list[str]) -> int:

@@ -1,7 +1,6 @@
-"""What the command line and the examples show while they work: the library's log lines (the library never
-prints: it logs on the ``"lookahead"`` logger), each long phase's start and time, and a torch thread count that
-suits a busy machine (torch's threads wait for each other at every operation, so a thread sharing a core with
-other work stalls every step).
+"""What the command line and the examples show while they work: the library's log lines (it logs on the
+``"lookahead"`` logger, never prints) on stderr, each long phase's start and time, and a torch thread count that
+suits a busy machine (torch's threads wait for each other at every operation: one sharing a core stalls every step).
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ def logging_to_stderr(level: int = logging.INFO):
 
 @contextlib.contextmanager
 def phase(what: str):
-    """Log ``what ...`` when a long phase starts and ``what: 2.3 s`` when it ends (INFO); yields an object whose
-    ``seconds`` is set at the end: ``with phase("plain generate") as plain: ...``, then ``plain.seconds``."""
+    """Log ``what ...`` at the start and ``what: 2.3 s`` at the end (INFO); yields an object whose ``seconds`` is
+    set at the end."""
     log.info("%s ...", what)
     timing, t = SimpleNamespace(what=what, seconds=0.0), time.perf_counter()
     try:
@@ -99,8 +98,7 @@ def busy_cores(interval: float = 0.25) -> float | None:
 
 def auto_threads(default: int, cores: int, load: float | None) -> int:
     """Torch threads for ``cores`` cores of which other work keeps ``load`` busy: ``default`` when the cores it
-    would use are free, else the cores left (rounded, at least 1). Examples: ``(2, 2, 0.3)`` -> 2, ``(2, 2, 1.0)``
-    -> 1, ``(8, 16, 9.0)`` -> 7, ``(2, 2, None)`` -> 2."""
+    would use are free, else the cores left (rounded, at least 1)."""
     if load is None or cores - load >= default - 0.5:
         return default
     return max(1, min(default, int(cores - load + 0.5)))

@@ -25,8 +25,8 @@ DEMO_PROMPT = (
 
 
 def chat_inputs(tokenizer, chat, device=None) -> dict:
-    """``generate`` kwargs of a chat-template prompt: ``chat`` is one user message, or ``[(role, content), ...]``
-    (or ``[{"role": ..., "content": ...}, ...]``) ending with a user turn."""
+    """``generate`` kwargs of a chat-template prompt: one user message, or ``[(role, content), ...]`` (or role and
+    content dicts) ending with a user turn."""
     if isinstance(chat, str):
         chat = [("user", chat)]
     messages = [m if isinstance(m, dict) else {"role": m[0], "content": m[1]} for m in chat]
@@ -37,13 +37,11 @@ def chat_inputs(tokenizer, chat, device=None) -> dict:
 def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None,
              dtype: str = "float32", device: str = "auto", threads: int | str | None = "auto",
              heads: str | None = None, corpus: str | None = None) -> dict:
-    """Plain greedy ``generate`` against the default decoder on one prompt, each timed after an untimed warm-up
-    (which calibrates the cost curve if no kept one fits); prints the output, the speed of each, whether the
-    texts are identical, and what the decoder did and why. Returns those figures (``t_plain``, ``t_ours``,
-    ``identical``, ``stats``, and ``t_heads``, ``heads_identical``, ... for each extra run).
-
-    ``heads`` / ``corpus``: also time the decoder with draft heads / a draft corpus (``"bundled"``: the ones
-    shipped for the bundled model; else a folder), refused before any decoding if made for another model."""
+    """Plain greedy ``generate`` against the default decoder on one prompt, after first calls timed apart; prints
+    the output, each one's speed, whether the texts are identical and what the decoder did and why; returns those
+    figures (``t_plain``, ``t_ours``, ``identical``, ``stats``; ``t_heads``, ``heads_identical``, ... per extra).
+    ``heads`` / ``corpus``: also the decoder with draft heads / a corpus (``"bundled"``: the bundled model's, else a
+    folder), refused before any decoding if made for another model."""
     from ..decoder import LookaheadDecoder
     from . import models
     from .console import phase, set_threads

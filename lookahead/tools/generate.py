@@ -1,11 +1,11 @@
-"""``python -m lookahead generate``: decode one prompt with the decoder, streaming the text to stdout as it comes
-(through ``generate``'s own ``streamer=``; printed whole at the end should none reach it), then on stderr where
-every second of the run went: the model's load, the decoder's set-up, the cost-curve calibration, the decoder's
-phases and what remains of ``generate``'s time outside them.
+"""``python -m lookahead generate``: one prompt decoded, its text streamed to stdout (``generate``'s ``streamer=``;
+printed whole at the end should none reach it), then on stderr where every second went: the model's load, the
+decoder's set-up, the cost-curve calibration, the decoder's phases and the rest of ``generate``.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -31,24 +31,6 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def _streamer(tokenizer, file):
-    """A ``TextStreamer`` into ``file`` that skips the prompt and remembers whether any new text arrived."""
-    from transformers import TextStreamer
-
-    class Streamer(TextStreamer):
-        got_tokens = False
-
-        def put(self, value):
-            self.got_tokens = self.got_tokens or not (self.skip_prompt and self.next_tokens_are_prompt)
-            super().put(value)
-
-        def on_finalized_text(self, text: str, stream_end: bool = False):
-            file.write(text + ("\n" if stream_end else ""))
-            file.flush()
-
-    return Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-
-
 def run_generate(args, out=None, err=None) -> int:
     """The ``generate`` command on parsed ``args``; returns the exit status (2: a bad setting or request)."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -58,17 +40,16 @@ def run_generate(args, out=None, err=None) -> int:
         print(f"error: {e}", file=err)
         return 2
     import torch
+    from transformers import TextStreamer
 
     from ..decoder import LookaheadDecoder
     from . import models
-    from .bench.runner import encode
+    from .bench.runner import encode, pad_kwargs
     from .bench.workloads import Prompt
     from .console import set_threads
     from .warmup import ensure_kernels
 
-    def say(text: str) -> None:
-        print(text, file=err, flush=True)
-
+    say = functools.partial(print, file=err, flush=True)
     set_threads(args.threads)
     t0 = time.perf_counter()
     model, tok = models.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device, progress=True)
@@ -78,13 +59,20 @@ def run_generate(args, out=None, err=None) -> int:
     t0 = time.perf_counter()
     decoder = LookaheadDecoder(**overrides)  # builds a trie: the Numba kernels' first use
     say(f"[decoder set-up in {time.perf_counter() - t0:.2f} s (Numba kernels loaded from their on-disk cache)]")
-    kw = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample}
-    if args.sample:
-        kw.update(temperature=args.temperature, top_p=args.top_p)
-    eos = model.generation_config.eos_token_id
-    if model.generation_config.pad_token_id is None and eos is not None:
-        kw["pad_token_id"] = eos[0] if isinstance(eos, (list, tuple)) else eos
-    streamer = _streamer(tok, out)
+    kw = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample, **pad_kwargs(model),
+          **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {})}
+    class Streamer(TextStreamer):  # into ``out``, remembering whether any new text arrived
+        got_tokens = False
+
+        def put(self, value):
+            self.got_tokens = self.got_tokens or not (self.skip_prompt and self.next_tokens_are_prompt)
+            super().put(value)
+
+        def on_finalized_text(self, text: str, stream_end: bool = False):
+            out.write(text + ("\n" if stream_end else ""))
+            out.flush()
+
+    streamer = Streamer(tok, skip_prompt=True, skip_special_tokens=True)
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():

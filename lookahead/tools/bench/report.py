@@ -61,7 +61,7 @@ def markdown(result: dict) -> str:
             f"{_f(row['speedup_min'])}–{_f(row['speedup_max'])} | {_f(row['speedup_q1'])}–{_f(row['speedup_q3'])} "
             f"| {_f(row['tokens_per_call'])} | {_f(row['ms_per_call'], '{:.0f}')} | "
             f"{_f(row['tokens_per_s'], '{:.1f}')} | {ident} |")
-    lines += _per_prompt(result)
+    lines += _first_calls(result.get("first_calls")) + _per_prompt(result)
     if result["unsupported"]:
         lines += ["", "Unsupported in this mode:", ""]
         lines += [f"- `{name}`: {why}" for name, why in result["unsupported"].items()]
@@ -73,6 +73,26 @@ def markdown(result: dict) -> str:
             lines.append(f"- {mm['workload']} / {mm['prompt_id']} / `{mm['method']}`: first difference at new "
                          f"token {d['first_difference']}{gap}")
     return "\n".join(lines) + "\n"
+
+
+def _first_calls(firsts: dict | None) -> list[str]:
+    """The run's first call of each method, as its own table (the warm-up, which the medians leave out)."""
+    if not firsts:
+        return []
+    lines = ["", f"The process's first call of each method (not in the medians): at most {firsts['max_new_tokens']} "
+             f"new tokens on {firsts['prompt']}, one method after the other, in this order: "
+             f"{', '.join(firsts['order'])}. Plain runs first, so its call pays the one-time costs of the process's "
+             "first generate of any kind (torch's and transformers' set-up on first use), as a user's first call "
+             "does; each later method then pays only its own (a decoder: its kernels, cost curve and corpus) and is "
+             "spared torch's. In a fresh `python -m lookahead bench` these are the process's first calls; where the "
+             "process ran generate before the bench, this run's first.", "",
+             "| method | seconds | new tokens | target calls | tokens/call | time / plain's first call "
+             "| decoded plain |", "|---|---:|---:|---:|---:|---:|---|"]
+    for name, r in firsts["methods"].items():
+        lines.append(f"| {name} | {r['status']} | | | | | |" if r["status"] != "ok" else
+                     f"| {name} | {r['seconds']:.3f} | {r['new_tokens']} | {r['target_calls']} | "
+                     f"{_f(r['tokens_per_call'])} | {_f(r['seconds_vs_plain'])}x | {r['decoded_plain'] or '–'} |")
+    return lines
 
 
 def _per_prompt(result: dict) -> list[str]:

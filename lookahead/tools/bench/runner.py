@@ -1,16 +1,10 @@
-"""The side-by-side runner: every method on the same prompt back to back, prompt by prompt.
-
-``run_bench(model, tokenizer, workloads, methods, ...)`` returns one JSON-safe dict:
-
-- ``records``: per prompt and method, the wall time, new tokens, target-model calls (counted alike for every
-  method, by a forward pre-hook on the model), tokens per call, the decoder's statistics, ``speedup_vs_plain``
-  ((method tokens/s) / (plain tokens/s) on that prompt) and for greedy runs whether the output is identical to
-  plain ``generate`` (if not, ``mismatch``: where it first differs and plain's top-2 logit gap there);
-- ``summary``: per workload (and ``"all"``) and method, that ratio's median and spread, tokens per call, the
-  accepted-length histogram; ``context``: the model, hardware, versions and command.
-
-One short untimed call of every method runs first; the methods' order rotates from prompt to prompt and round to
-round (``repeats=R``: R rounds per prompt, a method's time on it the median of its R runs).
+"""The side-by-side runner: every method on the same prompt back to back, the methods' order rotated from prompt to
+prompt and round to round. ``run_bench`` returns one JSON-safe dict: ``records`` (per prompt and method: wall time,
+new tokens, target calls counted alike for every method by a forward pre-hook, the decoder's statistics,
+``speedup_vs_plain`` and, greedy, whether the output is plain ``generate``'s, else where it differs: ``mismatch``),
+``summary`` (per workload, and ``"all"``, and method: that ratio's median and spread, tokens per call, accepted
+lengths), ``first_calls`` (each method's first call of the run, plain first, timed apart and in no median; None
+without a warm-up), ``context`` (model, hardware, versions, command) and ``settings``.
 """
 
 from __future__ import annotations
@@ -36,15 +30,9 @@ WARMUP_TOKENS = 16
 
 def as_prompts(workload: str, items: Sequence) -> list[Prompt]:
     """Prompts from ``Prompt`` objects, chat strings or token-id sequences (lists, tensors), named by position."""
-
-    def prompt(i: int, item) -> Prompt:
-        if isinstance(item, Prompt):
-            return item
-        if isinstance(item, str):
-            return Prompt(f"{workload}-{i}", item)
-        return Prompt(f"{workload}-{i}", ids=tuple(map(int, item.tolist() if torch.is_tensor(item) else item)))
-
-    return [prompt(i, item) for i, item in enumerate(items)]
+    return [item if isinstance(item, Prompt) else Prompt(f"{workload}-{i}", item) if isinstance(item, str) else
+            Prompt(f"{workload}-{i}", ids=tuple(map(int, item.tolist() if torch.is_tensor(item) else item)))
+            for i, item in enumerate(items)]
 
 
 def encode(prompt: Prompt, tokenizer, device) -> dict:
@@ -63,6 +51,15 @@ def encode(prompt: Prompt, tokenizer, device) -> dict:
         text = "\n".join(f"{role}: {content}" for role, content in text) + "\nassistant:"
     enc = tokenizer(text, return_tensors="pt")
     return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+
+
+def pad_kwargs(model) -> dict:
+    """``{"pad_token_id": EOS}`` for a model whose generation config has no padding token (generate warns without
+    it), else ``{}``."""
+    eos = model.generation_config.eos_token_id
+    if model.generation_config.pad_token_id is not None or eos is None:
+        return {}
+    return {"pad_token_id": eos[0] if isinstance(eos, (list, tuple)) else eos}
 
 
 def _loadavg() -> list[float] | None:
@@ -165,13 +162,10 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
               max_new_tokens: int = 128, sample: bool = False, seed: int = 0, warmup: bool = True,
               progress: bool = True, model_name: str | None = None, command: str | None = None,
               fresh_per_prompt: bool = True, repeats: int = 1) -> dict:
-    """Run every method on every prompt, back to back; see the module docstring for what comes back.
-
-    ``workloads``: name -> prompts (see :func:`as_prompts`). ``methods``: names in ``METHODS`` or ``Method``
-    objects (one named ``plain`` among them). ``fresh_per_prompt``: a new instance of each method per prompt
-    (``Method.fresh()``), so that a prompt's figures do not depend on the prompts before it; False keeps one per
-    method for the whole run. A method that refuses sampled decoding (a ValueError) is recorded as unsupported; in
-    greedy runs it raises."""
+    """Every method on every prompt, back to back (see the module docstring). ``workloads``: name -> prompts
+    (:func:`as_prompts`); ``methods``: names in ``METHODS`` or ``Method`` objects, ``plain`` among them;
+    ``fresh_per_prompt``: a new instance of each method per prompt (else one for the whole run). A method refusing
+    sampled decoding (a ValueError) is recorded as unsupported; greedy, it raises."""
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -186,10 +180,8 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     if not prompts:
         raise ValueError("no prompts to run")
     device = model.device
-    base_kw = {"max_new_tokens": max_new_tokens, "do_sample": sample, **(SAMPLING if sample else {})}
-    eos = model.generation_config.eos_token_id
-    if model.generation_config.pad_token_id is None and eos is not None:
-        base_kw["pad_token_id"] = eos[0] if isinstance(eos, (list, tuple)) else eos
+    base_kw = {"max_new_tokens": max_new_tokens, "do_sample": sample, **(SAMPLING if sample else {}),
+               **pad_kwargs(model)}
     context = run_context(model, model_name, sample, command)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     unsupported: dict[str, str] = {}
@@ -197,8 +189,9 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     hook = model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
     t_start, warm = time.perf_counter(), min(WARMUP_TOKENS, max_new_tokens)
 
-    def call(method: Method, inputs: dict, kw: dict):
-        """(output ids, seconds, target calls), or None where the method refuses this mode."""
+    def call(method: Method, inputs: dict, kw: dict) -> dict | None:
+        """One ``generate``'s figures, output (``out``) and decoder statistics, or None where the method refuses
+        this mode."""
         if method.name in unsupported:
             return None
         calls[0] = 0
@@ -213,7 +206,9 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
             unsupported[method.name] = f"{type(err).__name__}: {err}"
             return None
         sync()
-        return out, time.perf_counter() - t0, calls[0]
+        seconds, n_calls, n_new = time.perf_counter() - t0, calls[0], out.shape[1] - inputs["input_ids"].shape[1]
+        return {"seconds": seconds, "new_tokens": n_new, "target_calls": n_calls, "out": out,
+                "tokens_per_call": n_new / n_calls if n_calls else None, "stats": getattr(method.decoder, "stats", None)}
 
     def run_prompt(wl: str, prompt: Prompt, index: int) -> list[dict]:
         """Every method on one prompt, ``repeats`` rounds: one record per method, the supported ones first."""
@@ -227,25 +222,20 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
                 bar.set_postfix_str(f"{wl} {prompt.id} {m.name}", refresh=False)
                 if sample:
                     torch.manual_seed(seed + index)
-                inst, rec = m.fresh() if fresh_per_prompt else m, recs[m.name]
-                res = call(inst, inputs, base_kw)
+                rec, res = recs[m.name], call(m.fresh() if fresh_per_prompt else m, inputs, base_kw)
                 bar.update(1)
                 if res is None:
                     rec.update(status="unsupported", reason=unsupported.get(m.name))
                     continue
-                out, seconds, n_calls = res
+                out, stats = res.pop("out"), res.pop("stats")
                 if rnd and not torch.equal(out, outs[m.name]):
                     rec["repeats_identical"] = False  # same seed, same inputs: should not happen
                 outs.setdefault(m.name, out)
-                rec.setdefault("wall_s_runs", []).append(seconds)
-                if rnd:
-                    continue  # counts and statistics: the first round's
-                n_new, stats = out.shape[1] - n_prompt, inst.decoder.stats if inst.decoder is not None else None
-                rec.update(status="ok", new_tokens=n_new, target_calls=n_calls,
-                           tokens_per_call=n_new / n_calls if n_calls else None,
-                           reported_target_calls=stats.target_calls if stats else None,
-                           accepted_hist={int(k): int(v) for k, v in sorted(stats.accepted_hist.items())}
-                           if stats else None, decoder_stats=stats.as_dict() if stats else None)
+                rec.setdefault("wall_s_runs", []).append(res.pop("seconds"))
+                if not rnd:  # counts and statistics: the first round's
+                    rec.update(status="ok", **res, reported_target_calls=stats.target_calls if stats else None,
+                               accepted_hist={int(k): int(v) for k, v in sorted(stats.accepted_hist.items())}
+                               if stats else None, decoder_stats=stats.as_dict() if stats else None)
         done = [rec for rec in recs.values() if rec["status"] == "ok"]
         plain, plain_out = recs[BASELINE], outs.get(BASELINE)
         for rec in done:  # plain first: the baseline leads method_objs
@@ -259,14 +249,30 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
                 rec["mismatch"] = _mismatch(model, plain_out, outs[rec["method"]], n_prompt, tokenizer)
         return done + [rec for rec in recs.values() if rec["status"] != "ok"]
 
+    def first_calls() -> dict:
+        """Every method once, ``warm`` tokens on the first prompt, plain first: the run's first call of each."""
+        wl, first = next((wl, ps[0]) for wl, ps in prompts.items())
+        inputs, plain_s = encode(first, tokenizer, device), None
+        firsts = {"prompt": f"{wl}/{first.id}", "max_new_tokens": warm, "order": [m.name for m in method_objs],
+                  "methods": {}}
+        for m in method_objs:  # the baseline leads method_objs
+            if sample:
+                torch.manual_seed(seed)
+            res = call(m.fresh() if fresh_per_prompt else m, inputs, {**base_kw, "max_new_tokens": warm})
+            if res is None:
+                firsts["methods"][m.name] = {"status": "unsupported", "reason": unsupported.get(m.name)}
+                continue
+            res.pop("out")
+            stats, plain_s = res.pop("stats"), res["seconds"] if m.name == BASELINE else plain_s
+            firsts["methods"][m.name] = {"status": "ok", **res, "seconds_vs_plain": res["seconds"] / plain_s,
+                                         "decoded_plain": stats.plain_reason if stats else None}
+        return firsts
+
     from tqdm.auto import tqdm
 
     records: list[dict] = []
     try:
-        if warmup:
-            inputs = encode(next(iter(prompts.values()))[0], tokenizer, device)
-            for m in method_objs:
-                call(m.fresh() if fresh_per_prompt else m, inputs, {**base_kw, "max_new_tokens": warm})
+        firsts = first_calls() if warmup else None
         bar = tqdm(total=sum(map(len, prompts.values())) * len(method_objs) * repeats, desc="bench", unit="run",
                    disable=not progress, file=sys.stderr)
         for index, (wl, prompt) in enumerate((wl, p) for wl, ps in prompts.items() for p in ps):
@@ -280,7 +286,8 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     settings = {
         "max_new_tokens": max_new_tokens, "sample": sample, "sampling": SAMPLING if sample else None,
         "seed": seed if sample else None,
-        "warmup": f"each method once on the first prompt, {warm} tokens" if warmup else None,
+        "warmup": f"each method once on the first prompt, {warm} tokens, plain first, timed apart (first_calls)"
+        if warmup else None,
         "order": "interleaved: all methods on a prompt back to back, the order rotated per prompt",
         "state": "a fresh instance of every method per prompt: nothing learnt carries over between prompts"
         if fresh_per_prompt else
@@ -299,6 +306,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
         "workloads": {wl: [p.id for p in ps] for wl, ps in prompts.items()},
         "records": records,
         "summary": summarise(records, list(prompts), [m.name for m in method_objs], sample),
+        "first_calls": firsts,
         "mismatches": [{k: r[k] for k in ("workload", "prompt_id", "method", "mismatch")}
                        for r in records if r.get("identical_to_plain") is False],
     }
