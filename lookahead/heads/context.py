@@ -1,18 +1,9 @@
 """The context head: the feature head's map with one causal attention layer over the answer's earlier positions.
 
-Position ``i`` of an answer (0: the prompt's last row) is the target row whose final hidden state ``f_i``
-produced token ``t_i``. Its *input* is ``z_i = fc([n(f_i), n(e(t_i))])`` (``n``: RMS normalisation, ``e``: the
-model's input embedding), and the layer maps it to the next feature::
-
-    y = z + W_o attention(q(z) -> keys and values of the earlier inputs)      # causal, rotary positions
-    f' = y + down(silu(up(y)))                                                 # ~ f_{i+1}; its LM head: t_{i+1}
-
-*Level 1* at position ``p`` maps the true ``z_p`` attending to the true ``z_0..z_p``: it predicts ``t_{p+1}``.
-*Level k* feeds the predicted feature back, ``z^k = fc([n(f'^{k-1}), n(e(t_{p+k-1}))])`` at position
-``p + k - 1``, attending to the true ``z_0..z_p`` and to its own chain ``z^2..z^k`` (a draft path's ancestors).
-Training unrolls the levels so (:func:`unrolled_features`); drafting runs them over a tree's paths, each path's
-queries attending to the cached positions and to its own chain.
-"""
+Position ``i``'s input is ``z_i = fc([n(f_i), n(e(t_i))])`` (``f_i``: the final hidden state that produced token
+``t_i``; ``n``: RMS norm; ``e``: the model's input embedding); the next feature is ``y + down(silu(up(y)))``, ``y = z +
+W_o attention(q(z) -> the earlier inputs' keys and values)`` (rotary positions). Level ``k`` feeds the predicted
+feature back at position ``p + k - 1``, attending to the true ``z_0..z_p`` and to its own chain ``z^2..z^k``."""
 
 from __future__ import annotations
 
@@ -21,17 +12,12 @@ import math
 import torch
 from torch import nn
 
-ROPE_BASE = 10000.0
-HEAD_DIM = 64
-"""Width of one attention head: hidden size ``H`` gets about ``H // 64`` heads (:func:`attention_heads`)."""
-CACHE_WINDOW = 1024
-"""Positions the drafting cache keeps (a sliding window over the answer)."""
+ROPE_BASE, HEAD_DIM = 10000.0, 64  # hidden size H gets about H // 64 attention heads
+CACHE_WINDOW = 1024  # positions the drafting cache keeps (a sliding window over the answer)
 
 
 def attention_heads(hidden_size: int) -> int:
-    """Attention heads of a context head over ``hidden_size``: the most up to ``H // 64`` that divide it.
-
-    Example: ``attention_heads(576)`` -> 9; ``attention_heads(100)`` -> 1."""
+    """Attention heads of a context head over ``hidden_size``: the most up to ``H // 64`` that divide it."""
     n = max(1, hidden_size // HEAD_DIM)
     while hidden_size % n:
         n -= 1
@@ -55,13 +41,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            chain_k: torch.Tensor | None = None, chain_v: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of queries over shared keys plus each query's own chain of keys; float[B, Q, nh, hd].
-
-    ``q`` float[B, Q, nh, hd]; ``k``, ``v`` float[B, T, nh, hd]; ``mask`` bool[B, Q, T] (True: may attend) or None;
-    ``chain_k``, ``chain_v`` float[B, Q, c, nh, hd] or None: keys only query ``(b, j)`` sees.
-
-    Example: one query, keys ``[k0, k1]``, mask ``[True, False]``, chain ``[c0]``: the softmax runs over ``k0``, ``c0``.
-    """
+    """float[B, Q, nh, hd]: queries ``q`` [B, Q, nh, hd] attending to shared keys ``k``, ``v`` [B, T, nh, hd] where
+    ``mask`` bool[B, Q, T] (None: all) and to their own chains ``chain_k``, ``chain_v`` [B, Q, c, nh, hd] or None."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = torch.einsum("bqhd,bthd->bqht", q, k) * scale  # [B, Q, nh, T]
     if mask is not None:
@@ -117,12 +98,9 @@ class ContextLayer(nn.Module):
 
 def unrolled_features(layer: ContextLayer, hidden: torch.Tensor, embedded: torch.Tensor, positions: torch.Tensor,
                       levels: int) -> torch.Tensor:
-    """Levels ``1..levels``' features from query positions of padded answers (training, evaluation).
-
-    ``hidden`` float[S, T, H]: true features; ``embedded`` float[S, T, H]: ``e(t_i)``; ``positions`` long[S, P]
-    (each below its answer's length). Level ``k`` is fed the true token ``t_{p+k-1}`` (an index past the end is
-    clamped; the caller ignores those targets). Returns float[S, P, levels, H]: level ``k`` should predict ``t_{p+k}``.
-    """
+    """float[S, P, levels, H]: at query ``positions`` long[S, P] of padded answers (true features ``hidden`` and
+    ``embedded`` tokens float[S, T, H]), level ``k``'s feature, fed the true token ``t_{p+k-1}`` (clamped past the
+    end), which should predict ``t_{p+k}``."""
     s, t, _ = hidden.shape
     z = layer.inputs(hidden, embedded)  # [S, T, H]
     k_true, v_true = layer.keys(z, torch.arange(t, device=z.device).expand(s, t))  # [S, T, nh, hd]
@@ -144,12 +122,9 @@ def unrolled_features(layer: ContextLayer, hidden: torch.Tensor, embedded: torch
 
 
 class ContextCache:
-    """Keys and values of one answer's true positions, for drafting (one per call).
-
-    :meth:`observe` takes a step's accepted rows; :meth:`learn` pairs them with the emitted tokens and queues them;
-    :meth:`flush` (before a draft) computes their keys and values in one pass and appends them, keeping the last
-    ``window`` positions in buffers of twice the window (moved to the front when full). ``last_input``: the newest
-    position's ``z``, the level-1 query; ``count``: positions appended so far."""
+    """Keys and values of one answer's last ``window`` true positions, for drafting: :meth:`observe` takes a step's
+    accepted rows, :meth:`learn` pairs them with the emitted tokens, :meth:`flush` (before a draft) appends them.
+    ``last_input``: the newest position's ``z`` (the level-1 query); ``count``: positions appended so far."""
 
     def __init__(self, window: int = CACHE_WINDOW):
         self.window = window
@@ -160,8 +135,7 @@ class ContextCache:
         self._rows: torch.Tensor | None = None  # the last observed accepted rows [a, H], waiting for their tokens
         self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows [a, H], tokens long[a])
 
-    def observe(self, rows: torch.Tensor) -> None:
-        """The hidden rows float[a, H] of a step's accepted path (the root's first)."""
+    def observe(self, rows: torch.Tensor) -> None:  # float[a, H], the root's first
         self._rows = rows
 
     def learn(self, emitted, device) -> None:
@@ -186,7 +160,7 @@ class ContextCache:
             self.last_input = z[-1]
         return self.last_input is not None
 
-    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:  # into buffers of twice the window
         if self._buffers is None:
             self._buffers = tuple(torch.empty((2 * self.window, *x.shape[1:]), dtype=x.dtype, device=x.device)
                                   for x in (k, v))
@@ -201,11 +175,9 @@ class ContextCache:
         self._used += n
 
     @property
-    def keys(self) -> torch.Tensor:
-        """float[n, nh, hd]: the cached positions' keys, oldest first."""
+    def keys(self) -> torch.Tensor:  # float[n, nh, hd], oldest first
         return self._buffers[0][max(0, self._used - self.window) : self._used]
 
     @property
     def values(self) -> torch.Tensor:
-        """float[n, nh, hd]: their values."""
         return self._buffers[1][max(0, self._used - self.window) : self._used]

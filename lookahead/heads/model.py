@@ -1,10 +1,6 @@
-"""`DraftHeads`: the heads' modules, their settings, and their files (ours, and the original Medusa format).
-
-Files: :meth:`DraftHeads.save` writes ``heads.safetensors`` (weights in float16, ``vocab_ids`` int64) and
-``heads.json`` (format version, the target's ``fingerprint``, K, the kind, the training data's description,
-held-out accuracy, per-level temperatures). Version 1: Medusa and feature heads; 2: Medusa heads with their own
-output layers; 3: the context head (a reader refuses a newer version rather than misreading it).
-"""
+"""`DraftHeads`: the heads' modules, their settings, and their files: ``heads.safetensors`` (weights in float16,
+``vocab_ids``) and ``heads.json`` (:meth:`DraftHeads.header`; format version 1: Medusa and feature heads, 2: Medusa
+heads with their own output layers, 3: the context head; a newer version is refused), or the original Medusa's."""
 
 from __future__ import annotations
 
@@ -29,13 +25,11 @@ KINDS = ("medusa", "feature", "context")
 WEIGHTS_FILE, HEADER_FILE, DEFAULT_FILE = "heads.safetensors", "heads.json", "default.txt"
 MEDUSA_CONFIG, MEDUSA_WEIGHTS = "config.json", ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "heads-smollm2")
-"""The heads shipped for the bundled SmolLM2-135M-Instruct."""
-FEATURE_DEPTH = 6
-"""A feature or context head's default draft depth (it runs on usefully past the depth it was trained to)."""
+FEATURE_DEPTH = 6  # a feature or context head's default draft depth (usefully past the depth it was trained to)
 
 
 def invalid(settings, name: str, why: str) -> ValueError:
-    """The error for field ``name`` of a settings object: ``"HeadsSettings.topk=0 is invalid: {why}"``."""
+    """The error for field ``name`` of a settings object: ``"HeadsSettings.topk=0 is invalid: ..."``."""
     return ValueError(f"{type(settings).__name__}.{name}={getattr(settings, name)!r} is invalid: {why}")
 
 
@@ -49,12 +43,10 @@ def check_ints(settings, bounds: dict[str, tuple[int, int]]) -> None:
 
 @dataclass(frozen=True)
 class HeadsSettings:
-    """How the heads draft: at most ``max_nodes`` nodes (also capped by the most a step may verify; twice that in
-    the widest steps, ``HeadsSource.limits``), ``max_depth`` deep (0: Medusa's K, else ``max(FEATURE_DEPTH, K)``),
-    ``topk`` candidates per head or expanded node, ``width`` paths expanded per level (feature and context heads),
-    ``cost``: the heads' own seconds per step ``(base, per level)`` (None: measured once per model and tree shape),
-    ``dtype``: what they compute in, ``"float32"``, ``"bfloat16"`` or ``"auto"`` (on a CPU with a measured cost,
-    the faster of the two; else float32; a context head always float32). None of them changes the output."""
+    """How the heads draft (never what the output is): at most ``max_nodes`` nodes, ``max_depth`` deep (0: Medusa's
+    K, else ``max(FEATURE_DEPTH, K)``), ``topk`` candidates per head or expanded node, ``width`` paths per level;
+    ``cost``: their seconds ``(base, per level)`` (None: measured); ``dtype``: ``"float32"``, ``"bfloat16"`` or
+    ``"auto"`` (the faster, measured, on a CPU; a context head always float32)."""
 
     max_nodes: int = 127
     max_depth: int = 0
@@ -78,17 +70,11 @@ class HeadsSettings:
 
 
 class DraftHeads(nn.Module):
-    """K trained draft heads of one kind over a frozen target model (see ``lookahead.heads``).
-
-    - ``kind``: one of :data:`KINDS`; ``num_heads``: K (Medusa heads, or the depth a feature / context head was
-      trained to); ``hidden_size``: the target's H; ``vocab_ids`` int64[Vk]: the LM-head rows the heads predict.
-    - ``target``: the target's ``fingerprint`` (None: not bound to a model); ``trained_on``: a JSON-safe
-      description of the training data and results; ``ffn``: the blocks' MLP width / H; ``dropout``: in training.
-    - ``own_outputs`` (Medusa only): each head ends in its own output layer ``head_out[k]`` float[Vk, H], not the
-      model's LM-head rows (the original Medusa format); ``attention``: a context head's attention heads.
-
-    Parameters stay float32 on the CPU; each other device and dtype gets its own copy on first use (:meth:`on_device`).
-    """
+    """K trained draft heads of one kind (:data:`KINDS`) over a frozen target model whose ``fingerprint`` is
+    ``target``: Medusa heads, or the depth a feature / context head was trained to. ``vocab_ids`` int64[Vk]: the
+    LM-head rows they predict (``own_outputs``, Medusa only: their own output layers ``head_out[k]`` [Vk, H]);
+    ``trained_on``: JSON-safe description of the training; ``ffn``: MLP width / H; ``attention``: a context head's
+    attention heads. Parameters stay float32 on the CPU; other devices and dtypes get copies (:meth:`on_device`)."""
 
     def __init__(self, kind: str, num_heads: int, hidden_size: int, vocab_ids, target: dict | None = None,
                  trained_on: dict | None = None, ffn: int = 2, settings: HeadsSettings | None = None,
@@ -139,8 +125,7 @@ class DraftHeads(nn.Module):
         return hidden[:, None, :] + nn.functional.silu(z)
 
     def medusa_logits(self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """float[..., d, Vk]: head ``k``'s logits of ``rows[..., k, :]`` (float[..., d, H]): its own output layer,
-        else the model's LM-head rows ``weight`` float[Vk, H] and ``bias``."""
+        """float[..., d, Vk]: head ``k``'s logits of ``rows[..., k, :]``, by the LM-head rows ``weight`` or its own."""
         if self.own_outputs:
             return torch.einsum("...kh,kvh->...kv", rows, self.head_out[: rows.shape[-2]])
         return nn.functional.linear(rows, weight, bias)
@@ -175,8 +160,7 @@ class DraftHeads(nn.Module):
             return self._devices[(device, dtype)]
 
     def make_source(self, most_nodes: int | None = None, tuning=None):
-        """The draft source of these heads for one decoder (``DraftPolicy`` calls it): ``most_nodes``, the most
-        draft nodes a step of the call may verify, caps the tree. ``tuning`` is the decoder's (not read)."""
+        """The draft source of these heads for one decoder, ``most_nodes`` (a step's most) capping the tree."""
         s = self.settings
         nodes = s.max_nodes if most_nodes is None else max(1, min(s.max_nodes, int(most_nodes)))
         depth = s.max_depth or (self.num_heads if self.kind == "medusa" else max(FEATURE_DEPTH, self.num_heads))
@@ -241,15 +225,10 @@ class DraftHeads(nn.Module):
 
     @classmethod
     def from_medusa(cls, folder: str, model, **settings) -> DraftHeads:
-        """Medusa heads saved by the original Medusa repository (FasterDecoding/Medusa) for ``model``.
-
-        ``folder`` holds ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``)
-        and ``medusa_lm_head.safetensors`` or ``.pt``: per head ``i``, ``{i}.0.linear.weight`` [H, H] and ``.bias``
-        [H] (the block ``h + silu(W h + b)``), then ``{i}.1.weight`` [V, H], its own output layer (absent in the
-        earliest format, which uses the model's LM head); keys may carry a ``medusa_head.`` prefix. More than one
-        block per head, or sizes that do not fit ``model``, are refused. Verification stays exact (Medusa's "typical
-        acceptance" is not used). ``settings``: :class:`HeadsSettings` fields.
-        """
+        """Medusa heads for ``model`` saved by FasterDecoding/Medusa: ``config.json`` (``medusa_num_heads``,
+        ``medusa_num_layers`` 0 or 1) and ``medusa_lm_head.safetensors`` or ``.pt`` (per head ``i``:
+        ``{i}.0.linear.weight``/``.bias``, then ``{i}.1.weight`` [V, H] unless the LM head is shared); sizes that do
+        not fit ``model`` are refused. ``settings``: :class:`HeadsSettings` fields."""
         config_path = os.path.join(folder, MEDUSA_CONFIG)
         if not os.path.exists(config_path):
             raise FileNotFoundError(f"no {MEDUSA_CONFIG} in {folder!r}: not a Medusa heads folder")
@@ -264,10 +243,8 @@ class DraftHeads(nn.Module):
         weights = next((p for p in (os.path.join(folder, n) for n in MEDUSA_WEIGHTS) if os.path.exists(p)), None)
         if weights is None:
             raise FileNotFoundError(f"no {' or '.join(MEDUSA_WEIGHTS)} in {folder!r}")
-        if weights.endswith(".safetensors"):
-            state = load_file(weights)
-        else:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
+        state = (load_file(weights) if weights.endswith(".safetensors")
+                 else torch.load(weights, map_location="cpu", weights_only=True))
         state = {k.removeprefix("medusa_head."): v for k, v in state.items()}
         target = fingerprint(model)
         hidden, vocab = target["hidden_size"], target["vocab_size"]
@@ -296,8 +273,7 @@ class DraftHeads(nn.Module):
 
     @classmethod
     def bundled(cls, kind: str | None = None, **settings) -> DraftHeads:
-        """The heads shipped for the bundled SmolLM2-135M-Instruct; ``kind``: ``"medusa"`` or ``"feature"`` (None:
-        the shipped default)."""
+        """The heads shipped for the bundled SmolLM2-135M-Instruct: ``kind`` ``"medusa"``, ``"feature"`` or None."""
         return cls.load(BUNDLED if kind is None else os.path.join(BUNDLED, kind), **settings)
 
     def __repr__(self) -> str:

@@ -1,16 +1,7 @@
-"""`HeadsSource`: the heads as a draft source. It builds a tree from the last accepted hidden state and prices it.
-
-Trees: Medusa heads give independent per-depth top-k lists, combined best first (:func:`best_first_tree`); a
-feature or context head drafts level by level, expanding the ``width`` best paths into their ``topk`` next tokens,
-and keeps the ``max_nodes`` best nodes overall (:func:`grow_tree`, :func:`select_best`). Every score is a path's
-log-probability at the calibrated temperatures; everything stays on the device until one copy to the host.
-
-Pricing: each step the source picks the depth ``d`` maximising modelled tokens per second
-``(1 + a_1 + a_1 a_2 + ...) / (t(1 + d) + s(d))`` (``a_j``: the measured chance that its tree holds the emitted
-token at depth ``j`` given it held depth ``j - 1``; ``t``: the call's cost curve; ``s(d) = base + d * per_level``:
-the heads' own seconds, measured once per model and tree shape, or given) and drafts only when that beats a plain
-step ``1 / t(1)`` by the budget's margin, with a depth-2 probe now and then.
-"""
+"""`HeadsSource`: the heads as a draft source, a tree from the last accepted hidden state each step: Medusa heads'
+per-depth top-k lists combined best first (:func:`best_first_tree`), or a feature / context head's levels grown from
+the ``width`` best paths (:func:`grow_tree`), scored by calibrated path log-probabilities. Priced (``Probing``) by
+the measured per-depth acceptance and the heads' own seconds ``base + depth * per_level``."""
 
 from __future__ import annotations
 
@@ -19,7 +10,6 @@ import itertools
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,26 +17,18 @@ from torch import nn
 
 from ..drafting.draft import HEADS, tree_depth_rank
 from ..drafting.sources import DraftSource, Proposal
+from ..passes import Probing
 from .context import ContextCache, attend
 
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
-"""``HeadsSettings.dtype``: the names and the torch dtype each fixes (``"auto"``: chosen by measurement)."""
-
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # "auto": chosen by measurement
 WIDE_DEPTH, WIDE_WIDTH = 10, 12  # in the widest steps (DraftSource.wide): trees at least this deep and this wide
 PRIOR, DECAY = (2.0, 2.0), 0.98  # Beta prior (reached, missed) of each depth's acceptance; per-step decay of the counts
-PROBE_EVERY = (16, 256)  # while drafting does not pay: a short probe after 16 idle steps, the wait doubling up to 256
 
 
 def best_first_tree(probs: np.ndarray, max_nodes: int, max_depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ``max_nodes`` most probable paths through independent per-depth candidate lists, as a tree.
-
-    ``probs`` float[K, k]: row ``d`` holds depth ``d + 1``'s candidate probabilities, sorted descending; a path
-    ``(i_1, ..., i_d)`` scores ``probs[0, i_1] * ... * probs[d - 1, i_d]``. Returns (depth int64[n], 1-based; index
-    int64[n] into its depth's list; parents int64[n], -1 for the root's children), parent-first, best first.
-
-    Example: ``probs = [[0.6, 0.3], [0.6, 0.4]]``, 3 nodes: ``(0)`` 0.6, ``(0, 0)`` 0.36, ``(1)`` 0.3 ->
-    depth ``[1, 2, 1]``, index ``[0, 0, 1]``, parents ``[-1, 0, -1]``.
-    """
+    """The ``max_nodes`` most probable paths through independent per-depth candidate lists ``probs`` float[K, k]
+    (row ``d``: depth ``d + 1``'s, sorted descending) as a tree, parent-first, best first: (depth int64[n], 1-based;
+    index int64[n] into its depth's list; parents int64[n], -1 for the root's children)."""
     depth_cap = min(max_depth, probs.shape[0])
     if max_nodes <= 0 or depth_cap <= 0 or probs.shape[1] == 0:
         return (np.zeros(0, np.int64),) * 3
@@ -65,10 +47,7 @@ def best_first_tree(probs: np.ndarray, max_nodes: int, max_depth: int) -> tuple[
 
 def select_best(scores: np.ndarray, parents: np.ndarray, max_nodes: int) -> np.ndarray:
     """Indices (sorted) of the ``max_nodes`` best-scored nodes of a parent-first tree whose scores never rise from
-    parent to child; ties keep the earlier node, so the set is closed under parents.
-
-    Example: scores ``[-0.1, -0.5, -0.2, -0.9]``, parents ``[-1, -1, 0, 2]``, 2 nodes -> ``[0, 2]``.
-    """
+    parent to child; ties keep the earlier node, so the set is closed under parents."""
     if len(scores) <= max_nodes:
         return np.arange(len(scores))
     keep = np.sort(np.argsort(-scores, kind="stable")[:max_nodes])
@@ -78,16 +57,13 @@ def select_best(scores: np.ndarray, parents: np.ndarray, max_nodes: int) -> np.n
 
 
 def confidence_bucket(p: np.ndarray, edges: tuple[float, float] = (0.25, 0.6)) -> np.ndarray:
-    """int64[n] match buckets of nodes' calibrated conditional probabilities ``p``: 1 below ``edges[0]``, 2 below
-    ``edges[1]``, else 3. Example: ``[0.1, 0.3, 0.9]`` -> ``[1, 2, 3]``."""
-    p = np.asarray(p)
-    return 1 + (p >= edges[0]).astype(np.int64) + (p >= edges[1])
+    """int64[n] match buckets of calibrated conditional probabilities: 1 below ``edges[0]``, 2 below ``edges[1]``,
+    else 3."""
+    return 1 + (np.asarray(p) >= edges[0]).astype(np.int64) + (np.asarray(p) >= edges[1])
 
 
 def tree_reach(tokens: np.ndarray, parents: np.ndarray, emitted: np.ndarray) -> int:
-    """How many of ``emitted`` (from the first) a path of the tree spells.
-
-    Example: tokens ``[5, 6, 7]``, parents ``[-1, -1, 1]``, emitted ``[6, 7, 9]`` -> 2."""
+    """How many of ``emitted`` (from the first) a path of the tree spells."""
     node, reached = -1, 0
     for tok in emitted.tolist():
         kids = np.nonzero((parents == node) & (tokens == tok))[0]
@@ -98,17 +74,15 @@ def tree_reach(tokens: np.ndarray, parents: np.ndarray, emitted: np.ndarray) -> 
 
 
 class Bound:
-    """Heads bound to one model on its output layer's device, computing in ``dtype``: their copy there
-    (``net``), the LM-head rows of their vocabulary (``weight`` [Vk, H], ``bias``), the model's input embedding.
-    Logits come out float32 whatever ``dtype``, so path scores add up in float32."""
+    """Heads bound to one model on its output layer's device, computing in ``dtype``: their copy there (``net``),
+    the LM-head rows of their vocabulary (``weight`` [Vk, H], ``bias``), the model's input embedding. Logits come
+    out float32 whatever ``dtype``."""
 
     def __init__(self, heads, model, dtype: torch.dtype = torch.float32):
         out = model.get_output_embeddings()
         device = self.device = out.weight.device
-        self.dtype = dtype
-        self.net = heads.on_device(device, dtype)
-        ids = heads.vocab_ids.to(device)
-        bias = getattr(out, "bias", None)
+        self.dtype, self.net = dtype, heads.on_device(device, dtype)
+        ids, bias = heads.vocab_ids.to(device), getattr(out, "bias", None)
         if heads.own_outputs:  # the heads' own output layers replace the LM-head rows
             self.weight, self.bias = torch.empty(0, heads.hidden_size, device=device, dtype=dtype), None
         else:
@@ -149,9 +123,7 @@ def bind(heads, model, dtype: torch.dtype = torch.float32) -> Bound:
 
 def heads_dtypes(setting: str, kind: str, device: torch.device, measured: bool) -> tuple[torch.dtype, ...]:
     """The dtypes a source may compute in: a fixed one's alone; for ``"auto"`` float32 and bfloat16 on a CPU when
-    the cost is measured (the cheaper is kept: :func:`cheapest`), else float32; a context head always float32.
-
-    Example: ``heads_dtypes("auto", "feature", torch.device("cpu"), True)`` -> ``(float32, bfloat16)``."""
+    the cost is measured (the cheaper is kept: :func:`cheapest`), else float32; a context head always float32."""
     if kind == "context":
         return (torch.float32,)
     if DTYPES[setting] is not None:
@@ -160,30 +132,14 @@ def heads_dtypes(setting: str, kind: str, device: torch.device, measured: bool) 
 
 
 def cheapest(costs: dict, depth: int):
-    """The key of ``costs`` ({key: (base, per level)}) whose tree ``depth`` deep costs least (the first of equals).
-    Example: ``cheapest({"a": (0.0, 0.002), "b": (0.001, 0.0006)}, 6)`` -> ``"b"``."""
+    """The key of ``costs`` ({key: (base, per level)}) whose tree ``depth`` deep costs least (the first of equals)."""
     return min(costs, key=lambda k: costs[k][0] + costs[k][1] * depth)
 
 
-@dataclass
-class HeadsStats:
-    """One call's figures: steps seen, ``proposals`` made, their ``nodes``, ``seconds`` drafting, and per proposal
-    how deep its tree held the emitted tokens (``reached``)."""
-
-    steps: int = 0
-    proposals: int = 0
-    nodes: int = 0
-    seconds: float = 0.0
-    reached: list = field(default_factory=list)
-
-
-class HeadsSource(DraftSource):
-    """The draft source of :class:`DraftHeads` (origin ``heads``).
-
-    :meth:`observe_hidden` keeps the accepted path's last row (a context head: every row, for its cache);
-    :meth:`propose` drafts from it and the last emitted token; :meth:`learn` measures how deep the last tree held
-    the emitted tokens (the ``a_j`` of the pricing). A node's match bucket is its calibrated conditional probability.
-    """
+class HeadsSource(Probing, DraftSource):
+    """The draft source of :class:`DraftHeads`: drafts from the last accepted row (a context head: from its cache of
+    every row) and the last token; learns how deep each tree held the emitted tokens. Match bucket: a node's
+    calibrated conditional probability."""
 
     origin = HEADS
     wants_hidden = priced = True
@@ -197,16 +153,15 @@ class HeadsSource(DraftSource):
         self.heads, self.max_nodes, self.max_depth = heads, max_nodes, max_depth
         self.topk, self.width, self.given_cost, self.dtype = topk, width, cost, dtype
         self.cost = cost or (0.0, 0.0)
-        self._model = None  # a weak reference to the call's model (pricing)
-        self.bound: Bound | None = None
-        self.hidden: torch.Tensor | None = None  # float[H]
-        self.cache: ContextCache | None = None
-        self.last = -1
-        self._tree: tuple[np.ndarray, np.ndarray] | None = None  # (tokens, parents) of the last proposal
+        self._model = self.bound = self.hidden = self.cache = self._tree = None  # _model: a weak reference
         self._reach = np.zeros(max(max_depth, WIDE_DEPTH))  # decayed counts per depth: reached given the parent was
         self._tried = np.zeros(max(max_depth, WIDE_DEPTH))
-        self._idle, self._probe = 0, PROBE_EVERY[0]
-        self.stats = HeadsStats()
+        self._reset(-1)
+
+    def _reset(self, last: int) -> None:
+        self.last, self.hidden, self._tree = last, None, None
+        self.stats = {"steps": 0, "proposals": 0, "nodes": 0, "seconds": 0.0, "reached": []}
+        self.reset_probes()
 
     def limits(self) -> tuple[int, int]:
         """(nodes, depth): in the widest steps twice the nodes, at least :data:`WIDE_DEPTH` deep."""
@@ -231,11 +186,8 @@ class HeadsSource(DraftSource):
         self.bound = bind(self.heads, model, dtypes[0])  # ValueError for another model, before any forward
         self._model = weakref.ref(model)
         self._price()  # this call's widest steps price their tree at the first step
-        self.hidden, self._tree = None, None
         self.cache = ContextCache() if self.heads.kind == "context" else None
-        self.last = int(prompt[-1]) if len(prompt) else -1
-        self._idle, self._probe = 0, PROBE_EVERY[0]
-        self.stats = HeadsStats()
+        self._reset(int(prompt[-1]) if len(prompt) else -1)
 
     def observe_hidden(self, hidden) -> None:
         """``hidden`` float[a, H]: the accepted path's final hidden states, the root's first (copies are kept)."""
@@ -266,22 +218,14 @@ class HeadsSource(DraftSource):
 
     def priced_depth(self, depth: int, cost, margin: float = 1.05) -> int:
         """How deep to draft this step on the cost curve ``cost`` (None: ``depth``); 0: not at all."""
-        if self.stats.steps == 0:  # this call's first step: its tree shape is known now
+        if self.stats["steps"] == 0:  # this call's first step: its tree shape is known now
             self._price()
-        self.stats.steps += 1
+        self.stats["steps"] += 1
         depth = min(depth, self.limits()[1])
         if cost is None or depth <= 0:
             return depth
         d = np.arange(1, depth + 1)
-        rate = (1 + np.cumsum(np.cumprod(self.alphas[:depth]))) / (cost(1 + d) + self.cost[0] + self.cost[1] * d)
-        if rate.max() * float(cost(1)) >= margin:
-            self._idle, self._probe = 0, PROBE_EVERY[0]
-            return int(d[int(np.argmax(rate))])
-        self._idle += 1
-        if self._idle >= self._probe:
-            self._idle, self._probe = 0, min(2 * self._probe, PROBE_EVERY[1])
-            return min(depth, 2)
-        return 0
+        return self.pick_depth(np.cumprod(self.alphas[:depth]), self.cost[0] + self.cost[1] * d, cost, margin)
 
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         """A tree from the last observed hidden state (None before the first one)."""
@@ -302,12 +246,12 @@ class HeadsSource(DraftSource):
                 tokens, parents, cond = medusa_propose(bound, self.hidden, nodes, depth, self.topk)
             else:
                 tokens, parents, cond = feature_propose(bound, self.hidden, last, nodes, depth, self.topk, self.paths())
-        self.stats.seconds += time.perf_counter() - t
+        self.stats["seconds"] += time.perf_counter() - t
         if not len(tokens):
             return None
         self._tree = (tokens, parents)
-        self.stats.proposals += 1
-        self.stats.nodes += len(tokens)
+        self.stats["proposals"] += 1
+        self.stats["nodes"] += len(tokens)
         return Proposal(tokens, parents, confidence_bucket(cond))
 
     def learn(self, emitted: np.ndarray) -> None:
@@ -319,7 +263,7 @@ class HeadsSource(DraftSource):
             return
         (tokens, parents), self._tree = self._tree, None
         reached = tree_reach(tokens, parents, np.asarray(emitted, dtype=np.int64))
-        self.stats.reached.append(reached)
+        self.stats["reached"].append(reached)
         deepest = int(tree_depth_rank(parents)[0].max()) if len(parents) else 0
         tried = min(deepest, reached + 1, len(emitted))  # depths whose parent the tree held
         self._reach *= DECAY
@@ -331,9 +275,9 @@ class HeadsSource(DraftSource):
         """This call's figures (JSON-safe)."""
         s = self.stats
         return {"kind": self.heads.kind, "dtype": None if self.bound is None else str(self.bound.dtype).split(".")[-1],
-                "cost_seconds": list(self.cost), "alphas": self.alphas.round(3).tolist(), "proposals": s.proposals,
-                "nodes": s.nodes, "seconds": s.seconds, "steps": s.steps,
-                "mean_reached": float(np.mean(s.reached)) if s.reached else 0.0}
+                "cost_seconds": list(self.cost), "alphas": self.alphas.round(3).tolist(),
+                **{k: s[k] for k in ("proposals", "nodes", "seconds", "steps")},
+                "mean_reached": float(np.mean(s["reached"])) if s["reached"] else 0.0}
 
 
 def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth: int, topk: int):
@@ -422,14 +366,14 @@ def grow_tree(bound: Bound, state, emb, advance, select, max_nodes: int, max_dep
 
 
 def measure_cost(source: HeadsSource, repeats: int = 5, context: int = 128, accepted: int = 4) -> tuple[float, float]:
-    """(base, per level) seconds of ``source``'s proposals: the fastest of ``repeats`` timings of a depth-1 and a
-    full-depth tree on random hidden states. A context head drafts after ``context`` cached positions, each timed
-    proposal first caching ``accepted`` new ones, as after a step that accepted that many."""
+    """(base, per level) seconds of ``source``'s proposals: the fastest of ``repeats`` depth-1 and full-depth trees
+    on random hidden states (a context head's after ``context`` cached positions, and ``accepted`` new ones each)."""
     bound, h = source.bound, source.heads.hidden_size
     gen = torch.Generator().manual_seed(0)
     saved = source.hidden, source.cache, source.stats
     source.hidden = torch.randn(h, generator=gen).to(bound.device)
     source.cache = ContextCache() if source.heads.kind == "context" else None
+    source.stats = dict(saved[2], reached=[])
     vocab = torch.as_tensor(bound.vocab)
 
     def queue(n):  # n accepted rows and their tokens, as a step hands them over

@@ -1,24 +1,22 @@
 """Training draft heads by self-distillation: ``python -m lookahead train-heads --out DIR``.
 
 The frozen model answers prompts greedily; each answer token's final hidden state is stored with the tokens that
-followed it. Medusa head ``k`` learns the token ``k`` after the one its row produced; the feature and context heads
-learn the next hidden state and token, unrolled over their own predictions for ``K`` levels.
+followed it, and the heads learn to predict them (feature and context heads also the next hidden states, unrolled
+over their own predictions for ``K`` levels). Stages, each resumable (kept under ``DIR/work``):
 
-Stages, each resumable (kept under ``DIR/work``; a rerun continues where one stopped):
-
-1. prompts: one per line of ``--prompts FILE``, or from ``lookahead/data/topics.txt`` (chat and code topics): per
-   topic ``--questions`` questions the model writes itself (sampled, seeded) and one direct request. Every tenth
-   topic (or prompt) is held out.
-2. answers: greedy answers (``--max-new-tokens``) in batches, their hidden states stored in float16 shards (read
-   memory-mapped); the training split's answers are also written as a draft corpus, ``DIR/corpus``.
+1. prompts: one per line of ``--prompts FILE``, or per topic of ``lookahead/data/topics.txt`` ``--questions``
+   questions the model writes itself (sampled, seeded) and one direct request; every tenth one held out.
+2. answers: greedy answers (``--max-new-tokens``), their hidden states in float16 shards; the training split's
+   answers are also written as a draft corpus, ``DIR/corpus``.
 3. raw code: the answers' code blocks, cut after the first function's docstring, continued as raw text.
 4. vocabulary: the ``--vocab`` most frequent tokens of the training split's answers.
-5. training (AdamW, cosine schedule, checkpoints), one temperature per head fitted on the held-out split, and the
-   held-out report (per-head top-1 / top-k accuracy; wall and CPU seconds and peak memory per stage).
+5. training (AdamW, cosine schedule, checkpoints), per-head temperatures fitted on the held-out split, and the
+   held-out report (top-1 / top-k accuracy; wall and CPU seconds and peak memory per stage).
 
 Writes ``DIR/<kind>/`` per trained kind and ``DIR/default.txt`` naming the kind with the longest held-out top-1
 chain (``DraftHeads.load(DIR)`` loads that one).
 """
+
 
 from __future__ import annotations
 
@@ -28,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -41,10 +40,13 @@ from .context import unrolled_features
 from .model import KINDS, DraftHeads, check_ints, invalid
 
 TOPICS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "topics.txt")
-HELD_OUT_EVERY = 10
-"""Every this-many-th topic (or prompt, with ``--prompts``) is held out."""
-CORPUS_QUESTIONS = 2
-"""``build-corpus``'s questions per topic (more of the model's own writing drafts more)."""
+HELD_OUT_EVERY = 10  # every this-many-th topic (or --prompts line) is held out
+CORPUS_QUESTIONS = 2  # build-corpus's questions per topic (more of the model's own writing drafts more)
+# what the model is asked to write a prompt about a topic itself, per topic kind; the prompt made of the topic
+ASK = {"code": "Write a request that a user could send to a coding assistant, asking for {}. Write only the request, "
+               "in one or two sentences.",
+       "chat": "Write a question that a curious person could ask an assistant about {}. Write only the question."}
+DIRECT = {"code": "Write {}. Give it a docstring and show a short example of its use.", "chat": "Tell me about {}."}
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,12 @@ class Rows:
         """Rows of ``(hidden [T, H], tokens int64[T])`` sequences, in memory."""
         if not sequences:
             return cls(np.zeros((0, 0), np.float16), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return cls(np.concatenate([h for h, _ in sequences]),
-                   np.concatenate([t for _, t in sequences]).astype(np.int64),
+        return cls(np.concatenate([h for h, _ in sequences]), np.concatenate([t for _, t in sequences]).astype(np.int64),
                    sequence_ends([len(t) for _, t in sequences]))
+
+    def usable(self) -> np.ndarray:
+        """The rows with a later row in their sequence (a target)."""
+        return np.nonzero(np.arange(len(self)) + 1 < self.ends)[0]
 
 
 def sequence_ends(lengths: Sequence[int]) -> np.ndarray:
@@ -109,8 +114,7 @@ def sequence_ends(lengths: Sequence[int]) -> np.ndarray:
 
 
 def sequence_bounds(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, lengths) int64[S] of the sequences of ``rows``. Example: ends ``[2, 2, 5, 5, 5]`` -> ``[0, 2]``,
-    ``[2, 3]``."""
+    """(starts, lengths) int64[S] of the sequences of ``rows``."""
     ends = np.unique(rows.ends)
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     return starts, (ends - starts).astype(np.int64)
@@ -119,8 +123,8 @@ def sequence_bounds(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
 def generate_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int,
                   eos: Sequence[int], pad_token_id: int, **sample) -> list[tuple[np.ndarray, np.ndarray]]:
     """Greedy (with ``sample`` kwargs: sampled) continuations of a left-padded batch ``input_ids`` long[B, L]: per
-    row ``(hidden float16[T, H], tokens int64[T])``, cut after the first end-of-sequence token. ``hidden[i]`` is the
-    final hidden state that produced token ``i``: what the decoder hands ``HeadsSource.observe_hidden``."""
+    row ``(hidden float16[T, H], tokens int64[T])``, cut after the first end-of-sequence token; ``hidden[i]``, the
+    final hidden state that produced token ``i``, is what the decoder hands ``HeadsSource.observe_hidden``."""
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                              min_new_tokens=1, pad_token_id=pad_token_id, eos_token_id=list(eos) or None,
@@ -133,8 +137,9 @@ def generate_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     return [(hidden[b, :n].numpy(), new[b, :n]) for b, n in enumerate(lengths.tolist())]
 
 
-def left_padded(tokenizer, texts: Sequence[str], chat: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input ids, attention mask) long[B, L] of ``texts``, left-padded; ``chat``: through the chat template."""
+def answers_of(model, tokenizer, texts: Sequence[str], chat: bool, max_new_tokens: int, eos: Sequence[int],
+               pad: int, **sample) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`generate_rows` of ``texts``, left-padded; ``chat``: through the chat template."""
     special = not (chat and getattr(tokenizer, "chat_template", None))
     if not special:
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
@@ -144,7 +149,8 @@ def left_padded(tokenizer, texts: Sequence[str], chat: bool, device) -> tuple[to
         enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=special)
     finally:
         tokenizer.padding_side = side
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    ids, mask = enc["input_ids"].to(model.device), enc["attention_mask"].to(model.device)
+    return generate_rows(model, ids, mask, max_new_tokens, eos, pad, **sample)
 
 
 def read_topics(path: str | None = None) -> list[tuple[str, str]]:
@@ -152,35 +158,18 @@ def read_topics(path: str | None = None) -> list[tuple[str, str]]:
     out = []
     with open(path or TOPICS, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
+            if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            kind, sep, topic = line.partition(":")
-            if not sep or kind.strip() not in ("chat", "code") or not topic.strip():
-                raise ValueError(f"{path or TOPICS}:{n}: expected 'chat: TOPIC' or 'code: TOPIC', got {line!r}")
-            out.append((kind.strip(), topic.strip()))
+            kind, sep, topic = (s.strip() for s in line.partition(":"))
+            if not sep or kind not in ("chat", "code") or not topic:
+                raise ValueError(f"{path or TOPICS}:{n}: expected 'chat: TOPIC' or 'code: TOPIC', got {line.strip()!r}")
+            out.append((kind, topic))
     return out
-
-
-ASK = {"code": "Write a request that a user could send to a coding assistant, asking for {}. Write only the request, "
-               "in one or two sentences.",
-       "chat": "Write a question that a curious person could ask an assistant about {}. Write only the question."}
-"""What the model is asked, per topic kind, to write a prompt about a topic itself."""
-DIRECT = {"code": "Write {}. Give it a docstring and show a short example of its use.", "chat": "Tell me about {}."}
-"""The prompt made from the topic line itself."""
-
-
-def clean_question(text: str) -> str | None:
-    """The model-written prompt, or None when unusable (too short, or code instead of a request)."""
-    text = text.strip().strip('"').strip()
-    return None if "```" in text or "def " in text or len(text) < 12 else text[:400]
 
 
 def code_prefix(answer: str, max_lines: int = 12) -> str | None:
     """A raw code-completion prompt from an answer's first code block: its lines up to the end of the first
-    function's docstring (HumanEval's shape), else its first three lines; None without a code block of 3+ lines.
-
-    Example: a fenced ``def f(x):`` / ``    \"\"\"Double x.\"\"\"`` / ``    return 2 * x`` gives its first two lines."""
+    function's docstring (HumanEval's shape), else its first three lines; None without a code block of 3+ lines."""
     start = answer.find("```")
     if start < 0:
         return None
@@ -210,26 +199,19 @@ def vocab_by_frequency(tokens: np.ndarray, size: int, always: Iterable[int] = ()
     return np.array(chosen[:size], dtype=np.int64)
 
 
-def positions_in(vocab_ids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """int64[...]: each token's position in ``vocab_ids``, -100 (ignored by the loss) where absent."""
-    lookup = np.full(max(int(vocab_ids.max()), int(tokens.max(initial=0))) + 1, -100, np.int64)
-    lookup[vocab_ids] = np.arange(len(vocab_ids))
-    return lookup[tokens]
-
-
 class Batch:
-    """What a batch trains or is scored on, per query ``n`` (a row ``idx[n]``) and level ``k = 1..K``: ``target``
-    int64[N, K] (vocabulary positions, -100: ignored), ``valid`` bool[N, K], :attr:`truth` float32[N, K, H] (the
-    true feature level ``k`` should match); ``hidden`` float32[N, H] and ``inputs`` int64[N, K], the token level
-    ``k`` is fed (Medusa, feature). A context head's batch (:meth:`answers`) holds whole answers instead: ``hidden``
-    float32[S, T, H], ``tokens`` int64[S, T] (zero past an answer's end), query ``positions`` int64[S, P] below each
-    answer's length minus one, ``N = S * P``."""
+    """Per query ``n`` (row ``idx[n]``) and level ``k``: ``target`` int64[N, K] (vocabulary positions, -100: none),
+    ``valid``, :attr:`truth` float32[N, K, H] (the true next features), ``hidden`` float32[N, H], ``inputs`` int64[N,
+    K] (the token level ``k`` is fed). A context head's (:meth:`answers`) holds whole answers instead: ``hidden``
+    float32[S, T, H], ``tokens`` int64[S, T] (zero past an answer), query ``positions`` int64[S, P]; ``N = S * P``."""
 
     def __init__(self, rows: Rows, idx: np.ndarray, vocab_ids: np.ndarray, levels: int):
         at = idx[:, None] + np.arange(1, levels + 1)[None, :]  # [N, K]: the row whose token level k predicts
         self.valid = at < rows.ends[idx][:, None]
         self._rows, self._truth_at = rows, np.where(self.valid, at, idx[:, None])
-        self.target = np.where(self.valid, positions_in(vocab_ids, rows.tokens[self._truth_at]), -100)
+        lookup = np.full(max(int(vocab_ids.max()), int(rows.tokens.max(initial=0))) + 1, -100, np.int64)
+        lookup[vocab_ids] = np.arange(len(vocab_ids))  # token -> its vocabulary position, -100 where absent
+        self.target = np.where(self.valid, lookup[rows.tokens[self._truth_at]], -100)
         self.inputs = rows.tokens[np.where(self.valid, at - 1, idx[:, None])]
         self.hidden = np.asarray(rows.hidden[idx], dtype=np.float32)
         self.tokens = self.positions = None
@@ -244,21 +226,21 @@ class Batch:
         b.tokens, b.positions = np.where(inside, rows.tokens[at], 0), positions
         return b
 
+    @classmethod
+    def sampled(cls, rows: Rows, bounds, rng: np.random.Generator, batch_rows: int, vocab_ids: np.ndarray,
+                levels: int, per_answer: int = 32) -> Batch:
+        """A context head's training batch: ``batch_rows // per_answer`` answers, drawn in proportion to their rows,
+        with ``per_answer`` query positions each (drawn with replacement)."""
+        starts, lengths = bounds
+        usable = np.nonzero(lengths >= 2)[0]
+        weights = (lengths[usable] - 1) / (lengths[usable] - 1).sum()
+        chosen = rng.choice(usable, size=max(1, batch_rows // per_answer), p=weights)
+        positions = rng.integers(0, lengths[chosen, None] - 1, (len(chosen), per_answer))
+        return cls.answers(rows, starts[chosen], lengths[chosen], positions, vocab_ids, levels)
+
     @property
     def truth(self) -> np.ndarray:
         return np.asarray(self._rows.hidden[self._truth_at], dtype=np.float32)
-
-
-def sample_answers(rows: Rows, bounds: tuple[np.ndarray, np.ndarray], rng: np.random.Generator, batch_rows: int,
-                   vocab_ids: np.ndarray, levels: int, per_answer: int = 32) -> Batch:
-    """``batch_rows // per_answer`` answers, drawn in proportion to their rows, with ``per_answer`` query positions
-    each (drawn with replacement)."""
-    starts, lengths = bounds
-    usable = np.nonzero(lengths >= 2)[0]
-    weights = (lengths[usable] - 1) / (lengths[usable] - 1).sum()
-    chosen = rng.choice(usable, size=max(1, batch_rows // per_answer), p=weights)
-    positions = rng.integers(0, lengths[chosen, None] - 1, (len(chosen), per_answer))
-    return Batch.answers(rows, starts[chosen], lengths[chosen], positions, vocab_ids, levels)
 
 
 def frozen_parts(model, vocab_ids: np.ndarray):
@@ -314,17 +296,17 @@ def batch_loss(heads: DraftHeads, b: Batch, weight, bias, embed, reg_weight: flo
 
 def train_heads(heads: DraftHeads, rows: Rows, model, steps: int, batch_rows: int = 256, lr: float = 1e-3,
                 seed: int = 0, reg_weight: float = 0.5, progress: bool = False, checkpoint: str | None = None,
-                checkpoint_every: int = 200, weight_decay: float = 0.0, until: int | None = None) -> list[float]:
+                checkpoint_every: int = 200, until: int | None = None) -> list[float]:
     """Train ``heads`` in place on ``rows`` for ``steps`` AdamW steps (warm-up, then cosine); the loss of every
     step. Batch ``i`` is drawn with seed ``(seed, i)``, so a run resumed from ``checkpoint`` (written every
     ``checkpoint_every`` steps) trains exactly as one that never stopped. ``until``: stop (checkpointed) there."""
     weight, bias, embed = frozen_parts(model, heads.vocab_ids.numpy())
-    usable = np.nonzero(np.arange(len(rows)) + 1 < rows.ends)[0]  # rows with at least one target
+    usable, vocab_ids, K = rows.usable(), heads.vocab_ids.numpy(), heads.num_heads
     if not len(usable):
         raise ValueError("no training rows: every sequence has a single token")
     heads.train()
     params = [p for p in heads.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warm = max(1, min(50, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / max(steps, 1))))
@@ -337,13 +319,10 @@ def train_heads(heads: DraftHeads, rows: Rows, model, steps: int, batch_rows: in
     stop = steps if until is None else min(steps, until)
     bar = _bar(range(start, stop), progress, f"training {heads.kind} heads", initial=start, total=steps)
     bounds = sequence_bounds(rows) if heads.kind == "context" else None
-    vocab_ids = heads.vocab_ids.numpy()
     for step in bar:
         rng = np.random.default_rng((seed, step))
-        if bounds is not None:
-            b = sample_answers(rows, bounds, rng, batch_rows, vocab_ids, heads.num_heads)
-        else:
-            b = Batch(rows, usable[rng.integers(0, len(usable), batch_rows)], vocab_ids, heads.num_heads)
+        b = (Batch.sampled(rows, bounds, rng, batch_rows, vocab_ids, K) if bounds is not None
+             else Batch(rows, usable[rng.integers(0, len(usable), batch_rows)], vocab_ids, K))
         loss, ce = batch_loss(heads, b, weight, bias, embed, reg_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -392,12 +371,9 @@ def evaluate(heads: DraftHeads, rows: Rows, model, topk: int = 5, max_rows: int 
     inside it), ``chain`` (the mean length of the right top-1 prefix: the tokens a top-1 chain gets accepted), and
     with ``temperatures`` the mean negative log-likelihood of in-vocabulary targets at each (``nll`` [K, T])."""
     weight, bias, embed = frozen_parts(model, heads.vocab_ids.numpy())
-    K = heads.num_heads
-    usable = np.nonzero(np.arange(len(rows)) + 1 < rows.ends)[0][:max_rows]
+    K, usable, temps = heads.num_heads, rows.usable()[:max_rows], [float(t) for t in temperatures]
     hit1, hitk, count, covered = np.zeros(K), np.zeros(K), np.zeros(K), np.zeros(K)
-    temps = [float(t) for t in temperatures]
-    nll = np.zeros((K, len(temps)))
-    chain_total, chain_rows = 0.0, 0
+    nll, chain_total, chain_rows = np.zeros((K, len(temps))), 0.0, 0
     heads.eval()
     for logits, target, valid in scored_batches(heads, rows, usable, weight, bias, embed, batch):
         top = logits.topk(min(topk, logits.shape[-1]), -1).indices  # [B, K, topk]
@@ -449,57 +425,51 @@ def _atomic_json(obj, path: str) -> None:
     _atomic(lambda f: f.write(json.dumps(obj, indent=1).encode()), path)
 
 
-def _held_out(key: int) -> bool:
-    return key % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+def _read_json(path: str, missing=None):
+    if not os.path.exists(path):
+        return missing
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
-def _peak_mib() -> float:
-    """The process's peak resident memory in MiB (Linux), plus the peak CUDA allocation when CUDA is in use."""
-    import resource
-
-    cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else 0.0
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + cuda, 1)
+def _split(key: int) -> str:
+    return "held-out" if key % HELD_OUT_EVERY == HELD_OUT_EVERY - 1 else "train"
 
 
 class ShardStore:
     """Generated rows on disk, per shard: ``NAME.hidden.npy`` (float16 [N, H]), ``NAME.tokens.npy`` (int64[N]) and
-    ``NAME.json`` (per sequence: length, prompt id, split, texts), written once, its JSON last, so a rerun skips the
-    shards that exist."""
+    ``NAME.json`` (per sequence: length, prompt id, split, texts), its JSON written last: a shard whose JSON exists is
+    complete."""
 
     def __init__(self, folder: str):
         self.folder = folder
         os.makedirs(folder, exist_ok=True)
 
-    def has(self, name: str) -> bool:
-        return os.path.exists(os.path.join(self.folder, name + ".json"))
+    def path(self, name: str, suffix: str = "json") -> str:
+        return os.path.join(self.folder, f"{name}.{suffix}")
 
     def write(self, name: str, sequences: list[tuple[np.ndarray, np.ndarray]], meta: list[dict]) -> None:
         for suffix, arr in (("hidden", np.concatenate([h for h, _ in sequences]).astype(np.float16)),
                             ("tokens", np.concatenate([t for _, t in sequences]).astype(np.int64))):
-            _atomic(functools.partial(np.save, arr=arr), os.path.join(self.folder, f"{name}.{suffix}.npy"))
-        _atomic_json([dict(m, length=int(len(t))) for m, (_, t) in zip(meta, sequences)],
-                     os.path.join(self.folder, name + ".json"))
+            _atomic(functools.partial(np.save, arr=arr), self.path(name, suffix + ".npy"))
+        _atomic_json([dict(m, length=int(len(t))) for m, (_, t) in zip(meta, sequences)], self.path(name))
 
-    def names(self, prefix: str = "") -> list[str]:
-        return sorted(f[:-5] for f in os.listdir(self.folder) if f.endswith(".json") and f.startswith(prefix))
-
-    def meta(self, name: str) -> list[dict]:
-        with open(os.path.join(self.folder, name + ".json"), encoding="utf-8") as f:
-            return json.load(f)
+    def meta(self, prefix: str = "") -> list[tuple[str, list[dict]]]:
+        """(name, per-sequence meta) of every shard ``prefix...``."""
+        names = sorted(f[:-5] for f in os.listdir(self.folder) if f.endswith(".json") and f.startswith(prefix))
+        return [(name, _read_json(self.path(name))) for name in names]
 
     def sequences(self, prefix: str, split: str, arrays: tuple[str, ...] = ("hidden", "tokens")):
-        """(meta, [memory-mapped rows of each of ``arrays``]) of every ``split`` sequence in shards ``prefix...``."""
-        for name in self.names(prefix):
-            meta = self.meta(name)
-            opened = [np.load(os.path.join(self.folder, f"{name}.{a}.npy"), mmap_mode="r") for a in arrays]
-            ends = np.cumsum([m["length"] for m in meta])
-            for m, end in zip(meta, ends.tolist()):
+        """[memory-mapped rows of each of ``arrays``] of every ``split`` sequence in shards ``prefix...``."""
+        for name, meta in self.meta(prefix):
+            opened = [np.load(self.path(name, a + ".npy"), mmap_mode="r") for a in arrays]
+            for m, end in zip(meta, np.cumsum([m["length"] for m in meta]).tolist()):
                 if m["split"] == split:
-                    yield m, [x[end - m["length"]: end] for x in opened]
+                    yield [x[end - m["length"]: end] for x in opened]
 
     def rows(self, split: str, out_path: str) -> Rows:
         """The rows of every shard's ``split`` sequences, merged into one memory-mapped file ``out_path``."""
-        chosen = [pair for _, pair in self.sequences("", split)]
+        chosen = list(self.sequences("", split))
         if not chosen:
             return Rows.of([])
         lengths = [len(t) for _, t in chosen]
@@ -512,117 +482,99 @@ class ShardStore:
         return Rows(np.load(out_path, mmap_mode="r"), tokens, sequence_ends(lengths))
 
 
-def _generate_stage(model, tok, store: ShardStore, prefix: str, items: list[dict], max_new_tokens: int,
-                    batch_size: int, chat: bool, progress: bool, eos: list[int], pad: int) -> None:
-    """Greedy answers of ``items`` (dicts with ``text``, ``id``, ``split``) into shards ``prefix-NNNN``."""
-    order = sorted(range(len(items)), key=lambda i: len(items[i]["text"]))  # similar lengths pad less
-    batches = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
-    for b, chosen in _bar(list(enumerate(batches)), progress, f"{prefix}: generating"):
-        name = f"{prefix}-{b:04d}"
-        if store.has(name):
-            continue
-        ids, mask = left_padded(tok, [items[i]["text"] for i in chosen], chat, model.device)
-        seqs = generate_rows(model, ids, mask, max_new_tokens, eos, pad)
-        meta = [{"id": items[i]["id"], "split": items[i]["split"], "prompt": items[i]["text"],
-                 "answer": tok.decode(t, skip_special_tokens=True)} for i, (_, t) in zip(chosen, seqs)]
-        store.write(name, seqs, meta)
-
-
 def write_prompts(model, tok, topics: list[tuple[str, str]], settings: TrainSettings, progress: bool,
                   eos: list[int], pad: int) -> list[dict]:
     """Per topic, ``settings.questions`` questions the model writes itself (sampled, seeded) and the direct request;
     a topic's prompts share its split."""
     torch.manual_seed(settings.seed)
-    items = [{"id": f"t{n}-d", "topic": topic, "kind": kind, "split": "held-out" if _held_out(n) else "train",
-              "text": DIRECT[kind].format(topic)} for n, (kind, topic) in enumerate(topics)]
+    items = [{"id": f"t{n}-d", "topic": topic, "kind": kind, "split": _split(n), "text": DIRECT[kind].format(topic)}
+             for n, (kind, topic) in enumerate(topics)]
     asks = [(n, j) for n in range(len(topics)) for j in range(settings.questions)]
     for lo in _bar(range(0, len(asks), settings.batch_size), progress, "prompts: writing"):
         chunk = asks[lo: lo + settings.batch_size]
-        ids, mask = left_padded(tok, [ASK[topics[n][0]].format(topics[n][1]) for n, _ in chunk], True, model.device)
-        seqs = generate_rows(model, ids, mask, settings.question_tokens, eos, pad, temperature=0.8, top_p=0.95)
+        seqs = answers_of(model, tok, [ASK[topics[n][0]].format(topics[n][1]) for n, _ in chunk], True,
+                          settings.question_tokens, eos, pad, temperature=0.8, top_p=0.95)
         for (n, j), (_, t) in zip(chunk, seqs):
-            written = clean_question(tok.decode(t, skip_special_tokens=True))
-            if written:
-                items.append({**items[n], "id": f"t{n}-q{j}", "text": written})
+            text = tok.decode(t, skip_special_tokens=True).strip().strip('"').strip()
+            if "```" not in text and "def " not in text and len(text) >= 12:  # a request, not code
+                items.append({**items[n], "id": f"t{n}-q{j}", "text": text[:400]})
     return items
-
-
-def corpus_of(store: ShardStore, split: str, model, described: dict):
-    """The answers (shards ``answers-*``) of ``split`` as a ``DraftCorpus`` of ``model``, one stream per answer."""
-    from ..corpus import DraftCorpus
-
-    streams = [np.array(tokens) for _, (tokens,) in store.sequences("answers", split, ("tokens",))]
-    return DraftCorpus.from_streams(streams, model, described)
 
 
 def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None = None,
         topics_file: str | None = None, progress: bool = True, model_name: str = "", train: bool = True) -> dict:
     """Every stage (see the module docstring), resuming from ``out/work``; the report. Writes the training split's
     answers as ``out/corpus``; ``train=False`` stops there (no heads)."""
+    from ..corpus import DraftCorpus
+
     work = os.path.join(out, "work")
-    os.makedirs(work, exist_ok=True)
     store = ShardStore(os.path.join(work, "shards"))
     eos_ids = model.generation_config.eos_token_id
     eos = [int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]) if e is not None]
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    times_path = os.path.join(work, "times.json")
-    times: dict[str, float] = {}
-    if os.path.exists(times_path):
-        with open(times_path, encoding="utf-8") as f:
-            times = json.load(f)
+    times_path, prompts_path = os.path.join(work, "times.json"), os.path.join(work, "prompts.json")
+    times: dict[str, float] = _read_json(times_path, {})
 
     def timed(stage: str, fn):  # wall seconds, CPU seconds (what other work cannot inflate), peak memory so far
         t, c = time.perf_counter(), time.process_time()
         result = fn()
         times[stage] = times.get(stage, 0.0) + time.perf_counter() - t
         times[stage + " (cpu)"] = times.get(stage + " (cpu)", 0.0) + time.process_time() - c
-        times[stage + " (peak MiB)"] = _peak_mib()
+        cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else 0.0
+        times[stage + " (peak MiB)"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + cuda, 1)
         _atomic_json(times, times_path)
         return result
 
-    prompts_path = os.path.join(work, "prompts.json")
-    if os.path.exists(prompts_path):
-        with open(prompts_path, encoding="utf-8") as f:
-            items = json.load(f)
-    elif prompts_file:
+    def generate(prefix: str, items: list[dict], max_new_tokens: int, chat: bool) -> None:
+        """Greedy answers of ``items`` (``text``, ``id``, ``split``) into shards ``prefix-NNNN`` that are missing."""
+        order = sorted(range(len(items)), key=lambda i: len(items[i]["text"]))  # similar lengths pad less
+        batches = [order[i: i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+        for b, chosen in _bar(list(enumerate(batches)), progress, f"{prefix}: generating"):
+            if not os.path.exists(store.path(name := f"{prefix}-{b:04d}")):
+                seqs = answers_of(model, tok, [items[i]["text"] for i in chosen], chat, max_new_tokens, eos, pad)
+                store.write(name, seqs, [{"id": items[i]["id"], "split": items[i]["split"], "prompt": items[i]["text"],
+                                          "answer": tok.decode(t, skip_special_tokens=True)}
+                                         for i, (_, t) in zip(chosen, seqs)])
+
+    items = _read_json(prompts_path)
+    if items is None and prompts_file:
         with open(prompts_file, encoding="utf-8") as f:
             lines = [line.strip() for line in f if line.strip()]
-        items = [{"id": f"p{i}", "kind": "file", "split": "held-out" if _held_out(i) else "train", "text": line}
-                 for i, line in enumerate(lines)]
-    else:
+        items = [{"id": f"p{i}", "kind": "file", "split": _split(i), "text": line} for i, line in enumerate(lines)]
+    elif items is None:
         topics = read_topics(topics_file)
         items = timed("prompts", lambda: write_prompts(model, tok, topics, settings, progress, eos, pad))
     _atomic_json(items, prompts_path)
-    timed("answers", lambda: _generate_stage(model, tok, store, "answers", items, settings.max_new_tokens,
-                                             settings.batch_size, True, progress, eos, pad))
+    timed("answers", lambda: generate("answers", items, settings.max_new_tokens, True))
     prompts = (f"to the prompts of {os.path.basename(prompts_file)}" if prompts_file else
                f"to prompts written from {os.path.basename(topics_file or TOPICS)} (chat and code topics): per topic "
                f"{settings.questions} questions the model wrote itself and a direct request")
-    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    corpus = corpus_of(store, "train", model, {
+    streams = [np.array(tokens) for (tokens,) in store.sequences("answers", "train", ("tokens",))]
+    corpus = DraftCorpus.from_streams(streams, model, {
         "data": f"the model's own greedy answers (one stream per answer) {prompts}", "model": model_name,
-        "split": f"train (every {HELD_OUT_EVERY}th topic/prompt held out)", "dtype": dtype,
+        "split": f"train (every {HELD_OUT_EVERY}th topic/prompt held out)",
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "max_new_tokens": settings.max_new_tokens, "seed": settings.seed})
     corpus.save(os.path.join(out, "corpus"))
+    report = {"times": times, "prompts": len(items)}
     if not train:
-        report = {"times": times, "prompts": len(items), "corpus": {"streams": corpus.streams, "tokens": len(corpus)}}
+        report["corpus"] = {"streams": corpus.streams, "tokens": len(corpus)}
         _atomic_json(report, os.path.join(out, "report.json"))
         return report
     if settings.raw_tokens:
         raw = [{"id": m["id"] + "-raw", "split": m["split"], "text": code_prefix(m["answer"])}
-               for name in store.names("answers") for m in store.meta(name)]
-        raw = [r for r in raw if r["text"]]
-        timed("raw", lambda: _generate_stage(model, tok, store, "raw", raw, settings.raw_tokens, settings.batch_size,
-                                             False, progress, eos, pad))
+               for _, meta in store.meta("answers") for m in meta]
+        timed("raw", lambda: generate("raw", [r for r in raw if r["text"]], settings.raw_tokens, False))
     train_rows = store.rows("train", os.path.join(work, "train.hidden.npy"))
     held = store.rows("held-out", os.path.join(work, "held-out.hidden.npy"))
     vocab = vocab_by_frequency(train_rows.tokens, settings.vocab, always=eos)
+    with open(prompts_file or topics_file or TOPICS, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
     described = {
         "data": f"self-distillation: the model's own greedy answers, with the hidden states that produced them, "
                 f"{prompts}" + (", and raw continuations of the code in its answers" if settings.raw_tokens else ""),
-        "model": model_name, "prompts": len(items), "prompts_sha256": digest_of(prompts_file or topics_file or TOPICS),
-        "train_rows": len(train_rows), "held_out_rows": len(held), "held_out": f"every {HELD_OUT_EVERY}th topic/prompt",
-        "settings": asdict(settings)}
+        "model": model_name, "prompts": len(items), "prompts_sha256": digest, "train_rows": len(train_rows),
+        "held_out_rows": len(held), "held_out": f"every {HELD_OUT_EVERY}th topic/prompt", "settings": asdict(settings)}
     results, curves = {}, {}
     for kind in settings.kinds:
         torch.manual_seed(settings.seed)
@@ -632,7 +584,9 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
             settings.reg_weight, progress, os.path.join(work, f"train-{kind}.pt"), settings.checkpoint_every))
         temps = calibrate(heads, held, model) if len(held) else [1.0] * settings.num_heads
         acc = evaluate(heads, held, model, settings.topk) if len(held) else {}
-        heads.trained_on = dict(described, held_out_accuracy=acc, temperature=temps, loss_curve=_thin(losses, 200),
+        edges = np.linspace(0, len(losses), min(200, len(losses)) + 1).astype(int)  # the loss curve, 200 spans
+        curve = [[int(b), round(float(np.mean(losses[a:b])), 4)] for a, b in zip(edges[:-1], edges[1:])]
+        heads.trained_on = dict(described, held_out_accuracy=acc, temperature=temps, loss_curve=curve,
                                 times={k: round(v, 1) for k, v in times.items()})
         heads.save(os.path.join(out, kind))
         results[kind] = {"accuracy": acc, "temperature": temps,
@@ -641,31 +595,14 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
     best = max(results, key=lambda k: results[k]["accuracy"].get("chain", 0.0))
     with open(os.path.join(out, "default.txt"), "w", encoding="utf-8") as f:
         f.write(best + "\n")
-    report = {"times": times, "default": best, "train_rows": len(train_rows), "held_out_rows": len(held),
-              "results": results, "losses": curves, "prompts": len(items),
-              "vocab_coverage_train": float(np.isin(train_rows.tokens, vocab).mean()) if len(train_rows) else 0.0}
+    report.update(default=best, train_rows=len(train_rows), held_out_rows=len(held), results=results, losses=curves,
+                  vocab_coverage_train=float(np.isin(train_rows.tokens, vocab).mean()) if len(train_rows) else 0.0)
     _atomic_json(report, os.path.join(out, "report.json"))
     return report
 
 
-def _thin(values: list[float], points: int) -> list[list[float]]:
-    """[[step, mean loss], ...]: ``values`` averaged over ``points`` equal spans (a curve for the header)."""
-    if not values:
-        return []
-    edges = np.linspace(0, len(values), min(points, len(values)) + 1).astype(int)
-    return [[int(b), round(float(np.mean(values[a:b])), 4)] for a, b in zip(edges[:-1], edges[1:])]
-
-
-def digest_of(path: str) -> str:
-    """sha256 of a file (which prompts or topics trained a set of heads)."""
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def parse_kinds(text: str) -> tuple[str, ...]:
-    """The kinds ``--kind`` names: one, several joined by commas, ``"both"`` (Medusa and feature) or ``"all"``.
-
-    Example: ``parse_kinds("context,feature")`` -> ``("context", "feature")``."""
+    """The kinds ``--kind`` names: one, several joined by commas, ``"both"`` (Medusa and feature) or ``"all"``."""
     if text in ("all", "both"):
         return KINDS if text == "all" else ("medusa", "feature")
     kinds = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
@@ -674,88 +611,75 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def _option(p: argparse.ArgumentParser, flag: str, default, text: str, **kw) -> None:
+    """``flag`` of a number's type (else ``kw["type"]``), its help ``text`` ending in the default unless it names one."""
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        kw.setdefault("type", type(default))
+    p.add_argument(flag, default=default, help=text if "default:" in text else text + " (default: %(default)s)", **kw)
+
+
 def _add_data_arguments(p: argparse.ArgumentParser, what: str, questions: int) -> None:
     d = TrainSettings()
     p.add_argument("--out", required=True, help=f"output folder ({what}, report, and work/ for resuming)")
-    p.add_argument("--model", default=None, help="a local causal LM folder (default: the bundled SmolLM2-135M)")
-    p.add_argument("--prompts", default=None, help="a file of prompts, one per line (default: written by the model "
-                   "from the package's topic list)")
-    p.add_argument("--topics", default=None, help="a topics file ('chat: ...' / 'code: ...' lines; default: the "
-                   "package's lookahead/data/topics.txt)")
-    p.add_argument("--questions", type=int, default=questions,
-                   help="questions the model writes per topic, beside the direct request (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="answer length (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per generate (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, ...; auto: cuda if present (default: %(default)s)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="the model's dtype; auto: bfloat16 on a CPU with AMX-BF16 or on CUDA, else float32 "
-                        "(default: %(default)s)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (default: off, bars are shown)")
+    _option(p, "--model", None, "a local causal LM folder (default: the bundled SmolLM2-135M)")
+    _option(p, "--prompts", None, "a file of prompts, one per line (default: written by the model from the package's "
+            "topic list)")
+    _option(p, "--topics", None, "a topics file ('chat: ...' / 'code: ...' lines; default: the package's "
+            "lookahead/data/topics.txt)")
+    _option(p, "--questions", questions, "questions the model writes per topic, beside the direct request")
+    _option(p, "--max-new-tokens", d.max_new_tokens, "answer length")
+    _option(p, "--batch-size", d.batch_size, "prompts per generate")
+    _option(p, "--seed", d.seed, "seed")
+    _option(p, "--threads", None, "torch CPU threads (default: torch's choice)", type=int)
+    _option(p, "--device", "auto", "cpu, cuda, ...; auto: cuda if present")
+    _option(p, "--dtype", "auto", "the model's dtype; auto: bfloat16 on a CPU with AMX-BF16 or on CUDA, else float32",
+            choices=["auto", "float32", "bfloat16"])
+    _option(p, "--no-progress", False, "no progress bars (default: off, bars are shown)", action="store_true")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The training run's options on ``p`` (``python -m lookahead train-heads``)."""
     d = TrainSettings()
     _add_data_arguments(p, "heads, corpus/", d.questions)
-    p.add_argument("--kind", type=parse_kinds, default="feature",
-                   help=f"heads to train: one of {', '.join(KINDS)}, several joined by commas, 'both' (medusa,feature) "
-                        "or 'all' (default: %(default)s)")
-    p.add_argument("--heads", type=int, default=d.num_heads, help="K (default: %(default)s)")
-    p.add_argument("--vocab", type=int, default=d.vocab, help="tokens the heads predict (default: %(default)s)")
-    p.add_argument("--raw-tokens", type=int, default=d.raw_tokens,
-                   help="raw code continuation length, 0: none (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=d.steps, help="training steps per kind (default: %(default)s)")
-    p.add_argument("--batch-rows", type=int, default=d.batch_rows, help="rows per step (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
+    _option(p, "--kind", "feature", f"heads to train: one of {', '.join(KINDS)}, several joined by commas, 'both' "
+            "(medusa,feature) or 'all'", type=parse_kinds)
+    _option(p, "--heads", d.num_heads, "K")
+    _option(p, "--vocab", d.vocab, "tokens the heads predict")
+    _option(p, "--raw-tokens", d.raw_tokens, "raw code continuation length, 0: none")
+    _option(p, "--steps", d.steps, "training steps per kind")
+    _option(p, "--batch-rows", d.batch_rows, "rows per step")
+    _option(p, "--lr", d.lr, "peak learning rate")
     return p
 
 
 def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``python -m lookahead build-corpus``: the answer-writing stages of a training run."""
     _add_data_arguments(p, "corpus/", CORPUS_QUESTIONS)
-    p.add_argument("--no-install", action="store_true",
-                   help="only write OUT/corpus, do not also install it in the user cache, where LookaheadDecoder() "
-                        "finds it for this model (corpus=\"auto\") (default: installed)")
+    _option(p, "--no-install", False, "only write OUT/corpus, do not also install it in the user cache, where "
+            "LookaheadDecoder() finds it for this model (corpus=\"auto\") (default: installed)", action="store_true")
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m lookahead.heads.train``: as ``python -m lookahead train-heads``."""
-    parser = argparse.ArgumentParser(prog="python -m lookahead train-heads", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    return run_args(add_arguments(parser).parse_args(argv))
 
 
 def run_args(args: argparse.Namespace) -> int:
     """A training run from parsed :func:`add_arguments` options; prints the held-out accuracy."""
-    kinds = parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind
-    settings = TrainSettings(kinds=kinds, num_heads=args.heads, vocab=args.vocab, questions=args.questions,
-                             max_new_tokens=args.max_new_tokens, raw_tokens=args.raw_tokens,
-                             batch_size=args.batch_size, steps=args.steps, batch_rows=args.batch_rows, lr=args.lr,
-                             seed=args.seed)
-    model, tok, name = _load(args)
-    t = time.perf_counter()
-    report = run(args.out, model, tok, settings, args.prompts, args.topics, not args.no_progress, name)
+    names = ("vocab", "questions", "max_new_tokens", "raw_tokens", "batch_size", "steps", "batch_rows", "lr", "seed")
+    settings = TrainSettings(kinds=parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind,
+                             num_heads=args.heads, **{n: getattr(args, n) for n in names})
+    report, seconds, _ = _run_loaded(args, settings, True)
     for kind, r in report["results"].items():
         acc = r["accuracy"]
         print(f"{kind}: held-out top-1 {acc.get('top1')}, top-{settings.topk} {acc.get(f'top{settings.topk}')}, "
               f"top-1 chain {acc.get('chain')}")
-    print(f"wrote {args.out} (default: {report['default']}) in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    print(f"wrote {args.out} (default: {report['default']}) in {seconds:.0f} s", file=sys.stderr)
     return 0
 
 
 def run_corpus_args(args: argparse.Namespace) -> int:
     """``build-corpus`` from parsed :func:`add_corpus_arguments` options: the model's answers as ``OUT/corpus``."""
-    settings = TrainSettings(questions=args.questions, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                             seed=args.seed)
-    model, tok, name = _load(args)
-    t = time.perf_counter()
-    report = run(args.out, model, tok, settings, args.prompts, args.topics, not args.no_progress, name, train=False)
-    c = report["corpus"]
-    written = os.path.join(args.out, "corpus")
-    print(f"wrote {written}: {c['streams']} answers, {c['tokens']} tokens, in {time.perf_counter() - t:.0f} s; use it "
+    names = ("questions", "max_new_tokens", "batch_size", "seed")
+    report, seconds, model = _run_loaded(args, TrainSettings(**{n: getattr(args, n) for n in names}), False)
+    c, written = report["corpus"], os.path.join(args.out, "corpus")
+    print(f"wrote {written}: {c['streams']} answers, {c['tokens']} tokens, in {seconds:.0f} s; use it "
           "as LookaheadDecoder(corpus=DraftCorpus.load(...))", file=sys.stderr)
     if not args.no_install:
         from ..corpus import DraftCorpus
@@ -770,30 +694,26 @@ def run_corpus_args(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_dtype() -> torch.dtype:
-    """bfloat16 where the CPU multiplies it natively (AMX-BF16), else float32."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return torch.bfloat16 if "amx_bf16" in f.read() else torch.float32
-    except OSError:
-        return torch.float32
-
-
-def _load(args: argparse.Namespace):
-    """The model, tokenizer and name that ``--model``, ``--device``, ``--dtype`` and ``--threads`` ask for."""
+def _run_loaded(args: argparse.Namespace, settings: TrainSettings, train: bool):
+    """(the report, seconds, the model): :func:`run` on the model ``--model``, ``--device``, ``--dtype`` and
+    ``--threads`` ask for (auto dtype: bfloat16 on CUDA or where the CPU multiplies it natively, AMX-BF16)."""
     from ..tools.console import set_threads
     from ..tools.models import load_model
 
     set_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.dtype)
-    if dtype is None:
-        dtype = torch.bfloat16 if device.startswith("cuda") else default_dtype()
+    if dtype is None and not device.startswith("cuda"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                dtype = torch.bfloat16 if "amx_bf16" in f.read() else torch.float32
+        except OSError:
+            dtype = torch.float32
+    dtype = dtype or torch.bfloat16
     print(f"loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ({str(dtype).replace('torch.', '')}, "
           f"{device}) ...", file=sys.stderr, flush=True)
     model, tok = load_model(args.model, dtype=dtype, device=device)
-    return model, tok, args.model or "SmolLM2-135M-Instruct (bundled)"
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    t = time.perf_counter()
+    report = run(args.out, model, tok, settings, args.prompts, args.topics, not args.no_progress,
+                 args.model or "SmolLM2-135M-Instruct (bundled)", train=train)
+    return report, time.perf_counter() - t, model

@@ -1,19 +1,9 @@
 """Tensor parallelism: every rank of a sharded model makes the same decisions (:class:`RankSync`).
 
-Under ``torchrun`` a model loaded with ``tp_plan="auto"`` runs collectives inside its layers, so every rank must run
-forwards of the same shapes in the same order: the same draft at every step. What one rank's clock or random state
-gives (the cost curve, a measured time, the sampling seed) is taken from rank 0; the rest is checked. Without
-``torch.distributed``, with one rank, or for a model that is not sharded, every method is a no-op returning its
-local value. In each rank::
-
-    sync = RankSync.for_model(model)                 # the model's tensor-parallel group
-    curve = sync.broadcast(measured_curve)           # rank 0's curve on every rank
-    (seed,) = sync.seeds(1)                          # rank 0's seed
-    for step in range(steps):
-        sync.check(step, inputs=(ids, positions), cached=cache_length)   # RankDivergence if any differs
-        ...forward, verify, emit...
-    sync.finish(step)
-"""
+A model loaded with ``tp_plan="auto"`` runs collectives inside its layers, so every rank must run forwards of the
+same shapes in the same order. What one rank's clock or random state gives (the cost curve, a measured time, the
+sampling seed) is taken from rank 0 (``broadcast``, ``seeds``); each step's inputs are compared (``check``, then
+``finish`` at the loop's end), a difference raising :class:`RankDivergence` on every rank."""
 
 from __future__ import annotations
 
@@ -24,11 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-MAX_FIELDS = 12
-"""Values one :meth:`RankSync.check` compares at most (one checksum each in the fixed-size message)."""
-
-MAX_SHARED = 8
-"""Floats one :meth:`RankSync.check` hands over from rank 0 at most."""
+MAX_FIELDS, MAX_SHARED = 12, 8  # values one RankSync.check compares, and floats it hands over from rank 0, at most
 
 _HEADER = 4  # slots before the fields: checksums of ``where`` and of the field names, the phase, the step
 _SHARED = _HEADER + MAX_FIELDS  # the first slot of the shared floats
@@ -52,12 +38,9 @@ class RankDivergence(RuntimeError):
 
 
 def checksum(value) -> int:
-    """A signed 64-bit checksum of ``value``, the same in every process (nothing salted, unlike ``hash``).
-
-    ``value``: None, a bool, int, float, str or bytes, a NumPy array or a torch tensor (dtype, shape and elements; a
-    tensor on an accelerator is copied to the host), or lists, tuples and dicts of these. Example:
-    ``checksum([1, 2]) == checksum((1, 2))``; ``checksum(np.array([1, 2]))`` differs (an array is not a list), and
-    ``checksum(np.int64(3)) == checksum(3)``."""
+    """A signed 64-bit checksum of ``value``, the same in every process (unlike ``hash``): None, a bool, number, str
+    or bytes, a NumPy array or torch tensor (dtype, shape and elements), or lists, tuples and dicts of these. A list
+    and a tuple agree; an array and a list do not."""
     h = hashlib.blake2b(digest_size=8)
     _feed(h, value)
     return struct.unpack("<q", h.digest())[0]
@@ -111,12 +94,9 @@ def _shape(shape) -> bytes:
 
 def encode_message(where, phase: int, fields: Mapping[str, object], shared: Sequence[float] = ()) -> np.ndarray:
     """The message int64[_WIDTH] one rank contributes to a check: the checksums of ``where`` (a step number or a
-    label) and of the field names, ``phase`` (a step's check or the loop's end), the step number (-1 for a label), one
-    checksum per field, then the ``shared`` floats' IEEE-754 bits, zeros elsewhere. Every message has one size, so
-    the collective carrying it never mismatches: a divergence is reported instead of breaking it.
-
-    Example: ``encode_message(3, 1, {"ids": [5, 7]}, (0.25,))`` -> ``[checksum(3), checksum(("ids",)), 1, 3,
-    checksum([5, 7]), 0, ..., bits of 0.25, 0, ...]``."""
+    label) and of the field names, ``phase``, the step number (-1 for a label), one checksum per field, then the
+    ``shared`` floats' bits. Every message has one size, so a divergence is reported instead of breaking the
+    collective."""
     if len(fields) > MAX_FIELDS:
         raise ValueError(f"a check compares at most {MAX_FIELDS} values; got {len(fields)}: {list(fields)}")
     if len(shared) > MAX_SHARED:
@@ -135,7 +115,7 @@ def shared_values(messages: np.ndarray, count: int) -> tuple[float, ...]:
 
 
 def _differ(messages: np.ndarray, names: Sequence[str]) -> list[tuple[int, bool, list[str]]]:
-    """(rank, whether it is at another place of the loop, the fields that differ) of each rank unlike rank 0."""
+    """(rank, whether it is elsewhere in the loop, the fields that differ) of each rank unlike rank 0."""
     ref, out = messages[0], []
     for r in range(1, messages.shape[0]):
         elsewhere = not np.array_equal(messages[r, :3], ref[:3])
@@ -146,9 +126,8 @@ def _differ(messages: np.ndarray, names: Sequence[str]) -> list[tuple[int, bool,
 
 
 def find_divergence(messages: np.ndarray, names: Sequence[str]) -> str | None:
-    """None when every rank's message (the rows of int64[ranks, _WIDTH]) matches rank 0's in its header and fields;
-    else what differs, in words. Example: ``"at step 4, rank 1 differs from rank 0 in: ids"``, or ``"rank 1 is at the
-    end of the decode loop (after step 3) while rank 0 is at step 4"``."""
+    """None when every rank's message (the rows of int64[ranks, _WIDTH]) matches rank 0's; else what differs, in
+    words (``"at step 4, rank 1 differs from rank 0 in: ids"``)."""
     out = []
     for r, elsewhere, fields in _differ(messages, names):
         if not elsewhere:
@@ -167,9 +146,8 @@ def _place(row: np.ndarray) -> str:
 
 
 def model_group(model):
-    """The process group of ``model``'s tensor parallelism, or None when its weights are not sharded: from the first
-    ``DTensor`` parameter's mesh, its "tp" dimension, or the mesh itself when it has one unnamed dimension. Other
-    meshes (FSDP's) are not tensor parallelism: each rank decodes its own batch there."""
+    """The process group of ``model``'s tensor parallelism (its first ``DTensor`` parameter's mesh: the "tp"
+    dimension, or the one unnamed dimension), or None: not sharded, or another mesh (FSDP's)."""
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return None
     from torch.distributed.tensor import DTensor
@@ -186,14 +164,10 @@ def model_group(model):
 
 
 class RankSync:
-    """The decisions of one decoding call, made identical on every rank of a tensor-parallel group.
-
-    ``group``: a process group (None: the default one); ``enabled=False``: every method is a no-op (as without
-    ``torch.distributed`` or with one rank). ``every``: :meth:`check` runs its collective at step 0 and every
-    ``every``-th step (labelled checks and checks with ``shared`` values always); 1 detects a divergence before the
-    first forward it would break, more saves collectives but may let a divergence reach a forward first.
-    Every rank must call the same methods in the same order (they run collectives).
-    """
+    """The decisions of one decoding call, made identical on every rank of ``group`` (None: the default one); every
+    rank calls the same methods in the same order. Inactive (``enabled=False``, no ``torch.distributed`` or one
+    rank): every method returns its local value. ``every``: :meth:`check` compares at every ``every``-th step (and
+    always with a label or ``shared`` values); 1 catches a divergence before the forward it would break."""
 
     def __init__(self, group=None, *, every: int = 1, enabled: bool = True):
         if every < 1:
@@ -221,8 +195,7 @@ class RankSync:
         return f"RankSync(rank {self.rank} of {self.size}, every={self.every})" if self.active else "RankSync(inactive)"
 
     def broadcast(self, obj):
-        """Rank 0's ``obj`` (pickled) on every rank: what every rank computes but reads from its clock (a measured
-        cost curve, a time). Every rank still runs the sharded forwards the computation needs."""
+        """Rank 0's ``obj`` (pickled) on every rank: what each rank computes from its own clock (a cost curve)."""
         if not self.active:
             return obj
         box = [obj]
@@ -231,30 +204,20 @@ class RankSync:
         return box[0]
 
     def seeds(self, count: int = 1) -> list[int]:
-        """``count`` seeds for the sampling uniforms, rank 0's on every rank. Each rank draws them as one process
-        would (``torch.randint(0, 2**62, (1,))`` each), so ``torch.manual_seed(s)`` gives the single-process seeds."""
+        """``count`` seeds, rank 0's on every rank, each drawn as one process would: ``torch.randint(0, 2**62, (1,))``."""
         local = [int(torch.randint(0, 2**62, (1,)).item()) for _ in range(count)]
         return self._rank0(local, torch.int64) if self.active and count else local
 
-    def shared_clock(self, clock):
-        """``clock`` read on every rank, rank 0's reading returned (one broadcast per reading): a timing loop whose
-        decisions follow its readings then runs the same sharded forwards on every rank. Inactive: ``clock``."""
-        return (lambda: self._rank0([float(clock())], torch.float64)[0]) if self.active else clock
-
-    def _rank0(self, values: list, dtype: torch.dtype) -> list:
-        """Rank 0's ``values`` (numbers, as a tensor of ``dtype``) on every rank: one broadcast."""
+    def _rank0(self, values: list, dtype: torch.dtype) -> list:  # rank 0's numbers on every rank
         t = torch.tensor(values, dtype=dtype, device=self._device)
         torch.distributed.broadcast(t, src=self._src, group=self.group)
         self.collectives += 1
         return t.cpu().tolist()
 
     def check(self, where, *, shared: Sequence[float] = (), **fields) -> tuple[float, ...]:
-        """Compare ``fields`` (name -> value, see :func:`checksum`) across the ranks with one ``all_gather`` of
-        int64[_WIDTH]; return rank 0's ``shared`` floats (at most :data:`MAX_SHARED`).
-
-        ``where``: the step number or a label such as ``"calibration"``. Raises :class:`RankDivergence` on every
-        rank when a field differs from rank 0's, or a rank is at another step or has left the loop (:meth:`finish`).
-        """
+        """Compare ``fields`` (name -> value, see :func:`checksum`) at ``where`` (a step or a label) across the ranks
+        (one ``all_gather``); rank 0's ``shared`` floats. :class:`RankDivergence` on every rank when a field differs
+        or a rank is elsewhere in the loop."""
         shared = tuple(float(s) for s in shared)
         due = shared or not isinstance(where, (int, np.integer)) or where % self.every == 0
         if not self.active or not due:
@@ -264,8 +227,7 @@ class RankSync:
         return shared_values(messages, len(shared))
 
     def finish(self, where) -> None:
-        """The loop's end (``where``: its last step): raises :class:`RankDivergence` on every rank if another rank is
-        still decoding (it is then at a step's check, which this one meets: the same message size)."""
+        """The loop's end after step ``where``: :class:`RankDivergence` on every rank if another is still decoding."""
         if self.active:
             self._raise_if_diverged(self._gather(encode_message(where, _FINISH, {})), where, ())
 

@@ -1,17 +1,7 @@
-"""Draft passes: a cheaper forward drafts a chain, the target verifies it in its one forward per step.
-
-``LookaheadDecoder(draft=...)`` takes ``"layer-skip"``, ``"early-exit"``, ``"low-rank"`` (the target's own cheaper
-forward, ``drafters.py``), a causal LM with the target's tokenizer, or a function ``target -> causal LM`` (built on
-the first call). :func:`draft_source` makes its one :class:`DraftPassSource`.
-
-Pricing: each step the source drafts the depth ``d`` that maximises modelled tokens per second
-``(1 + a + ... + a^d) / (t(1 + d) + d * c * t(1))`` (``a``: its measured acceptance per token, ``c``: one draft
-forward over one target forward, ``t``: the call's cost curve), if that beats a plain step ``1 / t(1)`` by the
-budget's margin; else nothing, with a depth-2 probe now and then to keep ``a`` measured (worked example:
-:func:`~lookahead.passes.drafters.modelled_speed`).
-
-Drafts are greedy, so deterministic given the context: the decoder's point-mass acceptance is exact for them.
-"""
+"""Draft passes: a cheaper forward drafts a greedy chain (``LookaheadDecoder(draft=...)``: ``"layer-skip"``,
+``"early-exit"``, ``"low-rank"``, a causal LM with the target's tokenizer, or a function ``target -> causal LM``),
+the target verifies it in its one forward per step. Greedy drafts are deterministic given the context: the
+decoder's point-mass acceptance is exact for them."""
 from __future__ import annotations
 
 import threading
@@ -29,7 +19,7 @@ from ..drafting.sources import DraftSource, Proposal
 from . import drafters
 from .drafters import ModelDrafter, check_draft_model, truncated_copy
 
-__all__ = ["DraftPassSource", "check_draft_model", "draft_source", "self_drafter", "truncated_copy"]
+__all__ = ["DraftPassSource", "Probing", "check_draft_model", "draft_source", "self_drafter", "truncated_copy"]
 
 SELF_ORIGINS = {"layer-skip": LAYER_SKIP, "early-exit": EARLY_EXIT, "low-rank": LOW_RANK}
 
@@ -65,36 +55,50 @@ def self_drafter(target, kind: str, size: float, prompt: np.ndarray) -> tuple[ob
             if size or len(prompt) < 8:
                 chosen = size or drafters.CANDIDATE_SIZES[kind][1]
                 drafter, layers = drafters.build(target, kind, chosen)
-                info = {"size": chosen, "layers": layers}
+                built[kind, size] = (drafter, {"size": chosen, "layers": layers})
             else:
                 ids = torch.as_tensor(np.ascontiguousarray(prompt[-64:]))[None].to(next(target.parameters()).device)
                 info, drafter = drafters.calibrate(target, kind, ids)
-            built[kind, size] = (drafter, info)
+                built[kind, size] = (drafter, info)
         return built[kind, size]
 
 
+class Probing:
+    """How deep a priced source drafts (:meth:`pick_depth`); while nothing pays, a depth-2 probe after
+    ``probe_every[0]`` steps, the wait doubling up to ``probe_every[1]``, keeps the acceptance measured."""
+
+    probe_every = (16, 256)
+
+    def reset_probes(self) -> None:
+        self._idle, self._probe = 0, self.probe_every[0]
+
+    def pick_depth(self, gains: np.ndarray, seconds: np.ndarray, cost, margin: float) -> int:
+        """The depth ``d`` maximising ``(1 + gains[:d].sum()) / (cost(1 + d) + seconds[d - 1])`` (``gains[j - 1]``:
+        the chance depth ``j``'s token is accepted), if it beats a plain step ``1 / cost(1)`` by ``margin``; else 0."""
+        d = np.arange(1, len(gains) + 1)
+        rate = (1 + np.cumsum(gains)) / (cost(1 + d) + seconds)
+        if rate.max() * float(cost(1)) >= margin:
+            self.reset_probes()
+            return int(d[int(np.argmax(rate))])
+        self._idle += 1
+        if self._idle < self._probe:
+            return 0
+        self._idle, self._probe = 0, min(2 * self._probe, self.probe_every[1])
+        return min(len(gains), 2)
+
+
+# a call's figures; tried / accepted: chain tokens whose verdict the emitted tokens tell, verified or not
 STATS = ("forwards", "seconds", "proposed", "tried", "accepted", "steps", "drafting_steps")
-"""A call's figures: drafter ``forwards`` and their ``seconds``; ``proposed`` chain tokens; ``tried`` / ``accepted``:
-chain tokens whose verdict the emitted tokens tell (accepted: the target emitted that very token), verified or not;
-``steps`` asked, ``drafting_steps`` that drafted."""
 
 
-class DraftPassSource(DraftSource):
-    """Runs a drafter autoregressively from its own KV cache (see the module docstring).
-
-    ``propose`` feeds the drafter the context tokens it has not seen, then drafts a greedy chain ``depth`` deep with
-    the ``branches - 1`` runner-ups at each depth as leaves (no extra forward); a node's match bucket is the drafter's
-    probability of it (>= 0.8: 3, >= 0.4: 2, else 1). ``learn(emitted)`` crops the drafter's cache to the longest
-    prefix it shares with the context (the accepted part of the chain stays) and updates the acceptance ``a``.
-
-    ``cost``: one draft forward over one target forward (0: measured once per drafter); ``size``: the self draft's
-    (0: calibrated); ``margin``: under the modelled speed of the calibration's agreement, the source never drafts.
-    """
+class DraftPassSource(Probing, DraftSource):
+    """Runs a drafter from its own KV cache: a greedy chain ``depth`` deep, with the ``branches - 1`` runner-ups at
+    each depth as leaves. Priced: depth ``d`` gains ``a + ... + a^d`` tokens (``a``: measured acceptance) for ``d``
+    draft forwards of ``cost`` target forwards each (0: measured); ``size``: the self draft's (0: calibrated)."""
 
     priced = True
     prior = (3.0, 2.0)  # Beta prior (accepted, rejected) of a: 0.6, before anything is tried
     decay = 0.98
-    probe_every = (16, 256)  # a depth-2 probe after this many undrafted steps, doubling up to the second
     transient = ("drafter", "cache", "_built")
 
     def __init__(self, draft, depth: int, branches: int = 1, cost: float = 0.0, size: float = 0.0,
@@ -111,7 +115,7 @@ class DraftPassSource(DraftSource):
 
     def _reset(self, context=()) -> None:
         self.stats = dict.fromkeys(STATS, 0)
-        self._idle, self._probe = 0, self.probe_every[0]
+        self.reset_probes()
         self.tokens = [int(t) for t in context]
         self.cached: list[int] = []  # the tokens whose keys and values the drafter's cache holds, in order
         self.chain: list[int] = []
@@ -135,37 +139,23 @@ class DraftPassSource(DraftSource):
             self.drafter = self._built[1]
             self.info = {"draft_model": type(self.drafter.model).__name__,
                          "layers": getattr(self.drafter.model.config, "num_hidden_layers", None)}
-        if self.cost_ratio:
-            self.ratio = self.cost_ratio
-        else:
+        self.ratio = self.cost_ratio
+        if not self.ratio:
             with _LOCK:
                 if self.drafter.ratio is None:
                     self.drafter.ratio = drafters.measure_cost_ratio(model, self.drafter)
                 self.ratio = self.drafter.ratio
-        # a calibrated agreement that cannot pay even with free verification: no draft, no probe
-        agreement = self.info.get("agreement")
+        agreement = self.info.get("agreement")  # one that cannot pay even with free verification: no draft, no probe
         self.hopeless = agreement is not None and drafters.modelled_speed(agreement, self.ratio) < self.margin
         self.cache = self.drafter.new_cache()
         self._reset(prompt)
 
     def priced_depth(self, depth: int, cost, margin: float = DEFAULT.margin) -> int:
-        """How deep to draft this step on the cost curve ``cost`` (a ``CostModel``; None: ``depth``); see the module
-        docstring."""
+        """How deep to draft this step on the cost curve ``cost`` (a ``CostModel``; None: ``depth``)."""
         if cost is None or depth <= 0:
             return depth
-        if self.hopeless:
-            return 0
         d = np.arange(1, depth + 1)
-        t1 = float(cost(1))
-        rate = (1 + np.cumsum(self.alpha ** d)) / (cost(1 + d) + d * self.ratio * t1)
-        if rate.max() * t1 >= margin:
-            self._idle, self._probe = 0, self.probe_every[0]
-            return int(d[int(np.argmax(rate))])
-        self._idle += 1
-        if self._idle >= self._probe:
-            self._idle, self._probe = 0, min(2 * self._probe, self.probe_every[1])
-            return min(depth, 2)
-        return 0
+        return 0 if self.hopeless else self.pick_depth(self.alpha ** d, d * self.ratio * float(cost(1)), cost, margin)
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         t = time.perf_counter()

@@ -1,14 +1,6 @@
-"""The cheaper forwards a draft pass runs. Each *drafter* has ``forward(ids, past, cache, all_rows=False) ->
-logits``, ``new_cache()``, ``device`` and ``linear_params()``:
-
-- :class:`LayerStack`: references to a Llama-family target's own parts (``model.model.{embed_tokens, rotary_emb,
-  layers, norm}``, ``model.lm_head``) run with some decoder layers left out: layer skip, early exit;
-- :func:`low_rank_drafter`: a NEW module tree whose ``nn.Linear`` weights are truncated-SVD factors of the target's;
-- :class:`ModelDrafter`: a separate causal LM with the target's vocabulary.
-
-Nothing of the target is modified and its own forward verifies every step, so every drafter is exact. Early exit
-does not hand its layers' keys and values to the verification (equal only up to floating point).
-"""
+"""The cheaper forwards a draft pass runs (:class:`Drafter`): the target's own layers with some left out
+(:class:`LayerStack`: layer skip, early exit), new low-rank copies of them (:func:`low_rank_drafter`), or a separate
+causal LM (:class:`ModelDrafter`). Nothing of the target is modified; its own forward verifies every step."""
 
 from __future__ import annotations
 
@@ -23,14 +15,12 @@ from transformers import DynamicCache
 
 from ..compat import cache_kwarg_name, crop_cache, supports_logits_to_keep
 
+# forward: embed -> rotary -> layers -> norm -> head, as LayerStack runs it (Gemma scales its embeddings: refused)
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3")
-"""Model types whose forward is embed -> rotary -> layers -> norm -> head, as :class:`LayerStack` runs it (Gemma
-has the same module names but scales the embeddings inside its forward: refused)."""
 
+# what calibrate compares: the fraction of layers kept (layer skip) or run (early exit), or of each matrix's rank
 CANDIDATE_SIZES = {"layer-skip": (0.75, 0.625, 0.5), "early-exit": (0.75, 0.625, 0.5, 0.375),
                    "low-rank": (0.5, 0.25, 0.125)}
-"""Sizes :func:`calibrate` compares: the fraction of layers kept (layer skip) or run (early exit), or the rank as a
-fraction of each matrix's smaller side (low rank)."""
 
 
 def check_llama_family(model) -> None:
@@ -74,11 +64,22 @@ def causal_mask(past: int, q: int, dtype: torch.dtype, device) -> torch.Tensor |
     return torch.full((q, past + q), torch.finfo(dtype).min, dtype=dtype, device=device).triu(past + 1)[None, None]
 
 
-def _linear_weights(modules) -> int:
-    return sum(p.numel() for m in modules if isinstance(m, (nn.Linear, LowRankLinear)) for p in m.parameters())
+class Drafter:
+    """``forward(ids long[1, q], past, cache, all_rows=False)``: logits float[V] of the last of ``ids`` after ``past``
+    cached tokens (float[q, V] with ``all_rows``); ``linear_params()``: weights read per token (a CPU forward's cost);
+    ``ratio``: one forward's time over the target's, once measured."""
+
+    ratio: float | None = None
+    modules: list
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache()  # plain layers: a sliding-window layer could not be cropped past its window
+
+    def linear_params(self) -> int:
+        return sum(p.numel() for m in self.modules if isinstance(m, (nn.Linear, LowRankLinear)) for p in m.parameters())
 
 
-class LayerStack:
+class LayerStack(Drafter):
     """A forward through a Llama-family model's embedding, rotary table, the given decoder ``layers`` (the target's
     own, or new ones), final norm and ``head``. Not an ``nn.Module``: no ``.to()`` or ``.train()`` on it can reach the
     target. Each layer keeps its ``layer_idx``: a left-out layer's cache slot stays empty."""
@@ -89,17 +90,12 @@ class LayerStack:
         self.embed, self.rotary, self.norm = base.embed_tokens, base.rotary_emb, base.norm
         self.head = model.lm_head if head is None else head
         self.layers = list(layers)
+        self.modules = [m for layer in self.layers for m in layer.modules()] + list(self.head.modules())
         self.device = self.embed.weight.device
         self.cache_kwarg = cache_kwarg_name(type(self.layers[0])) if self.layers else "past_key_values"
-        self.ratio: float | None = None  # one forward's time over the target's, once measured
-
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache()
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, past: int, cache, all_rows: bool = False) -> torch.Tensor:
-        """Logits float[V] of the last of ``ids`` long[1, q] after ``past`` cached tokens (float[q, V] with
-        ``all_rows``)."""
         q = ids.shape[1]
         pos = torch.arange(past, past + q, device=ids.device)[None]
         h = self.embed(ids)
@@ -111,10 +107,6 @@ class LayerStack:
             h = h[0] if isinstance(h, tuple) else h
         logits = self.head(self.norm(h if all_rows else h[:, -1:]))[0].float()
         return logits if all_rows else logits[-1]
-
-    def linear_params(self) -> int:
-        """Weights the stack's linear layers and head read per token: what a CPU forward costs."""
-        return _linear_weights([m for layer in self.layers for m in layer.modules()] + list(self.head.modules()))
 
 
 class LowRankLinear(nn.Module):
@@ -170,18 +162,14 @@ def low_rank_factors(model, fraction: float) -> dict[str, tuple[torch.Tensor, to
     return factors
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A separate causal LM as drafter (two-model speculative decoding), through its own forward and cache."""
 
     def __init__(self, model):
-        self.model = model
+        self.model, self.modules = model, list(model.modules())
         self.cache_kwarg = cache_kwarg_name(model)
         self.keeps_logits = supports_logits_to_keep(model)
         self.device = next(model.parameters()).device
-        self.ratio: float | None = None
-
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache()  # plain layers: a sliding-window layer could not be cropped past its window
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, past: int, cache, all_rows: bool = False) -> torch.Tensor:
@@ -191,9 +179,6 @@ class ModelDrafter:
         logits = self.model(input_ids=ids, position_ids=pos, use_cache=True, **{self.cache_kwarg: cache},
                             **kwargs).logits[0].float()
         return logits if all_rows else logits[-1]
-
-    def linear_params(self) -> int:
-        return _linear_weights(self.model.modules())
 
 
 def truncated_copy(model, layers: int):
@@ -206,9 +191,6 @@ def truncated_copy(model, layers: int):
     if getattr(new.config, "layer_types", None) is not None:
         new.config.layer_types = list(new.config.layer_types)[:layers]
     return new
-
-
-# -- choosing a size ---------------------------------------------------------------------------------------------
 
 
 def modelled_speed(accept: float, cost: float, max_depth: int = 8) -> float:
@@ -255,11 +237,9 @@ def build(model, kind: str, size: float, importance: np.ndarray | None = None,
 
 @torch.no_grad()
 def calibrate(model, kind: str, ids: torch.Tensor, sizes: Sequence[float] | None = None) -> tuple[dict, LayerStack]:
-    """Choose ``kind``'s size on ``ids`` long[1, q] (the prompt's last tokens): one target forward (its argmax, and
-    its hidden states for layer skip), one drafter forward per candidate; the best :func:`modelled_speed` of a
-    candidate's agreement with the target's argmax and its cost (weights read per token over the target's) wins.
-    Returns ({"size", "layers" run, "agreement", "weights": cost, "candidates": ((size, agreement, cost), ...)},
-    the drafter)."""
+    """({"size", "layers", "agreement", "weights", "candidates"}, the drafter) of ``kind``'s size with the best
+    :func:`modelled_speed` of its agreement with the target's argmax on ``ids`` long[1, q] and its weights read per
+    token over the target's."""
     check_llama_family(model)
     sizes = CANDIDATE_SIZES[kind] if sizes is None else tuple(sizes)
     out = model(input_ids=ids, output_hidden_states=kind == "layer-skip", use_cache=False)
