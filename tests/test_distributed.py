@@ -216,6 +216,7 @@ def _same_on_ranks(tp_run, case: str, expected) -> list[dict]:
 def test_decoder_greedy_is_plain_on_every_rank_in_fewer_forwards(tp_run, refs):
     r0, _ = _same_on_ranks(tp_run, "decoder_greedy", [refs["greedy"]])
     assert r0["calls"] < r0["new_tokens"] == NEW_TOKENS
+    assert r0["forwards"] == r0["calls"]  # no forward beyond the call's own steps: nothing timed apart
 
 
 def test_decoder_window_is_plain_on_every_rank(tp_run, refs):

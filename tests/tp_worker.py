@@ -176,9 +176,14 @@ def _decoded(dec, out) -> dict:
 
 
 def _one_row(tp, spec, dec, sample: bool):
-    out = tp.generate(torch.tensor([spec["prompt"]]), max_new_tokens=spec["new_tokens"], do_sample=sample,
-                      custom_generate=dec)
-    return _decoded(dec, out)
+    forwards = [0]  # every forward of the model during the call, whatever made it
+    hook = tp.register_forward_pre_hook(lambda module, args: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        out = tp.generate(torch.tensor([spec["prompt"]]), max_new_tokens=spec["new_tokens"], do_sample=sample,
+                          custom_generate=dec)
+    finally:
+        hook.remove()
+    return {**_decoded(dec, out), "forwards": forwards[0]}
 
 
 def decoder_greedy(tp, single, spec):
