@@ -1,26 +1,17 @@
-"""The n-gram store: a bounded trie of token-id n-grams that proposes draft trees.
+"""The n-gram stores, both proposing draft trees ``(tokens, parents)``: breadth-first, ``parents[i]`` -1 under the
+root, else an index ``< i``. :class:`SuffixIndex` (``suffix.py``) copies from one request's context;
+:class:`NgramTrie`, a bounded trie of token-id n-grams, drafts from whatever was inserted (shared across calls).
 
-Terms
------
-stream
-    Token ids inserted one after another (``NgramTrie.insert`` appends; ``reset_stream`` starts a new stream,
-    ``clear`` also empties the trie). Each inserted token gets the next *step* (1, 2, ...) as its timestamp.
-n-gram
-    1..``max_n`` consecutive tokens of one stream (never across a stream boundary): a trie node reached by its
-    tokens, with ``count`` (occurrences) and ``last_used`` (the step that ended its latest occurrence).
-match
-    The longest suffix of at most ``max_match`` (default ``max_n - 1``) context tokens whose node has children.
-draft tree
-    ``propose``'s ``(tokens, parents)``: up to ``max_nodes`` nodes below the match, at most ``max_depth`` deep,
-    breadth-first; ``parents[i]`` is -1 for a child of the match, else the parent's index ``< i``.
-score
-    ``score(child) = score(parent) * count(child) / (sum of count over parent's children)``, 1 at the match. The
-    tree is the best-first pick of the highest scores (ties: shallower, then most recently used); siblings are
-    output by count, then recency.
+NgramTrie terms: token ids are inserted as *streams* (``insert`` appends, ``reset_stream`` starts a new one,
+``clear`` also empties the trie); each inserted token gets the next *step* (1, 2, ...). An *n-gram* is 1..``max_n``
+consecutive tokens of one stream: a node with ``count`` (occurrences) and ``last_used`` (the step that ended its
+latest occurrence). The *match* is the longest suffix of at most ``max_match`` (default ``max_n - 1``) context
+tokens whose node has children; ``propose`` picks up to ``max_nodes`` nodes below it, at most ``max_depth`` deep,
+best-first by ``score(child) = score(parent) * count(child) / (sum of count over parent's children)``, 1 at the match
+(ties: shallower, then most recently used); siblings are output by count, then recency.
 
-Example: ``(5, 1, 2)`` is no node, so the match is ``(1, 2)``, followed by 3 twice and 4 once: scores 2/3 and
-1/3, which the only children ``(1, 2, 3, 1)`` and ``(1, 2, 4, 1)`` inherit (depth <= ``max_n - 2`` here). With two
-nodes, the 2/3 path ``3 -> 1`` beats the 1/3 branch ``4``.
+Example: ``(5, 1, 2)`` is no node, so the match is ``(1, 2)``, followed by 3 twice and 4 once: scores 2/3 and 1/3,
+which the only children ``(1, 2, 3, 1)`` and ``(1, 2, 4, 1)`` inherit. With two nodes, the 2/3 path ``3 -> 1`` wins.
 
 >>> from lookahead.cache import NgramTrie
 >>> trie = NgramTrie(max_n=4, capacity=64)
@@ -32,17 +23,12 @@ nodes, the 2/3 path ``3 -> 1`` beats the 1/3 branch ``4``.
 >>> tokens.tolist(), parents.tolist()
 ([3, 1], [-1, 0])
 
-The constructor allocates all memory (64 to 72 bytes per node of ``capacity``): when fewer than ``max_n`` slots
-are free before a token is inserted, the least recently used n-grams are evicted (``kernels.evict``). A
-``LookaheadDecoder(store=NgramTrie(...))`` learns only each request's generated tokens, one stream per request.
-
-Persistence
------------
-``save`` writes a versioned, checksummed file atomically (format: :mod:`lookahead.cache.persist`); ``load`` and
-``load_into`` raise :class:`TrieFileError` for a file that is not a usable store and :class:`TrieMismatchError`
-(a subclass; both ``ValueError``) for another vocabulary, tokenizer or ``max_n``, leaving the trie untouched. The
-n-grams, counts, last-used steps and step counter are saved, so a loaded trie proposes and evicts as the saved one
-would; streams are not.
+The constructor allocates all memory (64 to 72 bytes per node of ``capacity``); when fewer than ``max_n`` slots are
+free before a token is inserted, the least recently used n-grams are evicted (``kernels.evict``). ``save`` writes
+the n-grams, counts, last-used steps and step counter (not the streams) to a checksummed file
+(:mod:`lookahead.cache.persist`): a loaded trie proposes and evicts as the saved one would. ``load`` and
+``load_into`` raise :class:`TrieFileError` for a file that is not a usable store and :class:`TrieMismatchError` (a
+subclass; both ``ValueError``) for another vocabulary, tokenizer or ``max_n``, leaving the trie untouched.
 
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "store.ngt")
@@ -54,14 +40,12 @@ Traceback (most recent call last):
 ...
 lookahead.cache.persist.TrieMismatchError: ...: the store was saved for a vocabulary of 100 tokens, not 50000: ...
 
-Threads
--------
-Every public method holds the trie's lock. Each thread has its own stream (``insert`` and ``reset_stream`` act on
-the caller's), so concurrent requests never form n-grams across each other and yield the same n-grams and counts
-as decoding them one after the other. A paused thread's place is re-found by lookup when it inserts again, minus
-any of its open n-grams evicted meanwhile. Eviction never frees the n-grams the inserting thread's next token
-extends, but near the minimum capacity interleaved threads may lose more recent ones than one stream would.
-``clear`` and ``load_into`` restart every thread's stream.
+Threads: every public method holds the trie's lock, and ``insert`` and ``reset_stream`` act on the calling thread's
+own stream, so concurrent requests yield the n-grams and counts of decoding them one after the other. A paused
+thread's place is re-found by lookup when it inserts again, minus any of its open n-grams evicted meanwhile.
+Eviction never frees the n-grams the inserting thread's next token extends, but near the minimum capacity
+interleaved threads may lose more recent ones than one stream would. ``clear`` and ``load_into`` restart every
+thread's stream.
 """
 
 from .suffix import SuffixIndex

@@ -1,19 +1,17 @@
-"""Numba kernels of the n-gram trie over four arrays that :class:`lookahead.cache.trie.NgramTrie` allocates once;
-the kernels mutate them in place and allocate nothing per node.
+"""Numba kernels of the n-gram trie, mutating in place four arrays :class:`~lookahead.cache.trie.NgramTrie`
+allocates once (nothing is allocated per node).
 
 ``nodes``  int32 ``(capacity + 1, 8)``, row 0 the root: ``TOKEN``, ``PARENT``, a doubly linked child list
            (``FIRST_CHILD``, ``LAST_CHILD``, ``NEXT_SIBLING``, ``PREV_SIBLING``), ``GROUP``, and ``GROUP_HEAD``
            (indexed by group id, not node). A free slot has ``TOKEN == -1``; ``NEXT_SIBLING`` links the free list.
 ``stats``  int64 ``(capacity + 1, 3)``: ``COUNT``, ``LAST_USED`` (step that last recorded it), ``CHILD_SUM``.
-``table``  int32 power-of-two hash table (linear probing, load <= 1/2) from ``(parent, token)`` to the child's
-           slot, 0 = empty. ``NgramTrie`` passes a prefix sized to the live nodes, or all of it wherever an insert
-           could evict: eviction uses it as scratch, then rebuilds it.
+``table``  int32 power-of-two hash (linear probing, load <= 1/2) from ``(parent, token)`` to the child's slot, 0 =
+           empty: a prefix sized to the live nodes, or all of it where an insert could evict (eviction's scratch).
 ``state``  int64: the scalars ``S_*``, then ``S_OPEN + k``: the node of the open path of length ``k + 1``.
 
-Child lists are sorted by (count desc, last_used desc), ``propose``'s sibling order. Runs of equal count are
-*groups* (O(1) LFU): ``nodes[v, GROUP]`` is a node's group id, ``nodes[g, GROUP_HEAD]`` group ``g``'s first node
-(free group ids chain through that column). An update (count +1, most recent) moves a node to the front of the
-group just before its own.
+Child lists are sorted by (count desc, last_used desc), ``propose``'s sibling order; runs of equal count are
+*groups* (O(1) LFU: ``nodes[g, GROUP_HEAD]`` is group ``g``'s first node; free group ids chain through it). An
+update (count +1, most recent) moves a node to the front of the group just before its own.
 """
 
 from __future__ import annotations
@@ -21,20 +19,23 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .primitives import heap_pop, heap_push, pair_slot
+from .primitives import INT32_MAX, heap_pop, heap_push, pair_slot
 
-# columns of ``nodes``
-TOKEN, PARENT, FIRST_CHILD, LAST_CHILD, NEXT_SIBLING, PREV_SIBLING, GROUP, GROUP_HEAD = range(8)
+TOKEN, PARENT, FIRST_CHILD, LAST_CHILD, NEXT_SIBLING, PREV_SIBLING, GROUP, GROUP_HEAD = range(8)  # nodes
 NODE_COLUMNS = 8
-# columns of ``stats``
-COUNT, LAST_USED, CHILD_SUM = 0, 1, 2
+COUNT, LAST_USED, CHILD_SUM = 0, 1, 2  # stats
 STAT_COLUMNS = 3
-# slots of ``state``
 S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE, S_HIGH = range(9)
 S_OPEN = 9  # state[S_OPEN + k]: node of the open path of length k + 1
 # Rows above S_HIGH count as a new trie's (``fresh_rows``) whatever they hold; ``_reach`` writes them when needed.
+REACH_ROWS = 512  # the fewest rows _reach writes at once
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
-INT32_MAX = 2**31 - 1
+# ``build`` status codes (returned with the offending row), and what each says
+BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED, BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(9)
+BUILD_ERRORS = ("", "parent index not before the row", "token id out of range", "count < 1",
+                "last_used outside [1, step]", "n-gram longer than max_n",
+                "siblings not sorted by (count, last_used) descending", "duplicate n-gram",
+                "more n-grams than the capacity")
 
 
 def table_size(capacity: int) -> int:
@@ -56,17 +57,21 @@ def rehash(nodes, table, state):
 
 
 @njit(cache=True, inline="always")
-def find_child(nodes, table, parent, token):
-    """Slot of the child of ``parent`` with ``token``, or 0 when there is none."""
-    mask = table.shape[0] - 1
+def _probe(nodes, table, mask, parent, token):
+    """``(slot, node)``: where ``table`` (``mask + 1`` slots) holds the child of ``parent`` with ``token``, else the
+    empty slot ending its probe sequence, and 0."""
     i = pair_slot(parent, token, mask)
     while True:
-        v = table[i]
-        if v == 0:
-            return 0
-        if nodes[v, TOKEN] == token and nodes[v, PARENT] == parent:
-            return v
+        x = table[i]
+        if x == 0 or (nodes[x, TOKEN] == token and nodes[x, PARENT] == parent):
+            return i, x
         i = (i + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def find_child(nodes, table, parent, token):
+    """Slot of the child of ``parent`` with ``token``, or 0 when there is none."""
+    return _probe(nodes, table, table.shape[0] - 1, parent, token)[1]
 
 
 @njit(cache=True, inline="always")
@@ -79,6 +84,19 @@ def _init_node(nodes, stats, x, token, parent, count, last_used):
     stats[x, COUNT] = count
     stats[x, LAST_USED] = last_used
     stats[x, CHILD_SUM] = 0
+
+
+@njit(cache=True, inline="always")
+def _link_before(nodes, parent, x, b):
+    """Link ``x`` into ``parent``'s child list just before ``b`` (a child)."""
+    pb = nodes[b, PREV_SIBLING]
+    nodes[x, PREV_SIBLING] = pb
+    nodes[x, NEXT_SIBLING] = b
+    nodes[b, PREV_SIBLING] = x
+    if pb != 0:
+        nodes[pb, NEXT_SIBLING] = x
+    else:
+        nodes[parent, FIRST_CHILD] = x
 
 
 @njit(cache=True, inline="always")
@@ -100,12 +118,8 @@ def fresh_rows(nodes, stats, cap, lo, hi):
         nodes[v, GROUP_HEAD] = link
 
 
-REACH_ROWS = 512  # the fewest rows _write_ahead writes at once
-
-
 @njit(cache=True)
 def _write_ahead(nodes, stats, state, v):
-    """Rows ``S_HIGH + 1 .. max(v, S_HIGH + REACH_ROWS)`` (<= capacity) written as a new trie's; raises ``S_HIGH``."""
     high = state[S_HIGH]
     last = min(max(v, high + REACH_ROWS), state[S_CAPACITY])
     fresh_rows(nodes, stats, state[S_CAPACITY], high + 1, last)
@@ -114,7 +128,8 @@ def _write_ahead(nodes, stats, state, v):
 
 @njit(cache=True, inline="always")
 def _reach(nodes, stats, state, v):
-    """Call before row ``v`` (<= capacity) is read: writes the rows above ``S_HIGH`` up to it as a new trie's."""
+    """Call before row ``v`` (<= capacity) is read: rows ``S_HIGH + 1 .. max(v, S_HIGH + REACH_ROWS)`` (<=
+    capacity) are written as a new trie's, ``S_HIGH`` raised."""
     if v > state[S_HIGH]:
         _write_ahead(nodes, stats, state, v)
 
@@ -214,15 +229,12 @@ def _mark_kept(nodes, stats, table, state, thr):
 
 @njit(cache=True)
 def evict(nodes, stats, table, state):
-    """LRU eviction, O(capacity); returns True when at least ``max_n`` slots are free afterwards.
-
-    With ``s`` the last step, ``T = min((capacity // 4)-th smallest last_used, s - 2 max_n)``: keep nodes with
-    ``last_used > T``, the open path (parents of the next token's n-grams) and all their ancestors; free the rest.
-    With one stream and ``capacity >= 4 max_n**2`` this frees >= max_n: an ancestor of a node used at step u was
-    used at >= u - max_n + 1, so at most max_n (max_n - 1) kept nodes have last_used <= T. Parked streams of other
-    threads break that argument, so if too few would go, T rises to ``s - 2 max_n``, then ``s - 1`` (keeps at most
-    max_n (max_n + 1) <= capacity / 2 nodes).
-    """
+    """LRU eviction, O(capacity); returns True when at least ``max_n`` slots are free afterwards. With ``s`` the
+    last step, ``T = min((capacity // 4)-th smallest last_used, s - 2 max_n)``: keep nodes with ``last_used > T``,
+    the open path (parents of the next token's n-grams) and all their ancestors; free the rest. With one stream and
+    ``capacity >= 4 max_n**2`` this frees >= max_n: an ancestor of a node used at step u was used at >= u - max_n
+    + 1, so at most max_n (max_n - 1) kept nodes have last_used <= T. Parked streams of other threads break that
+    argument, so if too few would go, T rises to ``s - 2 max_n``, then ``s - 1`` (keeps <= max_n (max_n + 1))."""
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
     s = state[S_STEP]
@@ -304,12 +316,8 @@ def evict(nodes, stats, table, state):
 @njit(cache=True)
 def insert(nodes, stats, table, state, tokens):
     """Append ``tokens`` (int64[n]) to the current stream; returns ``OK``, ``ERR_TOKEN`` (a token outside
-    [0, 2**31 - 1]: nothing changed) or ``ERR_EVICT``.
-
-    Per token (step ``s``): each open path shorter than max_n and the new path ``(t,)`` get their child ``t``
-    (created if missing) with ``count += 1``, ``last_used = s``. The node update is inlined by hand (Numba kept
-    reference counting in the loop with array-taking helpers).
-    """
+    [0, 2**31 - 1]: nothing changed) or ``ERR_EVICT``. Per token (step ``s``): each open path shorter than max_n and
+    the new path ``(t,)`` get their child ``t`` (created if missing) with ``count += 1``, ``last_used = s``."""
     n = tokens.shape[0]
     for j in range(n):
         if tokens[j] < 0 or tokens[j] > INT32_MAX:
@@ -331,12 +339,7 @@ def insert(nodes, stats, table, state, tokens):
         # k > 0: extend the open path of length k by t; k = 0: the path (t,) below the root
         for k in range(min(n_open, max_n - 1), -1, -1):
             parent = state[S_OPEN + k - 1] if k > 0 else 0
-            i = pair_slot(parent, t, mask)
-            while True:
-                x = table[i]
-                if x == 0 or (nodes[x, TOKEN] == t and nodes[x, PARENT] == parent):
-                    break
-                i = (i + 1) & mask
+            i, x = _probe(nodes, table, mask, parent, t)
             if x != 0:
                 # existing node: count c -> c + 1, moved to the front of group c + 1 (just before its group g)
                 c = stats[x, COUNT]
@@ -365,14 +368,7 @@ def insert(nodes, stats, table, state, tokens):
                             nodes[nx, PREV_SIBLING] = px
                         else:
                             nodes[parent, LAST_CHILD] = px
-                        pb = nodes[b, PREV_SIBLING]
-                        nodes[x, PREV_SIBLING] = pb
-                        nodes[x, NEXT_SIBLING] = b
-                        nodes[b, PREV_SIBLING] = x
-                        if pb != 0:
-                            nodes[pb, NEXT_SIBLING] = x
-                        else:
-                            nodes[parent, FIRST_CHILD] = x
+                        _link_before(nodes, parent, x, b)
                     if join:
                         nodes[g2, GROUP_HEAD] = x
                         nodes[x, GROUP] = g2
@@ -399,15 +395,7 @@ def insert(nodes, stats, table, state, tokens):
                 last = nodes[parent, LAST_CHILD]
                 if last != 0 and stats[last, COUNT] == 1:
                     g = nodes[last, GROUP]
-                    h = nodes[g, GROUP_HEAD]
-                    pb = nodes[h, PREV_SIBLING]
-                    nodes[x, PREV_SIBLING] = pb
-                    nodes[x, NEXT_SIBLING] = h
-                    nodes[h, PREV_SIBLING] = x
-                    if pb != 0:
-                        nodes[pb, NEXT_SIBLING] = x
-                    else:
-                        nodes[parent, FIRST_CHILD] = x
+                    _link_before(nodes, parent, x, nodes[g, GROUP_HEAD])
                     nodes[g, GROUP_HEAD] = x
                     nodes[x, GROUP] = g
                 else:
@@ -430,8 +418,7 @@ def insert(nodes, stats, table, state, tokens):
 @njit(cache=True)
 def insert_rows(nodes, stats, table, state, rows):
     """Each row of ``rows`` int64[r, n] inserted as a stream of its own; returns the first failing row's status
-    (earlier rows stay inserted). The last row's open path stays. Rows ``[[1, 2], [2, 3]]`` record (1, 2) and
-    (2, 3), not (2, 2)."""
+    (earlier rows stay inserted). The last row's open path stays."""
     for i in range(rows.shape[0]):
         state[S_N_OPEN] = 0
         status = insert(nodes, stats, table, state, rows[i])
@@ -443,11 +430,8 @@ def insert_rows(nodes, stats, table, state, rows):
 @njit(cache=True)
 def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, out_parents, out_match):
     """Draft tree for ``ctx`` into ``out_tokens[:k]``, ``out_parents[:k]``; returns ``k <= len(out_tokens)`` or
-    ``ERR_TOKEN``; ``out_match[0]`` = match length (0 when empty). Read-only on the trie.
-
-    Best-first with lazy siblings: child lists are in pop order, so a popped node pushes only its next sibling and
-    (once selected) its first child; the heap holds at most 2 * max_nodes + 1 entries.
-    """
+    ``ERR_TOKEN``; ``out_match[0]`` = match length (0 when empty). Read-only. Best-first with lazy siblings: child
+    lists are in pop order, so a popped node pushes only its next sibling and (once selected) its first child."""
     n = ctx.shape[0]
     max_n = state[S_MAX_N]
     mm = min(max(max_match, 1), max_n - 1)
@@ -558,10 +542,6 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
     return n_sel - 1
 
 
-# ``build`` status codes (returned with the offending row)
-BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED, BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(9)
-
-
 @njit(cache=True)
 def export(nodes, stats, token, parent, count, last_used):
     """Every live node, breadth-first with siblings in list order, into the outputs (length = live nodes);
@@ -601,7 +581,6 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
     if n > cap:
         return TOO_MANY, n
     _reach(nodes, stats, state, n)  # the slots and group ids the nodes take
-    mask = table.shape[0] - 1
     depth = np.zeros(n + 1, np.int64)
     g_next = 1
     for i in range(n):
@@ -618,33 +597,26 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
         lu = last_used[i]
         if lu < 1 or lu > step:
             return BAD_LAST_USED, i
-        d = depth[p] + 1
-        if d > max_n:
+        depth[v] = depth[p] + 1
+        if depth[v] > max_n:
             return BAD_DEPTH, i
-        depth[v] = d
-        h = pair_slot(p, t, mask)
-        while table[h] != 0:
-            x = table[h]
-            if nodes[x, TOKEN] == t and nodes[x, PARENT] == p:
-                return DUPLICATE, i
-            h = (h + 1) & mask
+        h, x = _probe(nodes, table, table.shape[0] - 1, p, t)
+        if x != 0:
+            return DUPLICATE, i
         table[h] = v
-        _init_node(nodes, stats, v, t, p, c, lu)
-        nodes[v, NEXT_SIBLING] = 0
         last = nodes[p, LAST_CHILD]
-        same = False
-        if last != 0:
-            lc = stats[last, COUNT]
-            if lc < c or (lc == c and stats[last, LAST_USED] < lu):
-                return BAD_ORDER, i
-            nodes[last, NEXT_SIBLING] = v
-            same = lc == c
-        else:
-            nodes[p, FIRST_CHILD] = v
+        if last != 0 and (stats[last, COUNT] < c or (stats[last, COUNT] == c and stats[last, LAST_USED] < lu)):
+            return BAD_ORDER, i
+        _init_node(nodes, stats, v, t, p, c, lu)
         nodes[v, PREV_SIBLING] = last
+        nodes[v, NEXT_SIBLING] = 0
         nodes[p, LAST_CHILD] = v
         stats[p, CHILD_SUM] += c
-        if same:
+        if last == 0:
+            nodes[p, FIRST_CHILD] = v
+        else:
+            nodes[last, NEXT_SIBLING] = v
+        if last != 0 and stats[last, COUNT] == c:
             nodes[v, GROUP] = nodes[last, GROUP]
         else:
             nodes[g_next, GROUP_HEAD] = v

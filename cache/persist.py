@@ -13,13 +13,9 @@ The header holds ``max_n``, ``capacity``, ``n_nodes``, ``step``, ``n_evictions``
 ``tokenizer_id`` (either may be null), ``arrays`` as ``[name, dtype, length]``, ``payload_bytes`` and
 ``payload_crc32``. The payload is ``kernels.export``'s breadth-first n-grams: ``count``, ``last_used`` (``<u4``
 when all fit, else ``<i8``), ``token``, ``parent`` (``<i4``, parent's row or -1); no in-memory layout, no pickle.
-
-The prefix and the checksummed header keep this shape in every version, so the version field is trusted only once
-the header's checksum matches and its ``format_version`` agrees: a flipped bit in either reads as "corrupt", and
-only an intact header of a higher version asks for an upgrade.
-
-Written to ``<path>.tmp-<pid>-<thread>``, fsynced, then ``os.replace``d onto ``path`` (directory fsynced), so
-``path`` holds the old file or the complete new one.
+The version field is trusted only once the header's checksum matches and its ``format_version`` agrees: a flipped
+bit in either reads as "corrupt"; only an intact header of a higher version asks for an upgrade. Written to
+``<path>.tmp-<pid>-<thread>``, fsynced, then ``os.replace``d onto ``path`` (directory fsynced).
 """
 
 from __future__ import annotations
@@ -33,6 +29,8 @@ import threading
 import zlib
 
 import numpy as np
+
+from .primitives import int_at_least
 
 MAGIC = b"\x89NGTRIE\n"
 FORMAT_VERSION = 1
@@ -70,6 +68,26 @@ def tokenizer_identity(tokenizer) -> str:
     name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     name = os.path.basename(name.rstrip("/\\")) or name
     return f"{name}|vocab={len(vocab)}|sha256={digest.hexdigest()[:16]}"
+
+
+def check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity) -> None:
+    """Raise :class:`TrieMismatchError` unless the file fits the vocabulary, tokenizer, ``max_n`` and ``capacity``."""
+    why = None
+    if vocab_size is not None:
+        vocab_size = int_at_least(vocab_size, 1, "vocab_size", "a positive integer")
+    if vocab_size is not None and header["vocab_size"] not in (None, vocab_size):
+        why = (f"the store was saved for a vocabulary of {header['vocab_size']} tokens, not {vocab_size}: it belongs "
+               "to another tokenizer")
+    elif vocab_size is not None and header["n_nodes"] and int(arrays["token"].max()) >= vocab_size:
+        why = f"the store holds token id {int(arrays['token'].max())}, outside a vocabulary of {vocab_size}"
+    elif tokenizer_id is not None and header.get("tokenizer_id") not in (None, tokenizer_id):
+        why = f"the store was saved for tokenizer {header['tokenizer_id']!r}, not {tokenizer_id!r}"
+    elif header["max_n"] != max_n:
+        why = f"the store has max_n={header['max_n']}, this trie max_n={max_n}"
+    elif header["n_nodes"] > capacity:
+        why = f"the store holds {header['n_nodes']} n-grams, more than the capacity {capacity}"
+    if why:
+        raise TrieMismatchError(f"{path}: {why}")
 
 
 def write_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:

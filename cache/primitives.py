@@ -1,6 +1,5 @@
-"""Numba helpers the stores share, each inlined into its caller: a pair hash, a best-first heap, ``bucket``.
-
-:data:`MIX1` / :data:`MIX2` (splitmix64 multipliers) are used by ``lookahead.recycle``'s pair keys too.
+"""Helpers the stores share: a pair hash, a best-first heap and ``bucket`` (Numba, inlined into their callers), and
+the token-id argument check. :data:`MIX1` / :data:`MIX2` (splitmix64 multipliers) serve ``lookahead.recycle`` too.
 """
 
 from __future__ import annotations
@@ -10,6 +9,40 @@ from numba import njit
 
 MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 MIX2 = np.uint64(0x94D049BB133111EB)
+INT32_MAX = 2**31 - 1
+_I64 = np.dtype(np.int64)
+
+
+def int_array(values, field: str) -> np.ndarray:
+    """``values`` as a 1-D C-contiguous writeable int64 array, copied unless it is one (Numba would compile a
+    kernel specialisation for every other layout); ``field`` names the argument in errors."""
+    if type(values) is np.ndarray and values.dtype is _I64 and values.ndim == 1:
+        flags = values.flags
+        if flags.c_contiguous and flags.writeable:
+            return values
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{field}: expected a 1-D sequence of token ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{field}: expected integer token ids, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > INT32_MAX:
+        raise ValueError(f"{field}: token ids must be in [0, {INT32_MAX}], got {int(arr.max())}")
+    return np.array(arr, dtype=np.int64, order="C")  # a copy
+
+
+def int_at_least(value, lo: int, field: str, rule: str) -> int:
+    """``value`` as an int, or ValueError("<field>: must be <rule>, got <value>") unless an integer >= ``lo``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ValueError(f"{field}: must be {rule}, got {value!r}")
+    return int(value)
+
+
+def token_error(field: str, arr: np.ndarray) -> ValueError:
+    return ValueError(
+        f"{field}: token ids must be in [0, {INT32_MAX}] (int32), got min {int(arr.min())}, max {int(arr.max())}"
+    )
 
 
 @njit(cache=True, inline="always")
@@ -37,8 +70,8 @@ def _before(score, depth, tie, a, b):
 
 @njit(cache=True, inline="always")
 def heap_push(heap, n, e, score, depth, tie):
-    """Push entry ``e`` onto ``heap[:n]`` (keys ``score``, ``depth``, ``tie`` indexed by entry); returns ``n + 1``.
-    Entries pop by score desc, depth asc, tie desc: scores ``[0.2, 0.9, 0.5]`` pop as 1, 2, 0."""
+    """Push entry ``e`` onto ``heap[:n]`` (keys ``score``, ``depth``, ``tie`` indexed by entry; pops by score
+    desc, depth asc, tie desc); returns ``n + 1``."""
     i = n
     while i > 0:  # sift up
         p = (i - 1) >> 1
@@ -75,8 +108,7 @@ def heap_pop(heap, n, score, depth, tie):
 
 @njit(cache=True, inline="always")
 def bucket(x, edges):
-    """1 + how many of ``edges`` (increasing) ``x`` reaches: ``1 + edges.searchsorted(x, side="right")``.
-    Example: edges ``[4, 16]``: 3 -> 1, 4 -> 2, 20 -> 3."""
+    """1 + how many of ``edges`` (increasing) ``x`` reaches: edges ``[4, 16]``: 3 -> 1, 4 -> 2, 20 -> 3."""
     b = 1
     for e in range(edges.shape[0]):
         b += edges[e] <= x

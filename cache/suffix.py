@@ -1,8 +1,6 @@
 """``SuffixIndex``: a suffix automaton over one request's context that drafts long copies, finding the context's
-longest earlier-seen suffix in amortised O(1) per appended token.
+longest earlier-seen suffix in amortised O(1) per appended token (Blumer et al. 1985; SAM-Decoding, Hu et al. 2024).
 
-Terms
------
 context
     The tokens appended (``extend``), at most ``capacity``: past it the index is rebuilt over the last
     ``capacity // 2`` (``rebuilds`` counts them). Positions are 0-based into the kept ``tokens``.
@@ -20,8 +18,8 @@ draft tree
     ``branch_depth``, within ``max_nodes``; breadth-first (``parents[i] < i``, -1 under the root), each node's
     match its ``L_c``.
 
-Example: after ``7 1 2 3 9 1 2 4 5 1 2``, ``1 2`` was followed by 3 (position 3) and by 4 (at 7), both
-``L_c = 2``; 3 is earlier, so its chain ``3 9 1 2 4 5 1 2 ...`` comes first.
+After ``7 1 2 3 9 1 2 4 5 1 2``, ``1 2`` was followed by 3 (position 3) and by 4 (at 7), both ``L_c = 2``; 3 is
+earlier, so its chain ``3 9 1 2 4 5 1 2 ...`` comes first:
 
 >>> from lookahead.cache import SuffixIndex
 >>> index = SuffixIndex(capacity=64)
@@ -32,15 +30,13 @@ Example: after ``7 1 2 3 9 1 2 4 5 1 2``, ``1 2`` was followed by 3 (position 3)
 >>> tokens.tolist(), parents.tolist(), match.tolist()
 ([3, 4, 9, 5, 1, 2, 4, 5], [-1, -1, 0, 1, 2, 4, 5, 6], [2, 2, 2, 2, 2, 2, 2, 2])
 
-How: the standard online suffix automaton construction (Blumer et al. 1985; SAM-Decoding, Hu et al. 2024). Each
-state is a class of substrings with the same end positions, with ``LEN`` (longest string), suffix ``LINK`` and
-``FIRST`` (first end position). The match is the newest state's suffix link; the candidates are the transitions
-of the states on its suffix-link chain (longest first), ``f_c`` the ``FIRST`` of ``c``'s target.
-
-Arrays for C = ``capacity``: ``states`` int32 ``(2C + 2, 5)`` (``LEN``, ``LINK``, ``FIRST``, ``HEAD``/``TAIL``
-of the transition list), ``edges`` int32 ``(3C + 4, 4)`` (``TOKEN``, ``TARGET``, ``NEXT``, ``OWNER``), ``table``
-int32 hash from (state, token) to transition + 1 in its first ``info[I_TABLE]`` slots (doubling from
-:data:`MIN_TABLE`, load <= 1/2), ``tokens`` int64[C], ``info`` int64 (``I_*``). Not thread-safe: one per request.
+Each automaton state is a class of substrings with the same end positions, with ``LEN`` (longest string), suffix
+``LINK`` and ``FIRST`` (first end position). The match is the newest state's suffix link; the candidates are the
+transitions of the states on its suffix-link chain (longest first), ``f_c`` the ``FIRST`` of ``c``'s target.
+Arrays for C = ``capacity``: ``states`` int32 ``(2C + 2, 5)`` (``LEN``, ``LINK``, ``FIRST``, ``HEAD``/``TAIL`` of
+the transition list), ``edges`` int32 ``(3C + 4, 4)`` (``TOKEN``, ``TARGET``, ``NEXT``, ``OWNER``), ``table`` int32
+hash from (state, token) to transition + 1 in its first ``info[I_TABLE]`` slots (doubling from :data:`MIN_TABLE`,
+load <= 1/2), ``tokens`` int64[C], ``info`` int64 (``I_*``). Not thread-safe: one per request.
 """
 from __future__ import annotations
 
@@ -49,7 +45,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from .primitives import bucket, pair_slot
+from .primitives import INT32_MAX, bucket, int_array, int_at_least, pair_slot, token_error
 
 # columns of ``states`` and ``edges``
 LEN, LINK, FIRST, HEAD, TAIL = range(5)
@@ -57,7 +53,6 @@ TOKEN, TARGET, NEXT, OWNER = range(4)
 # slots of ``info``
 I_CAPACITY, I_N, I_STATES, I_EDGES, I_LAST, I_REBUILDS, I_DROPPED, I_TABLE = range(8)
 INFO_SLOTS = 8
-INT32_MAX = 2**31 - 1
 OK, ERR_TOKEN = 0, -1
 _I64 = np.dtype(np.int64)
 MIN_TABLE = 1024  # hash slots in use after a reset (4 KB), or the whole table when it is smaller
@@ -291,12 +286,11 @@ class SuffixIndex:
     is rebuilt over the last ``capacity // 2``. All memory is allocated here."""
 
     def __init__(self, capacity: int = 1 << 16):
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 4:
-            raise ValueError(f"capacity: must be an integer >= 4, got {capacity!r}")
+        capacity = int_at_least(capacity, 4, "capacity", "an integer >= 4")
         if capacity > (1 << 28):
             raise ValueError(f"capacity: must be <= 2**28 (int32 transitions), got {capacity!r}")
         _warm_up()
-        self._allocate(int(capacity))
+        self._allocate(capacity)
 
     def _allocate(self, cap: int) -> None:
         # tokens, states and edges are written before they are read, so left unwritten
@@ -319,40 +313,23 @@ class SuffixIndex:
         self._info[I_REBUILDS] = state["rebuilds"]
         self._info[I_DROPPED] = state["dropped"]
 
-    @property
-    def capacity(self) -> int:
-        return int(self._info[I_CAPACITY])
+    capacity = property(lambda self: int(self._info[I_CAPACITY]))
+    rebuilds = property(lambda self: int(self._info[I_REBUILDS]), doc="Rebuilds over the last ``capacity // 2``.")
+    dropped = property(lambda self: int(self._info[I_DROPPED]), doc="Tokens dropped by rebuilds: the kept start.")
+    tokens = property(lambda self: self._tokens[: len(self)].copy(), doc="The kept context (a copy).")
 
     def __len__(self) -> int:
         """Context tokens held now."""
         return int(self._info[I_N])
 
-    @property
-    def rebuilds(self) -> int:
-        """How many rebuilds over the last ``capacity // 2`` tokens."""
-        return int(self._info[I_REBUILDS])
-
-    @property
-    def dropped(self) -> int:
-        """Tokens dropped by rebuilds: the kept context's absolute start."""
-        return int(self._info[I_DROPPED])
-
-    @property
-    def tokens(self) -> np.ndarray:
-        """The kept context (a copy)."""
-        return self._tokens[: len(self)].copy()
-
-    @property
-    def match_length(self) -> int:
-        """Length of the longest suffix of the context that also ends earlier (0: none)."""
+    def _match(self, column: int, none: int) -> int:
         q = int(self._states[self._info[I_LAST], LINK])
-        return int(self._states[q, LEN]) if q > 0 else 0
+        return int(self._states[q, column]) if q > 0 else none
 
-    @property
-    def match_end(self) -> int:
-        """End position of the match's first occurrence (-1 when there is no match)."""
-        q = int(self._states[self._info[I_LAST], LINK])
-        return int(self._states[q, FIRST]) if q > 0 else -1
+    match_length = property(lambda self: self._match(LEN, 0),
+                            doc="Length of the longest suffix of the context that also ends earlier (0: none).")
+    match_end = property(lambda self: self._match(FIRST, -1),
+                         doc="End position of the match's first occurrence (-1 when there is no match).")
 
     def __repr__(self) -> str:
         return f"SuffixIndex(capacity={self.capacity}, tokens={len(self)}, match={self.match_length})"
@@ -367,15 +344,9 @@ class SuffixIndex:
         """Append ``tokens`` (ids in [0, 2**31 - 1]) to the context."""
         arr = tokens
         if type(arr) is not np.ndarray or arr.dtype is not _I64 or arr.ndim != 1 or not arr.flags.c_contiguous:
-            arr = np.asarray(tokens)
-            if arr.ndim != 1:
-                raise ValueError(f"tokens: expected a 1-D sequence of token ids, got shape {arr.shape}")
-            if arr.size and arr.dtype.kind not in "iu":
-                raise ValueError(f"tokens: expected integer token ids, got dtype {arr.dtype}")
-            arr = np.ascontiguousarray(arr, dtype=np.int64)
+            arr = int_array(tokens, "tokens")
         if extend(self._states, self._edges, self._table, self._info, self._tokens, arr) != OK:
-            raise ValueError(f"tokens: token ids must be in [0, {INT32_MAX}], got min {int(arr.min())}, "
-                             f"max {int(arr.max())}")
+            raise token_error("tokens", arr)
 
     def propose(self, max_nodes: int, max_depth: int, max_branches: int = 1, branch_depth: int = 8,
                 min_match: int = 1, max_states: int = 16, with_depth: bool = False) -> tuple[np.ndarray, ...]:

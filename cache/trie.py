@@ -10,6 +10,7 @@ import threading
 import numpy as np
 
 from . import kernels as K
+from .primitives import int_array, int_at_least, token_error
 
 _I64 = np.dtype(np.int64)
 _I32 = np.dtype(np.int32)
@@ -35,31 +36,6 @@ def _warm_up() -> None:
     K.rehash(t._nodes, t._table, t._state)
 
 
-def _int_array(values, field: str) -> np.ndarray:
-    """``values`` as a 1-D C-contiguous writeable int64 array, copied unless it is one (Numba would compile a
-    kernel specialisation for every other layout)."""
-    if type(values) is np.ndarray and values.dtype is _I64 and values.ndim == 1:
-        flags = values.flags
-        if flags.c_contiguous and flags.writeable:
-            return values
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{field}: expected a 1-D sequence of token ids, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.empty(0, np.int64)
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"{field}: expected integer token ids, got dtype {arr.dtype}")
-    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > K.INT32_MAX:
-        raise ValueError(f"{field}: token ids must be in [0, {K.INT32_MAX}], got {int(arr.max())}")
-    return np.array(arr, dtype=np.int64, order="C")  # a copy
-
-
-def _token_error(field: str, arr: np.ndarray) -> ValueError:
-    return ValueError(
-        f"{field}: token ids must be in [0, {K.INT32_MAX}] (int32), got min {int(arr.min())}, max {int(arr.max())}"
-    )
-
-
 class NgramTrie:
     """Bounded n-gram trie over token-id streams, with best-first draft-tree proposals.
 
@@ -68,16 +44,13 @@ class NgramTrie:
     """
 
     def __init__(self, max_n: int = 8, capacity: int = 1 << 20):
-        if isinstance(max_n, bool) or not isinstance(max_n, (int, np.integer)) or max_n < 2:
-            raise ValueError(f"max_n: must be an integer >= 2, got {max_n!r}")
-        max_n = int(max_n)
+        max_n = int_at_least(max_n, 2, "max_n", "an integer >= 2")
         min_cap = 4 * max_n * max_n
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < min_cap:
-            raise ValueError(f"capacity: must be an integer >= 4 * max_n**2 = {min_cap}, got {capacity!r}")
+        capacity = int_at_least(capacity, min_cap, "capacity", f"an integer >= 4 * max_n**2 = {min_cap}")
         if capacity > K.INT32_MAX - 1:
             raise ValueError(f"capacity: must be < 2**31 - 1 (int32 node ids), got {capacity!r}")
         _warm_up()
-        self._setup(max_n, int(capacity))
+        self._setup(max_n, capacity)
 
     def _setup(self, max_n: int, capacity: int) -> None:
         self._max_n = max_n
@@ -113,10 +86,9 @@ class NgramTrie:
         self._loaded: _Stream | None = None  # the stream whose open path is in _state (None: unowned)
         self._epoch = 0  # bumped by clear/load: every stream starts anew
 
-    # pickling / copy.deepcopy: the contents travel, the lock and the streams do not
+    # pickling / copy.deepcopy: the contents travel (only the rows up to S_HIGH and the table's non-empty entries),
+    # the lock and the streams do not; the copy proposes, inserts and evicts exactly as the original would
     def __getstate__(self) -> dict:
-        """Only the rows up to ``S_HIGH`` and the table's non-empty entries; :meth:`__setstate__` writes them into
-        full-capacity arrays, so the copy proposes, inserts and evicts exactly as the original would."""
         with self._lock:
             state = {k: v for k, v in self.__dict__.items()
                      if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview",
@@ -131,14 +103,13 @@ class NgramTrie:
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         if "_pool_rows" in state:  # the compact form above (older pickles carry the whole arrays)
-            used = state.pop("_pool_rows")
-            nodes, stats, table, _ = _empty_arrays(int(state["_state"][K.S_MAX_N]),
-                                                   int(state["_state"][K.S_CAPACITY]))
+            used, scalars = state.pop("_pool_rows"), state["_state"]
+            cap, high = int(scalars[K.S_CAPACITY]), int(scalars[K.S_HIGH])
+            nodes, stats, table, _ = _empty_arrays(int(scalars[K.S_MAX_N]), cap)
             nodes[:used] = state.pop("_nodes_used")
             stats[:used] = state.pop("_stats_used")
-            high = int(state["_state"][K.S_HIGH])
             if high >= used:  # older pickles dropped the new trie's rows below the high-water mark too
-                K.fresh_rows(nodes, stats, int(state["_state"][K.S_CAPACITY]), used, high)
+                K.fresh_rows(nodes, stats, cap, used, high)
             table[state.pop("_table_entries")] = state.pop("_table_values")
             state.update(_nodes=nodes, _stats=stats, _table=table)
         _warm_up()
@@ -147,24 +118,10 @@ class NgramTrie:
         self._use(used)
         self._init_threading()
 
-    # -- read-only facts -----------------------------------------------------------------------
-    @property
-    def max_n(self) -> int:
-        return self._max_n
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def step(self) -> int:
-        """Tokens inserted so far."""
-        return int(self._state[K.S_STEP])
-
-    @property
-    def n_evictions(self) -> int:
-        """How many eviction passes have run."""
-        return int(self._state[K.S_N_EVICTIONS])
+    max_n = property(lambda self: self._max_n)
+    capacity = property(lambda self: self._capacity)
+    step = property(lambda self: int(self._state[K.S_STEP]), doc="Tokens inserted so far.")
+    n_evictions = property(lambda self: int(self._state[K.S_N_EVICTIONS]), doc="How many eviction passes have run.")
 
     def __len__(self) -> int:
         return int(self._state[K.S_N_LIVE])
@@ -180,7 +137,7 @@ class NgramTrie:
     # -- updates -----------------------------------------------------------------------------
     def insert(self, tokens) -> None:
         """Append ``tokens`` (1-D ints in [0, 2**31 - 1]) to the calling thread's stream, recording their n-grams."""
-        self._inserted(K.insert, _int_array(tokens, "tokens"), "tokens")
+        self._inserted(K.insert, int_array(tokens, "tokens"), "tokens")
 
     def insert_rows(self, rows) -> None:
         """Each row of ``rows`` (2-D ints in [0, 2**31 - 1]) as ``reset_stream(); insert(row)``, in one kernel call:
@@ -194,8 +151,7 @@ class NgramTrie:
             self._inserted(K.insert_rows, np.ascontiguousarray(arr, dtype=np.int64), "rows")
 
     def _inserted(self, kernel, arr: np.ndarray, field: str) -> None:
-        """Run ``K.insert`` or ``K.insert_rows`` on the calling thread's stream; a bad status raised (``field``
-        names the argument)."""
+        """Run ``K.insert`` or ``K.insert_rows`` on the calling thread's stream; a bad status raised."""
         with self._lock:
             stream = getattr(self._local, "stream", None)
             if stream is None or stream is not self._loaded:
@@ -204,7 +160,7 @@ class NgramTrie:
             status = kernel(self._nodes, self._stats, self._tview, self._state, arr)
         if status:
             if status == K.ERR_TOKEN:
-                raise _token_error(field, arr)
+                raise token_error(field, arr)
             raise RuntimeError("NgramTrie: eviction could not free max_n slots (invariant broken)")
 
     def reset_stream(self) -> None:
@@ -266,7 +222,7 @@ class NgramTrie:
             raise ValueError(f"max_depth: must be >= 0, got {max_depth}")
         if (type(context) is not np.ndarray or context.dtype is not _I64) and len(context) > mm:
             context = context[-mm:]  # convert only what is read (an int64 array is passed whole)
-        ctx = _int_array(context, "context")
+        ctx = int_array(context, "context")
         m = max_nodes if max_nodes <= 4096 else min(max_nodes, len(self))
         tokens = np.empty(m, _I64)
         parents = np.empty(m, _I32)
@@ -275,7 +231,7 @@ class NgramTrie:
             k = K.propose(self._nodes, self._stats, self._tview, self._state, ctx, min(max_depth, max_n), mm,
                           tokens, parents, match)
         if k < 0:
-            raise _token_error("context", ctx[-mm:])
+            raise token_error("context", ctx[-mm:])
         if with_match:
             return tokens[:k], parents[:k], int(match[0]) if k else 0
         return tokens[:k], parents[:k]
@@ -300,22 +256,20 @@ class NgramTrie:
             raise RuntimeError(f"NgramTrie: exported {got} nodes of {n} (invariant broken)")
         return arrays
 
-    # -- persistence -----------------------------------------------------------------------------
+    # -- persistence (the file format: lookahead.cache.persist, imported only here) ---------------------
     def save(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
         """Write the trie to ``path`` atomically, with ``vocab_size`` and ``tokenizer_id`` (e.g.
         :func:`cache.tokenizer_identity`) for :meth:`load` to check. Streams are not saved."""
         if vocab_size is not None:
-            vocab_size = _positive_int(vocab_size, "vocab_size")
+            vocab_size = int_at_least(vocab_size, 1, "vocab_size", "a positive integer")
         if tokenizer_id is not None and not isinstance(tokenizer_id, str):
             raise TypeError(f"tokenizer_id: expected a str, got {type(tokenizer_id).__name__}")
         with self._lock:
             arrays = self._export()
-            n = len(self)
-            meta = dict(max_n=self._max_n, capacity=self._capacity, n_nodes=n, step=self.step,
-                        n_evictions=self.n_evictions)
-        if vocab_size is not None and n and int(arrays["token"].max()) >= vocab_size:
+            meta = dict(max_n=self._max_n, capacity=self._capacity, n_nodes=len(self), step=self.step,
+                        n_evictions=self.n_evictions, vocab_size=vocab_size, tokenizer_id=tokenizer_id)
+        if vocab_size is not None and meta["n_nodes"] and int(arrays["token"].max()) >= vocab_size:
             raise ValueError(f"vocab_size={vocab_size}, but the trie holds token id {int(arrays['token'].max())}")
-        meta.update(vocab_size=vocab_size, tokenizer_id=tokenizer_id)
         from . import persist
 
         persist.write_file(path, meta, arrays)
@@ -329,7 +283,7 @@ class NgramTrie:
 
         header, arrays = persist.read_file(path)
         cap = header["capacity"] if capacity is None else capacity
-        _check_match(path, header, arrays, vocab_size, tokenizer_id, header["max_n"], cap)
+        persist.check_match(path, header, arrays, vocab_size, tokenizer_id, header["max_n"], cap)
         trie = cls(max_n=header["max_n"], capacity=cap)
         trie._install(path, header, arrays)
         return trie
@@ -344,7 +298,7 @@ class NgramTrie:
         from . import persist
 
         header, arrays = persist.read_file(path)
-        _check_match(path, header, arrays, vocab_size, tokenizer_id, self._max_n, self._capacity)
+        persist.check_match(path, header, arrays, vocab_size, tokenizer_id, self._max_n, self._capacity)
         self._install(path, header, arrays)
 
     def _install(self, path, header, arrays) -> None:
@@ -355,35 +309,11 @@ class NgramTrie:
         if status != K.BUILD_OK:
             from . import persist
 
-            raise persist.TrieFileError(f"{path}: corrupt: row {row}: {_BUILD_ERRORS.get(status, status)}")
+            raise persist.TrieFileError(f"{path}: corrupt: row {row}: {K.BUILD_ERRORS[status]}")
         with self._lock:
             self._nodes, self._stats, self._table, self._state = nodes, stats, table, state
             self._use(len(table))  # built with the whole table
             self._epoch += 1
-
-
-def _check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity) -> None:
-    """Raise :class:`cache.TrieMismatchError` unless the file fits the vocabulary, tokenizer, ``max_n`` and
-    ``capacity``."""
-    from . import persist
-
-    def mismatch(why: str) -> persist.TrieMismatchError:
-        return persist.TrieMismatchError(f"{path}: {why}")
-
-    if vocab_size is not None:
-        vocab_size = _positive_int(vocab_size, "vocab_size")
-        if header["vocab_size"] is not None and header["vocab_size"] != vocab_size:
-            raise mismatch(f"the store was saved for a vocabulary of {header['vocab_size']} tokens, "
-                           f"not {vocab_size}: it belongs to another tokenizer")
-        if header["n_nodes"] and int(arrays["token"].max()) >= vocab_size:
-            raise mismatch(f"the store holds token id {int(arrays['token'].max())}, outside a vocabulary "
-                           f"of {vocab_size}")
-    if tokenizer_id is not None and header.get("tokenizer_id") is not None and header["tokenizer_id"] != tokenizer_id:
-        raise mismatch(f"the store was saved for tokenizer {header['tokenizer_id']!r}, not {tokenizer_id!r}")
-    if header["max_n"] != max_n:
-        raise mismatch(f"the store has max_n={header['max_n']}, this trie max_n={max_n}")
-    if header["n_nodes"] > capacity:
-        raise mismatch(f"the store holds {header['n_nodes']} n-grams, more than the capacity {capacity}")
 
 
 class _Stream:
@@ -396,18 +326,6 @@ class _Stream:
         self.epoch = -1
 
 
-_BUILD_ERRORS = {
-    K.BAD_PARENT: "parent index not before the row",
-    K.BAD_TOKEN: "token id out of range",
-    K.BAD_COUNT: "count < 1",
-    K.BAD_LAST_USED: "last_used outside [1, step]",
-    K.BAD_DEPTH: "n-gram longer than max_n",
-    K.BAD_ORDER: "siblings not sorted by (count, last_used) descending",
-    K.DUPLICATE: "duplicate n-gram",
-    K.TOO_MANY: "more n-grams than the capacity",
-}
-
-
 def _empty_arrays(max_n: int, capacity: int):
     """``(nodes, stats, table, state)`` of an empty trie; node rows are left unwritten until used (``S_HIGH``)."""
     nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
@@ -418,9 +336,3 @@ def _empty_arrays(max_n: int, capacity: int):
     state[K.S_CAPACITY] = capacity
     K.reset(nodes, stats, table, state)
     return nodes, stats, table, state
-
-
-def _positive_int(value, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{field}: must be a positive integer, got {value!r}")
-    return int(value)
