@@ -7,8 +7,8 @@ One fresh Python process per install, dtype and workload (``PYTHONPATH`` picks t
 folder holding an older ``lookahead``, the other worker uses the one this interpreter imports). Each process loads
 SmolLM2-135M-Instruct in the dtype with ``--threads`` torch threads, makes one untimed 8-token plain call (torch's
 own one-time costs, which no method should be charged), then decodes every prompt with plain ``generate``, prompt
-lookup (``prompt_lookup_num_tokens=10``) and a fresh default ``LookaheadDecoder()``, the order rotated prompt by
-prompt. There is no other warm-up: the decoder's first call of the process (reading a kept curve or learning one,
+lookup (``prompt_lookup_num_tokens=10``), a fresh default ``LookaheadDecoder()`` and plain again (the A/A control),
+the order rotated prompt by prompt. There is no other warm-up: the decoder's first call of the process (reading a kept curve or learning one,
 loading the corpus) falls in the workload's first prompt, which counts like any other. Each install keeps its own
 ``LOOKAHEAD_CACHE`` (``--cache-before`` / ``--cache-after``, set up beforehand with ``python -m lookahead warmup
 --calibrate``, the README's set-up script), so a later process finds what an earlier one kept, as a user's would.
@@ -50,12 +50,12 @@ def run(ids, extra):
 
 with torch.inference_mode():
     model.generate(torch.tensor([job["prompts"][0][1][:32]]), max_new_tokens=8, do_sample=False, pad_token_id=pad)
-methods = ["plain", "prompt-lookup", "lookahead"]
+methods = ["plain", "prompt-lookup", "lookahead", "plain-again"]
 records = []
 for i, (name, ids) in enumerate(job["prompts"]):
     res = {}
-    for m in methods[i % 3:] + methods[:i % 3]:
-        extra = ({} if m == "plain" else {"prompt_lookup_num_tokens": 10} if m == "prompt-lookup"
+    for m in methods[i % 4:] + methods[:i % 4]:
+        extra = ({} if m.startswith("plain") else {"prompt_lookup_num_tokens": 10} if m == "prompt-lookup"
                  else {"custom_generate": LookaheadDecoder()})
         tokens, seconds = run(ids, extra)
         res[m] = {"tokens": tokens, "seconds": seconds}
@@ -89,11 +89,13 @@ def summary(result: dict) -> list[dict]:
     for run in result["runs"]:
         recs = run["records"]
         speed = {m: [r["plain"]["seconds"] / r[m]["seconds"] * len(r[m]["tokens"]) / max(1, len(r["plain"]["tokens"]))
-                     for r in recs] for m in ("prompt-lookup", "lookahead")}
+                     for r in recs] for m in ("prompt-lookup", "lookahead", "plain-again")}
         rows.append({"install": run["install"], "dtype": run["dtype"], "workload": run["workload"],
                      "lookahead_median": statistics.median(speed["lookahead"]),
                      "lookahead_first": speed["lookahead"][0], "lookahead_min": min(speed["lookahead"]),
                      "prompt_lookup_median": statistics.median(speed["prompt-lookup"]),
+                     "aa_median": statistics.median(speed["plain-again"]), "aa_min": min(speed["plain-again"]),
+                     "aa_max": max(speed["plain-again"]),
                      "identical": sum(r["lookahead"]["tokens"] == r["plain"]["tokens"] for r in recs),
                      "prompts": len(recs)})
     return rows
