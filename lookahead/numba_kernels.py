@@ -111,7 +111,7 @@ def kernels_ready() -> bool:
         if _STATE.process is None or _STATE.process.poll() is not None:
             _STATE.process = _start_compiler()
             if _STATE.process is None:  # could not start one (or another process holds the lock and is alive)
-                if not _lock_held():
+                if not lock_held():
                     _STATE.inline = True  # nothing will compile them elsewhere: compile on first use
                     return True
     return False
@@ -123,7 +123,7 @@ def lock_path() -> str:
     return os.path.join(cache_dir(), "compiling-kernels.lock")
 
 
-def _lock_held() -> bool:
+def lock_held() -> bool:
     """Whether a live process holds the compile lock (a stale lock, its process gone, is removed)."""
     path = lock_path()
     try:
@@ -138,9 +138,9 @@ def _lock_held() -> bool:
 
 
 def _start_compiler():
-    """Start ``python -m lookahead.tools.warmup`` (``warmup.compile_in_background``) at the lowest CPU priority, or None when another live process
-    compiles already or none can be started."""
-    if _lock_held():
+    """Start ``python -m lookahead.tools.warmup`` (``warmup.compile_in_background``) at the lowest CPU priority, or
+    None when another live process compiles already or none can be started."""
+    if lock_held():
         return None
     try:
         os.makedirs(os.path.dirname(lock_path()), exist_ok=True)

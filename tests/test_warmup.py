@@ -174,12 +174,34 @@ def test_a_compile_lock_left_by_a_dead_process_is_taken_over(monkeypatch, tmp_pa
     path = numba_kernels.lock_path()
     with open(path, "w") as f:
         f.write(str(os.getpid()))  # this process: alive
-    assert numba_kernels._lock_held() and numba_kernels._start_compiler() is None
+    assert numba_kernels.lock_held() and numba_kernels._start_compiler() is None
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with open(path, "w") as f:
         f.write(str(dead.pid))
-    assert not numba_kernels._lock_held() and not os.path.exists(path)
+    assert not numba_kernels.lock_held() and not os.path.exists(path)
+
+
+def test_the_background_compiler_waits_for_a_live_lock_and_takes_over_a_stale_one(monkeypatch, tmp_path):
+    """``python -m lookahead.tools.warmup`` returns at once while a live process holds the lock; a lock its holder left
+    behind (killed with the call that started it) is taken over: it compiles under a lock of its own, then unlocks."""
+    from lookahead.tools import warmup
+
+    monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
+    monkeypatch.setattr(os, "nice", lambda n: 0)  # not this test process's priority
+    path = numba_kernels.lock_path()
+    compiled: list = []
+    monkeypatch.setattr(warmup, "compile_kernels", lambda: compiled.append(open(path).read()))
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))  # alive
+    warmup.compile_in_background()
+    assert compiled == [] and os.path.exists(path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with open(path, "w") as f:
+        f.write(str(dead.pid))
+    warmup.compile_in_background()
+    assert compiled == [str(os.getpid())] and not os.path.exists(path)
 
 
 def test_compile_inline_runs_every_call_through_the_decoder(monkeypatch):

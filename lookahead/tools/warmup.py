@@ -186,12 +186,15 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
 
 
 def compile_in_background() -> None:
-    """The background compiler a call starts: take the lock, lower its priority, compile every kernel, unlock."""
+    """The background compiler a call starts: take the lock (a stale one, its process gone, taken over), lower its
+    priority, compile every kernel, unlock. Returns at once while another live process holds the lock."""
     import contextlib
 
-    from ..numba_kernels import lock_path
+    from ..numba_kernels import lock_held, lock_path
 
     path = lock_path()
+    if lock_held():
+        return
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except OSError:
