@@ -81,7 +81,7 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
         if decoder is not None and decoder.draft is not None:
             raise ValueError("LookaheadDecoder(draft=...) decodes batch size 1 only; call generate once per "
                              "prompt.")
-        if decoder is not None and decoder.heads is not None:
+        if decoder is not None and decoder.heads_given is not None:
             raise ValueError("LookaheadDecoder(heads=...) decodes batch size 1 only; call generate once per prompt, "
                              "or use a decoder without heads for batches.")
 

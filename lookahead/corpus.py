@@ -36,6 +36,8 @@ VERSION = 1
 DATA_FILE, HEADER_FILE = "corpus.npz", "corpus.json"
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus-smollm2")
 """The corpus shipped for the bundled SmolLM2-135M-Instruct."""
+HEADS = os.path.join(os.path.dirname(BUNDLED), "heads-smollm2")
+"""The draft heads shipped for it (``lookahead.heads.BUNDLED``), found by :func:`heads_for`."""
 AUTO = "auto"
 """``LookaheadDecoder(corpus=AUTO)`` (the default): the corpus kept for the call's model, if any."""
 INSTALLED = "corpora"
@@ -277,7 +279,7 @@ class DraftCorpus:
 _BUNDLED: DraftCorpus | None = None
 _BUNDLED_LOCK = threading.Lock()
 _LOADED: dict[str, DraftCorpus] = {}  # installed folder -> its corpus, one object per process (its store built once)
-_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (LM-head key, corpus or None)
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {"corpus"/"heads": (LM-head key, it)}
 _FOUND_LOCK = threading.Lock()
 
 
@@ -309,27 +311,50 @@ def corpus_for(model) -> DraftCorpus | None:
     """The first kept corpus (:func:`kept_corpora`) whose :data:`SHAPE_FIELDS`, then fingerprint, match ``model``, or
     None. Cached per model until its LM head changes; one that fails to load is skipped with a warning.
     Example: the bundled SmolLM2 -> ``DraftCorpus.bundled()``; a tiny random Llama -> None, without hashing it."""
+    return _found(model, "corpus", kept_corpora, _load_kept)
+
+
+def heads_for(model, load):
+    """The bundled draft heads (the kind their folder's ``default.txt`` names), loaded by ``load(folder)`` (None:
+    skipped), if they were trained for ``model``, else None: found and cached as :func:`corpus_for` finds a corpus,
+    so a model they cannot fit never loads them. Example: the bundled SmolLM2 -> its heads; a tiny Llama -> None."""
+    def kept() -> list[tuple[str, dict]]:
+        try:
+            with open(os.path.join(HEADS, "default.txt"), encoding="utf-8") as f:
+                folder = os.path.join(HEADS, f.read().strip())
+        except OSError:
+            return []
+        header = read_json(os.path.join(folder, "heads.json"))
+        target = header.get("target") if isinstance(header, dict) else None
+        return [(folder, target)] if isinstance(target, dict) else []
+
+    return _found(model, "heads", kept, load)
+
+
+def _found(model, what: str, kept, load):
+    """The first of ``kept()`` ((folder, target fingerprint) pairs) that fits ``model``, loaded by ``load(folder)``
+    (None: skipped), or None; cached per model and ``what`` until the model's LM head changes."""
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(out, "weight", None)  # a tensor; not one for every layer (quantize_dynamic's: a method)
     if len(getattr(weight, "shape", ())) != 2 or not hasattr(weight, "data_ptr"):
         return None
     key = weight_key(weight)
     with _FOUND_LOCK:
-        kept = _FOUND.get(model)
-        if kept is not None and kept[0] == key:
-            return kept[1]
+        cached = _FOUND.setdefault(model, {}).get(what)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         shape = {"model_type": getattr(model.config, "model_type", None), "hidden_size": int(weight.shape[1]),
                  "vocab_size": int(weight.shape[0])}
         found = None
-        for folder, target in kept_corpora():
+        for folder, target in kept():
             if any(target.get(k) != v for k, v in shape.items()):
                 continue
             if fingerprint_mismatch(target, model) is not None:
                 continue
-            found = _load_kept(folder)
+            found = load(folder)
             if found is not None:
                 break
-        _FOUND[model] = (key, found)
+        _FOUND[model][what] = (key, found)
         return found
 
 

@@ -25,10 +25,11 @@ from .checks import (
     check_no_assistant,
     check_supported,
     refusals,
+    sharded,
     with_stop_strings,
 )
 from .config import LookaheadConfig
-from .corpus import AUTO, DraftCorpus, corpus_for
+from .corpus import AUTO, DraftCorpus, corpus_for, heads_for
 from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, LearnedCurve
 from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
@@ -62,7 +63,8 @@ class LookaheadDecoder:
     - ``max_draft_tokens``, ``window``, ``cost_curve`` (or ``config=``): see ``LookaheadConfig``.
     - ``store``: an ``NgramTrie`` shared across calls and threads, so earlier answers draft later ones.
     - ``corpus``: a ``DraftCorpus`` of the model's own writing; ``"auto"``: the one kept for the model, if any; None.
-    - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``); batch size 1.
+    - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``), batch size 1; ``"auto"``: the
+      bundled ones for the bundled SmolLM2 (one row, an unsharded model, off the CPU or on a flat curve), else none.
     - ``draft``: ``"layer-skip"``, ``"early-exit"``, ``"low-rank"`` (cheaper forwards of the target), a draft model
       with the target's tokenizer, or a function ``target -> model``; drafts a chain per step; batch size 1.
     - ``tokenizer``: needed for ``stop_strings=`` (``generate`` does not hand its own to a callable).
@@ -72,7 +74,7 @@ class LookaheadDecoder:
     """
 
     def __init__(self, config: LookaheadConfig | None = None, *, store: NgramTrie | None = None, corpus=AUTO,
-                 heads=None, draft=None, tokenizer=None, _tuning: Tuning | None = None, _clock=time.perf_counter,
+                 heads=AUTO, draft=None, tokenizer=None, _tuning: Tuning | None = None, _clock=time.perf_counter,
                  _calibrations: Calibrations | None = None, **settings):
         names = {f.name for f in fields(LookaheadConfig)}
         unknown = sorted(set(settings) - names)
@@ -94,14 +96,16 @@ class LookaheadDecoder:
             from .passes import check_draft_model
 
             check_draft_model(draft)
-        if heads is not None and not callable(getattr(heads, "make_source", None)):
-            raise TypeError(f"heads must be lookahead.heads.DraftHeads, got {type(heads).__name__}")
+        if heads is not None and heads != AUTO and not callable(getattr(heads, "make_source", None)):
+            raise TypeError(f"heads must be lookahead.heads.DraftHeads, \"auto\" or None, got {heads!r}")
         if corpus is not None and not isinstance(corpus, DraftCorpus) and corpus != AUTO:
             raise TypeError(f"corpus must be a lookahead.corpus.DraftCorpus (DraftCorpus.load(DIR) or "
                             f"DraftCorpus.bundled()), \"auto\" or None, got {corpus!r}")
-        self.store, self.heads, self.draft, self.tokenizer = store, heads, draft, tokenizer
-        self.corpus_setting = corpus  # as given: "auto", None or a DraftCorpus
-        self._corpus_auto = isinstance(corpus, str) and heads is None  # found per model at each call
+        self.store, self.draft, self.tokenizer = store, draft, tokenizer
+        self.corpus_setting, self.heads_setting = corpus, heads  # as given: "auto", None or the object
+        self.heads_given = None if heads == AUTO else heads
+        self.heads = self.heads_given  # the heads the last call drafted with ("auto": found per model at each call)
+        self._corpus_auto = isinstance(corpus, str) and (heads is None or heads == AUTO)
         self.corpus = corpus if isinstance(corpus, DraftCorpus) else None  # the one the last call drafted from
         self.trie = NgramTrie(max_n=self.tuning.ngram_size, capacity=self.tuning.trie_capacity)  # the request's
         self.clock = _clock
@@ -138,7 +142,7 @@ class LookaheadDecoder:
     def sibling(self) -> LookaheadDecoder:
         """A new decoder with this one's settings that shares its store, corpus, heads and draft: for another stream
         decoded at the same time (a decoder holds one stream's state)."""
-        return LookaheadDecoder(self.config, store=self.store, corpus=self.corpus_setting, heads=self.heads,
+        return LookaheadDecoder(self.config, store=self.store, corpus=self.corpus_setting, heads=self.heads_setting,
                                 draft=self.draft, tokenizer=self.tokenizer, _tuning=self.tuning, _clock=self.clock,
                                 _calibrations=self.calibrations)
 
@@ -154,7 +158,7 @@ class LookaheadDecoder:
             check_no_assistant(assistant)
             if self.corpus is not None and not self._corpus_auto:  # one given, not one found for this model
                 self.corpus.check_model(model)
-            if self.heads is not None and not compat.splits_head(model):
+            if self.heads_given is not None and not compat.splits_head(model):
                 raise ValueError(f"LookaheadDecoder(heads=...) reads the input of the model's output layer; this "
                                  f"{type(model).__name__} computes its logits otherwise. Drop heads= for it.")
         _warn_if_row_dependent(model)
@@ -179,6 +183,8 @@ class LookaheadDecoder:
                 return out
             if self._corpus_auto:
                 self._use_corpus(corpus_for(model))
+            if self.heads_setting == AUTO:
+                self._use_heads(heads_for(model, _load_heads) if self._heads_may_pay(model, b) else None)
             self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
             shape, compiles = OneRow, False
             if b > 1:
@@ -206,6 +212,24 @@ class LookaheadDecoder:
         """Draft from ``corpus`` (None: none) from now on; a different one makes the policies anew."""
         if corpus is not self.corpus:
             self.corpus = corpus
+            self._new_policies()
+
+    def _heads_may_pay(self, model, rows: int) -> bool:
+        """Whether ``heads="auto"`` looks for heads: one row of an unsharded model whose logits are its output layer
+        over its last hidden state, off the CPU or on a given flat curve (on a CPU the heads' own work costs more
+        than their drafts gain)."""
+        given = self.config.cost_curve
+        if given is None:
+            flat = not _on_cpu(model)
+        else:  # flat as the budget's widest steps take it: 64 rows cost little more than one
+            curve = CostModel(given)
+            flat = float(curve(64)) <= self.tuning.step_nodes_wide_cost * float(curve(1))
+        return flat and rows == 1 and compat.splits_head(model) and not sharded(model)
+
+    def _use_heads(self, heads) -> None:
+        """Draft with ``heads`` (None: none) from now on; different ones make the policies anew."""
+        if heads is not self.heads:
+            self.heads = heads
             self._new_policies()
 
     def policies_for(self, rows: int) -> list[DraftPolicy]:
@@ -298,6 +322,17 @@ class LookaheadDecoder:
             learner = self._tp_curves[call.model] = LearnedCurve(self._slope(call.model))
         call.learner = learner
         return learner.curve()
+
+
+def _load_heads(folder: str):
+    """The heads saved in ``folder`` (``lookahead.heads``, imported here only), or None with a warning if damaged."""
+    from .heads import DraftHeads
+
+    try:
+        return DraftHeads.load(folder)
+    except Exception as err:  # noqa: BLE001 - a damaged file of any kind: skipped, said
+        warnings.warn(f"skipping the draft heads in {folder}: {err}", stacklevel=3)
+        return None
 
 
 def _on_cpu(model) -> bool:

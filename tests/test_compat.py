@@ -102,6 +102,7 @@ def test_a_users_own_cache_and_benchmarks_packages_do_not_shadow_ours(tmp_path):
         assert torch.equal(plain, ours)
         import sys
         assert "cache" not in sys.modules and "benchmarks" not in sys.modules
+        assert "lookahead.heads" not in sys.modules  # heads="auto" finds none for it, from the header alone
         print("ok")
     """)
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)

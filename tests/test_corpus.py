@@ -304,6 +304,7 @@ def test_the_bundled_corpus_is_found_for_no_tiny_model_without_hashing_it(monkey
 
     monkeypatch.setattr(corpus_module, "fingerprint", no_hash)
     assert corpus_for(model) is None
+    assert corpus_module.heads_for(model, no_hash) is None  # nor bundled heads
 
 
 def test_a_copied_decoder_shares_the_corpus_and_its_store(llama, own_cache):

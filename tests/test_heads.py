@@ -21,7 +21,7 @@ from lookahead._tuning import Tuning
 from lookahead.corpus import fingerprint
 from lookahead.cost import CostModel, set_cost_curve
 from lookahead.drafting.draft import HEADS
-from lookahead.heads import KINDS, DraftHeads, HeadsSettings
+from lookahead.heads import BUNDLED, KINDS, DraftHeads, HeadsSettings
 from lookahead.heads.context import ContextCache, ContextLayer, attention_heads, rope, unrolled_features
 from lookahead.heads.source import (
     WIDE_DEPTH,
@@ -45,6 +45,7 @@ from lookahead.heads.train import (
     parse_kinds,
     sequence_bounds,
     sequence_ends,
+    task_items,
     train_heads,
     vocab_by_frequency,
 )
@@ -140,6 +141,28 @@ def test_code_prefix_cuts_after_the_docstring():
     answer = "Here:\n```python\ndef double(x):\n    \"\"\"Double x.\"\"\"\n    return 2 * x\n```\n"
     assert code_prefix(answer) == "def double(x):\n    \"\"\"Double x.\"\"\"\n"
     assert code_prefix("no code here") is None
+
+
+def test_task_items_build_other_requests_on_a_chat_topics_answer():
+    """Per chat topic with a direct answer: a summary, a translation of its first two sentences, a reading question
+    (one of the topic's own questions), a second turn; then one word problem per topic. Code topics, short answers
+    and questions get none; every task keeps its topic's split."""
+    items = [{"id": "t0-d", "kind": "chat", "split": "train", "text": "Tell me about owls."},
+             {"id": "t0-q0", "kind": "chat", "split": "train", "text": "Why do owls hoot?"},
+             {"id": "t1-d", "kind": "code", "split": "train", "text": "Write a sort."},
+             {"id": "t2-d", "kind": "chat", "split": "held-out", "text": "Tell me about moss."}]
+    answer = "Owls hunt at night. They fly silently! Their eyes are large and face forward, which helps them."
+    answers = {"t0-d": answer, "t0-q0": "x" * 100, "t1-d": "y" * 100, "t2-d": "Moss is small."}
+    tasks = task_items(items, answers, seed=0)
+    assert [t["id"] for t in tasks] == ["t0-summary", "t0-translation", "t0-reading", "t0-turn2", "m0"]
+    by_id = {t["id"]: t for t in tasks}
+    assert by_id["t0-summary"]["text"] == f"Summarize the text below in a few sentences.\n\n{answer}"
+    assert by_id["t0-translation"]["text"].endswith(":\n\nOwls hunt at night. They fly silently!")
+    assert by_id["t0-reading"]["text"].endswith(f"Text:\n{answer}\n\nQuestion: Why do owls hoot?")
+    assert by_id["t0-turn2"]["text"][:2] == ["Tell me about owls.", answer] and len(by_id["t0-turn2"]["text"]) == 3
+    assert all(t["split"] == "train" for t in tasks[:4])
+    assert by_id["m0"]["kind"] == "math" and by_id["m0"]["text"].endswith("Explain each step, then state the result.")
+    assert task_items(items, answers, seed=0) == tasks  # seeded
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -601,6 +624,36 @@ def test_bundled_heads_on_smollm2_are_exact(smollm):
             top2 = model(plain[:, :first]).logits[0, -1].topk(2).values
             assert float(top2[0] - top2[1]) < 1e-3, f"{text!r}: outputs differ at token {first} without a near-tie"
         assert decoder.stats.drafted_by_origin["heads"] > 0
+
+
+def test_the_default_decoder_drafts_with_the_bundled_heads_for_the_bundled_model(smollm):
+    """heads="auto" (the default) finds the bundled heads for SmolLM2 on a flat curve and prices them like any
+    source; heads=None, a steep (CPU) curve and a batch use none; every output stays plain's."""
+    model, tok = smollm
+    rows = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+            for t in ("Name three rivers in Europe.", "What makes bread rise?")]
+    one = tok(rows[0], return_tensors="pt")
+    plain = model.generate(**one, max_new_tokens=32, do_sample=False)
+    flat = ((1, 0.010), (2, 0.010), (256, 0.0102))
+    auto, none = LookaheadDecoder(cost_curve=flat), LookaheadDecoder(cost_curve=flat, heads=None)
+    assert torch.equal(model.generate(**one, max_new_tokens=32, custom_generate=auto), plain)
+    assert auto.heads is not None and auto.heads.kind == open(os.path.join(BUNDLED, "default.txt")).read().strip()
+    assert auto.stats.drafted_by_origin["heads"] > 0 and auto.corpus is not None  # the bundled corpus beside them
+    assert torch.equal(model.generate(**one, max_new_tokens=32, custom_generate=none), plain)
+    assert none.heads is None and none.stats.drafted_by_origin["heads"] == 0
+    steep = LookaheadDecoder(cost_curve=((1, 0.01), (64, 0.05)))  # a CPU's curve: the heads would not pay
+    assert torch.equal(model.generate(**one, max_new_tokens=32, custom_generate=steep), plain)
+    assert steep.heads is None
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        both = tok(rows, return_tensors="pt", padding=True)
+    finally:
+        tok.padding_side = side
+    plain2 = model.generate(**both, max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
+    batch = LookaheadDecoder(cost_curve=flat)
+    assert torch.equal(model.generate(**both, max_new_tokens=16, pad_token_id=tok.pad_token_id,
+                                      custom_generate=batch), plain2)
+    assert batch.heads is None
 
 
 def test_bundled_heads_ship_with_the_package():

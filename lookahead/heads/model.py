@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..corpus import HEADS as BUNDLED
 from ..corpus import check_model, fingerprint
 from .context import ContextLayer, attention_heads, rms
 from .source import DTYPES, HeadsSource
@@ -24,7 +25,6 @@ VERSION = 3
 KINDS = ("medusa", "feature", "context")
 WEIGHTS_FILE, HEADER_FILE, DEFAULT_FILE = "heads.safetensors", "heads.json", "default.txt"
 MEDUSA_CONFIG, MEDUSA_WEIGHTS = "config.json", ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
-BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "heads-smollm2")
 FEATURE_DEPTH = 6  # a feature or context head's default draft depth (usefully past the depth it was trained to)
 
 

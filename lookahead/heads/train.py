@@ -8,9 +8,12 @@ over their own predictions for ``K`` levels). Stages, each resumable (kept under
    questions the model writes itself (sampled, seeded) and one direct request; every tenth one held out.
 2. answers: greedy answers (``--max-new-tokens``), their hidden states in float16 shards; the training split's
    answers are also written as a draft corpus, ``DIR/corpus``.
-3. raw code: the answers' code blocks, cut after the first function's docstring, continued as raw text.
-4. vocabulary: the ``--vocab`` most frequent tokens of the training split's answers.
-5. training (AdamW, cosine schedule, checkpoints), per-head temperatures fitted on the held-out split, and the
+3. tasks (``--tasks``, on by default): other kinds of request built on the answers about chat topics, each topic's
+   answer as the text: summarise it, translate its opening, answer one of the topic's questions from it, a second
+   turn of the chat; and arithmetic word problems made from templates (seeded).
+4. raw code: the answers' code blocks, cut after the first function's docstring, continued as raw text.
+5. vocabulary: the ``--vocab`` most frequent tokens of the training split's answers.
+6. training (AdamW, cosine schedule, checkpoints), per-head temperatures fitted on the held-out split, and the
    held-out report (top-1 / top-k accuracy; wall and CPU seconds and peak memory per stage).
 
 Writes ``DIR/<kind>/`` per trained kind and ``DIR/default.txt`` naming the kind with the longest held-out top-1
@@ -47,6 +50,27 @@ ASK = {"code": "Write a request that a user could send to a coding assistant, as
                "in one or two sentences.",
        "chat": "Write a question that a curious person could ask an assistant about {}. Write only the question."}
 DIRECT = {"code": "Write {}. Give it a docstring and show a short example of its use.", "chat": "Tell me about {}."}
+# the tasks stage's requests on a chat topic's answer (``text``), its opening (``opening``) and one of its questions
+TASKS = {"summary": "Summarize the text below in a few sentences.\n\n{text}",
+         "translation": "Translate this into {language}:\n\n{opening}",
+         "reading": "Read the text, then answer the question.\n\nText:\n{text}\n\nQuestion: {question}"}
+LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese")
+FOLLOW_UPS = ("Can you explain that more simply?", "Can you give me a concrete example?",
+              "What are the most common mistakes people make with this?", "Can you make that shorter?")
+# arithmetic word problems: a template, its numbers' ranges, and the request after it
+PROBLEMS = (("{name} has {a} marbles, buys {b} more and gives {c} to a friend. How many marbles are left?",
+             (20, 90), (5, 40), (1, 19)),
+            ("A train travels at {a} km per hour for {b} hours, then at {c} km per hour for 2 hours. How far does it "
+             "go in all?", (40, 120), (2, 6), (30, 90)),
+            ("{name} reads {a} pages a day. A book has {b} pages, and {c} are already read. How many days are needed "
+             "to finish it?", (10, 40), (200, 600), (10, 90)),
+            ("A shop sells pens at {a} dollars each. {name} buys {b} pens and pays with {c} dollars. What is the "
+             "change?", (2, 9), (2, 8), (80, 100)),
+            ("A garden is {a} meters long and {b} meters wide. A path {c} meter wide runs around it outside. What is "
+             "the area of the path?", (5, 30), (4, 20), (1, 3)),
+            ("{name} saves {a} dollars a week. After {b} weeks {name} spends {c} dollars. How much is left?",
+             (5, 50), (3, 20), (10, 60)))
+NAMES = ("Maya", "Omar", "Lena", "Ravi", "Sofia", "Kenji", "Amara", "Luca", "Ines", "Tariq")
 
 
 @dataclass(frozen=True)
@@ -60,11 +84,13 @@ class TrainSettings:
     raw_tokens: int = 128
     question_tokens: int = 48
     questions: int = 1
+    tasks: bool = True
     batch_size: int = 32
     steps: int = 1200
     batch_rows: int = 256
     lr: float = 1e-3
     reg_weight: float = 0.5
+    dropout: float = 0.0
     topk: int = 5
     checkpoint_every: int = 200
     seed: int = 0
@@ -80,6 +106,8 @@ class TrainSettings:
             raise invalid(self, "lr", "must be in (0, 1)")
         if not 0 <= self.reg_weight <= 100:
             raise invalid(self, "reg_weight", "must be in [0, 100]")
+        if not 0 <= self.dropout < 1:
+            raise invalid(self, "dropout", "must be in [0, 1)")
 
 
 @dataclass
@@ -139,11 +167,14 @@ def generate_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
 
 def answers_of(model, tokenizer, texts: Sequence[str], chat: bool, max_new_tokens: int, eos: Sequence[int],
                pad: int, **sample) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`generate_rows` of ``texts``, left-padded; ``chat``: through the chat template."""
+    """:func:`generate_rows` of ``texts``, left-padded; ``chat``: through the chat template, where a text may also
+    be a list of turns, the user's first."""
     special = not (chat and getattr(tokenizer, "chat_template", None))
-    if not special:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                               tokenize=False) for t in texts]
+    if not special:  # a text is a request, or a chat's turns (the user's first)
+        turns = [[t] if isinstance(t, str) else list(t) for t in texts]
+        texts = [tokenizer.apply_chat_template([{"role": ("user", "assistant")[i % 2], "content": c}
+                                                for i, c in enumerate(chat)], add_generation_prompt=True,
+                                               tokenize=False) for chat in turns]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=special)
@@ -501,6 +532,37 @@ def write_prompts(model, tok, topics: list[tuple[str, str]], settings: TrainSett
     return items
 
 
+def task_items(items: list[dict], answers: dict[str, str], seed: int) -> list[dict]:
+    """The tasks stage's prompts: per chat topic whose direct request (id ``t{n}-d``) has an answer of 80+
+    characters in ``answers`` (id -> text), each of :data:`TASKS` and a second turn, sharing the topic's split; then
+    as many word problems as there are such topics (every tenth held out)."""
+    rng = np.random.default_rng(seed)
+    asked: dict[str, list[str]] = {}
+    for item in items:
+        if item.get("kind") == "chat" and "-q" in item["id"]:
+            asked.setdefault(item["id"].split("-")[0], []).append(item["text"])
+    out = []
+    for item in items:
+        text, topic = answers.get(item["id"], "").strip(), item["id"].split("-")[0]
+        if item.get("kind") != "chat" or not item["id"].endswith("-d") or len(text) < 80:
+            continue
+        ends = [i + 1 for i, ch in enumerate(text[:400]) if ch in ".!?"]
+        questions = asked.get(topic) or ["What is the main point of the text?"]
+        fields = {"text": text, "opening": text[: ends[min(1, len(ends) - 1)]] if ends else text[:200],
+                  "language": LANGUAGES[rng.integers(len(LANGUAGES))],
+                  "question": questions[rng.integers(len(questions))]}
+        out += [{**item, "id": f"{topic}-{name}", "text": form.format(**fields)} for name, form in TASKS.items()]
+        turns = [item["text"], text, FOLLOW_UPS[rng.integers(len(FOLLOW_UPS))]]
+        out.append({**item, "id": f"{topic}-turn2", "text": turns})
+    for n in range(len(out) // (len(TASKS) + 1)):
+        template, *ranges = PROBLEMS[n % len(PROBLEMS)]
+        a, b, c = (int(rng.integers(low, high + 1)) for low, high in ranges)
+        text = template.format(name=NAMES[rng.integers(len(NAMES))], a=a, b=b, c=c)
+        out.append({"id": f"m{n}", "kind": "math", "split": _split(n), "text": text + " Explain each step, then "
+                    "state the result."})
+    return out
+
+
 def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None = None,
         topics_file: str | None = None, progress: bool = True, model_name: str = "", train: bool = True) -> dict:
     """Every stage (see the module docstring), resuming from ``out/work``; the report. Writes the training split's
@@ -521,13 +583,14 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
         times[stage] = times.get(stage, 0.0) + time.perf_counter() - t
         times[stage + " (cpu)"] = times.get(stage + " (cpu)", 0.0) + time.process_time() - c
         cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else 0.0
-        times[stage + " (peak MiB)"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + cuda, 1)
+        peak = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 + cuda, 1)  # a resumed run's: no less
+        times[stage + " (peak MiB)"] = max(times.get(stage + " (peak MiB)", 0.0), peak)
         _atomic_json(times, times_path)
         return result
 
     def generate(prefix: str, items: list[dict], max_new_tokens: int, chat: bool) -> None:
         """Greedy answers of ``items`` (``text``, ``id``, ``split``) into shards ``prefix-NNNN`` that are missing."""
-        order = sorted(range(len(items)), key=lambda i: len(items[i]["text"]))  # similar lengths pad less
+        order = sorted(range(len(items)), key=lambda i: len(str(items[i]["text"])))  # similar lengths pad less
         batches = [order[i: i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
         for b, chosen in _bar(list(enumerate(batches)), progress, f"{prefix}: generating"):
             if not os.path.exists(store.path(name := f"{prefix}-{b:04d}")):
@@ -561,6 +624,13 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
         report["corpus"] = {"streams": corpus.streams, "tokens": len(corpus)}
         _atomic_json(report, os.path.join(out, "report.json"))
         return report
+    if settings.tasks:
+        tasks = _read_json(tasks_path := os.path.join(work, "tasks.json"))
+        if tasks is None:
+            tasks = task_items(items, {m["id"]: m["answer"] for _, meta in store.meta("answers") for m in meta},
+                               settings.seed)
+            _atomic_json(tasks, tasks_path)
+        timed("tasks", lambda: generate("tasks", tasks, settings.max_new_tokens, True))
     if settings.raw_tokens:
         raw = [{"id": m["id"] + "-raw", "split": m["split"], "text": code_prefix(m["answer"])}
                for _, meta in store.meta("answers") for m in meta]
@@ -572,13 +642,15 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
         digest = hashlib.sha256(f.read()).hexdigest()
     described = {
         "data": f"self-distillation: the model's own greedy answers, with the hidden states that produced them, "
-                f"{prompts}" + (", and raw continuations of the code in its answers" if settings.raw_tokens else ""),
+                f"{prompts}" + (", requests built on its chat answers (summaries, translations, reading questions, "
+                                "second turns) and arithmetic word problems" if settings.tasks else "")
+                + (", and raw continuations of the code in its answers" if settings.raw_tokens else ""),
         "model": model_name, "prompts": len(items), "prompts_sha256": digest, "train_rows": len(train_rows),
         "held_out_rows": len(held), "held_out": f"every {HELD_OUT_EVERY}th topic/prompt", "settings": asdict(settings)}
     results, curves = {}, {}
     for kind in settings.kinds:
         torch.manual_seed(settings.seed)
-        heads = DraftHeads.for_model(model, kind, settings.num_heads, vocab)
+        heads = DraftHeads.for_model(model, kind, settings.num_heads, vocab, dropout=settings.dropout)
         losses = timed(f"train-{kind}", lambda heads=heads, kind=kind: train_heads(
             heads, train_rows, model, settings.steps, settings.batch_rows, settings.lr, settings.seed,
             settings.reg_weight, progress, os.path.join(work, f"train-{kind}.pt"), settings.checkpoint_every))
@@ -646,9 +718,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _option(p, "--heads", d.num_heads, "K")
     _option(p, "--vocab", d.vocab, "tokens the heads predict")
     _option(p, "--raw-tokens", d.raw_tokens, "raw code continuation length, 0: none")
+    _option(p, "--no-tasks", False, "no tasks stage: only the answers to the topics' requests (default: off, the "
+            "tasks are written and answered)", action="store_true")
     _option(p, "--steps", d.steps, "training steps per kind")
     _option(p, "--batch-rows", d.batch_rows, "rows per step")
     _option(p, "--lr", d.lr, "peak learning rate")
+    _option(p, "--dropout", d.dropout, "dropout on the heads' inputs and hidden layer while training")
     return p
 
 
@@ -662,9 +737,10 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run_args(args: argparse.Namespace) -> int:
     """A training run from parsed :func:`add_arguments` options; prints the held-out accuracy."""
-    names = ("vocab", "questions", "max_new_tokens", "raw_tokens", "batch_size", "steps", "batch_rows", "lr", "seed")
+    names = ("vocab", "questions", "max_new_tokens", "raw_tokens", "batch_size", "steps", "batch_rows", "lr", "dropout",
+             "seed")
     settings = TrainSettings(kinds=parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind,
-                             num_heads=args.heads, **{n: getattr(args, n) for n in names})
+                             num_heads=args.heads, tasks=not args.no_tasks, **{n: getattr(args, n) for n in names})
     report, seconds, _ = _run_loaded(args, settings, True)
     for kind, r in report["results"].items():
         acc = r["accuracy"]

@@ -45,8 +45,9 @@ def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
     from ...config import LookaheadConfig
     from ...decoder import LookaheadDecoder
 
-    if kwargs.get("heads") == "bundled":
-        kwargs["heads"] = _bundled_heads()
+    if kwargs.get("heads") == "bundled" or isinstance(kwargs.get("heads"), dict):  # a dict: HeadsSettings fields
+        changes = kwargs["heads"] if isinstance(kwargs["heads"], dict) else {}
+        kwargs["heads"] = _bundled_heads().with_settings(**changes) if changes else _bundled_heads()
     if kwargs.get("corpus") == "bundled":
         from ...corpus import DraftCorpus
 
@@ -68,6 +69,7 @@ _ALONE = {"window": 0, "corpus": None, "_tuning": Tuning(tree_nodes=0, copy_node
 # the bench's draft model: the target's first 10 decoder layers and its head as a separate model (no second model
 # with SmolLM2's tokenizer is at hand offline), made once per target
 DRAFT_MODEL_LAYERS = 10
+HEADS_FLAT_COST = (2e-4, 2e-4)  # the heads' seconds (base, per level) beside the flat curve's 10 ms step
 _TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -99,11 +101,15 @@ _DECODERS = {  # name -> decoder_method's keyword arguments
     "self-low-rank": {"draft": "low-rank", **_ALONE},
     "draft-model": {"draft": truncated_draft, "shown": {"draft": f"the target's first {DRAFT_MODEL_LAYERS} layers"},
                     **_ALONE},
-    "lookahead+heads": {"heads": "bundled"},  # the bundled SmolLM2's draft heads
+    "lookahead+heads": {"heads": "bundled"},  # the bundled SmolLM2's draft heads (a dict: with those settings)
+    # the default on a flat curve with the bundled heads' own cost pinned (a level costs 2% of a step, as on a GPU)
+    "lookahead-flat+heads": {"cost_curve": "flat", "heads": {"cost": HEADS_FLAT_COST}, "corpus": "bundled"},
+    "lookahead-no-heads": {"heads": None},  # the default without the bundled heads ("auto" finds them for SmolLM2)
+    "lookahead-flat-no-heads": {"cost_curve": "flat", "heads": None},
     # the bundled SmolLM2's own writing (for it what corpus="auto" finds anyway), and no corpus at all
     "lookahead+corpus": {"corpus": "bundled"},
     "lookahead-no-corpus": {"corpus": None},
-    "lookahead+heads+corpus": {"heads": "bundled", "corpus": "bundled"},  # both ("auto" finds none beside heads)
+    "lookahead+heads+corpus": {"heads": "bundled", "corpus": "bundled"},  # both (as "auto" finds them)
     # every linear layer through nn.Linear (lookahead.cpu off): what the CPU layouts add
     "lookahead-linear": {"_tuning": Tuning(linear_layout="linear")},
     # 2-16 rows transposed and nn.Linear above (no oneDNN): what oneDNN adds

@@ -1,10 +1,10 @@
 """The side-by-side runner: every method on the same prompt back to back, the methods' order rotated from prompt to
 prompt and round to round. ``run_bench`` returns one JSON-safe dict: ``records`` (per prompt and method: wall time,
-new tokens, target calls counted alike for every method by a forward pre-hook, the decoder's statistics,
-``speedup_vs_plain`` and, greedy, whether the output is plain ``generate``'s, else where it differs: ``mismatch``),
-``summary`` (per workload, and ``"all"``, and method: that ratio's median and spread, tokens per call, accepted
-lengths), ``first_calls`` (each method's first call of the run, plain first, timed apart and in no median; None
-without a warm-up), ``context`` (model, hardware, versions, command) and ``settings``.
+new tokens, target calls counted alike for every method by a forward pre-hook on the model's decoder, the
+decoder's statistics, ``speedup_vs_plain`` and, greedy, whether the output is plain ``generate``'s, else where it
+differs: ``mismatch``), ``summary`` (per workload, and ``"all"``, and method: that ratio's median and spread, tokens
+per call, accepted lengths), ``first_calls`` (each method's first call of the run, plain first, timed apart and in
+no median; None without a warm-up), ``context`` (model, hardware, versions, command) and ``settings``.
 """
 
 from __future__ import annotations
@@ -186,7 +186,9 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     unsupported: dict[str, str] = {}
     calls = [0]
-    hook = model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
+    # on the decoder: a step that also reads the hidden states (draft heads) calls it without the model's forward
+    counted = getattr(model, "get_decoder", lambda: model)() or model
+    hook = counted.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
     t_start, warm = time.perf_counter(), min(WARMUP_TOKENS, max_new_tokens)
 
     def call(method: Method, inputs: dict, kw: dict) -> dict | None:
@@ -296,7 +298,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
         "repeats": repeats,
         "timing": f"the median wall time of {repeats} runs per prompt and method, the methods' order rotated each "
                   "round" if repeats > 1 else "one run per prompt and method",
-        "target_calls": "forward calls of the model, counted by a forward pre-hook (prefill included)",
+        "target_calls": "forward calls of the model's decoder, counted by a forward pre-hook (prefill included)",
         "prompts_per_workload": {wl: len(ps) for wl, ps in prompts.items()},
     }
     return {
