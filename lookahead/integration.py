@@ -6,24 +6,20 @@
     lookahead.enable(pipe, default=LookaheadDecoder())  # a text-generation pipeline's calls use it
     pipe("def fib(n):", lookahead=False)                # plain generate for this call
 
-The spellings of a call to an enabled model's ``generate``: ``assistant=decoder`` and ``custom_generate=decoder``
-(this one works without ``enable`` too): that decoder; ``lookahead=True``: the default decoder (``enable``'s
-``default=``, else a ``LookaheadDecoder()``); ``lookahead=False``: plain ``generate``; no flag: the default decoder
-if ``enable`` got one and it supports the call, else plain ``generate``. Every other argument goes to ``generate``
-unchanged (``assistant_model=`` keeps its Hugging Face meaning and does not combine with a flag).
+``assistant=decoder`` and ``custom_generate=decoder`` (the latter works without ``enable`` too) decode with that
+decoder; ``lookahead=True`` with the default one (``enable``'s ``default=``, else a ``LookaheadDecoder()``);
+``lookahead=False`` is plain ``generate``; no flag: the default decoder if ``enable`` got one and it supports the
+call, else plain ``generate``. Every other argument goes to ``generate`` unchanged (``assistant_model=`` keeps its
+Hugging Face meaning and does not combine with a flag).
 
-- ``enable`` sets ``generate`` on that one instance to a :class:`LookaheadGenerate` (the class and other instances
-  are untouched); ``disable`` deletes it. Both are idempotent. A ``generate`` already replaced on the instance (a Hub
-  ``custom_generate`` loaded with ``trust_remote_code=True``) is refused. The wrapper turns the flags into
-  ``custom_generate=decoder`` and calls the class's ``generate``. ``enable(pipe)`` enables ``pipe.model``, which
-  the pipeline hands the flags and ``streamer=`` to.
+- ``enable`` sets ``generate`` on that one instance (``enable(pipe)``: on ``pipe.model``) to a
+  :class:`LookaheadGenerate`; ``disable`` deletes it; both are idempotent. A ``generate`` already replaced on the
+  instance (a Hub ``custom_generate`` loaded with ``trust_remote_code=True``) is refused.
 - ``generate`` drops ``tokenizer=`` and the streamer for a callable ``custom_generate``: the wrapper binds both to
-  the decoder (``generate`` still puts the prompt into the streamer) and moves a generation config's
-  ``stop_strings`` into the call. Without ``enable`` the decoder finds the streamer itself.
-- The implicit default falls back, explicit flags never do: a call without a flag that the decoder refuses (its
-  check ahead, or ``checks.is_refusal`` in its set-up) runs plain ``generate`` with a warning naming the reason;
-  one asking for another method (``assistant_model=``, ``prompt_lookup_num_tokens=``, another
-  ``custom_generate=``) runs it, with a warning.
+  the decoder and moves a generation config's ``stop_strings`` into the call.
+- The implicit default falls back, explicit flags never do: a call without a flag that the decoder refuses runs
+  plain ``generate`` with a warning naming the reason; one asking for another method (``assistant_model=``,
+  ``prompt_lookup_num_tokens=``, another ``custom_generate=``) runs it, with a warning.
 - Concurrent calls of the model's own decoder get siblings of it (``LookaheadDecoder.sibling``).
 """
 
@@ -47,9 +43,8 @@ _OTHER_METHODS = ("assistant_model", "prompt_lookup_num_tokens", "custom_generat
 
 
 class LookaheadGenerate:
-    """The ``generate`` that :func:`enable` puts on ``model`` (see the module docstring). ``default``: the decoder of
-    calls without a flag, or None (they are plain); ``decoder``: that of ``lookahead=True`` (``default``, else one
-    ``LookaheadDecoder()``)."""
+    """The ``generate`` that :func:`enable` puts on ``model``. ``default``: the decoder of calls without a flag (None:
+    they are plain); ``decoder``: that of ``lookahead=True``."""
 
     def __init__(self, model, default: LookaheadDecoder | None = None):
         self.model = model
@@ -67,8 +62,7 @@ class LookaheadGenerate:
 
     @contextlib.contextmanager
     def _stream(self, decoder: LookaheadDecoder):
-        """The decoder a call runs: ``decoder``, or (while another thread's call runs it) an idle sibling of it
-        (``LookaheadDecoder.sibling``: the same settings, store, corpus and heads), made on first need and kept."""
+        """``decoder``, or while another thread's call runs it an idle sibling of it, made on first need and kept."""
         with self._lock:
             family = [decoder, *self._siblings.get(id(decoder), [])]
             free = next((d for d in family if id(d) not in self._running), None)
@@ -174,9 +168,8 @@ class LookaheadGenerate:
 
 
 class _AfterPrompt:
-    """A streamer for a plain ``generate`` that follows a refused one: the refused call's ``generate`` put the prompt
-    into ``streamer`` already, so the first ``put`` (the prompt again) is dropped; every later one, and ``end``,
-    reach ``streamer``."""
+    """``streamer`` for a plain ``generate`` after a refused one, which put the prompt into it already: the first
+    ``put`` (the prompt again) is dropped."""
 
     def __init__(self, streamer):
         self.streamer, self.prompt_put = streamer, False
@@ -211,11 +204,9 @@ def _model_of(target):
 
 
 def enable(target, default: LookaheadDecoder | None = None):
-    """Let ``target.generate`` (a decoder-only generating model's, or a text-generation pipeline's model's) take
-    ``assistant=`` and ``lookahead=`` flags, on that one instance; returns ``target``. ``default``: the
-    :class:`~lookahead.LookaheadDecoder` that ``lookahead=True`` and calls without a flag (where it supports them) use;
-    without it only flagged calls use lookahead, ``lookahead=True`` with a ``LookaheadDecoder()``. Calling it again
-    replaces the default. Undo with :func:`disable`."""
+    """Let ``target.generate`` (a decoder-only model's, or a text-generation pipeline's model's) take ``assistant=``
+    and ``lookahead=`` flags, on that one instance; returns ``target``. ``default``: the decoder of ``lookahead=True``
+    and of calls without a flag (where it supports them); calling it again replaces it. Undo with :func:`disable`."""
     model = _model_of(target)
     if default is not None and not isinstance(default, LookaheadDecoder):
         raise TypeError(f"default= takes a LookaheadDecoder or None, got {type(default).__name__}")
@@ -232,7 +223,7 @@ def enable(target, default: LookaheadDecoder | None = None):
 
 
 def disable(target):
-    """Undo :func:`enable`: ``target.generate`` is the class's plain ``generate`` again. Returns ``target``."""
+    """Undo :func:`enable`; returns ``target``."""
     model = _model_of(target)
     if isinstance(vars(model).get("generate"), LookaheadGenerate):
         del model.generate

@@ -1,9 +1,6 @@
-"""Tensor parallelism: every rank of a sharded model makes the same decisions (:class:`RankSync`).
-
-A model loaded with ``tp_plan="auto"`` runs collectives inside its layers, so every rank must run forwards of the
-same shapes in the same order. What one rank's clock or random state gives (the cost curve, a measured time, the
-sampling seed) is taken from rank 0 (``broadcast``, ``seeds``); each step's inputs are compared (``check``, then
-``finish`` at the loop's end), a difference raising :class:`RankDivergence` on every rank."""
+"""Tensor parallelism: every rank of a sharded model (``tp_plan="auto"``, collectives inside its layers) must run
+forwards of the same shapes in the same order. :class:`RankSync` takes what one rank's clock or random state gives
+from rank 0 and compares each step's inputs, a difference raising :class:`RankDivergence` on every rank."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ MAX_FIELDS, MAX_SHARED = 12, 8  # values one RankSync.check compares, and floats
 
 _HEADER = 4  # slots before the fields: checksums of ``where`` and of the field names, the phase, the step
 _SHARED = _HEADER + MAX_FIELDS  # the first slot of the shared floats
-_WIDTH = _SHARED + MAX_SHARED  # int64 slots of every message, on every rank
+_WIDTH = _SHARED + MAX_SHARED  # int64 slots of every message
 _STEP, _FINISH = 1, 2  # phases: a step's check; the loop's end
 
 CAUSES = ("every rank of a tensor-parallel model must make the same decisions; what differs usually comes from one "
@@ -28,9 +25,8 @@ CAUSES = ("every rank of a tensor-parallel model must make the same decisions; w
 
 
 class RankDivergence(RuntimeError):
-    """The ranks of one call disagree; raised on every rank by the same check. ``where``: the step or label checked;
-    ``fields``: the names of the values that differ (empty when the ranks are at different places of the loop);
-    ``ranks``: the ranks that differ from rank 0."""
+    """The ranks of one call disagree, raised on every rank. ``where``: the step or label checked; ``fields``: the
+    names of the values that differ (empty when the ranks are elsewhere in the loop); ``ranks``: those unlike rank 0."""
 
     def __init__(self, message: str, where, fields: tuple[str, ...], ranks: tuple[int, ...]):
         super().__init__(message)
@@ -39,8 +35,8 @@ class RankDivergence(RuntimeError):
 
 def checksum(value) -> int:
     """A signed 64-bit checksum of ``value``, the same in every process (unlike ``hash``): None, a bool, number, str
-    or bytes, a NumPy array or torch tensor (dtype, shape and elements), or lists, tuples and dicts of these. A list
-    and a tuple agree; an array and a list do not."""
+    or bytes, an array or tensor (dtype, shape, elements), or lists, tuples and dicts of these. A list and a tuple
+    agree; an array and a list do not."""
     h = hashlib.blake2b(digest_size=8)
     _feed(h, value)
     return struct.unpack("<q", h.digest())[0]
@@ -93,10 +89,9 @@ def _shape(shape) -> bytes:
 
 
 def encode_message(where, phase: int, fields: Mapping[str, object], shared: Sequence[float] = ()) -> np.ndarray:
-    """The message int64[_WIDTH] one rank contributes to a check: the checksums of ``where`` (a step number or a
-    label) and of the field names, ``phase``, the step number (-1 for a label), one checksum per field, then the
-    ``shared`` floats' bits. Every message has one size, so a divergence is reported instead of breaking the
-    collective."""
+    """One rank's message int64[_WIDTH]: the checksums of ``where`` (a step or a label) and of the field names,
+    ``phase``, the step (-1 for a label), one checksum per field, then the ``shared`` floats' bits. One size on every
+    rank, so a divergence is reported instead of breaking the collective."""
     if len(fields) > MAX_FIELDS:
         raise ValueError(f"a check compares at most {MAX_FIELDS} values; got {len(fields)}: {list(fields)}")
     if len(shared) > MAX_SHARED:
@@ -126,8 +121,8 @@ def _differ(messages: np.ndarray, names: Sequence[str]) -> list[tuple[int, bool,
 
 
 def find_divergence(messages: np.ndarray, names: Sequence[str]) -> str | None:
-    """None when every rank's message (the rows of int64[ranks, _WIDTH]) matches rank 0's; else what differs, in
-    words (``"at step 4, rank 1 differs from rank 0 in: ids"``)."""
+    """What differs from rank 0's message among ``messages`` int64[ranks, _WIDTH], in words (``"at step 4, rank 1
+    differs from rank 0 in: ids"``); None when nothing does."""
     out = []
     for r, elsewhere, fields in _differ(messages, names):
         if not elsewhere:
@@ -147,7 +142,7 @@ def _place(row: np.ndarray) -> str:
 
 def model_group(model):
     """The process group of ``model``'s tensor parallelism (its first ``DTensor`` parameter's mesh: the "tp"
-    dimension, or the one unnamed dimension), or None: not sharded, or another mesh (FSDP's)."""
+    dimension, or the one unnamed dimension); None when not sharded or on another mesh (FSDP's)."""
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return None
     from torch.distributed.tensor import DTensor
@@ -164,10 +159,10 @@ def model_group(model):
 
 
 class RankSync:
-    """The decisions of one decoding call, made identical on every rank of ``group`` (None: the default one); every
-    rank calls the same methods in the same order. Inactive (``enabled=False``, no ``torch.distributed`` or one
-    rank): every method returns its local value. ``every``: :meth:`check` compares at every ``every``-th step (and
-    always with a label or ``shared`` values); 1 catches a divergence before the forward it would break."""
+    """The decisions of one decoding call, identical on every rank of ``group`` (None: the default one), each rank
+    calling the same methods in the same order. Inactive (``enabled=False``, no ``torch.distributed`` or one rank):
+    every method returns its local value. ``every``: :meth:`check` compares every ``every``-th step (always with a
+    label or ``shared`` values)."""
 
     def __init__(self, group=None, *, every: int = 1, enabled: bool = True):
         if every < 1:
@@ -187,7 +182,7 @@ class RankSync:
 
     @classmethod
     def for_model(cls, model, *, every: int = 1) -> RankSync:
-        """The sync of the group ``model`` is sharded over (:func:`model_group`); inactive if it is not."""
+        """The sync of :func:`model_group`; inactive for a model not sharded."""
         group = model_group(model)
         return cls(group, every=every, enabled=group is not None)
 
@@ -195,7 +190,7 @@ class RankSync:
         return f"RankSync(rank {self.rank} of {self.size}, every={self.every})" if self.active else "RankSync(inactive)"
 
     def broadcast(self, obj):
-        """Rank 0's ``obj`` (pickled) on every rank: what each rank computes from its own clock (a cost curve)."""
+        """Rank 0's ``obj`` (pickled) on every rank."""
         if not self.active:
             return obj
         box = [obj]
@@ -216,8 +211,7 @@ class RankSync:
 
     def check(self, where, *, shared: Sequence[float] = (), **fields) -> tuple[float, ...]:
         """Compare ``fields`` (name -> value, see :func:`checksum`) at ``where`` (a step or a label) across the ranks
-        (one ``all_gather``); rank 0's ``shared`` floats. :class:`RankDivergence` on every rank when a field differs
-        or a rank is elsewhere in the loop."""
+        (one ``all_gather``), raising :class:`RankDivergence` on a difference; returns rank 0's ``shared`` floats."""
         shared = tuple(float(s) for s in shared)
         due = shared or not isinstance(where, (int, np.integer)) or where % self.every == 0
         if not self.active or not due:
@@ -227,7 +221,7 @@ class RankSync:
         return shared_values(messages, len(shared))
 
     def finish(self, where) -> None:
-        """The loop's end after step ``where``: :class:`RankDivergence` on every rank if another is still decoding."""
+        """The loop's end after step ``where``: :class:`RankDivergence` if another rank is still decoding."""
         if self.active:
             self._raise_if_diverged(self._gather(encode_message(where, _FINISH, {})), where, ())
 

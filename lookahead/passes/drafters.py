@@ -1,6 +1,6 @@
 """The cheaper forwards a draft pass runs (:class:`Drafter`): the target's own layers with some left out
-(:class:`LayerStack`: layer skip, early exit), new low-rank copies of them (:func:`low_rank_drafter`), or a separate
-causal LM (:class:`ModelDrafter`). Nothing of the target is modified; its own forward verifies every step."""
+(:class:`LayerStack`), new low-rank copies of them (:func:`low_rank_drafter`), or a separate causal LM
+(:class:`ModelDrafter`). Nothing of the target is modified."""
 
 from __future__ import annotations
 
@@ -66,8 +66,7 @@ def causal_mask(past: int, q: int, dtype: torch.dtype, device) -> torch.Tensor |
 
 class Drafter:
     """``forward(ids long[1, q], past, cache, all_rows=False)``: logits float[V] of the last of ``ids`` after ``past``
-    cached tokens (float[q, V] with ``all_rows``); ``linear_params()``: weights read per token (a CPU forward's cost);
-    ``ratio``: one forward's time over the target's, once measured."""
+    cached tokens (float[q, V] with ``all_rows``); ``ratio``: one forward's time over the target's, once measured."""
 
     ratio: float | None = None
     modules: list
@@ -75,14 +74,14 @@ class Drafter:
     def new_cache(self) -> DynamicCache:
         return DynamicCache()  # plain layers: a sliding-window layer could not be cropped past its window
 
-    def linear_params(self) -> int:
+    def linear_params(self) -> int:  # weights read per token: a CPU forward's cost
         return sum(p.numel() for m in self.modules if isinstance(m, (nn.Linear, LowRankLinear)) for p in m.parameters())
 
 
 class LayerStack(Drafter):
     """A forward through a Llama-family model's embedding, rotary table, the given decoder ``layers`` (the target's
-    own, or new ones), final norm and ``head``. Not an ``nn.Module``: no ``.to()`` or ``.train()`` on it can reach the
-    target. Each layer keeps its ``layer_idx``: a left-out layer's cache slot stays empty."""
+    own, or new ones), final norm and ``head``. Not an ``nn.Module``: no ``.to()`` on it can reach the target. Each
+    layer keeps its ``layer_idx``: a left-out layer's cache slot stays empty."""
 
     def __init__(self, model, layers: Sequence[nn.Module], head: nn.Module | None = None):
         check_llama_family(model)
@@ -110,8 +109,7 @@ class LayerStack(Drafter):
 
 
 class LowRankLinear(nn.Module):
-    """``y = (x @ Vh.T) @ US.T + bias`` (``US`` float[out, r], ``Vh`` float[r, in]): ``r * (in + out)`` weights read
-    per token instead of ``in * out``."""
+    """``y = (x @ Vh.T) @ US.T + bias`` (``US`` float[out, r], ``Vh`` float[r, in])."""
 
     def __init__(self, us: torch.Tensor, vh: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -128,9 +126,8 @@ def _rank(fraction: float, weight: torch.Tensor) -> int:
 
 
 def low_rank_drafter(model, fraction: float, factors: dict | None = None) -> LayerStack:
-    """A stack of NEW decoder layers (structural copies sharing the target's norm weights) whose ``nn.Linear`` layers
-    are rank-``fraction * min(out, in)`` SVD factors, and a low-rank head. ``factors``: {module name: (US, Vh)} of at
-    least that rank, to slice (None: computed here)."""
+    """NEW decoder layers (copies sharing the target's norm weights) and head whose ``nn.Linear`` layers are
+    rank-``fraction * min(out, in)`` SVD factors. ``factors``: :func:`low_rank_factors` of at least that rank."""
     check_llama_family(model)
     factors = low_rank_factors(model, fraction) if factors is None else factors
 
@@ -150,9 +147,8 @@ def low_rank_drafter(model, fraction: float, factors: dict | None = None) -> Lay
 
 
 def low_rank_factors(model, fraction: float) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{name: (US float[out, r], Vh float[r, in])}: the best rank-r approximation (truncated SVD in float64, new
-    tensors in the weight's dtype) of each linear layer of the decoder layers and head, r ``fraction`` of its smaller
-    side."""
+    """{name: (US float[out, r], Vh float[r, in])}: the truncated SVD (in float64) of each linear layer of the
+    decoder layers and head, r ``fraction`` of its smaller side."""
     factors = {}
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear) and (name.startswith("model.layers.") or mod is model.lm_head):
@@ -163,7 +159,7 @@ def low_rank_factors(model, fraction: float) -> dict[str, tuple[torch.Tensor, to
 
 
 class ModelDrafter(Drafter):
-    """A separate causal LM as drafter (two-model speculative decoding), through its own forward and cache."""
+    """A separate causal LM as drafter, through its own forward and cache."""
 
     def __init__(self, model):
         self.model, self.modules = model, list(model.modules())
@@ -182,8 +178,8 @@ class ModelDrafter(Drafter):
 
 
 def truncated_copy(model, layers: int):
-    """A separate causal LM of ``model``'s first ``layers`` decoder layers, embedding, final norm and head: NEW module
-    objects and config sharing the target's weight tensors (what early exit at ``layers`` computes)."""
+    """A separate causal LM of ``model``'s first ``layers`` decoder layers, embedding, final norm and head: new
+    modules and config sharing the target's weights (what early exit at ``layers`` computes)."""
     check_llama_family(model)
     new = copy.deepcopy(model, {id(t): t for t in (*model.parameters(), *model.buffers())})
     new.model.layers = nn.ModuleList(list(new.model.layers)[:layers])
@@ -202,8 +198,7 @@ def modelled_speed(accept: float, cost: float, max_depth: int = 8) -> float:
 
 def layer_importance(hidden_states: Sequence[torch.Tensor]) -> np.ndarray:
     """float[layers]: ``1 - cos(input, output)`` of each decoder layer averaged over positions (ShortGPT's block
-    influence; the cheapest to skip turns the hidden state least). ``hidden_states``: ``output_hidden_states`` (the
-    embeddings, then each layer's output, the last one normed: the last layer scores 1)."""
+    influence) from ``output_hidden_states`` (the last one normed: the last layer scores 1)."""
     cos = [float(nn.functional.cosine_similarity(a[0].double(), b[0].double(), dim=-1).mean())
            for a, b in zip(hidden_states[:-2], hidden_states[1:-1])]
     return np.array([1 - c for c in cos] + [1.0])
@@ -220,8 +215,7 @@ def skip_set(importance: np.ndarray, keep_fraction: float) -> tuple[int, ...]:
 
 def build(model, kind: str, size: float, importance: np.ndarray | None = None,
           factors: dict | None = None) -> tuple[LayerStack, tuple[int, ...]]:
-    """``kind``'s drafter at ``size`` and the layers it runs (importance: :func:`layer_importance`; None: the
-    middle layers go first)."""
+    """``kind``'s drafter at ``size`` and the layers it runs (``importance`` None: the middle layers go first)."""
     layers = model.model.layers
     n = len(layers)
     if kind == "early-exit":
@@ -237,9 +231,8 @@ def build(model, kind: str, size: float, importance: np.ndarray | None = None,
 
 @torch.no_grad()
 def calibrate(model, kind: str, ids: torch.Tensor, sizes: Sequence[float] | None = None) -> tuple[dict, LayerStack]:
-    """({"size", "layers", "agreement", "weights", "candidates"}, the drafter) of ``kind``'s size with the best
-    :func:`modelled_speed` of its agreement with the target's argmax on ``ids`` long[1, q] and its weights read per
-    token over the target's."""
+    """({"size", "layers", "agreement", "weights", "candidates"}, drafter) of ``kind``'s size with the best
+    :func:`modelled_speed` of its argmax agreement with the target's on ``ids`` long[1, q] and its weights' share."""
     check_llama_family(model)
     sizes = CANDIDATE_SIZES[kind] if sizes is None else tuple(sizes)
     out = model(input_ids=ids, output_hidden_states=kind == "layer-skip", use_cache=False)
@@ -263,16 +256,15 @@ def measure_cost_ratio(target, drafter, context: int = 32, repeats: int = 3) -> 
     """One draft forward's time over one target forward's (one new token after ``context``), best of ``repeats``."""
     ids = torch.randint(0, target.config.vocab_size, (1, context + 1), generator=torch.Generator().manual_seed(0))
     ids = ids.to(next(target.parameters()).device)
-    return _step_seconds(drafter, ids, repeats) / _step_seconds(ModelDrafter(target), ids, repeats)
 
+    def seconds(forward: Drafter) -> float:
+        cache, times = forward.new_cache(), []
+        forward.forward(ids[:, :context], 0, cache)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            forward.forward(ids[:, context:], context, cache)
+            times.append(time.perf_counter() - t)
+            crop_cache(cache, 1)
+        return min(times)
 
-def _step_seconds(drafter, ids: torch.Tensor, repeats: int) -> float:
-    """The best time of a forward of the last of ``ids`` long[1, q] after the others, cached."""
-    cache, past, times = drafter.new_cache(), ids.shape[1] - 1, []
-    drafter.forward(ids[:, :past], 0, cache)
-    for _ in range(repeats):
-        t = time.perf_counter()
-        drafter.forward(ids[:, past:], past, cache)
-        times.append(time.perf_counter() - t)
-        crop_cache(cache, 1)
-    return min(times)
+    return seconds(drafter) / seconds(ModelDrafter(target))
