@@ -17,10 +17,7 @@ def media_token_ids(config) -> set[int]:
 
 def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool, windowed: bool) -> None:
     """Before any forward: raise ValueError for a call with media features that the decoder would not decode as plain
-    ``generate`` does: a static cache with other than full-attention ``StaticLayer``s; a cache holding tokens; positions
-    whose sections differ (multimodal RoPE); a batch with token types (:data:`MEDIA_TYPE_KWARGS`); one row that is
-    padded past a sliding window (``windowed``), ends in a media placeholder, or has token types marking other tokens
-    than the placeholders."""
+    ``generate`` does (``windowed``: the model has a sliding window shorter than the call)."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
     placeholders = media_token_ids(model.config)
@@ -55,10 +52,9 @@ def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, stati
 
 
 def prefill_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, cache_kwarg: str, stats) -> None:
-    """One row with media features (checked by :func:`check_media`): the prompt's forward for every token but the last,
-    with the features and token types, into ``cache``, as plain ``generate``'s first forward; the decode loop continues
-    that cache with text-only steps. Example: LLaVA's ``[bos, <image> x 576, "Describe", "it", ":"]`` runs all but
-    ``":"`` here; the first step forwards ``":"`` and its drafts."""
+    """The prompt's forward with the media features and token types for every token but the last, into ``cache``;
+    the decode loop continues it with text-only steps. Example: LLaVA's ``[bos, <image> x 576, "Describe", "it",
+    ":"]`` runs all but ``":"`` here; the first step forwards ``":"`` and its drafts."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
     model(input_ids=input_ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1],

@@ -4,10 +4,8 @@
     import lookahead.hub
     out = model.generate(**inputs, max_new_tokens=256, custom_generate=lookahead.hub.FOLDER, trust_remote_code=True)
 
-In this spelling ``generate`` hands the decoder every argument, ``tokenizer=`` (for ``stop_strings=``) and
-``streamer=`` included. The folder can be published as a Hub repository (``hf upload <user>/lookahead FOLDER .``),
-so that ``custom_generate="<user>/lookahead"`` finds it; its ``generate.py`` runs the ``lookahead`` package installed
-beside transformers.
+In this spelling ``generate`` hands the decoder every argument, ``tokenizer=`` and ``streamer=`` included. Published
+as a Hub repository (``hf upload <user>/lookahead FOLDER .``), ``custom_generate="<user>/lookahead"`` finds it.
 """
 
 from __future__ import annotations
@@ -22,12 +20,10 @@ SETTINGS = ("max_draft_tokens", "window", "cost_curve", "store", "corpus", "head
 
 
 def generate(model, *args, decoder=None, **kwargs):
-    """What transformers runs for ``model.generate(..., custom_generate=FOLDER, trust_remote_code=True)``: every
-    argument of that call, with ``model`` for ``self``. Returns what ``generate`` returns.
-
-    The decoder's settings (:data:`SETTINGS`) pass as keyword arguments, e.g. ``max_draft_tokens=16``; or pass a
-    whole ``decoder=LookaheadDecoder(...)`` to read its ``stats`` after the call. Without one, each call decodes
-    with a new decoder (the cost curves and corpora found for the model are shared, as always)."""
+    """What transformers runs for ``model.generate(..., custom_generate=FOLDER, trust_remote_code=True)``, with
+    ``model`` for ``self``. The decoder's settings (:data:`SETTINGS`) pass as keyword arguments, e.g.
+    ``max_draft_tokens=16``, or a whole ``decoder=LookaheadDecoder(...)`` (to read its ``stats`` after the call);
+    without one each call decodes with a new decoder."""
     from ..decoder import LookaheadDecoder
 
     settings = {name: kwargs.pop(name) for name in SETTINGS if name in kwargs}

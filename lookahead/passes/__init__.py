@@ -1,7 +1,5 @@
-"""Draft passes: a cheaper forward drafts a greedy chain (``LookaheadDecoder(draft=...)``: ``"layer-skip"``,
-``"early-exit"``, ``"low-rank"``, a causal LM with the target's tokenizer, or a function ``target -> causal LM``),
-the target verifies it in its one forward per step. Greedy drafts are deterministic given the context: the
-decoder's point-mass acceptance is exact for them."""
+"""Draft passes (``LookaheadDecoder(draft=...)``): a cheaper forward drafts a greedy chain, which the target verifies
+in its one forward per step. Greedy drafts are deterministic given the context: point-mass acceptance is exact."""
 from __future__ import annotations
 
 import threading
@@ -28,9 +26,8 @@ _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(k
 
 
 def draft_source(draft, tuning: Tuning = DEFAULT) -> DraftPassSource:
-    """The one source for ``draft=`` (a name of :data:`SELF_ORIGINS`, a causal LM, or a function of the target),
-    shaped by the tuning's ``self_draft_size``, ``draft_depth``, ``draft_branches``, ``draft_cost``; ValueError for
-    a bad value."""
+    """The source for ``draft=`` (a name of :data:`SELF_ORIGINS`, a causal LM with the target's tokenizer, or a
+    function ``target -> causal LM``), shaped by the tuning's ``self_draft_size``, ``draft_*`` fields."""
     if not (draft in SELF_ORIGINS if isinstance(draft, str) else callable(draft)):
         raise ValueError(f"draft must be one of {tuple(SELF_ORIGINS)}, a causal LM or a function target -> causal LM;"
                          f" got {draft!r}")
@@ -45,9 +42,9 @@ def draft_source(draft, tuning: Tuning = DEFAULT) -> DraftPassSource:
 
 
 def self_drafter(target, kind: str, size: float, prompt: np.ndarray) -> tuple[object, dict]:
-    """(drafter, info) of ``kind`` for ``target``, built under a lock once per target, kind and size in the process
-    and shared read-only: at ``size``, or when it is 0 chosen by :func:`~lookahead.passes.drafters.calibrate` on the
-    last 64 tokens of a first prompt of at least 8 (else the middle candidate)."""
+    """(drafter, info) of ``kind`` for ``target``, built once per target, kind and size in the process and shared:
+    at ``size``, or when it is 0 chosen by :func:`~lookahead.passes.drafters.calibrate` on the last 64 tokens of a
+    first prompt of at least 8 (else the middle candidate)."""
     with _LOCK:
         built = _BUILT.setdefault(target, {})
         if (kind, size) not in built:
@@ -74,7 +71,7 @@ class Probing:
 
     def pick_depth(self, gains: np.ndarray, seconds: np.ndarray, cost, margin: float) -> int:
         """The depth ``d`` maximising ``(1 + gains[:d].sum()) / (cost(1 + d) + seconds[d - 1])`` (``gains[j - 1]``:
-        the chance depth ``j``'s token is accepted), if it beats a plain step ``1 / cost(1)`` by ``margin``; else 0."""
+        the chance depth ``j``'s token is accepted) if it beats a plain step by ``margin``, else 0."""
         d = np.arange(1, len(gains) + 1)
         rate = (1 + np.cumsum(gains)) / (cost(1 + d) + seconds)
         if rate.max() * float(cost(1)) >= margin:
@@ -92,9 +89,9 @@ STATS = ("forwards", "seconds", "proposed", "tried", "accepted", "steps", "draft
 
 
 class DraftPassSource(Probing, DraftSource):
-    """Runs a drafter from its own KV cache: a greedy chain ``depth`` deep, with the ``branches - 1`` runner-ups at
-    each depth as leaves. Priced: depth ``d`` gains ``a + ... + a^d`` tokens (``a``: measured acceptance) for ``d``
-    draft forwards of ``cost`` target forwards each (0: measured); ``size``: the self draft's (0: calibrated)."""
+    """Runs a drafter from its own KV cache: a greedy chain ``depth`` deep with the ``branches - 1`` runner-ups at
+    each depth as leaves. Depth ``d`` gains ``a + ... + a^d`` tokens (``a``: measured acceptance) for ``d`` draft
+    forwards of ``cost`` target forwards each (0: measured); ``size``: the self draft's (0: calibrated)."""
 
     priced = True
     prior = (3.0, 2.0)  # Beta prior (accepted, rejected) of a: 0.6, before anything is tried
@@ -209,7 +206,7 @@ class DraftPassSource(Probing, DraftSource):
                 del self.cached[keep:]
 
     def report(self) -> dict:
-        """This call's :data:`STATS`, the drafter's settings and the source's estimates (JSON-safe)."""
+        """This call's :data:`STATS`, the drafter's settings and the estimates (JSON-safe)."""
         return {**self.stats, "info": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.info.items()},
                 "cost_ratio": self.ratio, "alpha": self.alpha, "hopeless": self.hopeless}
 

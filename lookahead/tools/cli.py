@@ -17,7 +17,6 @@ python -m lookahead COMMAND --help lists a command's options. Argument errors ex
 and a message naming the valid choices, before any model is loaded. Each long phase of a command
 is announced on stderr when it starts and timed when it ends.
 """
-# (plain text above, no reST markup: the docstring is the description that --help prints)
 
 from __future__ import annotations
 
@@ -143,10 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     warm = sub.add_parser(
         "warmup", help="compile the kernels and keep the bundled model's converted weights (and cost curve)",
-        description="Everything a first run would otherwise pay for, done once: compiles every Numba kernel of the "
-                    "package (kept in Numba's on-disk cache), converts the bundled model's GGUF weights and keeps "
-                    "them in the user's cache, and with --calibrate measures and keeps its cost curve. Each phase "
-                    "prints a line when it starts and its time when it ends.")
+        description="Everything a first run would otherwise pay for, done once: compiles every Numba kernel into "
+                    "Numba's on-disk cache, keeps the bundled model's converted weights in the user's cache, and "
+                    "with --calibrate measures and keeps its cost curve.")
     _add(warm, "--no-weights", "skip converting the bundled model's weights (default: off, they are converted and "
          "kept)", action="store_true")
     _add(warm, "--calibrate", "also measure and keep the bundled model's cost curve, for these comma-separated "
@@ -165,10 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_corpus_arguments(sub.add_parser(
         "build-corpus", help="write a model's own answers as a draft corpus (LookaheadDecoder(corpus=...))",
         description="The model answers prompts greedily (by default, questions it writes itself from the package's "
-                    "topic list, and one direct request per topic; every tenth topic held out), and the answers of "
-                    "the training split are saved as OUT/corpus and installed for the model, where "
-                    "LookaheadDecoder() finds it. The output stays exactly that of plain decoding. Resumable: a "
-                    "rerun continues from OUT/work."))
+                    "topic list; every tenth topic held out); the training split's answers are saved as OUT/corpus "
+                    "and installed for the model, where LookaheadDecoder() finds it. A rerun continues from "
+                    "OUT/work."))
     return parser
 
 
@@ -206,8 +203,7 @@ def run_bench_command(args, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the command, the library's log lines on stderr; returns
-    the exit status."""
+    """Run the command of ``argv`` (default: ``sys.argv[1:]``), the library's log lines on stderr; the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     if getattr(args, "unavailable", None):

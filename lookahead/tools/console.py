@@ -1,7 +1,6 @@
-"""What the command line and the examples show while they work: the library's log lines (it logs on the
-``"lookahead"`` logger, never prints) on stderr, each long phase's start and time, and a torch thread count that
-suits a busy machine (torch's threads wait for each other at every operation: one sharing a core stalls every step).
-"""
+"""What the command line and the examples show while they work: the ``"lookahead"`` logger's lines on stderr, each
+long phase's start and time, and a torch thread count that suits a busy machine (torch's threads wait for each other
+at every operation: one sharing a core stalls every step)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ log = logging.getLogger("lookahead")
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes each message as a plain line to whatever ``sys.stderr`` is at the time (a test may capture it)."""
+    """Writes to whatever ``sys.stderr`` is at the time (a test may capture it)."""
 
     def emit(self, record):
         self.stream = sys.stderr
@@ -24,8 +23,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def log_to_stderr(level: int = logging.INFO) -> logging.Handler:
-    """Show the ``"lookahead"`` logger's lines from ``level`` up on stderr for the rest of the process (once: a
-    second call returns the same handler)."""
+    """Show the ``"lookahead"`` logger's lines from ``level`` up on stderr for the rest of the process (a second
+    call returns the same handler)."""
     for h in log.handlers:
         if isinstance(h, _StderrHandler):
             return h
@@ -39,7 +38,7 @@ def log_to_stderr(level: int = logging.INFO) -> logging.Handler:
 
 @contextlib.contextmanager
 def logging_to_stderr(level: int = logging.INFO):
-    """:func:`log_to_stderr` for a ``with`` block; the logger's handlers and level are put back after it."""
+    """:func:`log_to_stderr` for a ``with`` block."""
     before, handlers = log.level, list(log.handlers)
     log_to_stderr(level)
     try:
@@ -52,8 +51,7 @@ def logging_to_stderr(level: int = logging.INFO):
 
 @contextlib.contextmanager
 def phase(what: str):
-    """Log ``what ...`` at the start and ``what: 2.3 s`` at the end (INFO); yields an object whose ``seconds`` is
-    set at the end."""
+    """Log ``what ...`` at the start and ``what: 2.3 s`` at the end; yields an object whose ``seconds`` is set then."""
     log.info("%s ...", what)
     timing, t = SimpleNamespace(what=what, seconds=0.0), time.perf_counter()
     try:
@@ -64,7 +62,7 @@ def phase(what: str):
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system tells it)."""
+    """The cores this process may run on (its CPU affinity where known)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -97,16 +95,16 @@ def busy_cores(interval: float = 0.25) -> float | None:
 
 
 def auto_threads(default: int, cores: int, load: float | None) -> int:
-    """Torch threads for ``cores`` cores of which other work keeps ``load`` busy: ``default`` when the cores it
-    would use are free, else the cores left (rounded, at least 1)."""
+    """Torch threads for ``cores`` cores of which other work keeps ``load`` busy: ``default`` when enough are free,
+    else the cores left (rounded, at least 1)."""
     if load is None or cores - load >= default - 0.5:
         return default
     return max(1, min(default, int(cores - load + 0.5)))
 
 
 def set_threads(requested: int | str | None = "auto") -> int:
-    """Set torch's CPU threads (process-wide): a number as given; ``"auto"`` as :func:`auto_threads` chooses,
-    logging why when it differs from torch's default; None leaves torch's choice. Returns the count in use."""
+    """Set torch's CPU threads (process-wide): a number; ``"auto"``: :func:`auto_threads`' choice, logged when it
+    differs from torch's default; None: torch's choice. Returns the count in use."""
     import torch
 
     if requested is None:
@@ -124,7 +122,7 @@ def set_threads(requested: int | str | None = "auto") -> int:
 
 
 def contention_hint(threads: int) -> str | None:
-    """A line for a run that keeps its thread count (a benchmark) on a machine that looks busy, else None."""
+    """A warning for a run that keeps its thread count (a benchmark) on a machine that looks busy, else None."""
     cores, load = usable_cores(), busy_cores()
     better = auto_threads(threads, cores, load)
     if better == threads:

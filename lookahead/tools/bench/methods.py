@@ -1,7 +1,5 @@
-"""The decoding methods the bench compares: ``METHODS`` maps a name to a factory ``() -> Method`` (what a method adds
-to ``model.generate``, and its ``LookaheadDecoder``, whose ``stats`` the runner reads), e.g.
-``METHODS["lookahead-16"] = lambda: decoder_method("lookahead-16", max_draft_tokens=16)``.
-"""
+"""The decoding methods the bench compares: ``METHODS`` maps a name to a factory ``() -> Method``, e.g.
+``METHODS["lookahead-16"] = lambda: decoder_method("lookahead-16", max_draft_tokens=16)``."""
 
 from __future__ import annotations
 
@@ -39,13 +37,13 @@ class Method:
 
 
 def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
-    """A method decoding with ``LookaheadDecoder(**kwargs)``, where ``heads="bundled"`` / ``corpus="bundled"``
-    stand for the bundled SmolLM2's heads / corpus. Its settings: the decoder's ``config``, the fields of its
-    ``_tuning`` that differ from the defaults, and the other objects it was given, by ``shown`` or their repr."""
+    """A method decoding with ``LookaheadDecoder(**kwargs)`` (``heads="bundled"`` / ``corpus="bundled"``: the bundled
+    SmolLM2's; ``heads`` a dict: those with these settings). Its settings: the decoder's ``config``, its ``_tuning``'s
+    fields off their defaults, and the other objects it was given, by ``shown`` or their repr."""
     from ...config import LookaheadConfig
     from ...decoder import LookaheadDecoder
 
-    if kwargs.get("heads") == "bundled" or isinstance(kwargs.get("heads"), dict):  # a dict: HeadsSettings fields
+    if kwargs.get("heads") == "bundled" or isinstance(kwargs.get("heads"), dict):
         changes = kwargs["heads"] if isinstance(kwargs["heads"], dict) else {}
         kwargs["heads"] = _bundled_heads().with_settings(**changes) if changes else _bundled_heads()
     if kwargs.get("corpus") == "bundled":
@@ -66,8 +64,7 @@ def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
 
 # the draft passes alone: no n-gram, copy, model-prediction or frequent-token drafts beside them
 _ALONE = {"window": 0, "corpus": None, "_tuning": Tuning(tree_nodes=0, copy_nodes=0, recycle_k=0, fill_nodes=0)}
-# the bench's draft model: the target's first 10 decoder layers and its head as a separate model (no second model
-# with SmolLM2's tokenizer is at hand offline), made once per target
+# the bench's draft model: the target's first layers and head as a separate model, made once per target
 DRAFT_MODEL_LAYERS = 10
 HEADS_FLAT_COST = (2e-4, 2e-4)  # the heads' seconds (base, per level) beside the flat curve's 10 ms step
 _TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -101,7 +98,7 @@ _DECODERS = {  # name -> decoder_method's keyword arguments
     "self-low-rank": {"draft": "low-rank", **_ALONE},
     "draft-model": {"draft": truncated_draft, "shown": {"draft": f"the target's first {DRAFT_MODEL_LAYERS} layers"},
                     **_ALONE},
-    "lookahead+heads": {"heads": "bundled"},  # the bundled SmolLM2's draft heads (a dict: with those settings)
+    "lookahead+heads": {"heads": "bundled"},  # the bundled SmolLM2's draft heads
     # the default on a flat curve with the bundled heads' own cost pinned (a level costs 2% of a step, as on a GPU)
     "lookahead-flat+heads": {"cost_curve": "flat", "heads": {"cost": HEADS_FLAT_COST}, "corpus": "bundled"},
     "lookahead-no-heads": {"heads": None},  # the default without the bundled heads ("auto" finds them for SmolLM2)

@@ -17,8 +17,7 @@ def _count(n: int) -> str:
 
 
 def markdown(result: dict) -> str:
-    """The run's context, then one row per workload and method (speed-up against plain: median, min–max, IQR;
-    tokens per target call, ms per call, tokens/s, identical outputs), then prompt by prompt."""
+    """The run's context, one row per workload and method, then prompt by prompt."""
     ctx, settings = result["context"], result["settings"]
     model, hw, v = ctx["model"], ctx["hardware"], ctx["versions"]
     hardware = hw["gpu"] or f"{hw['cpu']} ({hw['cpu_count']} CPUs; torch threads: {hw['torch_threads']})"
@@ -76,7 +75,7 @@ def markdown(result: dict) -> str:
 
 
 def _first_calls(firsts: dict | None) -> list[str]:
-    """The run's first call of each method, as its own table (the warm-up, which the medians leave out)."""
+    """The run's first call of each method (the warm-up, which the medians leave out)."""
     if not firsts:
         return []
     lines = ["", f"The process's first call of each method (not in the medians): at most {firsts['max_new_tokens']} "

@@ -1,10 +1,9 @@
-"""The side-by-side runner: every method on the same prompt back to back, the methods' order rotated from prompt to
-prompt and round to round. ``run_bench`` returns one JSON-safe dict: ``records`` (per prompt and method: wall time,
-new tokens, target calls counted alike for every method by a forward pre-hook on the model's decoder, the
-decoder's statistics, ``speedup_vs_plain`` and, greedy, whether the output is plain ``generate``'s, else where it
-differs: ``mismatch``), ``summary`` (per workload, and ``"all"``, and method: that ratio's median and spread, tokens
-per call, accepted lengths), ``first_calls`` (each method's first call of the run, plain first, timed apart and in
-no median; None without a warm-up), ``context`` (model, hardware, versions, command) and ``settings``.
+"""The side-by-side runner: every method on the same prompt back to back, the order rotated from prompt to prompt
+and round to round. ``run_bench`` returns one JSON-safe dict: ``records`` (per prompt and method: wall time, new
+tokens, target calls counted by a forward pre-hook on the model's decoder, the decoder's statistics,
+``speedup_vs_plain``, and greedy whether the output is plain ``generate``'s, else ``mismatch``), ``summary`` (per
+workload, ``"all"`` and method), ``first_calls`` (each method's first call, plain first, in no median; None without
+a warm-up), ``context`` (model, hardware, versions, command) and ``settings``.
 """
 
 from __future__ import annotations
@@ -162,10 +161,10 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
               max_new_tokens: int = 128, sample: bool = False, seed: int = 0, warmup: bool = True,
               progress: bool = True, model_name: str | None = None, command: str | None = None,
               fresh_per_prompt: bool = True, repeats: int = 1) -> dict:
-    """Every method on every prompt, back to back (see the module docstring). ``workloads``: name -> prompts
-    (:func:`as_prompts`); ``methods``: names in ``METHODS`` or ``Method`` objects, ``plain`` among them;
-    ``fresh_per_prompt``: a new instance of each method per prompt (else one for the whole run). A method refusing
-    sampled decoding (a ValueError) is recorded as unsupported; greedy, it raises."""
+    """Every method on every prompt, back to back. ``workloads``: name -> prompts (:func:`as_prompts`); ``methods``:
+    names in ``METHODS`` or ``Method`` objects, ``plain`` among them; ``fresh_per_prompt``: a new instance of each
+    method per prompt (else one for the whole run). A method refusing sampled decoding (a ValueError) is recorded as
+    unsupported; greedy, it raises."""
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -191,11 +190,14 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     hook = counted.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
     t_start, warm = time.perf_counter(), min(WARMUP_TOKENS, max_new_tokens)
 
-    def call(method: Method, inputs: dict, kw: dict) -> dict | None:
+    def call(method: Method, inputs: dict, kw: dict, seed_at: int) -> dict | None:
         """One ``generate``'s figures, output (``out``) and decoder statistics, or None where the method refuses
         this mode."""
         if method.name in unsupported:
             return None
+        if sample:
+            torch.manual_seed(seed_at)
+        method = method.fresh() if fresh_per_prompt else method
         calls[0] = 0
         sync()
         t0 = time.perf_counter()
@@ -222,9 +224,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
             shift = (index + rnd) % len(method_objs)
             for m in method_objs[shift:] + method_objs[:shift]:
                 bar.set_postfix_str(f"{wl} {prompt.id} {m.name}", refresh=False)
-                if sample:
-                    torch.manual_seed(seed + index)
-                rec, res = recs[m.name], call(m.fresh() if fresh_per_prompt else m, inputs, base_kw)
+                rec, res = recs[m.name], call(m, inputs, base_kw, seed + index)
                 bar.update(1)
                 if res is None:
                     rec.update(status="unsupported", reason=unsupported.get(m.name))
@@ -258,9 +258,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
         firsts = {"prompt": f"{wl}/{first.id}", "max_new_tokens": warm, "order": [m.name for m in method_objs],
                   "methods": {}}
         for m in method_objs:  # the baseline leads method_objs
-            if sample:
-                torch.manual_seed(seed)
-            res = call(m.fresh() if fresh_per_prompt else m, inputs, {**base_kw, "max_new_tokens": warm})
+            res = call(m, inputs, {**base_kw, "max_new_tokens": warm}, seed)
             if res is None:
                 firsts["methods"][m.name] = {"status": "unsupported", "reason": unsupported.get(m.name)}
                 continue

