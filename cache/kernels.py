@@ -1,5 +1,5 @@
 """Numba kernels of the n-gram trie, mutating in place four arrays :class:`~lookahead.cache.trie.NgramTrie`
-allocates once (nothing is allocated per node).
+allocates once.
 
 ``nodes``  int32 ``(capacity + 1, 8)``, row 0 the root: ``TOKEN``, ``PARENT``, a doubly linked child list
            (``FIRST_CHILD``, ``LAST_CHILD``, ``NEXT_SIBLING``, ``PREV_SIBLING``), ``GROUP``, and ``GROUP_HEAD``
@@ -36,11 +36,6 @@ BUILD_ERRORS = ("", "parent index not before the row", "token id out of range", 
                 "last_used outside [1, step]", "n-gram longer than max_n",
                 "siblings not sorted by (count, last_used) descending", "duplicate n-gram",
                 "more n-grams than the capacity")
-
-
-def table_size(capacity: int) -> int:
-    """A power of two >= 2 * capacity (load <= 1/2; as int64 scratch it holds ``capacity`` values)."""
-    return 1 << (2 * capacity - 1).bit_length()
 
 
 @njit(cache=True)
@@ -100,12 +95,36 @@ def _link_before(nodes, parent, x, b):
 
 
 @njit(cache=True, inline="always")
+def _link_last(nodes, parent, x, last):
+    """Link ``x`` into ``parent``'s child list after ``last``, its last child (0 if none)."""
+    nodes[x, PREV_SIBLING] = last
+    nodes[x, NEXT_SIBLING] = 0
+    nodes[parent, LAST_CHILD] = x
+    if last != 0:
+        nodes[last, NEXT_SIBLING] = x
+    else:
+        nodes[parent, FIRST_CHILD] = x
+
+
+@njit(cache=True, inline="always")
 def _free_node(nodes, stats, v, next_free):
     """Slot ``v`` made free, linked to ``next_free`` (its ``GROUP_HEAD`` is not touched)."""
     _init_node(nodes, stats, v, -1, 0, 0, 0)
     nodes[v, NEXT_SIBLING] = next_free
     nodes[v, PREV_SIBLING] = 0
     nodes[v, GROUP] = 0
+
+
+@njit(cache=True, inline="always")
+def _join_group(nodes, stats, prev, c, g_next):
+    """Put ``c``, just after ``prev`` (0: none) in a sorted child list, in ``prev``'s group if their counts are
+    equal, else in new group ``g_next``; returns the next unused group id."""
+    if prev != 0 and stats[prev, COUNT] == stats[c, COUNT]:
+        nodes[c, GROUP] = nodes[prev, GROUP]
+        return g_next
+    nodes[g_next, GROUP_HEAD] = c
+    nodes[c, GROUP] = g_next
+    return g_next + 1
 
 
 @njit(cache=True, inline="always")
@@ -159,13 +178,9 @@ def reset(nodes, stats, table, state):
     nodes[0, TOKEN] = -1
     nodes[0, PARENT] = -1
     stats[0, :] = 0
-    state[S_HIGH] = 0
-    state[S_N_LIVE] = 0
+    state[S_N_LIVE:S_OPEN] = 0
     state[S_FREE_HEAD] = 1
     state[S_GROUP_FREE] = 1
-    state[S_STEP] = 0
-    state[S_N_OPEN] = 0
-    state[S_N_EVICTIONS] = 0
 
 
 @njit(cache=True)
@@ -239,7 +254,7 @@ def evict(nodes, stats, table, state):
     cap = state[S_CAPACITY]
     s = state[S_STEP]
     _reach(nodes, stats, state, cap)  # the passes below read every row
-    # 1. threshold (table as scratch)
+    # 1. threshold (table as int64 scratch, room for capacity values)
     scratch = table.view(np.int64)
     n = 0
     for v in range(1, cap + 1):
@@ -274,14 +289,8 @@ def evict(nodes, stats, table, state):
                     nodes[v, FIRST_CHILD] = c
                 else:
                     nodes[prev, NEXT_SIBLING] = c
-                cnt = stats[c, COUNT]
-                total += cnt
-                if prev != 0 and stats[prev, COUNT] == cnt:
-                    nodes[c, GROUP] = nodes[prev, GROUP]
-                else:
-                    nodes[g_next, GROUP_HEAD] = c
-                    nodes[c, GROUP] = g_next
-                    g_next += 1
+                total += stats[c, COUNT]
+                g_next = _join_group(nodes, stats, prev, c, g_next)
                 prev = c
             c = nxt
         if prev == 0:
@@ -290,13 +299,9 @@ def evict(nodes, stats, table, state):
             nodes[prev, NEXT_SIBLING] = 0
         nodes[v, LAST_CHILD] = prev
         stats[v, CHILD_SUM] = total
-    if g_next <= cap:  # chain the unused group ids
-        for g in range(g_next, cap):
-            nodes[g, GROUP_HEAD] = g + 1
-        nodes[cap, GROUP_HEAD] = 0
-        state[S_GROUP_FREE] = g_next
-    else:
-        state[S_GROUP_FREE] = 0
+    for g in range(g_next, cap + 1):  # chain the unused group ids
+        nodes[g, GROUP_HEAD] = g + 1 if g < cap else 0
+    state[S_GROUP_FREE] = g_next if g_next <= cap else 0
     # 4. free the rest (descending, so the free list hands out low slots first)
     head = state[S_FREE_HEAD]
     freed = 0
@@ -399,13 +404,7 @@ def insert(nodes, stats, table, state, tokens):
                     nodes[g, GROUP_HEAD] = x
                     nodes[x, GROUP] = g
                 else:
-                    nodes[x, PREV_SIBLING] = last
-                    nodes[x, NEXT_SIBLING] = 0
-                    if last != 0:
-                        nodes[last, NEXT_SIBLING] = x
-                    else:
-                        nodes[parent, FIRST_CHILD] = x
-                    nodes[parent, LAST_CHILD] = x
+                    _link_last(nodes, parent, x, last)
                     g = state[S_GROUP_FREE]
                     state[S_GROUP_FREE] = nodes[g, GROUP_HEAD]
                     nodes[g, GROUP_HEAD] = x
@@ -573,8 +572,7 @@ def export(nodes, stats, token, parent, count, last_used):
 @njit(cache=True)
 def build(nodes, stats, table, state, token, parent, count, last_used, step, n_evictions):
     """Fill a just-``reset`` trie with what ``export`` wrote (node ``i`` to slot ``i + 1``); returns ``(status,
-    row)``. Every row is checked (parent first, int32 token, count >= 1, 1 <= last_used <= step, depth <= max_n,
-    siblings sorted, no duplicate); on a bad row the arrays are half-built. The result starts a new stream."""
+    row)``, every row checked (``BUILD_ERRORS``; on a bad row the arrays are half-built). Starts a new stream."""
     n = token.shape[0]
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
@@ -608,20 +606,9 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
         if last != 0 and (stats[last, COUNT] < c or (stats[last, COUNT] == c and stats[last, LAST_USED] < lu)):
             return BAD_ORDER, i
         _init_node(nodes, stats, v, t, p, c, lu)
-        nodes[v, PREV_SIBLING] = last
-        nodes[v, NEXT_SIBLING] = 0
-        nodes[p, LAST_CHILD] = v
+        _link_last(nodes, p, v, last)
         stats[p, CHILD_SUM] += c
-        if last == 0:
-            nodes[p, FIRST_CHILD] = v
-        else:
-            nodes[last, NEXT_SIBLING] = v
-        if last != 0 and stats[last, COUNT] == c:
-            nodes[v, GROUP] = nodes[last, GROUP]
-        else:
-            nodes[g_next, GROUP_HEAD] = v
-            nodes[v, GROUP] = g_next
-            g_next += 1
+        g_next = _join_group(nodes, stats, last, v, g_next)
     # free slots n + 1 .. cap and group ids g_next .. cap are chained as a new trie's
     state[S_N_LIVE] = n
     state[S_FREE_HEAD] = n + 1 if n < cap else 0

@@ -32,6 +32,11 @@ def int_array(values, field: str) -> np.ndarray:
     return np.array(arr, dtype=np.int64, order="C")  # a copy
 
 
+def table_size(n: int) -> int:
+    """The smallest power of two >= ``2 * n``: a hash table holding ``n`` entries at load <= 1/2."""
+    return 1 << (2 * n - 1).bit_length()
+
+
 def int_at_least(value, lo: int, field: str, rule: str) -> int:
     """``value`` as an int, or ValueError("<field>: must be <rule>, got <value>") unless an integer >= ``lo``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:

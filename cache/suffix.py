@@ -1,22 +1,15 @@
-"""``SuffixIndex``: a suffix automaton over one request's context that drafts long copies, finding the context's
-longest earlier-seen suffix in amortised O(1) per appended token (Blumer et al. 1985; SAM-Decoding, Hu et al. 2024).
+"""``SuffixIndex``: a suffix automaton over one request's context (the tokens appended by ``extend``; positions
+0-based into the kept ``tokens``) that drafts long copies, finding the context's longest earlier-seen suffix in
+amortised O(1) per appended token (Blumer et al. 1985; SAM-Decoding, Hu et al. 2024).
 
-context
-    The tokens appended (``extend``), at most ``capacity``: past it the index is rebuilt over the last
-    ``capacity // 2`` (``rebuilds`` counts them). Positions are 0-based into the kept ``tokens``.
-match
-    The longest suffix of the context that also ends earlier (``match_length``); 0 if the last token is new.
-continuation
-    An occurrence ending at ``e`` continues with ``ext[e + 1], ext[e + 2], ...``, ``ext`` being the context then
-    the drafted path itself, so a copy that runs into the present repeats (``a b a b`` -> ``a b a b ...``).
-candidate
-    One per distinct next token ``c``: ``L_c``, the longest suffix of the context that occurred followed by ``c``,
-    and ``f_c``, the position of ``c`` after that suffix's *first* such occurrence. ``L_c`` <= the match length.
-draft tree
-    ``propose``: up to ``max_branches`` candidates with ``L_c >= min_match``, by ``L_c`` desc then ``f_c`` asc,
-    each a chain ``c, ext[f_c + 1], ...`` from the root: the first up to ``max_depth`` deep, the others up to
-    ``branch_depth``, within ``max_nodes``; breadth-first (``parents[i] < i``, -1 under the root), each node's
-    match its ``L_c``.
+The *match* is the longest suffix of the context that also ends earlier (``match_length``; 0 if the last token is
+new). Each distinct next token ``c`` is a *candidate*: ``L_c`` (<= the match length) is the longest suffix of the
+context that occurred followed by ``c``, ``f_c`` the position of ``c`` after that suffix's *first* such occurrence.
+``propose`` drafts up to ``max_branches`` candidates with ``L_c >= min_match``, by ``L_c`` desc then ``f_c`` asc,
+each a chain ``c, ext[f_c + 1], ...`` from the root, ``ext`` being the context then the drafted path itself (a copy
+that runs into the present repeats: ``a b a b`` -> ``a b a b ...``): the first up to ``max_depth`` deep, the others
+up to ``branch_depth``, within ``max_nodes``; breadth-first (``parents[i] < i``, -1 under the root), each node's
+match its ``L_c``.
 
 After ``7 1 2 3 9 1 2 4 5 1 2``, ``1 2`` was followed by 3 (position 3) and by 4 (at 7), both ``L_c = 2``; 3 is
 earlier, so its chain ``3 9 1 2 4 5 1 2 ...`` comes first:
@@ -45,7 +38,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from .primitives import INT32_MAX, bucket, int_array, int_at_least, pair_slot, token_error
+from .primitives import INT32_MAX, bucket, int_array, int_at_least, pair_slot, table_size, token_error
 
 # columns of ``states`` and ``edges``
 LEN, LINK, FIRST, HEAD, TAIL = range(5)
@@ -63,15 +56,10 @@ def reset(states, edges, table, info):
     """Empty context (root state only); clears the table's slots in use and shrinks them to :data:`MIN_TABLE`."""
     table[: info[I_TABLE]] = 0
     info[I_TABLE] = min(MIN_TABLE, table.shape[0])
+    states[0, :] = -1
     states[0, LEN] = 0
-    states[0, LINK] = -1
-    states[0, FIRST] = -1
-    states[0, HEAD] = -1
-    states[0, TAIL] = -1
-    info[I_N] = 0
+    info[I_N:I_REBUILDS] = 0
     info[I_STATES] = 1
-    info[I_EDGES] = 0
-    info[I_LAST] = 0
 
 
 @njit(cache=True, inline="always")
@@ -177,8 +165,8 @@ def _append(states, edges, table, info, tokens, c):
 
 @njit(cache=True)
 def extend(states, edges, table, info, tokens, new):
-    """Append ``new`` (int64[k]), rebuilding over the last ``capacity // 2`` tokens when full; returns ``OK``, or
-    ``ERR_TOKEN`` (nothing appended) for a token outside [0, 2**31 - 1]."""
+    """Append ``new`` (int64[k]), rebuilding when full; returns ``OK``, or ``ERR_TOKEN`` (nothing appended) for a
+    token outside [0, 2**31 - 1]."""
     for j in range(new.shape[0]):
         if new[j] < 0 or new[j] > INT32_MAX:
             return ERR_TOKEN
@@ -199,10 +187,13 @@ def extend(states, edges, table, info, tokens, new):
 
 
 @njit(cache=True)
-def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out):
+def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, bucket_edges,
+            out):
     """Draft tree into ``out[0, :k]`` (tokens), ``out[1, :k]`` (parents), ``out[2, :k]`` (match), ``out[3, :k]``
     (depth, 1 under the root); returns ``k <= out.shape[1]``. Candidates come from the first ``max_states`` states
-    of the match's suffix-link chain. Read-only."""
+    of the match's suffix-link chain. Unless ``bucket_edges`` is None, each match is replaced by ``bucket(match +
+    depth - 1, bucket_edges)``: the bucket of the context the node follows once its ancestors are accepted.
+    Read-only."""
     n = info[I_N]
     max_nodes = out.shape[1]
     if n == 0 or max_nodes <= 0 or max_depth <= 0 or max_branches <= 0 or max_states <= 0:
@@ -267,23 +258,15 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
                 out[3, k] = d + 1
                 last[b] = k
                 k += 1
-    return k
-
-
-@njit(cache=True)
-def propose_buckets(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states,
-                    bucket_edges, out):
-    """:func:`propose`, with each match replaced by ``bucket(match + depth - 1, bucket_edges)``: the bucket of the
-    context the node follows once its ancestors are accepted. Returns ``k``."""
-    k = propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out)
-    for j in range(k):
-        out[2, j] = bucket(out[2, j] + out[3, j] - 1, bucket_edges)
+    if bucket_edges is not None:
+        for j in range(k):
+            out[2, j] = bucket(out[2, j] + out[3, j] - 1, bucket_edges)
     return k
 
 
 class SuffixIndex:
     """The suffix automaton of one request's context. ``capacity``: the most tokens held (>= 4); past it the index
-    is rebuilt over the last ``capacity // 2``. All memory is allocated here."""
+    is rebuilt over the last ``capacity // 2`` (``rebuilds`` counts them). All memory is allocated here."""
 
     def __init__(self, capacity: int = 1 << 16):
         capacity = int_at_least(capacity, 4, "capacity", "an integer >= 4")
@@ -297,7 +280,7 @@ class SuffixIndex:
         self._tokens = np.empty(cap, np.int64)
         self._states = np.empty((2 * cap + 2, 5), np.int32)
         self._edges = np.empty((3 * cap + 4, 4), np.int32)
-        self._table = np.zeros(1 << (2 * (3 * cap + 4) - 1).bit_length(), np.int32)
+        self._table = np.zeros(table_size(3 * cap + 4), np.int32)
         self._info = np.zeros(INFO_SLOTS, np.int64)
         self._info[I_CAPACITY] = cap
         reset(self._states, self._edges, self._table, self._info)
@@ -314,12 +297,11 @@ class SuffixIndex:
         self._info[I_DROPPED] = state["dropped"]
 
     capacity = property(lambda self: int(self._info[I_CAPACITY]))
-    rebuilds = property(lambda self: int(self._info[I_REBUILDS]), doc="Rebuilds over the last ``capacity // 2``.")
+    rebuilds = property(lambda self: int(self._info[I_REBUILDS]))
     dropped = property(lambda self: int(self._info[I_DROPPED]), doc="Tokens dropped by rebuilds: the kept start.")
     tokens = property(lambda self: self._tokens[: len(self)].copy(), doc="The kept context (a copy).")
 
     def __len__(self) -> int:
-        """Context tokens held now."""
         return int(self._info[I_N])
 
     def _match(self, column: int, none: int) -> int:
@@ -357,7 +339,7 @@ class SuffixIndex:
             return (_EMPTY,) * (4 if with_depth else 3)
         out = np.empty((4, max_nodes), np.int64)
         k = propose(self._states, self._edges, self._info, self._tokens, max_depth, max_branches, branch_depth,
-                    min_match, max_states, out)
+                    min_match, max_states, None, out)
         if with_depth:
             return out[0, :k], out[1, :k], out[2, :k], out[3, :k]
         return out[0, :k], out[1, :k], out[2, :k]
@@ -370,8 +352,8 @@ class SuffixIndex:
         if max_nodes <= 0:
             return _EMPTY, _EMPTY, _EMPTY
         out = np.empty((4, max_nodes), np.int64)
-        k = propose_buckets(self._states, self._edges, self._info, self._tokens, max_depth, max_branches,
-                            branch_depth, min_match, max_states, bucket_edges, out)
+        k = propose(self._states, self._edges, self._info, self._tokens, max_depth, max_branches, branch_depth,
+                    min_match, max_states, bucket_edges, out)
         return out[0, :k], out[1, :k], out[2, :k]
 
 

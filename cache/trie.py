@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from . import kernels as K
-from .primitives import int_array, int_at_least, token_error
+from .primitives import int_array, int_at_least, table_size, token_error
 
 _I64 = np.dtype(np.int64)
 _I32 = np.dtype(np.int32)
@@ -76,7 +76,7 @@ class NgramTrie:
         elif 2 * need <= self._used:
             return
         else:
-            size = min(1 << (2 * need - 1).bit_length(), len(self._table))
+            size = min(table_size(need), len(self._table))
         self._use(size)
         K.rehash(self._nodes, self._tview, self._state)
 
@@ -206,14 +206,10 @@ class NgramTrie:
     # -- queries -------------------------------------------------------------------------------
     def propose(self, context, max_nodes: int, max_depth: int, max_match: int | None = None, *,
                 with_match: bool = False):
-        """Draft tree continuing ``context``: ``(tokens int64[k], parents int32[k])``, k <= max_nodes; ``parents[i]``
-        is -1 for a child of the match, else an index < i. ``with_match=True`` adds the match length (how many of
-        the context's last tokens, at most ``max_match``, the tree continues; 0 when empty). Read-only."""
+        """Draft tree continuing ``context`` (package docstring): ``(tokens int64[k], parents int32[k])``, k <=
+        max_nodes; ``with_match=True`` adds the match length (0 when the tree is empty). Read-only."""
         max_n = self._max_n
-        if max_match is None:
-            mm = max_n - 1
-        else:
-            mm = min(max(operator.index(max_match), 1), max_n - 1)
+        mm = max_n - 1 if max_match is None else min(max(operator.index(max_match), 1), max_n - 1)
         max_nodes = operator.index(max_nodes)
         max_depth = operator.index(max_depth)
         if max_nodes < 0:
@@ -330,7 +326,7 @@ def _empty_arrays(max_n: int, capacity: int):
     """``(nodes, stats, table, state)`` of an empty trie; node rows are left unwritten until used (``S_HIGH``)."""
     nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
     stats = np.empty((capacity + 1, K.STAT_COLUMNS), np.int64)
-    table = np.zeros(K.table_size(capacity), np.int32)
+    table = np.zeros(table_size(capacity), np.int32)
     state = np.zeros(K.S_OPEN + max_n, np.int64)
     state[K.S_MAX_N] = max_n
     state[K.S_CAPACITY] = capacity
