@@ -9,18 +9,12 @@
 ``assistant=decoder`` and ``custom_generate=decoder`` (the latter works without ``enable`` too) decode with that
 decoder; ``lookahead=True`` with the default one (``enable``'s ``default=``, else a ``LookaheadDecoder()``);
 ``lookahead=False`` is plain ``generate``; no flag: the default decoder if ``enable`` got one and it supports the
-call, else plain ``generate``. Every other argument goes to ``generate`` unchanged (``assistant_model=`` keeps its
-Hugging Face meaning and does not combine with a flag).
-
-- ``enable`` sets ``generate`` on that one instance (``enable(pipe)``: on ``pipe.model``) to a
-  :class:`LookaheadGenerate`; ``disable`` deletes it; both are idempotent. A ``generate`` already replaced on the
-  instance (a Hub ``custom_generate`` loaded with ``trust_remote_code=True``) is refused.
-- ``generate`` drops ``tokenizer=`` and the streamer for a callable ``custom_generate``: the wrapper binds both to
-  the decoder and moves a generation config's ``stop_strings`` into the call.
-- The implicit default falls back, explicit flags never do: a call without a flag that the decoder refuses runs
-  plain ``generate`` with a warning naming the reason; one asking for another method (``assistant_model=``,
-  ``prompt_lookup_num_tokens=``, another ``custom_generate=``) runs it, with a warning.
-- Concurrent calls of the model's own decoder get siblings of it (``LookaheadDecoder.sibling``).
+call, else plain ``generate``. Every other argument goes to ``generate`` unchanged. The implicit default falls back,
+explicit flags never do: a call without a flag that the decoder refuses, or that asks for another method
+(``assistant_model=``, ``prompt_lookup_num_tokens=``, another ``custom_generate=``), runs plain ``generate`` or that
+method, with a warning. Concurrent calls of the model's own decoder get siblings of it (``LookaheadDecoder.sibling``).
+``enable`` refuses a ``generate`` already replaced on the instance (a Hub ``custom_generate`` loaded with
+``trust_remote_code=True``).
 """
 
 from __future__ import annotations

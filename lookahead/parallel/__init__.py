@@ -50,14 +50,14 @@ def _feed(h, value) -> None:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().contiguous()
         if value.dtype not in _NUMPY_DTYPES:  # bfloat16 and others: by their bytes
-            h.update(b"T" + str(value.dtype).encode() + b"|" + _shape(value.shape))
+            h.update(f"T{value.dtype}|{','.join(map(str, value.shape))}|".encode())
             h.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
             return
         value = value.numpy()
     if isinstance(value, np.ndarray):
         if value.dtype == object:
             raise TypeError("checksum() does not take object arrays (their bytes are addresses)")
-        h.update(b"A" + value.dtype.str.encode() + b"|" + _shape(value.shape))
+        h.update(f"A{value.dtype.str}|{','.join(map(str, value.shape))}|".encode())
         h.update(np.ascontiguousarray(value).data)
     elif value is None:
         h.update(b"N")
@@ -82,10 +82,6 @@ def _feed(h, value) -> None:
     else:
         raise TypeError("checksum() takes None, numbers, str, bytes, arrays, tensors and lists or dicts of them; got "
                         f"{type(value).__name__}")
-
-
-def _shape(shape) -> bytes:
-    return ",".join(map(str, shape)).encode() + b"|"
 
 
 def encode_message(where, phase: int, fields: Mapping[str, object], shared: Sequence[float] = ()) -> np.ndarray:
@@ -201,10 +197,9 @@ class RankSync:
     def seeds(self, count: int = 1) -> list[int]:
         """``count`` seeds, rank 0's on every rank, each drawn as one process would: ``torch.randint(0, 2**62, (1,))``."""
         local = [int(torch.randint(0, 2**62, (1,)).item()) for _ in range(count)]
-        return self._rank0(local, torch.int64) if self.active and count else local
-
-    def _rank0(self, values: list, dtype: torch.dtype) -> list:  # rank 0's numbers on every rank
-        t = torch.tensor(values, dtype=dtype, device=self._device)
+        if not self.active or not count:
+            return local
+        t = torch.tensor(local, dtype=torch.int64, device=self._device)
         torch.distributed.broadcast(t, src=self._src, group=self.group)
         self.collectives += 1
         return t.cpu().tolist()
