@@ -22,10 +22,8 @@ def kernel_modules(core: bool = False) -> list:
     :data:`CORE`."""
     if core:
         return [importlib.import_module(name) for name in CORE]
-    names = set()
-    for package in ("lookahead", "lookahead.cache"):
-        names.update(info.name for info in pkgutil.walk_packages(importlib.import_module(package).__path__,
-                                                                 package + "."))
+    names = {info.name for package in ("lookahead", "lookahead.cache")
+             for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + ".")}
     found = []
     for name in sorted(names):
         path = getattr(importlib.util.find_spec(name), "origin", None)
@@ -50,9 +48,7 @@ def _entry_kernels(modules) -> list:
     """The dispatchers of :func:`kernels` that are compiled on their own: neither ``inline="always"`` nor called by
     another kernel (those are compiled into their callers)."""
     found = kernels(modules)
-    called = set()
-    for _, d in found:
-        called.update(d.py_func.__code__.co_names)
+    called = {name for _, d in found for name in d.py_func.__code__.co_names}
     return [(name, d) for name, d in found
             if d.targetoptions.get("inline") != "always" and d.py_func.__name__ not in called]
 
@@ -110,10 +106,9 @@ def kernels_ready() -> bool:
             return True
         if _STATE.process is None or _STATE.process.poll() is not None:
             _STATE.process = _start_compiler()
-            if _STATE.process is None:  # could not start one (or another process holds the lock and is alive)
-                if not lock_held():
-                    _STATE.inline = True  # nothing will compile them elsewhere: compile on first use
-                    return True
+            if _STATE.process is None and not lock_held():  # none started, and no live process holds the lock
+                _STATE.inline = True  # nothing will compile them elsewhere: compile on first use
+                return True
     return False
 
 
@@ -175,18 +170,18 @@ def paused():
     import signal
 
     process = _STATE.process
-    stop = process is not None and process.poll() is None and hasattr(signal, "SIGSTOP")
-    if stop:
-        with _STATE.lock:
-            _STATE.pausing += 1
-            with contextlib.suppress(OSError):
-                os.kill(process.pid, signal.SIGSTOP)
+    if process is None or process.poll() is not None or not hasattr(signal, "SIGSTOP"):
+        yield
+        return
+    with _STATE.lock:
+        _STATE.pausing += 1
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        if stop:
-            with _STATE.lock:
-                _STATE.pausing -= 1
-                if not _STATE.pausing:  # the last call running: it may go on
-                    with contextlib.suppress(OSError):
-                        os.kill(process.pid, signal.SIGCONT)
+        with _STATE.lock:
+            _STATE.pausing -= 1
+            if not _STATE.pausing:  # the last call running: it may go on
+                with contextlib.suppress(OSError):
+                    os.kill(process.pid, signal.SIGCONT)
