@@ -1,28 +1,7 @@
 """Every place where lookahead relies on transformers beyond its documented public API, in one module.
 
-A transformers upgrade that changes one of these breaks here, and ``tests/test_compat.py`` says which.
-
-- :func:`arguments_of_calling_generate`: ``streamer`` and ``assistant_model``, read from ``generate``'s frame.
-- :func:`forward_is_compiled`: torch's ``_torchdynamo_orig_callable`` on a ``torch.compile``d function.
-- :func:`supports_logits_to_keep`: the private ``_supports_logits_to_keep`` of generating models.
-- :func:`takes_tree_masks`: Bloom and ALiBi Falcon build their position biases from a 2D mask's shape.
-- :func:`generation_config_for_call`: the private ``_prepare_generation_config``.
-- :func:`rollbackable_layer_types`: ``DynamicLayer`` and ``DynamicSlidingWindowLayer``, the layers that can crop.
-- :func:`cache_kwarg_name`: the forward's cache argument, ``cache`` (new) or ``past_key_values`` (old).
-- :func:`cache_of`: the model kwarg ``generate`` hands its cache under (:data:`CACHE_KWARGS`).
-- :func:`crop_cache`: ``Cache.crop`` over layers never written (``is_initialized``).
-- :func:`decoder_only_output`: ``GenerateDecoderOnlyOutput``'s field name for the cache.
-- :func:`host_stopping`: ``MaxLengthCriteria.max_length`` and ``EosTokenCriteria.eos_token_id``.
-- :func:`processors_as_function`: ``LogitsProcessorList.__call__``'s chaining, without its signature inspection.
-- :func:`token_bans`: the attributes of the four processors that only ban tokens at some sequence lengths.
-- :func:`pad_token_id`: the generation config's private ``_pad_token_tensor``.
-- :func:`compiles_on_all_devices`: ``CompileConfig``'s private ``_compile_all_devices``.
-- :func:`refill_sliding`, :func:`adopt_ring`: a static sliding layer's ring (``cumulative_length_int``, its order).
-- :func:`splits_head`, :func:`forward_with_hidden`: the forward as ``get_decoder`` then ``get_output_embeddings``.
-- :func:`grouped_attention`: ``transformers.integrations.sdpa_attention.sdpa_attention_forward``.
-- :func:`grouped_config`: ``ALL_ATTENTION_FUNCTIONS`` and a config's private ``_attn_implementation_internal``.
-- :func:`grouped_applies`: a text config's ``_attn_implementation``.
-- :func:`plain_sample`: ``GenerationMixin._sample``, plain ``generate``'s greedy and sampled loop.
+A transformers upgrade that changes one breaks here, and ``tests/test_compat.py`` says which. Each function's
+docstring names what it relies on.
 """
 
 from __future__ import annotations
@@ -59,7 +38,7 @@ def arguments_of_calling_generate(custom_generate, names: tuple[str, ...], depth
 
 
 def forward_is_compiled(model) -> bool:
-    """Whether ``model.forward`` was set to ``torch.compile(model.forward)``."""
+    """Whether ``model.forward`` was set to ``torch.compile(model.forward)`` (``_torchdynamo_orig_callable``)."""
     return getattr(model.forward, "_torchdynamo_orig_callable", None) is not None
 
 
@@ -75,7 +54,7 @@ def _parameters(function) -> frozenset[str]:
 
 
 def supports_logits_to_keep(model) -> bool:
-    """Whether ``model.forward`` takes ``logits_to_keep`` (then only the rows we verify get the LM head)."""
+    """Whether ``model.forward`` takes ``logits_to_keep`` (the private ``_supports_logits_to_keep``)."""
     probe = getattr(model, "_supports_logits_to_keep", None)
     return bool(probe()) if probe is not None else "logits_to_keep" in forward_parameters(model)
 
@@ -105,7 +84,8 @@ def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool,
 
 
 def generation_config_for_call(model, generation_config, kwargs: dict):
-    """The ``GenerationConfig`` that ``model.generate(generation_config=..., **kwargs)`` would decode with."""
+    """The ``GenerationConfig`` that ``model.generate(generation_config=..., **kwargs)`` would decode with (the
+    private ``_prepare_generation_config``)."""
     config, _ = model._prepare_generation_config(generation_config, **kwargs)
     return config
 
@@ -133,7 +113,8 @@ def cache_of(model_kwargs: dict):
 
 
 def crop_cache(cache, n: int) -> None:
-    """``cache.crop(-n)``, skipping layers never written (a layer-skipping drafter's), which some versions reject."""
+    """``cache.crop(-n)``, skipping layers never written (``is_initialized``; a layer-skipping drafter's), which
+    some versions reject."""
     if n <= 0:
         return
     layers = getattr(cache, "layers", None)
@@ -146,7 +127,7 @@ def crop_cache(cache, n: int) -> None:
 
 
 def decoder_only_output(sequences, scores, logits, cache):
-    """``generate``'s ``return_dict_in_generate=True`` result for a decoder-only model."""
+    """``generate``'s ``return_dict_in_generate=True`` result for a decoder-only model (the cache field's name)."""
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     name = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
@@ -213,21 +194,21 @@ def token_bans(processors) -> tuple[tuple[np.ndarray, int, int], ...] | None:
 
 
 def pad_token_id(gen) -> int | None:
-    """The id ``generate`` pads a finished row with."""
+    """The id ``generate`` pads a finished row with (the private ``_pad_token_tensor``)."""
     pad = getattr(gen, "_pad_token_tensor", None)
     pad = gen.pad_token_id if pad is None else pad
     return None if pad is None else int(torch.as_tensor(pad).reshape(-1)[0])
 
 
 def compiles_on_all_devices(compile_config) -> bool:
-    """Whether a ``CompileConfig`` asks to compile on every device (not only CUDA / XPU)."""
+    """Whether a ``CompileConfig`` asks to compile on every device (the private ``_compile_all_devices``)."""
     return bool(getattr(compile_config, "_compile_all_devices", False))
 
 
 def refill_sliding(layer, full) -> None:
     """Fill the empty sliding layer ``layer`` from ``full`` (every token of the call, in order) as transformers
     keeps it: a dynamic layer its last ``window - 1`` entries, a static ring its last ``max_cache_len`` oldest
-    first; both the total count."""
+    first; both the total count (``cumulative_length_int``)."""
     total = int(full.get_seq_length()) if full.is_initialized and full.keys is not None else 0
     if not total:
         return

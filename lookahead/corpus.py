@@ -93,24 +93,24 @@ def fingerprint_mismatch(saved: dict, model) -> str | None:
     now = fingerprint(model)
     for name in ("model_type", "hidden_size", "vocab_size"):
         if saved.get(name) != now[name]:
-            return f"{name} is {now[name]!r}, the heads were trained for {saved.get(name)!r}"
+            return f"{name} is {now[name]!r}, the data was made for {saved.get(name)!r}"
     if saved.get("lm_head_sha256") == now["lm_head_sha256"]:
         return None
     old, new = np.asarray(saved.get("lm_head_probe", []), float), np.asarray(now["lm_head_probe"], float)
     if old.shape == new.shape and np.allclose(old, new, rtol=1e-2, atol=1e-3):
         return None  # the same weights in another precision (float16, bfloat16)
-    return "its LM-head weights differ from those of the model the heads were trained for"
+    return "its LM-head weights differ from those of the model the data was made for"
 
 
-def check_model(saved: dict, model) -> None:
-    """Raise ValueError unless heads trained for ``saved`` (a :func:`fingerprint`) fit ``model``."""
+def check_model(saved: dict, model, what: str = "these draft heads were trained for",
+                command: str = "train-heads") -> None:
+    """Raise ValueError unless data made for ``saved`` (a :func:`fingerprint`) fits ``model``."""
     why = fingerprint_mismatch(saved, model)
     if why is not None:
         raise ValueError(
-            f"these draft heads were trained for another model ({saved.get('architecture')}, "
-            f"{saved.get('model_type')}, hidden {saved.get('hidden_size')}, vocabulary {saved.get('vocab_size')}): "
-            f"for this {type(model).__name__}, {why}. Train heads for this model with "
-            "`python -m lookahead train-heads --model PATH --out DIR` and load those."
+            f"{what} another model ({saved.get('architecture')}, {saved.get('model_type')}, hidden "
+            f"{saved.get('hidden_size')}, vocabulary {saved.get('vocab_size')}): for this {type(model).__name__}, "
+            f"{why}. Make one for this model with `python -m lookahead {command} --model PATH --out DIR` and load it."
         )
 
 
@@ -149,11 +149,8 @@ class DraftCorpus:
     def from_streams(cls, streams, model=None, described: dict | None = None) -> DraftCorpus:
         """A corpus of ``streams`` (token id sequences), bound to ``model`` when given."""
         arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in streams]
-        target = None
-        if model is not None:
-            target = fingerprint(model)
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-        return cls(tokens, [len(a) for a in arrays], target, described)
+        return cls(tokens, [len(a) for a in arrays], None if model is None else fingerprint(model), described)
 
     def __len__(self) -> int:
         """Tokens in all streams."""
@@ -180,16 +177,8 @@ class DraftCorpus:
 
     def check_model(self, model) -> None:
         """Raise ValueError unless this corpus was written by ``model`` (its fingerprint)."""
-        if self.target is None:
-            return
-        why = fingerprint_mismatch(self.target, model)
-        if why is not None:
-            t = self.target
-            raise ValueError(
-                f"this draft corpus was written by another model ({t.get('architecture')}, {t.get('model_type')}, "
-                f"vocabulary {t.get('vocab_size')}): for this {type(model).__name__}, {why}. Build one for this "
-                "model with `python -m lookahead build-corpus --model PATH --out DIR` and load that."
-            )
+        if self.target is not None:
+            check_model(self.target, model, "this draft corpus was written by", "build-corpus")
 
     def insert_into(self, trie: NgramTrie) -> None:
         """Add every stream's n-grams to ``trie`` (none spans two streams)."""

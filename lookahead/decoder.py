@@ -39,15 +39,7 @@ from .numba_kernels import kernels_ready, paused
 from .shapes import OneRow
 from .stats import DecodeStats
 
-DRAFTS = ("layer-skip", "early-exit", "low-rank")
-"""``draft=`` names of the target's own cheaper forwards (``lookahead.passes``)."""
-
-COMPILED_FORWARD_NOTE = (
-    "lookahead: model.forward is compiled (torch.compile); the decoder runs the model's own forward eagerly instead. "
-    "A step's number of rows and its mask change from step to step, so the compiled forward would be compiled again "
-    "for each new shape; plain generate() keeps its compiled graphs. For compiled steps, pass "
-    "cache_implementation='static' on CUDA (or a generation_config.compile_config that asks for every device): the "
-    "decoder then compiles one graph per step size itself.")
+DRAFTS = ("layer-skip", "early-exit", "low-rank")  # draft= names of the target's cheaper forwards (lookahead.passes)
 
 
 class LookaheadDecoder:
@@ -57,17 +49,13 @@ class LookaheadDecoder:
         out = model.generate(**inputs, max_new_tokens=256, custom_generate=decoder)
         print(decoder.stats.explain())
 
-    Greedy output is token for token plain ``generate``'s; sampled output has exactly its distribution.
-    Settings (all optional; the defaults suit every device):
-
-    - ``max_draft_tokens``, ``window``, ``cost_curve`` (or ``config=``): see ``LookaheadConfig``.
-    - ``store``: an ``NgramTrie`` shared across calls and threads, so earlier answers draft later ones.
-    - ``corpus``: a ``DraftCorpus`` of the model's own writing; ``"auto"``: the one kept for the model, if any; None.
-    - ``heads``: trained draft heads for this model (``lookahead.heads.DraftHeads``), batch size 1; ``"auto"``: the
-      bundled ones for the bundled SmolLM2 (one row, an unsharded model, off the CPU or on a flat curve), else none.
-    - ``draft``: ``"layer-skip"``, ``"early-exit"``, ``"low-rank"`` (cheaper forwards of the target), a draft model
-      with the target's tokenizer, or a function ``target -> model``; drafts a chain per step; batch size 1.
-    - ``tokenizer``: needed for ``stop_strings=`` (``generate`` does not hand its own to a callable).
+    Greedy output is token for token plain ``generate``'s; sampled output has exactly its distribution. Settings
+    (``docs/settings.md``): ``max_draft_tokens``, ``window``, ``cost_curve`` (or ``config=``, see
+    ``LookaheadConfig``); ``store`` (an ``NgramTrie`` shared across calls and threads); ``corpus`` (a
+    ``DraftCorpus``, ``"auto"`` or None); ``heads`` (``lookahead.heads.DraftHeads``, ``"auto"``: the bundled ones
+    where they fit and the curve is flat, or None); ``draft`` (one of :data:`DRAFTS`, a draft model with the
+    target's tokenizer, or a function ``target -> model``); ``tokenizer`` (for ``stop_strings=``). Heads and drafts
+    decode batch size 1.
 
     After a call: ``stats`` (:class:`~lookahead.stats.DecodeStats`); for a batch also ``row_stats`` and
     ``prefill_groups``. A decoder holds one stream's state: use one per concurrent call (they may share a store).
@@ -114,27 +102,28 @@ class LookaheadDecoder:
         self.stats = DecodeStats()
         self.row_stats: list[DecodeStats] = []
         self.prefill_groups: list[list[int]] | None = None
-        self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._busy = threading.Lock()
+        self._tp_curves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _bind_corpus(self) -> None:
+        self._corpus_store = self.corpus.shared_store(self.tuning.corpus_ngram) if self.corpus is not None else None
 
     def _new_policies(self) -> None:
-        store = self.corpus.shared_store(self.tuning.corpus_ngram) if self.corpus is not None else None
-        self._corpus_store = store
+        self._bind_corpus()
         self.policy = DraftPolicy(self.config, self.trie, self.store, self.tuning, self.draft, self.heads,
-                                  corpus=store)
+                                  corpus=self._corpus_store)
         self.row_policies: list[DraftPolicy] = []
 
-    def __getstate__(self):  # copy / pickle: no lock, no curves keyed by live models, no corpus store (rebuilt)
+    def __getstate__(self):  # copy / pickle
         return {k: v for k, v in self.__dict__.items() if k not in ("_busy", "_tp_curves", "_corpus_store")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._busy = threading.Lock()
         self._tp_curves = weakref.WeakKeyDictionary()
-        store = self.corpus.shared_store(self.tuning.corpus_ngram) if self.corpus is not None else None
-        self._corpus_store = store
+        self._bind_corpus()
         for policy in (self.policy, *self.row_policies):
-            policy.bind_corpus(store)
+            policy.bind_corpus(self._corpus_store)
 
     def __repr__(self) -> str:
         return f"LookaheadDecoder({getattr(self, 'config', '...')})"
@@ -181,10 +170,10 @@ class LookaheadDecoder:
                 seq = out if isinstance(out, torch.Tensor) else out.sequences
                 self.stats.new_tokens = self.stats.target_calls = int(seq.shape[1] - input_ids.shape[1])
                 return out
-            if self._corpus_auto:
-                self._use_corpus(corpus_for(model))
-            if self.heads_setting == AUTO:
-                self._use_heads(heads_for(model, _load_heads) if self._heads_may_pay(model, b) else None)
+            heads = self.heads_given
+            if self.heads_setting == AUTO and self._heads_may_pay(model, b):
+                heads = heads_for(model, _load_heads)
+            self._use(corpus_for(model) if self._corpus_auto else self.corpus, heads)
             self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
             shape, compiles = OneRow, False
             if b > 1:
@@ -208,16 +197,15 @@ class LookaheadDecoder:
                 settle(cache)
             self._busy.release()
 
-    def _use_corpus(self, corpus: DraftCorpus | None) -> None:
-        """Draft from ``corpus`` (None: none) from now on; a different one makes the policies anew."""
-        if corpus is not self.corpus:
-            self.corpus = corpus
+    def _use(self, corpus, heads) -> None:
+        """Draft from ``corpus`` and with ``heads`` (None: none) from now on; different ones make the policies anew."""
+        if corpus is not self.corpus or heads is not self.heads:
+            self.corpus, self.heads = corpus, heads
             self._new_policies()
 
     def _heads_may_pay(self, model, rows: int) -> bool:
-        """Whether ``heads="auto"`` looks for heads: one row of an unsharded model whose logits are its output layer
-        over its last hidden state, off the CPU or on a given flat curve (on a CPU the heads' own work costs more
-        than their drafts gain)."""
+        """Whether ``heads="auto"`` looks for heads: one row of an unsharded model that ``compat.splits_head``, off
+        the CPU or on a given flat curve (on a CPU the heads' own work costs more than their drafts gain)."""
         given = self.config.cost_curve
         if given is None:
             flat = not _on_cpu(model)
@@ -226,15 +214,9 @@ class LookaheadDecoder:
             flat = float(curve(64)) <= self.tuning.step_nodes_wide_cost * float(curve(1))
         return flat and rows == 1 and compat.splits_head(model) and not sharded(model)
 
-    def _use_heads(self, heads) -> None:
-        """Draft with ``heads`` (None: none) from now on; different ones make the policies anew."""
-        if heads is not self.heads:
-            self.heads = heads
-            self._new_policies()
-
     def policies_for(self, rows: int) -> list[DraftPolicy]:
-        """A batch's per-row policies, kept across calls: each has its own trie and copy index, and shares the
-        model-prediction table, the store (read-only) and the corpus's store."""
+        """A batch's per-row policies, kept across calls: each has its own trie and copy index; the model-prediction
+        table, the store (read-only) and the corpus's store are shared."""
         config = replace(self.config, window=0, max_draft_tokens=self.config.step_nodes(self.tuning)[0])
         tuning = self.tuning
         memory = ReadOnlyStore(self.store) if self.store is not None else None
@@ -246,12 +228,9 @@ class LookaheadDecoder:
                                                  corpus=self._corpus_store))
         return self.row_policies[:rows]
 
-    # -- what a step costs ---------------------------------------------------------------------------------------
-
     def price(self, call) -> CostModel | None:
-        """The cost curve ``call``'s budget prices with (None: no budget): the configured one, else the one measured
-        for the model (kept on disk). On a CPU it may also set ``call.runner`` to a shadow of the model (grouped
-        attention, another linear layout)."""
+        """The cost curve ``call``'s budget prices with (None: no budget): the configured one, else the model's
+        (kept on disk). On a CPU it may set ``call.runner`` to a shadow of the model (``shadow.py``)."""
         stats, model, tuning = self.stats, call.model, self.tuning
         t = self.clock()
         cpu = call.sync is None and _on_cpu(model)
@@ -288,9 +267,8 @@ class LookaheadDecoder:
         return self.tuning.learn_slope_cpu if _on_cpu(model) else self.tuning.learn_slope_gpu
 
     def _known_curve(self, call, variant: str) -> CostModel:
-        """The curve measured for the model (``python -m lookahead warmup --calibrate``, kept on disk), with the CPU
-        layouts it planned; else the one its calls' steps teach (:class:`LearnedCurve`, kept on disk): no forward
-        is ever timed apart from a call's own steps."""
+        """The curve measured for the model (``warmup --calibrate``), with the CPU layouts it planned; else the one
+        its calls' steps teach (:class:`LearnedCurve`); both kept on disk. No forward is timed apart from a step."""
         model, base = call.model, call.runner
         rows = self.policy.first_rows()
         persist = None if self.clock is time.perf_counter else False  # an injected clock is not this machine's
@@ -315,8 +293,7 @@ class LookaheadDecoder:
         return self.calibrations.learner(model, variant, self._slope(model), persist).curve()
 
     def _sharded_curve(self, call) -> CostModel:
-        """Under tensor parallelism: a curve the call's own steps teach, every rank on rank 0's timings (so every
-        rank decides alike; kept by this decoder for its later calls)."""
+        """Under tensor parallelism: a curve the calls' steps teach on rank 0's timings (every rank decides alike)."""
         learner = self._tp_curves.get(call.model)
         if learner is None:
             learner = self._tp_curves[call.model] = LearnedCurve(self._slope(call.model))
@@ -325,7 +302,7 @@ class LookaheadDecoder:
 
 
 def _load_heads(folder: str):
-    """The heads saved in ``folder`` (``lookahead.heads``, imported here only), or None with a warning if damaged."""
+    """The heads saved in ``folder``, or None with a warning if damaged."""
     from .heads import DraftHeads
 
     try:
@@ -361,10 +338,13 @@ def _static(generation_config, model_kwargs: dict) -> bool:
 
 
 def _warn_if_compiled(model, compiles_itself: bool) -> None:
-    """Where ``model.forward`` is ``torch.compile``d and the call does not compile its own steps: say once that the
-    call runs the model's forward eagerly (through a shadow: ``Call.eager``), not its compiled one."""
+    """Say so where ``model.forward`` is ``torch.compile``d and the call does not compile its own steps."""
     if not compiles_itself and compat.forward_is_compiled(model):
-        warnings.warn(COMPILED_FORWARD_NOTE, UserWarning, stacklevel=4)
+        warnings.warn("lookahead: model.forward is compiled (torch.compile); the decoder runs the model's forward "
+                      "eagerly instead: its steps change shape, and each new shape would compile again. For compiled "
+                      "steps pass cache_implementation='static' on CUDA (or a generation_config.compile_config that "
+                      "asks for every device): the decoder then compiles one graph per step size itself.",
+                      UserWarning, stacklevel=4)
 
 
 _ROW_DEPENDENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

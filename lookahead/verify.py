@@ -44,8 +44,7 @@ def children_lists(tree_tokens: list[int], tree_parents: list[int]) -> list[dict
 
 def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
     """:func:`greedy_walk` given every row's argmax (root, then nodes 0..n-1); lists or int64 arrays."""
-    nodes, tokens = greedy_walk(np.asarray(argmax, dtype=np.int64), np.asarray(tree_tokens, dtype=np.int64),
-                                np.asarray(tree_parents, dtype=np.int64))
+    nodes, tokens = greedy_walk(*(np.asarray(a, dtype=np.int64) for a in (argmax, tree_tokens, tree_parents)))
     return Verdict(nodes.tolist(), tokens.tolist())
 
 
@@ -92,18 +91,15 @@ def _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, choose, k
     first only when raw logits are kept (a processor may work in place)."""
     children = children_lists(tree_tokens, tree_parents)
     row, nodes, tokens = 0, [], []
-    scores_out = [] if keep_scores else None
-    raw_out = [] if keep_raw else None
+    scores_out, raw_out = ([] if keep_scores else None), ([] if keep_raw else None)
     length = prefix.shape[1]
     if logits_processor:  # [1, L + deepest path]: the prefix, then the accepted path's tokens
         path_ids = torch.empty((1, length + len(tree_tokens) + 1), dtype=prefix.dtype, device=prefix.device)
         path_ids[:, :length] = prefix
     while True:
-        raw = logits[row : row + 1]  # [1, V]
+        raw = scores = logits[row : row + 1]  # [1, V]
         if logits_processor:
             scores = logits_processor(path_ids[:, : length + len(nodes)], raw.clone() if keep_raw else raw)
-        else:
-            scores = raw
         if keep_scores:
             scores_out.append(scores)
         if keep_raw:
@@ -125,8 +121,7 @@ def verify(logits: torch.Tensor, tree_tokens: list[int], tree_parents: list[int]
     ``prefix`` long[1, L] its context; processors run only on the walked path; ``uniforms``: one per emittable
     position."""
     if do_sample:
-        if uniforms is None:
-            uniforms = torch.rand(len(tree_tokens) + 1).tolist()
+        uniforms = torch.rand(len(tree_tokens) + 1).tolist() if uniforms is None else uniforms
         return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_sampled, keep_scores,
                      keep_raw, uniforms)
     if not logits_processor and not keep_scores and not keep_raw:
@@ -256,9 +251,9 @@ class Verifier:
 
 def _cut(tops, k: int):
     """The sources' top-``k`` of a wider top-k the bans needed (None when ``k`` is 0)."""
-    if tops is None or not k:
-        return None
-    return tops if tops[0].shape[2] == k else (tops[0][:, :, :k], tops[1][:, :, :k])
+    if tops is None or not k or tops[0].shape[2] == k:
+        return tops if k else None
+    return tops[0][:, :, :k], tops[1][:, :, :k]
 
 
 def _lengths(rows, drafts) -> np.ndarray:
@@ -266,9 +261,8 @@ def _lengths(rows, drafts) -> np.ndarray:
     width = max((len(d) for d in drafts), default=0)
     lengths = np.zeros((len(drafts), 1 + width), np.int64)
     for i, d in enumerate(drafts):
-        length = rows.length_of(i)
-        lengths[i, 0] = length
-        lengths[i, 1 : 1 + len(d)] = length + d.depth
+        lengths[i, 0] = rows.length_of(i)
+        lengths[i, 1 : 1 + len(d)] = lengths[i, 0] + d.depth
     return lengths
 
 
@@ -550,10 +544,8 @@ def greedy_row(logits, rows, k, tokens, parents, depth, length, ban_ids, ban_off
     """One row's greedy step in one call: :func:`rows_top`, :func:`apply_bans` (with rules), then :func:`greedy_walk`.
     Returns (decided, nodes, tokens); undecided (:func:`apply_bans` said False): empty arrays."""
     n = tokens.shape[0]
-    top_rows = np.empty(1, np.int64)
-    top_rows[0] = n + 1
-    arg_rows = np.empty(1, np.int64)
-    arg_rows[0] = rows
+    top_rows = np.full(1, n + 1, np.int64)
+    arg_rows = np.full(1, rows, np.int64)
     rows_top(logits, arg_rows, top_rows, k, argmax, ids, vals)
     if ban_lo.shape[0]:
         lengths = np.empty((1, n + 1), np.int64)
