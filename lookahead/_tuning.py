@@ -109,18 +109,12 @@ class Tuning:
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"Tuning.{name}={getattr(self, name)!r} is invalid: {why}")
 
+        kinds = {bool: (bool, "a bool"), int: (int, "an int >= 0"), float: ((int, float), "a number >= 0")}
         for f in fields(self):
             value, default = getattr(self, f.name), f.default
-            if isinstance(default, bool):
-                ok = isinstance(value, bool)
-            elif isinstance(default, (int, float)):
-                ok = (isinstance(value, (int, float) if isinstance(default, float) else int)
-                      and not isinstance(value, bool) and value >= 0)
-            else:
-                ok = isinstance(value, type(default))
-            if not ok:
-                kind = {bool: "a bool", int: "an int >= 0", float: "a number >= 0"}.get(type(default),
-                                                                                       f"a {type(default).__name__}")
+            types, kind = kinds.get(type(default), (type(default), f"a {type(default).__name__}"))
+            numeric = type(default) in (int, float)
+            if not isinstance(value, types) or numeric and (isinstance(value, bool) or not value >= 0):
                 raise bad(f.name, f"must be {kind}")
         for name, low, high in (("ngram_size", 2, 64), ("window_ngram", 2, 64), ("depth_cells", 1, 64),
                                 ("rank_cells", 1, 64), ("probe_every", 1, 1 << 30), ("window_probe_every", 1, 1 << 30),

@@ -28,15 +28,11 @@ MATCH_BUCKETS = 3
 CONTEXTS = 2 * MATCH_BUCKETS  # a match bucket alone, or agreed
 
 
-# -- kernels ----------------------------------------------------------------------------------------------------
-
-
 @njit(cache=True)
 def belief_log_ratio(c, accepted, off_scale):
-    """The log-likelihood ratio, copying against not (:class:`CopyBelief`), of tried nodes with estimates ``c``
-    float64[t] (clipped to [1e-6, 1 - 1e-6]) and outcomes ``accepted`` bool[t]: ``log(1 / off_scale)`` per accepted
-    node, ``log((1 - c) / (1 - off_scale * c))`` per rejected one. Example: ``c`` ``[0.87, 0.5]``, accepted
-    ``[False, True]``, off_scale 0.3 -> ``-1.74 + 1.20 = -0.54``."""
+    """:class:`CopyBelief`'s log-likelihood ratio of tried nodes with estimates ``c`` float64[t] (clipped to
+    [1e-6, 1 - 1e-6]) and outcomes ``accepted`` bool[t]: ``log(1 / off_scale)`` per accepted node,
+    ``log((1 - c) / (1 - off_scale * c))`` per rejected one."""
     total = 0.0
     for i in range(c.shape[0]):
         if accepted[i]:
@@ -67,12 +63,11 @@ def _cell(match, agreement, depth, rank, n_ctx, max_depth, max_rank):
 @njit(cache=True)
 def node_probabilities(parents, origin, match, agreement, depth, rank, prior_a, prior_b, tried, accepted, tried_pool,
                        accepted_pool, pool_weight, depth_lift):
-    """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path. ``agreement``: per
-    node, how many other sources drafted it (``Draft.agreement``); ``tried`` / ``accepted``: float64[origins, contexts,
-    depths, ranks] counts; ``*_pool``: the same summed over depths; ``prior_a`` / ``prior_b``: float64[contexts, ranks].
-    Depth cell ``d`` (0-based) shrinks towards ``1 - (1 - pooled) * depth_lift ** d``. Example (priors only): two only
-    children whose ``c`` is 0.6 -> ``[0.6, 0.36]``; with ``depth_lift`` 0.5 the second ``c`` is
-    ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``."""
+    """float64[n]: P(node accepted), the product of the conditional estimates ``c`` down its path (see
+    :class:`AcceptanceStats`). ``agreement``: per node, how many other sources drafted it; ``tried`` / ``accepted``:
+    float64[origins, contexts, depths, ranks] counts; ``*_pool``: the same summed over depths; ``prior_a`` /
+    ``prior_b``: float64[contexts, ranks]. Example (priors only): two only children whose ``c`` is 0.6 ->
+    ``[0.6, 0.36]``; with ``depth_lift`` 0.5 the second ``c`` is ``1 - 0.4 * 0.5 = 0.8`` -> ``[0.6, 0.48]``."""
     n_ctx, max_depth, max_rank = tried.shape[1], tried.shape[2], tried.shape[3]
     prob = np.empty(len(parents))
     for i in range(len(parents)):
@@ -124,8 +119,7 @@ def record(parents, origin, match, agreement, depth, rank, accepted_nodes, prior
 def choose(probs, cost_table, extra_rows, extra_gain, margin, max_k):
     """(node indices int64[k], sorted; expected tokens per second): the best prefix by probability (stable, so parents
     before children), at most ``max_k`` long, maximising ``(1 + extra_gain + sum of chosen probs) /
-    cost_table[1 + extra_rows + k]``; ``k > 0`` must beat ``k = 0`` by the factor ``margin``. Example: probs
-    ``[0.9, 0.8, 0.1]``, cost table ``[_, 1, 1.1, 1.2, 2]`` -> ``([0, 1], 2.25)``."""
+    cost_table[1 + extra_rows + k]``; ``k > 0`` must beat ``k = 0`` by the factor ``margin`` (the module's example)."""
     order = np.argsort(-probs, kind="mergesort")  # stable
     k, rate = _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k)
     return np.sort(order[:k]), rate
@@ -135,9 +129,7 @@ def choose(probs, cost_table, extra_rows, extra_gain, margin, max_k):
 def choose_with_window(probs, cost_table, window_rows, window_gain, margin, max_k):
     """:func:`choose` without and with the window (``window_rows`` more rows, ``window_gain`` more expected tokens),
     from one sort: (order int64[n] of the nodes by probability; k, rate without the window; k, rate with it). The
-    caller keeps ``np.sort(order[:k])`` of its choice. Example: probs ``[0.9, 0.8, 0.1]``, cost table
-    ``[_, 1, 1.1, 1.2, 2, 2.1, 2.2]``, 2 window rows adding 1.5 tokens: without it k = 2 (2.25), with it k = 0
-    (2.08)."""
+    caller keeps ``np.sort(order[:k])`` of its choice."""
     order = np.argsort(-probs, kind="mergesort")  # stable
     k, rate = _best_prefix(probs, order, cost_table, 0, 0.0, margin, max_k)
     k_w, rate_w = _best_prefix(probs, order, cost_table, window_rows, window_gain, margin, max_k)
@@ -147,25 +139,17 @@ def choose_with_window(probs, cost_table, window_rows, window_gain, margin, max_
 @njit(cache=True)
 def _best_prefix(probs, order, cost_table, extra_rows, extra_gain, margin, max_k):
     """(k, rate): :func:`choose`'s best prefix length of ``order`` and its rate."""
-    n = len(probs)
     base = 1.0 + extra_gain
-    best_k, best_rate, first_rate = 0, 0.0, 0.0
-    total = 0.0
-    for k in range(max(min(n, max_k), 0) + 1):
-        if k:
-            total += probs[order[k - 1]]
+    total, plain = 0.0, base / cost_table[1 + extra_rows]
+    best_k, best_rate = 0, plain
+    for k in range(1, min(len(probs), max_k) + 1):
+        total += probs[order[k - 1]]
         rate = (base + total) / cost_table[1 + extra_rows + k]
-        if k == 0:
-            first_rate = rate
-            best_rate = rate
-        elif rate > best_rate:
+        if rate > best_rate:
             best_k, best_rate = k, rate
-    if best_rate < margin * first_rate:
-        best_k, best_rate = 0, first_rate
+    if best_rate < margin * plain:
+        return 0, plain
     return best_k, best_rate
-
-
-# -- estimates --------------------------------------------------------------------------------------------------
 
 
 class AcceptanceStats:
@@ -219,9 +203,10 @@ class AcceptanceStats:
 class CopyBelief:
     """P(the text is copying right now): one number per call scaling every estimate, so one rejected long-match tree
     lowers them all for a few steps. Copying accepts at ``c``, not copying at ``off_scale * c``; each tried node's
-    log-likelihood ratio moves the log-odds (clipped to ``+-limit``), which relax towards the prior's by ``relax`` per
-    step. Scale: ``belief + (1 - belief) * off_scale``. Example (prior 0.9, off_scale 0.3): a rejected only child with
-    ``c = 0.87`` adds ``log(0.13 / 0.739) = -1.74`` to the prior's 2.20: belief 0.61, scale 0.73."""
+    log-likelihood ratio (:func:`belief_log_ratio`) moves the log-odds (clipped to ``+-limit``), which relax towards
+    the prior's by ``relax`` per step. Scale: ``belief + (1 - belief) * off_scale``. Example (prior 0.9, off_scale
+    0.3): a rejected only child with ``c = 0.87`` adds ``log(0.13 / 0.739) = -1.74`` to the prior's 2.20: belief 0.61,
+    scale 0.73."""
 
     def __init__(self, tuning: Tuning = DEFAULT):
         self.off_scale, self.relax, self.limit = tuning.belief_off_scale, tuning.belief_relax, tuning.belief_limit
@@ -245,9 +230,6 @@ class CopyBelief:
         self.log_odds = min(max(self.log_odds + total, -self.limit), self.limit)
 
 
-# -- choices ----------------------------------------------------------------------------------------------------
-
-
 def can_pay(costs: np.ndarray, margin: float) -> bool:
     """Whether drafting could ever beat a plain step on ``costs`` (float[K + 1], ``costs[0]`` the plain step's) were
     every node accepted. Example: costs ``[1, 3, 4, 5]`` -> False."""
@@ -263,14 +245,11 @@ class Prober:
         self.every, self.idle = every, 0
 
     def due(self, drafted: bool) -> bool:
-        if drafted:
+        self.idle = 0 if drafted else self.idle + 1
+        due = self.idle >= self.every
+        if due:
             self.idle = 0
-            return False
-        self.idle += 1
-        if self.idle >= self.every:
-            self.idle = 0
-            return True
-        return False
+        return due
 
 
 def choose_nodes(probs: np.ndarray, cost, extra_rows: int = 0, extra_gain: float = 0.0, margin: float = DEFAULT.margin,

@@ -1,11 +1,6 @@
-"""What a step costs: the cost curve ``t(k)`` and where measured curves are kept.
-
-``t(k)`` is the seconds of one decoding step with ``k`` new tokens. Verifying extra tokens is nearly free on a
-datacenter GPU and costs real time on a CPU, so the budget (``budget.py``) prices every draft with it.
-:class:`CostModel` is an immutable curve through points; :class:`LearnedCurve` learns one from a call's own steps;
-:class:`Calibrations` holds the curves per model object (learnt, pinned, or measured on request by ``calibrate.py``)
-and keeps them on disk per model fingerprint (:class:`CurveStore`).
-"""
+"""The cost curve ``t(k)``, the seconds of one decoding step with ``k`` new tokens, which the budget (``budget.py``)
+prices every draft with (extra tokens are nearly free on a datacenter GPU, dear on a CPU); :class:`Calibrations` keeps
+the curves per model (learnt, pinned, or measured by ``calibrate.py``) and on disk per model fingerprint."""
 
 from __future__ import annotations
 
@@ -83,16 +78,14 @@ class CostModel:
 
 
 class LearnedCurve:
-    """A cost curve learned from the steps calls run, with no synthetic timing: per step size ``k`` the fastest time
-    seen (load only ever adds time), from its second timing on (a size's first step in a process pays one-time costs,
-    such as a kernel's set-up for that shape, which would make it look dear for good). Shared by a model's calls (a
-    lock guards it) and kept on disk between processes.
+    """A cost curve learned from calls' own steps: per step size ``k`` the fastest time seen (load only adds time),
+    from its second timing on (a size's first step in a process pays one-time set-up costs). Shared by a model's calls
+    (under ``lock``) and kept on disk between processes.
 
-    :meth:`curve`: the fastest times, each lowered to that of any larger size (a larger step cannot cost less) and
-    capped at ``k`` one-row steps. A size not seen costs ``slope`` one-row steps per token more than the largest size
-    seen below it (never more than a larger size seen): a conservative prior, so that a first call drafts little and
-    learns upward, one size at a time. Example: ``slope=0.25``, seen ``{1: 10 ms, 4: 12 ms}``: ``t(2) = 12.5 ms``,
-    ``t(3) = 12 ms``, ``t(8) = 12 + 4 * 2.5 = 22 ms``."""
+    :meth:`curve`: the fastest times, each lowered to that of any larger size and capped at ``k`` one-row steps. A
+    size not seen costs ``slope`` one-row steps per token more than the largest size seen below it (never more than a
+    larger size seen): a cautious prior, so a first call drafts little and learns upward. Example: ``slope=0.25``,
+    seen ``{1: 10 ms, 4: 12 ms}``: ``t(2) = 12.5 ms``, ``t(3) = 12 ms``, ``t(8) = 12 + 4 * 2.5 = 22 ms``."""
 
     def __init__(self, slope: float, points: Sequence[tuple[int, float]] = ()):
         if not slope > 0:
@@ -164,20 +157,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def device_name(device: torch.device) -> str:
-    """``"cpu"``, or the device and the accelerator's name, e.g. ``"cuda:0 NVIDIA H200"``."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return f"{device} {torch.cuda.get_device_name(device)}"
-    return str(device)
-
-
-_VOLATILE = ("transformers_version", "dtype", "torch_dtype")
-
-
 def config_digest(config) -> str:
     """A hash of the model's architecture: its config without its path, transformers version, dtype (kept apart) or GGUF
     quantisation entry, plus the attention implementation it runs."""
-    d = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in _VOLATILE}
+    volatile = ("transformers_version", "dtype", "torch_dtype")
+    d = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in volatile}
     if (d.get("quantization_config") or {}).get("quant_method") == "gguf":
         del d["quantization_config"]  # transformers de-quantises GGUF weights: they run as plain ones
     d["attention"] = getattr(config, "_attn_implementation", None)
@@ -185,12 +169,15 @@ def config_digest(config) -> str:
 
 
 def curve_fingerprint(model, variant: str = "") -> dict:
-    """What a persisted curve depends on: :func:`config_digest`, dtype, device, torch's thread count, CPU model, torch
-    and transformers versions, what was timed (``variant``) and :data:`CURVE_FORMAT`."""
+    """What a persisted curve depends on: :func:`config_digest`, dtype, device (with a GPU's name), torch's thread
+    count, CPU model, torch and transformers versions, what was timed (``variant``) and :data:`CURVE_FORMAT`."""
     import transformers
 
+    device = str(model.device)
+    if model.device.type == "cuda" and torch.cuda.is_available():
+        device += " " + torch.cuda.get_device_name(model.device)
     return {"format": CURVE_FORMAT, "model": f"{type(model).__name__} {config_digest(model.config)}",
-            "dtype": str(model.dtype), "device": device_name(model.device),
+            "dtype": str(model.dtype), "device": device,
             "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
             "transformers": transformers.__version__, "variant": variant}
 
@@ -202,7 +189,6 @@ class StoredCurve:
     curve: CostModel
     path: str
     measured: str
-    seconds: float
 
 
 class CurveStore:
@@ -224,7 +210,7 @@ class CurveStore:
         curve = None if data is None else _parse_curve(data, fingerprint)
         if curve is None or curve.covers < max_rows:
             return None
-        return StoredCurve(curve, path, str(data.get("measured", "")), float(data.get("seconds", 0.0) or 0.0))
+        return StoredCurve(curve, path, str(data.get("measured", "")))
 
     def save(self, fingerprint: dict, curve: CostModel, seconds: float) -> str | None:
         """Write ``curve``; its path, or None (a provisional curve, or a failed write, which is logged)."""
@@ -239,24 +225,20 @@ class CurveStore:
 
 
 def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
-    """The curve in a persisted record, or None unless kind, format and fingerprint match exactly and every point is
-    ``(k >= 1, 0 < seconds < inf)``, ``k`` increasing."""
+    """The curve in a persisted record, or None unless kind, format and fingerprint match exactly, every point is
+    ``[int k >= 1, 0 < seconds < inf]`` with ``k`` increasing, and ``covers`` (absent in older files) is an int >= the
+    last ``k``."""
     if (data.get("kind") != _CURVE_KIND or data.get("format") != CURVE_FORMAT
             or data.get("fingerprint") != fingerprint or data.get("provisional")):
         return None
-    points = data.get("points")
-    if not isinstance(points, list) or not points:
-        return None
     try:
-        pts = [(int(k), float(t)) for k, t in points]
+        pts = [(k, float(t)) for k, t in data.get("points")]
     except (TypeError, ValueError):
         return None
     ks = [k for k, _ in pts]
-    if (any(not isinstance(k, int) or isinstance(k, bool) for k, _ in points) or ks[0] < 1
+    covers = data.get("covers", ks[-1] if ks else 0)
+    if (not ks or any(type(k) is not int for k in (*ks, covers)) or ks[0] < 1 or covers < ks[-1]
             or any(b <= a for a, b in zip(ks, ks[1:])) or any(not 0 < t < math.inf for _, t in pts)):
-        return None
-    covers = data.get("covers", ks[-1])  # absent in older files
-    if not isinstance(covers, int) or isinstance(covers, bool) or covers < ks[-1]:
         return None
     return CostModel(pts, steps=bool(data.get("steps", False)), covers=covers)
 
@@ -298,7 +280,8 @@ class Calibrations:
             key = model_key(model) + ((variant,) if variant else ())
             entry = curves.get(key)
             fits = entry is not None and (entry.pinned or entry.curve.covers >= max_rows)
-            if fits and not self._retry_due(entry):
+            if fits and not (entry.curve.provisional and not entry.pinned  # a provisional curve is retried
+                             and self.clock() - entry.measured_at >= self.retry_after * 2 ** entry.retries):
                 return entry.curve
             store = self.store(persist)
             fingerprint = curve_fingerprint(model, variant) if store is not None else None
@@ -306,7 +289,7 @@ class Calibrations:
             if stored is not None:
                 log.info("using the cost curve measured for this model on %s (%s; %s)", stored.measured,
                          describe(stored.curve), stored.path)
-                self._keep(model, key, _Entry(stored.curve, False, self.clock()))
+                self._curves.setdefault(model, {})[key] = _Entry(stored.curve, False, self.clock())
                 return stored.curve
             if measure is None:
                 return None
@@ -314,7 +297,8 @@ class Calibrations:
 
             curve, seconds = announced_measurement(model, max_rows, measure, variant, entry, store)
             again = entry is not None and entry.curve.provisional and curve.provisional
-            self._keep(model, key, _Entry(curve, False, self.clock(), entry.retries + 1 if again else 0))
+            retries = entry.retries + 1 if again else 0
+            self._curves.setdefault(model, {})[key] = _Entry(curve, False, self.clock(), retries)
             path = store.save(fingerprint, curve, seconds) if store is not None else None
             log.info("calibrated in %.1f s: %s%s", seconds, describe(curve),
                      f"; saved to {path}" if path else "; provisional" if curve.provisional else "")
@@ -345,17 +329,10 @@ class Calibrations:
         if store is not None and learner.seen >= min_steps and learner.fastest:
             store.save(curve_fingerprint(model, variant + "+learned"), learner.curve(), 0.0)
 
-    def _retry_due(self, entry: _Entry) -> bool:
-        return (entry.curve.provisional and not entry.pinned
-                and self.clock() - entry.measured_at >= self.retry_after * 2 ** entry.retries)
-
-    def _keep(self, model, key: tuple, entry: _Entry) -> None:
-        self._curves.setdefault(model, {})[key] = entry
-
     def pin(self, model, points: Sequence[tuple[int, float]]) -> CostModel:
         curve = points if isinstance(points, CostModel) else CostModel(points)
         with self._lock:
-            self._keep(model, model_key(model), _Entry(curve, True))
+            self._curves.setdefault(model, {})[model_key(model)] = _Entry(curve, True)
         return curve
 
     def known(self, model, variant: str | None = None) -> CostModel | None:
@@ -376,9 +353,7 @@ class Calibrations:
     def __reduce__(self):
         """Pickle / deepcopy: the default registry stays the default one; another becomes an empty one with the same
         persistence (its keys are live model objects)."""
-        if self is DEFAULT_CALIBRATIONS:
-            return (_default_calibrations, ())
-        return (Calibrations, (self.persist, self.folder))
+        return "DEFAULT_CALIBRATIONS" if self is DEFAULT_CALIBRATIONS else (Calibrations, (self.persist, self.folder))
 
     def forget(self, model=None) -> None:
         with self._lock:
@@ -389,10 +364,6 @@ class Calibrations:
 
 
 DEFAULT_CALIBRATIONS = Calibrations(persist=True)
-
-
-def _default_calibrations() -> Calibrations:
-    return DEFAULT_CALIBRATIONS
 
 
 def set_cost_curve(model, points: Sequence[tuple[int, float]], calibrations: Calibrations | None = None

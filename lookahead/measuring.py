@@ -18,10 +18,7 @@ log = logging.getLogger("lookahead")
 
 def calibration_sizes(max_rows: int) -> tuple[int, ...]:
     """Powers of two from 1 up to the first >= ``max_rows`` (and >= 16). Example: 17 -> ``(1, 2, 4, 8, 16, 32)``."""
-    sizes = [1]
-    while sizes[-1] < max(max_rows, 16):
-        sizes.append(2 * sizes[-1])
-    return tuple(sizes)
+    return tuple(1 << i for i in range((max(max_rows, 16) - 1).bit_length() + 1))
 
 
 PROGRESS: ContextVar = ContextVar("lookahead_calibration_bar", default=None)

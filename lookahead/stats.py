@@ -64,29 +64,23 @@ class DecodeStats:
         self.time_verify += t_verify
         self.time_bookkeeping += t_bookkeeping
 
-    def _tally(self) -> None:
+    def _tally(self) -> tuple[Counter, Counter]:
         drafted, accepted = self._drafted_by_origin, self._accepted_by_origin
         for origin, nodes in self._untallied:
-            for o, count in enumerate(np.bincount(origin).tolist()):
-                if count:
-                    drafted[ORIGINS[o]] += count
-            for o in origin[nodes].tolist():
-                accepted[ORIGINS[o]] += 1
+            drafted.update({ORIGINS[o]: count for o, count in enumerate(np.bincount(origin).tolist()) if count})
+            accepted.update(ORIGINS[o] for o in origin[nodes].tolist())
         self._untallied = []
+        return drafted, accepted
 
     @property
     def drafted_by_origin(self) -> Counter:
         """Draft-tree tokens verified, by origin (a counter the caller may update)."""
-        if self._untallied:
-            self._tally()
-        return self._drafted_by_origin
+        return self._tally()[0]
 
     @property
     def accepted_by_origin(self) -> Counter:
         """Draft-tree tokens accepted, by origin (a counter the caller may update)."""
-        if self._untallied:
-            self._tally()
-        return self._accepted_by_origin
+        return self._tally()[1]
 
     @property
     def drafted(self) -> int:
