@@ -26,6 +26,7 @@ from .kv import PLAIN_LAYERS, cache_layers, keep_entries, kv_layers, new_cache
 from .loop import Rows
 from .packing import fill_step_mask
 from .shapes import Step
+from .verify import Verdict
 
 
 def prefill_groups(lengths: np.ndarray, cost, margin: float = DEFAULT.prefill_margin) -> list[np.ndarray] | None:
@@ -200,6 +201,191 @@ def row_processors(processors, r: int, b: int) -> list:
     return out
 
 
+class BatchRows(Rows):
+    """:class:`loop.Rows` of a batch, with plain ``generate``'s batch semantics: every row runs until all have stopped;
+    a stopped row's later tokens are ``pad_token_id`` with an EOS criterion, else its real continuation."""
+
+    def running(self) -> bool:
+        return not all(self.done[r] for r in self.active)
+
+    def emit(self, verdicts: list[Verdict | None]) -> list[int]:
+        call = self.call
+        live = [i for i, v in enumerate(verdicts) if v is not None]
+        index, by_limit = _first_stops([verdicts[i].tokens for i in live],
+                                       np.array([self.length[self.active[i]] for i in live], dtype=np.int64),
+                                       np.array([self.limit[self.active[i]] for i in live], dtype=np.int64),
+                                       call.eos_ids)
+        emitted = [0] * len(verdicts)
+        others = [r for r in self.active if self.stops[r] is None]
+        for j, i in enumerate(live):
+            r, verdict = self.active[i], verdicts[i]
+            tokens, start = verdict.tokens, int(self.length[r])
+            if self.seq_host is not None:
+                self.seq_host[r, start : start + len(tokens)] = tokens
+            else:
+                self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=call.device)
+            n_emit, stop, by_length = len(tokens), int(index[j]), bool(by_limit[j])
+            if self.stops[r] is not None:  # stopped already (no EOS criterion): only its length limit counts
+                stop, by_length = _limit_index(start, len(tokens), int(self.limit[r])), True
+            elif call.other_stops:  # the criteria on tensors, up to the host's stop
+                t = self.criteria_stop(r, start, verdict, stop + 1 if stop >= 0 else len(tokens))
+                if t >= 0 and (t < stop or stop < 0):
+                    stop, by_length = t, False
+            if stop >= 0 and by_length:
+                n_emit = stop + 1
+            elif stop >= 0:  # it ends here with an EOS criterion or as the last row, else runs on to its limit
+                self.stops[r] = start + stop + 1
+                limit = _limit_index(start, len(tokens), int(self.limit[r]))
+                last = others == [r]
+                n_emit = stop + 1 if call.pads or last else (limit + 1 if limit >= 0 else len(tokens))
+            if n_emit < len(tokens):  # past a row's end the buffer holds the padding again
+                self.seq[r, start + n_emit : start + len(tokens)] = self.fill
+            self.length[r] = start + n_emit
+            self.last[r] = tokens[n_emit - 1]
+            if self.length[r] >= self.limit[r] and self.stops[r] is None:
+                self.stops[r] = int(self.length[r])
+            if verdict.scores is not None:
+                self.scores.extend(verdict.scores[:n_emit])
+            if verdict.raw is not None:
+                self.raw.extend(verdict.raw[:n_emit])
+            emitted[i] = n_emit
+        self.finish_rows()
+        return emitted
+
+    def finish_rows(self) -> None:
+        """Mark rows done: stopped (with an EOS criterion), else at the length the last row stopped at."""
+        if self.call.pads:
+            for r in self.active:
+                if self.stops[r] is not None:
+                    self.done[r] = True
+            return
+        for r in self.active:
+            if self.length[r] >= self.call.max_length:
+                self.done[r] = True
+        if all(s is not None for s in self.stops):
+            final = max(self.stops)
+            for r in self.active:
+                self.limit[r] = final
+                if self.length[r] >= final:
+                    self.done[r] = True
+
+    def learn(self, drafts, verdicts, emitted, window_argmax, tops, rows: int, seconds: float, hidden) -> None:
+        for i, (d, v, n_emit) in enumerate(zip(drafts, verdicts, emitted)):
+            if v is not None:
+                successors = None if tops is None else (tops[0][i, : len(d) + 1], tops[1][i, : len(d) + 1])
+                self.policies[self.active[i]].learn(d, v.nodes, v.tokens[:n_emit], window_argmax, rows, seconds,
+                                                    successors, hidden)
+
+    def record(self, drafts, accepted, emitted, t_draft, t_forward, t_verify, t_keep) -> None:
+        for i, (d, nodes, n_emit) in enumerate(zip(drafts, accepted, emitted)):
+            if n_emit:
+                st = self.stats[self.active[i]]
+                st.target_calls += 1
+                st.record_step(d, nodes, n_emit, 0.0, 0.0, 0.0, 0.0)
+        call = self.call.stats
+        call.time_propose += t_draft
+        call.time_forward += t_forward
+        call.time_verify += t_verify
+        call.time_bookkeeping += t_keep
+
+    def next_pending(self, accepted: list[list[int]], done: np.ndarray) -> None:
+        """Each active row's last emitted token becomes its pending token (a finished row's: padding); ``done``: the
+        active rows finished before the step (their position stays)."""
+        ids = self.last[self.active][:, None].copy()
+        ids[self.done[self.active]] = self.fill
+        pos = self.pending_pos[:, -1:] + np.array([len(a) + 1 for a in accepted], dtype=np.int64)[:, None]
+        pos[done] = self.pending_pos[done, -1:]
+        self.pending, self.pending_pos = ids, pos
+        self.pending_vis = np.ones((len(self.active), 1), dtype=bool)
+
+    def drop(self, keep: list[int]) -> None:
+        """Only the active rows at indices ``keep`` stay in the cache."""
+        self.active = [self.active[i] for i in keep]
+        self.pending, self.pending_pos, self.pending_vis = self.pending[keep], self.pending_pos[keep], \
+            self.pending_vis[keep]
+
+    def final_length(self) -> int:
+        if self.call.pads:
+            return int(self.length.max())
+        return max(s if s is not None else int(n) for s, n in zip(self.stops, self.length))
+
+    def stream(self, final: int | None = None) -> None:
+        """Hand the streamer the columns up to ``final`` (default: all that every live row has), one ``[b]`` tensor
+        each."""
+        streamer = self.call.streamer
+        if streamer is None:
+            return
+        if final is None:
+            live = [int(self.length[r]) for r in self.active if not self.done[r]]
+            final = min(live) if live else self.final_length()
+        for c in range(self.streamed, final):
+            streamer.put(self.seq[:, c].cpu().clone())
+        self.streamed = max(self.streamed, final)
+
+    def hand_over(self, final: int) -> None:
+        """Each row's output into the store, a stream of its own; the rows' statistics, and their sums in the call's."""
+        call = self.call
+        memory = call.decoder.store
+        if memory is not None:
+            for r in range(self.b):
+                end = self.stops[r] if self.stops[r] is not None else int(self.length[r])
+                memory.reset_stream()
+                memory.insert(self.seq[r, self.prompt_length : min(end, final)].cpu().numpy())
+                memory.reset_stream()
+        call.decoder.row_stats = list(self.stats)
+        stats = call.stats
+        for st in self.stats:
+            stats.budgets += st.budgets
+            stats.accepted_per_step += st.accepted_per_step
+            stats.new_tokens += st.new_tokens
+            stats.drafted_by_origin.update(st.drafted_by_origin)
+            stats.accepted_by_origin.update(st.accepted_by_origin)
+
+
+def _limit_index(start: int, n: int, limit: int) -> int:
+    """The index of the token at which a row of ``start`` tokens reaches ``limit``, or -1 within ``n``."""
+    i = limit - start - 1
+    return i if 0 <= i < n else -1
+
+
+def _first_stops(tokens: list[list[int]], starts: np.ndarray, limits: np.ndarray, eos_ids: np.ndarray):
+    sizes = [len(t) for t in tokens]
+    offsets = np.zeros(len(tokens) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    flat = np.fromiter((x for t in tokens for x in t), np.int64, int(offsets[-1]))
+    return first_stops(flat, offsets, starts, limits, eos_ids)
+
+
+@njit(cache=True, nogil=True)
+def first_stops(tokens, offsets, starts, limits, eos):
+    """Per row, the first emitted token where its length reaches ``limits`` or the token is in ``eos``.
+
+    ``tokens`` int64[total]: row ``i``'s at ``offsets[i]:offsets[i + 1]``; ``starts`` int64[b]: lengths before them.
+    Returns (index int64[b], -1 for none; by_limit bool[b]: stopped on length, not EOS). Example: tokens
+    ``[4, 2, 7, 5]``, offsets ``[0, 3, 4]``, starts ``[10, 18]``, limits ``[20, 19]``, eos ``[2]`` -> index
+    ``[1, 0]``, by_limit ``[False, True]``.
+    """
+    b = starts.shape[0]
+    index = np.full(b, -1, np.int64)
+    by_limit = np.zeros(b, np.bool_)
+    for i in range(b):
+        for j in range(offsets[i], offsets[i + 1]):
+            t = tokens[j]
+            end = starts[i] + j - offsets[i] + 1
+            hit = end >= limits[i]
+            if hit:
+                by_limit[i] = True
+            else:
+                for e in range(eos.shape[0]):
+                    if eos[e] == t:
+                        hit = True
+                        break
+            if hit:
+                index[i] = j - offsets[i]
+                break
+    return index, by_limit
+
+
 ROW_COST = CostModel(((1, 1.0), (2, 1.0)))
 """The curve a batch row's own budget prices with: every node with a chance is kept; the batch chooses the width."""
 
@@ -230,7 +416,7 @@ class Padded:
         self._copy_seconds_per_byte = tuning.copy_seconds_per_byte
         if call.sliding is not None:  # past a sliding window: those layers keep every column, masked by the window
             call.sliding.widen(self.cache)
-        self.rows = Rows(call, input_ids, mask, decoder.policies_for(b), Limits(call.max_length, call.kv_window))
+        self.rows = BatchRows(call, input_ids, mask, decoder.policies_for(b), Limits(call.max_length, call.kv_window))
         decoder.prefill_groups = None
         self.T, self.width, self.groups = 0, 0, None
         cap = max(call.max_length, length) + 1 + tuning.hole_slack + 2 * (self.max_nodes + 1) + length

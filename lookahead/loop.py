@@ -2,16 +2,14 @@
 
 Every step, for one row, a batch or a static cache: draft -> pack -> forward -> verify -> emit -> keep KV -> learn.
 :class:`Call` sets up and runs the loop; :class:`Rows` holds each row's sequence, stop and draft policy. What
-differs (drafting, packing, forward, keeping KV) is a *shape* (``shapes.py``). Batch semantics are plain
-``generate``'s: every row runs until all have stopped; a stopped row's later tokens are ``pad_token_id`` with an
-EOS criterion, else its real continuation. Terms (pending tokens, draft tree, step): ``config.py``.
+differs (drafting, packing, forward, keeping KV) is a *shape* (``shapes.py``). Terms (pending tokens, draft tree,
+step): ``config.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from . import compat
 from .checks import (
@@ -192,10 +190,10 @@ class Call:
 
 
 class Rows:
-    """The call's rows. Per row: ``seq`` long[b, max_length + 1]; ``length`` (left padding included); ``limit`` (the
-    latest length it stops at); ``stops`` (the length where a criterion first held, or None); ``done`` (drafts and
-    emits no more); its policy, stats and sampling uniforms. ``active``: the rows in the cache, in its batch order;
-    the per-step methods take indices into it."""
+    """The call's rows (one here; ``batch.BatchRows`` for several). Per row: ``seq`` long[b, max_length + 1];
+    ``length`` (left padding included); ``limit`` (the latest length it stops at); ``stops`` (the length where a
+    criterion first held, or None); ``done`` (drafts and emits no more); its policy, stats and sampling uniforms.
+    ``active``: the rows in the cache, in its batch order; the per-step methods take indices into it."""
 
     def __init__(self, call: Call, input_ids: torch.Tensor, attention_mask, policies, limits):
         self.call = call
@@ -252,64 +250,24 @@ class Rows:
     def processors(self, i: int):
         return self.call.processors[self.active[i]]
 
-    def running(self) -> bool:
-        return not self.done[0] if self.b == 1 else not all(self.done[r] for r in self.active)
+    # -- the step --------------------------------------------------------------------------------------------------
 
-    # -- emission --------------------------------------------------------------------------------------------------
+    def running(self) -> bool:
+        return not self.done[0]
+
+    def criteria_stop(self, r: int, start: int, verdict: Verdict, n: int) -> int:
+        """The first of row ``r``'s first ``n`` new tokens (from column ``start``) at which a criterion on tensors
+        holds, token by token, else -1."""
+        for t in range(n):
+            scores = verdict.scores[t] if verdict.scores else None
+            if any(bool(c(self.seq[r : r + 1, : start + t + 1], scores).all()) for c in self.call.other_stops):
+                return t
+        return -1
 
     def emit(self, verdicts: list[Verdict | None]) -> list[int]:
-        """Append each row's verdict tokens up to its stop; returns how many each emitted (0: a finished row)."""
-        if self.b == 1:
-            return [self._emit_one(verdicts[0])]
-        call = self.call
-        live = [i for i, v in enumerate(verdicts) if v is not None]
-        index, by_limit = _first_stops([verdicts[i].tokens for i in live],
-                                       np.array([self.length[self.active[i]] for i in live], dtype=np.int64),
-                                       np.array([self.limit[self.active[i]] for i in live], dtype=np.int64),
-                                       call.eos_ids)
-        emitted = [0] * len(verdicts)
-        others = [r for r in self.active if self.stops[r] is None]
-        for j, i in enumerate(live):
-            r, verdict = self.active[i], verdicts[i]
-            tokens, start = verdict.tokens, int(self.length[r])
-            if self.seq_host is not None:
-                self.seq_host[r, start : start + len(tokens)] = tokens
-            else:
-                self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=call.device)
-            n_emit, stop, by_length = len(tokens), int(index[j]), bool(by_limit[j])
-            if self.stops[r] is not None:  # stopped already (no EOS criterion): only its length limit counts
-                stop, by_length = _limit_index(start, len(tokens), int(self.limit[r])), True
-            elif call.other_stops:  # the criteria on tensors, token by token up to the host's stop
-                for t in range(stop + 1 if stop >= 0 else len(tokens)):
-                    scores = verdict.scores[t] if verdict.scores else None
-                    if any(bool(c(self.seq[r : r + 1, : start + t + 1], scores).all()) for c in call.other_stops):
-                        if t < stop or stop < 0:
-                            stop, by_length = t, False
-                        break
-            if stop >= 0 and by_length:
-                n_emit = stop + 1
-            elif stop >= 0:  # it ends here with an EOS criterion or as the last row, else runs on to its limit
-                self.stops[r] = start + stop + 1
-                limit = _limit_index(start, len(tokens), int(self.limit[r]))
-                last = others == [r]
-                n_emit = stop + 1 if call.pads or last else (limit + 1 if limit >= 0 else len(tokens))
-            if n_emit < len(tokens):  # past a row's end the buffer holds the padding again
-                self.seq[r, start + n_emit : start + len(tokens)] = self.fill
-            self.length[r] = start + n_emit
-            self.last[r] = tokens[n_emit - 1]
-            if self.length[r] >= self.limit[r] and self.stops[r] is None:
-                self.stops[r] = int(self.length[r])
-            if verdict.scores is not None:
-                self.scores.extend(verdict.scores[:n_emit])
-            if verdict.raw is not None:
-                self.raw.extend(verdict.raw[:n_emit])
-            emitted[i] = n_emit
-        self.finish_rows()
-        return emitted
-
-    def _emit_one(self, verdict: Verdict) -> int:
-        """:meth:`emit` of one row: its tokens up to the first that stops it (the length limit, an EOS id, another
-        criterion, token by token), which also finishes it."""
+        """Append each row's verdict tokens up to the first that stops it (the length limit, an EOS id, another
+        criterion), which also finishes it; returns how many each emitted (0: a finished row)."""
+        verdict = verdicts[0]
         call, tokens = self.call, verdict.tokens
         start, n, limit, eos = int(self.length[0]), len(tokens), int(self.limit[0]), call.eos
         if self.seq_host is not None:
@@ -322,11 +280,8 @@ class Rows:
                 stop = i
                 break
         if call.other_stops:
-            for i in range(stop + 1 if stop >= 0 else n):
-                scores = verdict.scores[i] if verdict.scores else None
-                if any(bool(c(self.seq[:, : start + i + 1], scores).all()) for c in call.other_stops):
-                    stop = i
-                    break
+            by_criteria = self.criteria_stop(0, start, verdict, stop + 1 if stop >= 0 else n)
+            stop = by_criteria if by_criteria >= 0 else stop
         n_emit = n if stop < 0 else stop + 1
         self.length[0] = start + n_emit
         self.last[0] = tokens[n_emit - 1]
@@ -337,93 +292,33 @@ class Rows:
             self.scores.extend(verdict.scores[:n_emit])
         if verdict.raw is not None:
             self.raw.extend(verdict.raw[:n_emit])
-        return n_emit
-
-    def finish_rows(self) -> None:
-        """Mark rows done: stopped (with an EOS criterion, or one row), else at the length the last row stopped at."""
-        if self.call.pads or self.b == 1:
-            for r in self.active:
-                if self.stops[r] is not None:
-                    self.done[r] = True
-            return
-        for r in self.active:
-            if self.length[r] >= self.call.max_length:
-                self.done[r] = True
-        if all(s is not None for s in self.stops):
-            final = max(self.stops)
-            for r in self.active:
-                self.limit[r] = final
-                if self.length[r] >= final:
-                    self.done[r] = True
+        return [n_emit]
 
     def learn(self, drafts, verdicts, emitted, window_argmax, tops, rows: int, seconds: float, hidden) -> None:
         """Each row's policy learns its step (the model-prediction source from ``tops``, its rows' top-k)."""
-        if self.b == 1:
-            d, v, n_emit = drafts[0], verdicts[0], emitted[0]
-            successors = None if tops is None else (tops[0][0, : len(d) + 1], tops[1][0, : len(d) + 1])
-            self.policies[0].learn(d, v.nodes, v.tokens[:n_emit], window_argmax, rows, seconds, successors, hidden)
-            return
-        for i, (d, v, n_emit) in enumerate(zip(drafts, verdicts, emitted)):
-            if v is None:
-                continue
-            r = self.active[i]
-            successors = None if tops is None else (tops[0][i, : len(d) + 1], tops[1][i, : len(d) + 1])
-            self.policies[r].learn(d, v.nodes, v.tokens[:n_emit], window_argmax, rows, seconds, successors, hidden)
+        d, v = drafts[0], verdicts[0]
+        successors = None if tops is None else (tops[0][0, : len(d) + 1], tops[1][0, : len(d) + 1])
+        self.policies[0].learn(d, v.nodes, v.tokens[: emitted[0]], window_argmax, rows, seconds, successors, hidden)
 
     def record(self, drafts, accepted, emitted, t_draft, t_forward, t_verify, t_keep) -> None:
         """The step in each row's statistics and the call's times."""
-        if self.b == 1:
-            self.stats[0].record_step(drafts[0], accepted[0], emitted[0], t_draft, t_forward, t_verify, t_keep)
-            return
-        for i, (d, nodes, n_emit) in enumerate(zip(drafts, accepted, emitted)):
-            if n_emit:
-                st = self.stats[self.active[i]]
-                st.target_calls += 1
-                st.record_step(d, nodes, n_emit, 0.0, 0.0, 0.0, 0.0)
-        call = self.call.stats
-        call.time_propose += t_draft
-        call.time_forward += t_forward
-        call.time_verify += t_verify
-        call.time_bookkeeping += t_keep
-
-    def next_pending(self, accepted: list[list[int]], done: np.ndarray) -> None:
-        """Each active row's last emitted token becomes its pending token (a finished row's: padding); ``done``: the
-        active rows finished before the step (their position stays)."""
-        ids = self.last[self.active][:, None].copy()
-        ids[self.done[self.active]] = self.fill
-        pos = self.pending_pos[:, -1:] + np.array([len(a) + 1 for a in accepted], dtype=np.int64)[:, None]
-        pos[done] = self.pending_pos[done, -1:]
-        self.pending, self.pending_pos = ids, pos
-        self.pending_vis = np.ones((len(self.active), 1), dtype=bool)
-
-    def drop(self, keep: list[int]) -> None:
-        """Only the active rows at indices ``keep`` stay in the cache."""
-        self.active = [self.active[i] for i in keep]
-        self.pending, self.pending_pos, self.pending_vis = self.pending[keep], self.pending_pos[keep], \
-            self.pending_vis[keep]
+        self.stats[0].record_step(drafts[0], accepted[0], emitted[0], t_draft, t_forward, t_verify, t_keep)
 
     # -- output ----------------------------------------------------------------------------------------------------
 
     def final_length(self) -> int:
-        if self.call.pads or self.b == 1:
-            return int(self.length.max())
-        return max(s if s is not None else int(n) for s, n in zip(self.stops, self.length))
+        return int(self.length[0])
 
     def stream(self, final: int | None = None) -> None:
-        """Hand the streamer what was emitted: one row's new tokens, or a batch's columns one ``[b]`` tensor each."""
-        streamer = self.call.streamer
-        if streamer is None:
-            return
-        if final is None:
-            live = [int(self.length[r]) for r in self.active if not self.done[r]]
-            final = (int(self.length[0]) if self.b == 1 else min(live)) if live else self.final_length()
-        if self.b == 1:
-            if final > self.streamed:
-                streamer.put(self.seq[0, self.streamed : final].cpu().clone())
-        else:
-            for c in range(self.streamed, final):
-                streamer.put(self.seq[:, c].cpu().clone())
-        self.streamed = max(self.streamed, final)
+        """Hand the streamer the new tokens up to ``final`` (default: all)."""
+        final = int(self.length[0]) if final is None else final
+        if self.call.streamer is not None and final > self.streamed:
+            self.call.streamer.put(self.seq[0, self.streamed : final].cpu().clone())
+            self.streamed = final
+
+    def hand_over(self, final: int) -> None:
+        """The rows' statistics to the decoder."""
+        self.call.decoder.row_stats = [self.call.stats]
 
     def output(self):
         call = self.call
@@ -433,25 +328,7 @@ class Rows:
             call.streamer.end()
         for policy in self.policies:
             policy.finish()
-        decoder = call.decoder
-        if self.b > 1:
-            memory = decoder.store
-            if memory is not None:  # each row's output, a stream of its own
-                for r in range(self.b):
-                    end = self.stops[r] if self.stops[r] is not None else int(self.length[r])
-                    memory.reset_stream()
-                    memory.insert(self.seq[r, self.prompt_length : min(end, final)].cpu().numpy())
-                    memory.reset_stream()
-            decoder.row_stats = list(self.stats)
-            stats = call.stats
-            for st in self.stats:
-                stats.budgets += st.budgets
-                stats.accepted_per_step += st.accepted_per_step
-                stats.new_tokens += st.new_tokens
-                stats.drafted_by_origin.update(st.drafted_by_origin)
-                stats.accepted_by_origin.update(st.accepted_by_origin)
-        else:
-            decoder.row_stats = [call.stats]
+        self.hand_over(final)
         sequences = self.seq[:, :final].clone()
         if not call.return_dict:
             return sequences
@@ -465,20 +342,6 @@ def _seeds(count: int) -> list[int]:
     return [int(torch.randint(0, 2**62, (1,)).item()) for _ in range(count)]
 
 
-def _limit_index(start: int, n: int, limit: int) -> int:
-    """The index of the token at which a row of ``start`` tokens reaches ``limit``, or -1 within ``n``."""
-    i = limit - start - 1
-    return i if 0 <= i < n else -1
-
-
-def _first_stops(tokens: list[list[int]], starts: np.ndarray, limits: np.ndarray, eos_ids: np.ndarray):
-    sizes = [len(t) for t in tokens]
-    offsets = np.zeros(len(tokens) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    flat = np.fromiter((x for t in tokens for x in t), np.int64, int(offsets[-1]))
-    return first_stops(flat, offsets, starts, limits, eos_ids)
-
-
 def _mask_shapes(mask):
     """A step's mask shape (per layer type for a dict): what tensor-parallel ranks compare."""
     if mask is None:
@@ -486,33 +349,3 @@ def _mask_shapes(mask):
     if isinstance(mask, dict):
         return {kind: tuple(m.shape) for kind, m in sorted(mask.items())}
     return tuple(mask.shape)
-
-
-@njit(cache=True, nogil=True)
-def first_stops(tokens, offsets, starts, limits, eos):
-    """Per row, the first emitted token where its length reaches ``limits`` or the token is in ``eos``.
-
-    ``tokens`` int64[total]: row ``i``'s at ``offsets[i]:offsets[i + 1]``; ``starts`` int64[b]: lengths before them.
-    Returns (index int64[b], -1 for none; by_limit bool[b]: stopped on length, not EOS). Example: tokens
-    ``[4, 2, 7, 5]``, offsets ``[0, 3, 4]``, starts ``[10, 18]``, limits ``[20, 19]``, eos ``[2]`` -> index
-    ``[1, 0]``, by_limit ``[False, True]``.
-    """
-    b = starts.shape[0]
-    index = np.full(b, -1, np.int64)
-    by_limit = np.zeros(b, np.bool_)
-    for i in range(b):
-        for j in range(offsets[i], offsets[i + 1]):
-            t = tokens[j]
-            end = starts[i] + j - offsets[i] + 1
-            hit = end >= limits[i]
-            if hit:
-                by_limit[i] = True
-            else:
-                for e in range(eos.shape[0]):
-                    if eos[e] == t:
-                        hit = True
-                        break
-            if hit:
-                index[i] = j - offsets[i]
-                break
-    return index, by_limit
