@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .primitives import INT32_MAX, heap_pop, heap_push, pair_slot
+from .primitives import INT32_MAX, heap_pop, heap_push, pair_slot, place
 
 TOKEN, PARENT, FIRST_CHILD, LAST_CHILD, NEXT_SIBLING, PREV_SIBLING, GROUP, GROUP_HEAD = range(8)  # nodes
 NODE_COLUMNS = 8
@@ -45,10 +45,7 @@ def rehash(nodes, table, state):
     mask = table.shape[0] - 1
     for v in range(1, min(state[S_HIGH], state[S_CAPACITY]) + 1):
         if nodes[v, TOKEN] >= 0:
-            i = pair_slot(nodes[v, PARENT], nodes[v, TOKEN], mask)
-            while table[i] != 0:
-                i = (i + 1) & mask
-            table[i] = v
+            place(table, mask, nodes[v, PARENT], nodes[v, TOKEN], v)
 
 
 @njit(cache=True, inline="always")

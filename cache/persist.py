@@ -95,17 +95,16 @@ def write_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     path = os.fspath(path)
     payload = []
     specs = []
+    crc = 0
     for name, allowed, _ in _ARRAYS:
         arr = arrays[name]
         dt = allowed[0]
         if len(allowed) > 1 and arr.size and (int(arr.max()) > 2**32 - 1 or int(arr.min()) < 0):
             dt = allowed[1]
         data = np.ascontiguousarray(arr, dtype=np.dtype(dt))
+        crc = zlib.crc32(memoryview(data).cast("B"), crc)
         payload.append(data)
         specs.append([name, dt, int(arr.shape[0])])
-    crc = 0
-    for data in payload:
-        crc = zlib.crc32(memoryview(data).cast("B"), crc)
     header = dict(meta, format="lookahead n-gram trie", format_version=FORMAT_VERSION, arrays=specs,
                   payload_bytes=sum(d.nbytes for d in payload), payload_crc32=crc)
     hbytes = json.dumps(header, sort_keys=True).encode()

@@ -64,6 +64,15 @@ def pair_slot(a, b, mask):
 
 
 @njit(cache=True, inline="always")
+def place(table, mask, a, b, value):
+    """Store ``value`` in the first empty (0) slot of ``(a, b)``'s linear-probing sequence in ``table``."""
+    i = pair_slot(a, b, mask)
+    while table[i] != 0:
+        i = (i + 1) & mask
+    table[i] = value
+
+
+@njit(cache=True, inline="always")
 def _before(score, depth, tie, a, b):
     """Entry ``a`` pops before entry ``b``: higher score, then shallower, then higher tie."""
     if score[a] != score[b]:
@@ -75,8 +84,7 @@ def _before(score, depth, tie, a, b):
 
 @njit(cache=True, inline="always")
 def heap_push(heap, n, e, score, depth, tie):
-    """Push entry ``e`` onto ``heap[:n]`` (keys ``score``, ``depth``, ``tie`` indexed by entry; pops by score
-    desc, depth asc, tie desc); returns ``n + 1``."""
+    """Push entry ``e`` onto ``heap[:n]`` (keys ``score``, ``depth``, ``tie`` indexed by entry); returns ``n + 1``."""
     i = n
     while i > 0:  # sift up
         p = (i - 1) >> 1

@@ -38,7 +38,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from .primitives import INT32_MAX, bucket, int_array, int_at_least, pair_slot, table_size, token_error
+from .primitives import INT32_MAX, bucket, int_array, int_at_least, pair_slot, place, table_size, token_error
 
 # columns of ``states`` and ``edges``
 LEN, LINK, FIRST, HEAD, TAIL = range(5)
@@ -91,16 +91,7 @@ def _add_edge(states, edges, table, state, token, target, info):
     states[state, TAIL] = e
     if 2 * (e + 1) > info[I_TABLE] and info[I_TABLE] < table.shape[0]:
         _grow(edges, table, info, e)
-    _place(table, info[I_TABLE] - 1, state, token, e)
-
-
-@njit(cache=True, inline="always")
-def _place(table, mask, state, token, e):
-    """Put transition ``e`` of ``(state, token)`` in the first free slot of its probe sequence."""
-    i = pair_slot(state, token, mask)
-    while table[i] != 0:
-        i = (i + 1) & mask
-    table[i] = e + 1
+    place(table, info[I_TABLE] - 1, state, token, e + 1)
 
 
 @njit(cache=True)
@@ -110,7 +101,7 @@ def _grow(edges, table, info, n):
     info[I_TABLE] = size
     table[:size] = 0
     for e in range(n):
-        _place(table, size - 1, edges[e, OWNER], edges[e, TOKEN], e)
+        place(table, size - 1, edges[e, OWNER], edges[e, TOKEN], e + 1)
 
 
 @njit(cache=True)
@@ -191,9 +182,8 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
             out):
     """Draft tree into ``out[0, :k]`` (tokens), ``out[1, :k]`` (parents), ``out[2, :k]`` (match), ``out[3, :k]``
     (depth, 1 under the root); returns ``k <= out.shape[1]``. Candidates come from the first ``max_states`` states
-    of the match's suffix-link chain. Unless ``bucket_edges`` is None, each match is replaced by ``bucket(match +
-    depth - 1, bucket_edges)``: the bucket of the context the node follows once its ancestors are accepted.
-    Read-only."""
+    of the match's suffix-link chain. Unless ``bucket_edges`` is None, each match is replaced by its bucket
+    (:meth:`SuffixIndex.propose_buckets`). Read-only."""
     n = info[I_N]
     max_nodes = out.shape[1]
     if n == 0 or max_nodes <= 0 or max_depth <= 0 or max_branches <= 0 or max_states <= 0:

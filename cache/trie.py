@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 import threading
@@ -40,7 +41,8 @@ class NgramTrie:
     """Bounded n-gram trie over token-id streams, with best-first draft-tree proposals.
 
     ``max_n``: the longest n-gram recorded (>= 2). ``capacity``: the most nodes kept (root not counted),
-    >= ``4 * max_n**2``; least recently used n-grams are evicted beyond it. All memory is allocated here.
+    >= ``4 * max_n**2``; least recently used n-grams are evicted beyond it. All memory (64 to 72 bytes per node of
+    ``capacity``) is allocated here.
     """
 
     def __init__(self, max_n: int = 8, capacity: int = 1 << 20):
@@ -287,9 +289,9 @@ class NgramTrie:
     def load_into(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
         """Replace the contents with the file at ``path`` (same ``max_n``; its n-grams must fit the capacity).
 
-        Raises :class:`cache.TrieFileError` for a file that is not a store, truncated, corrupt or newer, and
-        :class:`cache.TrieMismatchError` for another ``vocab_size`` (or a token id >= it), ``tokenizer_id`` or
-        ``max_n``, or too many n-grams. On any error the trie is unchanged.
+        Raises :class:`cache.TrieFileError` (a ``ValueError``) for a file that is not a store, truncated, corrupt or
+        newer, and its subclass :class:`cache.TrieMismatchError` for another ``vocab_size`` (or a token id >= it),
+        ``tokenizer_id`` or ``max_n``, or too many n-grams. On any error the trie is unchanged.
         """
         from . import persist
 
@@ -312,14 +314,12 @@ class NgramTrie:
             self._epoch += 1
 
 
+@dataclasses.dataclass(slots=True)
 class _Stream:
     """A thread's parked stream: its last tokens (``tail``, None for a new stream) and their trie epoch."""
 
-    __slots__ = ("tail", "epoch")
-
-    def __init__(self):
-        self.tail: np.ndarray | None = None
-        self.epoch = -1
+    tail: np.ndarray | None = None
+    epoch: int = -1
 
 
 def _empty_arrays(max_n: int, capacity: int):
