@@ -1,8 +1,5 @@
-"""Measuring a cost curve with timed steps: timings that survive a busy machine.
-
-Imported only by an explicit measurement (``python -m lookahead warmup --calibrate``, ``Tuning.calibrate``); a call
-learns its curve from its own steps instead (``cost.LearnedCurve``).
-"""
+"""Measuring a cost curve with timed steps, robust to a busy machine. Imported only by an explicit measurement
+(``python -m lookahead warmup --calibrate``, ``Tuning.calibrate``); a call learns its curve from its own steps."""
 
 from __future__ import annotations
 
@@ -65,9 +62,7 @@ def capped_curve(times: dict[int, float]) -> dict[int, float]:
 
 
 def _counted(time_one: Callable[[int], float], bar) -> Callable[[int], float]:
-    """``time_one`` that also advances ``bar`` (None: ``time_one`` itself)."""
-    if bar is None:
-        return time_one
+    """``time_one`` that also advances ``bar``."""
 
     def timed(k: int) -> float:
         seconds = time_one(k)
@@ -108,7 +103,7 @@ def _steep(time_one: Callable[[int], float], probe: float, ratio: float, agreeme
 
 
 def _agree(a: float, b: float, factor: float) -> bool:
-    """Whether two timings of the same thing agree within ``factor`` (the larger at most ``factor`` times the other)."""
+    """Whether the larger of two timings is at most ``factor`` times the other."""
     return max(a, b) <= factor * min(a, b)
 
 
@@ -135,7 +130,7 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
     bar = PROGRESS.get()  # calibration_progress's, when one is entered
     if bar is not None:
         bar.total = 1 + rounds * (len(sizes) + 1)  # a quiet machine's runs: the first probe, then the rounds
-    time_one = _counted(time_one, bar)
+        time_one = _counted(time_one, bar)
     usable: dict[int, list[float]] = {k: [] for k in sizes}
     every: dict[int, list[float]] = {k: [] for k in sizes}
     probe = time_one(1)
@@ -219,9 +214,8 @@ def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int =
 
 
 def measure_curve(decoder, call, variant: str, layouts: bool) -> CostModel:
-    """Time ``call``'s model's steps now (``Tuning.calibrate``: ``python -m lookahead warmup --calibrate``): the curve,
-    kept where ``decoder`` finds it on later calls, and (``layouts``) the CPU layouts planned from it
-    (``call.runner`` set)."""
+    """Time ``call``'s model's steps now (``Tuning.calibrate``): the curve, kept where ``decoder`` finds it on later
+    calls, and (``layouts``) the CPU layouts planned from it (``call.runner`` set)."""
     from transformers import DynamicCache
 
     model, base, tuning = call.model, call.runner, decoder.tuning

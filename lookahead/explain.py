@@ -9,13 +9,9 @@ EXPLAIN_PAID, EXPLAIN_COSTLY = DEFAULT.explain_paid, DEFAULT.explain_costly
 
 
 def explain(stats) -> str:
-    """What the decoder did and why: tokens per model call, then why, in the first case that applies: a fixed budget
-    (no cost curve; how many steps had a draft); drafting paid (``EXPLAIN_PAID`` tokens per call; why the other steps
-    were plain); most steps plain and a 2-token forward dear (``EXPLAIN_COSTLY[0]``): drafting did not pay here; most
-    steps plain otherwise: little to copy; else the acceptance rate. A provisional curve adds a third sentence.
-
-    The curve reads ``CostModel(stats.cost_curve, steps=stats.cost_steps)``; a step is *plain* when it verified no
-    draft token and ran no window row. Example::
+    """Tokens per model call, then why, in the first case that applies: a fixed budget (no cost curve); drafting paid
+    (``EXPLAIN_PAID`` tokens per call); most steps *plain* (no draft token verified, no window row run) and a 2-token
+    step dear (``EXPLAIN_COSTLY[0]``); most steps plain otherwise; else the acceptance rate. Example::
 
         DecodeStats(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
                     cost_curve=((1, .010), (2, .017), (16, .024))).explain()
@@ -49,7 +45,7 @@ def explain(stats) -> str:
 
 
 def _why_adaptive(stats, plain: int, drafting: int, accepted: str, paid: bool) -> str:
-    """explain()'s second sentence for an adaptive budget (see there)."""
+    """explain()'s second sentence for an adaptive budget."""
     steps = plain + drafting
     curve = CostModel(stats.cost_curve, steps=stats.cost_steps)
     r2, r16 = (float(curve(k) / curve(1)) for k in (2, 16))

@@ -1,7 +1,5 @@
 """What an explicit cost-curve measurement shows the user: its size, a forecast of its seconds and a progress bar.
-
-Imported only when a curve is measured (``cost.Calibrations.get`` with a ``measure``; ``calibrate.py``).
-"""
+Imported only when a curve is measured (``cost.Calibrations.get`` with a ``measure``; ``calibrate.py``)."""
 
 from __future__ import annotations
 
@@ -26,8 +24,8 @@ PROGRESS: ContextVar = ContextVar("lookahead_calibration_bar", default=None)
 
 @contextlib.contextmanager
 def calibration_progress(desc: str) -> Iterator[object | None]:
-    """While entered, :func:`calibrate.calibrate_curve` counts its timed runs on a ``tqdm.auto`` bar labelled ``desc``, shown
-    after ``DEFAULT.progress_delay`` seconds. Yields the bar, or None when transformers' progress bars are off."""
+    """While entered, :func:`calibrate.calibrate_curve` counts its timed runs on a ``tqdm.auto`` bar labelled
+    ``desc``, shown after ``DEFAULT.progress_delay`` seconds. Yields the bar, or None when transformers' bars are off."""
     from transformers.utils import logging as hf_logging
 
     bar = None

@@ -65,17 +65,15 @@ class OneRow:
     def draft(self):
         rows = self.rows
         policy = rows.policies[0]
-        p = rows.pending.shape[1]
-        d = policy.draft(int(rows.length[0]), self.past + p, int(rows.pending_pos[0, -1]))
+        d = policy.draft(int(rows.length[0]), self.past + rows.pending.shape[1], int(rows.pending_pos[0, -1]))
         return [self.fit(d)], policy.recycle_k
 
     def fit(self, draft: Draft) -> Draft:
         return draft
 
     def pack(self, drafts) -> Step:
-        """A chain after the pending tokens (no branch, no window) steps causally, with the model's own mask; on a
-        CPU, after one pending token, it takes the buffer's additive mask (SDPA would convert a boolean one per
-        layer). A model that takes no 4D mask always steps causally."""
+        """A chain (no branch, no window) steps causally with the model's own mask, except on a CPU after one pending
+        token: the buffer's additive mask (SDPA would convert a boolean one per layer). ``call.chains``: always."""
         call, d = self.call, drafts[0]
         rows = self.rows
         if rows.pending is self._pending[0]:  # after the prompt's step: the one pending token's kept views
