@@ -86,14 +86,22 @@ class ContextLayer(nn.Module):
         x = rms(z)
         return rope(self._split(self.k(x)), pos), self._split(self.v(x))
 
-    def query(self, z: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """float[..., nh, hd]: the queries of inputs ``z`` at positions ``pos``."""
-        return rope(self._split(self.q(rms(z))), pos)
-
-    def output(self, z: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """float[..., H]: the next feature from inputs ``z`` and what their queries attended (float[..., nh, hd])."""
-        y = z + self.o(attended.flatten(-2))
+    def step(self, z: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+             mask: torch.Tensor | None = None, chain: tuple | None = None) -> torch.Tensor:
+        """float[B, Q, H]: the next feature of inputs ``z`` float[B, Q, H] at ``pos`` long[B, Q], their queries
+        attending as in :func:`attend` (``chain``: its ``(chain_k, chain_v)`` or None)."""
+        q = rope(self._split(self.q(rms(z))), pos)
+        y = z + self.o(attend(q, keys, values, mask, *(chain or (None, None))).flatten(-2))
         return y + self.down(self.drop(nn.functional.silu(self.up(y))))
+
+    def chain_step(self, feature: torch.Tensor, embedding: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor, mask: torch.Tensor | None, chain: tuple | None) -> tuple:
+        """Level ``k >= 2``: (the next feature, ``chain`` grown by this level's keys and values) of the previous
+        level's ``feature`` float[B, Q, H] and its token's ``embedding``, at positions ``pos`` long[B, Q]."""
+        z = self.inputs(feature, embedding)
+        k, v = (x[:, :, None] for x in self.keys(z, pos))
+        chain = (k, v) if chain is None else (torch.cat([chain[0], k], 2), torch.cat([chain[1], v], 2))
+        return self.step(z, pos, keys, values, mask, chain), chain
 
 
 def unrolled_features(layer: ContextLayer, hidden: torch.Tensor, embedded: torch.Tensor, positions: torch.Tensor,
@@ -103,20 +111,14 @@ def unrolled_features(layer: ContextLayer, hidden: torch.Tensor, embedded: torch
     end), which should predict ``t_{p+k}``."""
     s, t, _ = hidden.shape
     z = layer.inputs(hidden, embedded)  # [S, T, H]
-    k_true, v_true = layer.keys(z, torch.arange(t, device=z.device).expand(s, t))  # [S, T, nh, hd]
+    keys, values = layer.keys(z, torch.arange(t, device=z.device).expand(s, t))  # [S, T, nh, hd]
     rows = torch.arange(s, device=z.device)[:, None]
     mask = torch.arange(t, device=z.device)[None, None, :] <= positions[:, :, None]  # [S, P, T]
-    zq = z[rows, positions]  # [S, P, H]
-    feature = layer.output(zq, attend(layer.query(zq, positions), k_true, v_true, mask))
-    out, chain_k, chain_v = [feature], [], []
+    out, chain = [layer.step(z[rows, positions], positions, keys, values, mask)], None
     for level in range(2, levels + 1):
         pos = positions + level - 1
-        zc = layer.inputs(feature, embedded[rows, pos.clamp(max=t - 1)])  # [S, P, H]
-        kc, vc = layer.keys(zc, pos)
-        chain_k.append(kc)
-        chain_v.append(vc)
-        attended = attend(layer.query(zc, pos), k_true, v_true, mask, torch.stack(chain_k, 2), torch.stack(chain_v, 2))
-        feature = layer.output(zc, attended)
+        feature, chain = layer.chain_step(out[-1], embedded[rows, pos.clamp(max=t - 1)], pos, keys, values, mask,
+                                          chain)
         out.append(feature)
     return torch.stack(out, 2)
 

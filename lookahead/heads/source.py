@@ -18,7 +18,7 @@ from torch import nn
 from ..drafting.draft import HEADS, tree_depth_rank
 from ..drafting.sources import DraftSource, Proposal
 from ..passes import Probing
-from .context import ContextCache, attend
+from .context import ContextCache
 
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # "auto": chosen by measurement
 WIDE_DEPTH, WIDE_WIDTH = 10, 12  # in the widest steps (DraftSource.wide): trees at least this deep and this wide
@@ -57,8 +57,7 @@ def select_best(scores: np.ndarray, parents: np.ndarray, max_nodes: int) -> np.n
 
 
 def confidence_bucket(p: np.ndarray, edges: tuple[float, float] = (0.25, 0.6)) -> np.ndarray:
-    """int64[n] match buckets of calibrated conditional probabilities: 1 below ``edges[0]``, 2 below ``edges[1]``,
-    else 3."""
+    """int64[n] match buckets of probabilities ``p``: 1 below ``edges[0]``, 2 below ``edges[1]``, else 3."""
     return 1 + (np.asarray(p) >= edges[0]).astype(np.int64) + (np.asarray(p) >= edges[1])
 
 
@@ -97,9 +96,6 @@ class Bound:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:  # float32[..., Vk] of features [..., H]
         return nn.functional.linear(x, self.weight, self.bias).float()
-
-    def embedding(self, vocab_index: torch.Tensor) -> torch.Tensor:  # [N, H] of vocabulary positions long[N]
-        return self.embed_tokens(self.net.vocab_ids[vocab_index])
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:  # [N, H] of token ids long[N]
         return self.embed(ids).to(self.dtype)
@@ -154,8 +150,7 @@ class HeadsSource(Probing, DraftSource):
         self.topk, self.width, self.given_cost, self.dtype = topk, width, cost, dtype
         self.cost = cost or (0.0, 0.0)
         self._model = self.bound = self.hidden = self.cache = self._tree = None  # _model: a weak reference
-        self._reach = np.zeros(max(max_depth, WIDE_DEPTH))  # decayed counts per depth: reached given the parent was
-        self._tried = np.zeros(max(max_depth, WIDE_DEPTH))
+        self._reach, self._tried = np.zeros((2, max(max_depth, WIDE_DEPTH)))  # per depth, decayed: reached, tried
         self._reset(-1)
 
     def _reset(self, last: int) -> None:
@@ -296,13 +291,10 @@ def medusa_propose(bound: Bound, hidden: torch.Tensor, max_nodes: int, max_depth
 def feature_propose(bound: Bound, hidden: torch.Tensor, last: int, max_nodes: int, max_depth: int, topk: int,
                     width: int):
     """The feature head's tree (as :func:`medusa_propose`) after ``hidden`` float[H] and the last token ``last``."""
-    def advance(level, feature, emb):
-        feature = bound.net.feature_step(feature, emb)  # [m, H]
-        return feature, feature
-
     emb = bound.embed_tokens(torch.tensor([last], device=bound.device))
-    return grow_tree(bound, hidden.to(bound.weight.dtype)[None], emb, advance, lambda state, rows: state[rows],
-                     max_nodes, max_depth, topk, width)
+    return grow_tree(bound, hidden.to(bound.weight.dtype)[None], emb,
+                     lambda level, feature, emb: (bound.net.feature_step(feature, emb),) * 2,
+                     lambda feature, rows: feature[rows], max_nodes, max_depth, topk, width)
 
 
 def context_propose(bound: Bound, cache: ContextCache, max_nodes: int, max_depth: int, topk: int, width: int):
@@ -310,25 +302,16 @@ def context_propose(bound: Bound, cache: ContextCache, max_nodes: int, max_depth
     each path's queries also attending to its own ancestors' keys."""
     layer = bound.net.context
     keys, values = cache.keys[None], cache.values[None]  # [1, T, nh, hd]
-    first = cache.count - 1  # the level-1 query's position
 
-    def advance(level, state, emb):
+    def advance(level, state, emb):  # state: (features [1, m, H], and from level 2 chain keys, values)
+        pos = torch.full((1, 1 if state is None else len(emb)), cache.count + level - 2, device=keys.device)
         if state is None:  # level 1: the newest cached position's own input
-            z = cache.last_input[None]  # [1, H]
-            pos = torch.full((1,), first, device=z.device)
-            feature = layer.output(z, attend(layer.query(z, pos)[None], keys, values, None)[0])
-            empty = torch.zeros((1, 0) + keys.shape[2:], device=z.device, dtype=keys.dtype)
-            return feature, (feature, empty, empty)
-        feature, chain_k, chain_v = state  # [m, H], [m, c, nh, hd] x 2
-        z = layer.inputs(feature, emb)
-        pos = torch.full((z.shape[0],), first + level - 1, device=z.device)
-        k, v = layer.keys(z, pos)
-        chain_k, chain_v = torch.cat([chain_k, k[:, None]], 1), torch.cat([chain_v, v[:, None]], 1)
-        attended = attend(layer.query(z, pos)[None], keys, values, None, chain_k[None], chain_v[None])[0]
-        feature = layer.output(z, attended)
-        return feature, (feature, chain_k, chain_v)
+            feature, chain = layer.step(cache.last_input[None, None], pos, keys, values), ()
+        else:
+            feature, chain = layer.chain_step(state[0], emb[None], pos, keys, values, None, state[1:] or None)
+        return feature[0], (feature, *chain)
 
-    return grow_tree(bound, None, None, advance, lambda state, rows: tuple(x[rows] for x in state), max_nodes,
+    return grow_tree(bound, None, None, advance, lambda state, rows: tuple(x[:, rows] for x in state), max_nodes,
                      max_depth, topk, width)
 
 
@@ -353,7 +336,7 @@ def grow_tree(bound: Bound, state, emb, advance, select, max_nodes: int, max_dep
         if level == max_depth:
             break
         best = scores.topk(min(width, scores.shape[0])).indices
-        state, emb = select(state, best // k), bound.embedding(toks[-1][best])
+        state, emb = select(state, best // k), bound.embed_tokens(bound.net.vocab_ids[toks[-1][best]])
         parent_scores, parent_index = scores[best], count + best
         count += scores.shape[0]
     tok, par = torch.cat(toks).cpu().numpy(), torch.cat(pars).cpu().numpy()

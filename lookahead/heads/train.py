@@ -1,25 +1,23 @@
 """Training draft heads by self-distillation: ``python -m lookahead train-heads --out DIR``.
 
-The frozen model answers prompts greedily; each answer token's final hidden state is stored with the tokens that
-followed it, and the heads learn to predict them (feature and context heads also the next hidden states, unrolled
-over their own predictions for ``K`` levels). Stages, each resumable (kept under ``DIR/work``):
+The frozen model answers prompts greedily; the heads learn to predict, from each answer token's final hidden state,
+the tokens that followed it (feature and context heads also the next hidden states, unrolled over their own
+predictions for ``K`` levels). Stages, each resumable (kept under ``DIR/work``):
 
 1. prompts: one per line of ``--prompts FILE``, or per topic of ``lookahead/data/topics.txt`` ``--questions``
    questions the model writes itself (sampled, seeded) and one direct request; every tenth one held out.
 2. answers: greedy answers (``--max-new-tokens``), their hidden states in float16 shards; the training split's
    answers are also written as a draft corpus, ``DIR/corpus``.
-3. tasks (``--tasks``, on by default): other kinds of request built on the answers about chat topics, each topic's
-   answer as the text: summarise it, translate its opening, answer one of the topic's questions from it, a second
-   turn of the chat; and arithmetic word problems made from templates (seeded).
+3. tasks (unless ``--no-tasks``): requests on each chat topic's answer (summarise it, translate its opening, answer
+   one of the topic's questions from it, a second turn of the chat) and arithmetic word problems (seeded).
 4. raw code: the answers' code blocks, cut after the first function's docstring, continued as raw text.
 5. vocabulary: the ``--vocab`` most frequent tokens of the training split's answers.
 6. training (AdamW, cosine schedule, checkpoints), per-head temperatures fitted on the held-out split, and the
    held-out report (top-1 / top-k accuracy; wall and CPU seconds and peak memory per stage).
 
-Writes ``DIR/<kind>/`` per trained kind and ``DIR/default.txt`` naming the kind with the longest held-out top-1
-chain (``DraftHeads.load(DIR)`` loads that one).
+Writes ``DIR/<kind>/`` per kind and ``DIR/default.txt`` naming the kind with the longest held-out top-1 chain
+(``DraftHeads.load(DIR)`` loads it).
 """
-
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ import resource
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
@@ -456,9 +454,10 @@ def _atomic_json(obj, path: str) -> None:
     _atomic(lambda f: f.write(json.dumps(obj, indent=1).encode()), path)
 
 
-def _read_json(path: str, missing=None):
+def _read_json(path: str, make=None):
+    """The JSON in ``path``; where it is missing, ``make()``'s, written there first (a stage's kept result)."""
     if not os.path.exists(path):
-        return missing
+        _atomic_json(make(), path)
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 
@@ -574,8 +573,8 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
     eos_ids = model.generation_config.eos_token_id
     eos = [int(e) for e in (eos_ids if isinstance(eos_ids, (list, tuple)) else [eos_ids]) if e is not None]
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    times_path, prompts_path = os.path.join(work, "times.json"), os.path.join(work, "prompts.json")
-    times: dict[str, float] = _read_json(times_path, {})
+    times_path = os.path.join(work, "times.json")
+    times: dict[str, float] = _read_json(times_path, dict)
 
     def timed(stage: str, fn):  # wall seconds, CPU seconds (what other work cannot inflate), peak memory so far
         t, c = time.perf_counter(), time.process_time()
@@ -599,15 +598,15 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
                                           "answer": tok.decode(t, skip_special_tokens=True)}
                                          for i, (_, t) in zip(chosen, seqs)])
 
-    items = _read_json(prompts_path)
-    if items is None and prompts_file:
+    def prompt_items() -> list[dict]:
+        if not prompts_file:
+            topics = read_topics(topics_file)
+            return timed("prompts", lambda: write_prompts(model, tok, topics, settings, progress, eos, pad))
         with open(prompts_file, encoding="utf-8") as f:
             lines = [line.strip() for line in f if line.strip()]
-        items = [{"id": f"p{i}", "kind": "file", "split": _split(i), "text": line} for i, line in enumerate(lines)]
-    elif items is None:
-        topics = read_topics(topics_file)
-        items = timed("prompts", lambda: write_prompts(model, tok, topics, settings, progress, eos, pad))
-    _atomic_json(items, prompts_path)
+        return [{"id": f"p{i}", "kind": "file", "split": _split(i), "text": line} for i, line in enumerate(lines)]
+
+    items = _read_json(os.path.join(work, "prompts.json"), prompt_items)
     timed("answers", lambda: generate("answers", items, settings.max_new_tokens, True))
     prompts = (f"to the prompts of {os.path.basename(prompts_file)}" if prompts_file else
                f"to prompts written from {os.path.basename(topics_file or TOPICS)} (chat and code topics): per topic "
@@ -625,11 +624,8 @@ def run(out: str, model, tok, settings: TrainSettings, prompts_file: str | None 
         _atomic_json(report, os.path.join(out, "report.json"))
         return report
     if settings.tasks:
-        tasks = _read_json(tasks_path := os.path.join(work, "tasks.json"))
-        if tasks is None:
-            tasks = task_items(items, {m["id"]: m["answer"] for _, meta in store.meta("answers") for m in meta},
-                               settings.seed)
-            _atomic_json(tasks, tasks_path)
+        tasks = _read_json(os.path.join(work, "tasks.json"), lambda: task_items(
+            items, {m["id"]: m["answer"] for _, meta in store.meta("answers") for m in meta}, settings.seed))
         timed("tasks", lambda: generate("tasks", tasks, settings.max_new_tokens, True))
     if settings.raw_tokens:
         raw = [{"id": m["id"] + "-raw", "split": m["split"], "text": code_prefix(m["answer"])}
@@ -737,10 +733,8 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run_args(args: argparse.Namespace) -> int:
     """A training run from parsed :func:`add_arguments` options; prints the held-out accuracy."""
-    names = ("vocab", "questions", "max_new_tokens", "raw_tokens", "batch_size", "steps", "batch_rows", "lr", "dropout",
-             "seed")
-    settings = TrainSettings(kinds=parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind,
-                             num_heads=args.heads, tasks=not args.no_tasks, **{n: getattr(args, n) for n in names})
+    settings = _settings(args, kinds=parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind,
+                         num_heads=args.heads, tasks=not args.no_tasks)
     report, seconds, _ = _run_loaded(args, settings, True)
     for kind, r in report["results"].items():
         acc = r["accuracy"]
@@ -752,8 +746,7 @@ def run_args(args: argparse.Namespace) -> int:
 
 def run_corpus_args(args: argparse.Namespace) -> int:
     """``build-corpus`` from parsed :func:`add_corpus_arguments` options: the model's answers as ``OUT/corpus``."""
-    names = ("questions", "max_new_tokens", "batch_size", "seed")
-    report, seconds, model = _run_loaded(args, TrainSettings(**{n: getattr(args, n) for n in names}), False)
+    report, seconds, model = _run_loaded(args, _settings(args), False)
     c, written = report["corpus"], os.path.join(args.out, "corpus")
     print(f"wrote {written}: {c['streams']} answers, {c['tokens']} tokens, in {seconds:.0f} s; use it "
           "as LookaheadDecoder(corpus=DraftCorpus.load(...))", file=sys.stderr)
@@ -768,6 +761,12 @@ def run_corpus_args(args: argparse.Namespace) -> int:
         else:
             print("not installed: the user cache is turned off (LOOKAHEAD_PERSIST)", file=sys.stderr)
     return 0
+
+
+def _settings(args: argparse.Namespace, **more) -> TrainSettings:
+    """The :class:`TrainSettings` of the options named as its fields, and ``more``."""
+    return TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings) if hasattr(args, f.name)},
+                         **more)
 
 
 def _run_loaded(args: argparse.Namespace, settings: TrainSettings, train: bool):
