@@ -153,7 +153,7 @@ def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
         raise bad("not an n-gram store file (too short)")
     magic, version, hlen, hcrc = _PREFIX.unpack_from(data)
     if magic != MAGIC:
-        off = _bit_distance(magic, MAGIC)
+        off = (int.from_bytes(magic, "little") ^ int.from_bytes(MAGIC, "little")).bit_count()
         if off <= _MAGIC_SLACK:
             raise bad(f"corrupt: bad magic bytes, {off} bit{'s' * (off > 1)} off a store's: "
                       "the file is damaged")
@@ -203,11 +203,6 @@ def read_file(path) -> tuple[dict, dict[str, np.ndarray]]:
     return header, arrays
 
 
-def _bit_distance(a: bytes, b: bytes) -> int:
-    """How many bits differ between two byte strings of the same length."""
-    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).bit_count()
-
-
 def _header_extent(data: bytearray, crc: int) -> int | None:
     """Padded length of the JSON object at offset 20 if its checksum is ``crc``, else None: the header found
     without trusting the length field (the writer's JSON is ASCII, so Latin-1 maps bytes one to one)."""
@@ -224,18 +219,11 @@ def _header_extent(data: bytearray, crc: int) -> int | None:
 
 def _check_header(h: dict, bad) -> dict:
     """``h`` after checking its fields' types and ranges and the array specs against ``n_nodes``."""
-
-    def int_field(name, lo, hi=None, optional=False):
-        v = h.get(name)
-        if v is None and optional:
-            return
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
-            raise bad(f"corrupt: header field {name!r} = {v!r}")
-
     for name, lo in (("max_n", 2), ("capacity", 1), ("n_nodes", 0), ("step", 0), ("n_evictions", 0),
-                     ("payload_bytes", 0), ("payload_crc32", 0)):
-        int_field(name, lo)
-    int_field("vocab_size", 1, optional=True)
+                     ("payload_bytes", 0), ("payload_crc32", 0), ("vocab_size", 1)):  # only vocab_size may be null
+        v = h.get(name)
+        if (v is not None or name != "vocab_size") and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+            raise bad(f"corrupt: header field {name!r} = {v!r}")
     if h["capacity"] > _I32_MAX - 1 or h["capacity"] < 4 * h["max_n"] ** 2 or h["n_nodes"] > h["capacity"]:
         raise bad(f"corrupt: n_nodes {h['n_nodes']} / capacity {h['capacity']}")
     if h.get("tokenizer_id") is not None and not isinstance(h["tokenizer_id"], str):
