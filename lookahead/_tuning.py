@@ -123,16 +123,14 @@ class Tuning:
                                 ("recycle_k", 0, 64), ("recycle_nodes", 1, 256), ("recycle_depth", 1, 64),
                                 ("fill_nodes", 0, 64), ("window_auto_width", 1, 128), ("window_candidates", 0, 128),
                                 ("corpus_ngram", 2, 64), ("copy_capacity", 16, 1 << 28), ("draft_depth", 1, 64),
-                                ("draft_branches", 1, 8), ("layout_max_rows", 2, 1 << 12)):
+                                ("draft_branches", 1, 8), ("layout_max_rows", 2, 1 << 12), ("decay", 0, 1),
+                                ("belief_relax", 0, 1), ("window_gain_keep", 0, 1), ("self_draft_size", 0, 1)):
             if not low <= getattr(self, name) <= high:
                 raise bad(name, f"must be in [{low}, {high}]")
         if not 1 <= self.max_match < self.ngram_size:
             raise bad("max_match", f"needs 1 <= max_match < ngram_size ({self.ngram_size})")
         if not 4 * self.ngram_size ** 2 <= self.trie_capacity <= 1 << 27:
             raise bad("trie_capacity", f"must be in [4 * ngram_size**2 = {4 * self.ngram_size ** 2}, {1 << 27}]")
-        for name in ("decay", "belief_relax", "window_gain_keep", "self_draft_size"):
-            if getattr(self, name) > 1:
-                raise bad(name, "must be in [0, 1]")
         for name in ("depth_lift", "learn_slope_cpu", "learn_slope_gpu"):
             if not 0 < getattr(self, name) <= 1:
                 raise bad(name, "must be in (0, 1]")

@@ -160,9 +160,8 @@ class AcceptanceStats:
 
     def __init__(self, origins: int, tuning: Tuning = DEFAULT):
         t = self.tuning = tuning
-        priors = list(t.priors) + [t.priors[-1]] * (t.rank_cells - len(t.priors))
-        a = np.array([p[0] for p in priors[: t.rank_cells]])[None, :]
-        b = np.array([p[1] for p in priors[: t.rank_cells]])[None, :]
+        priors = (list(t.priors) + [t.priors[-1]] * t.rank_cells)[: t.rank_cells]  # the last one for later ranks
+        a, b = np.array(priors, dtype=np.float64).T[:, None, :]
         scale = np.asarray(t.match_scale * (CONTEXTS // MATCH_BUCKETS))[:, None]
         mean = np.clip(a / (a + b) * scale, 0.02, 0.98)  # [context, rank]
         self.prior_a, self.prior_b = mean * (a + b), (1 - mean) * (a + b)
