@@ -92,11 +92,9 @@ class LookaheadGenerate:
         if decoder is None and isinstance(kwargs.get("custom_generate"), LookaheadDecoder):
             decoder = kwargs.pop("custom_generate")
         if decoder is not None:
-            bound = {}
-            if kwargs.get("streamer") is not None:  # generate() puts the prompt; the decoder puts the rest
-                bound["streamer"] = kwargs["streamer"]
-            if kwargs.get("tokenizer") is not None:  # generate() would drop it; the decoder needs it for stop strings
-                bound["tokenizer"] = kwargs.pop("tokenizer")
+            # generate() puts the prompt into the streamer, the decoder the rest; generate() would drop the tokenizer
+            bound = {k: kwargs[k] for k in ("streamer", "tokenizer") if kwargs.get(k) is not None}
+            kwargs.pop("tokenizer", None)
             config = kwargs.get("generation_config") or self.model.generation_config
             if getattr(config, "stop_strings", None) and kwargs.get("stop_strings") is None:
                 kwargs["stop_strings"] = config.stop_strings  # generate() would refuse them without a tokenizer
