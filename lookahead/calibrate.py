@@ -153,8 +153,7 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
         after = time_one(1)
         for k, t in times.items():
             every[k].append(t)
-        if _agree(probe, after, drift):
-            for k, t in times.items():
+            if _agree(probe, after, drift):  # the probes bracketing the round agree
                 usable[k].append(t)
         probe = after
         if done + 1 < rounds:
@@ -167,10 +166,9 @@ def calibrate_curve(time_one: Callable[[int], float], sizes: Sequence[int],
         if over():
             why += f"; stopped after {max_seconds:.0f} s"
             break
-    curve = CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True, steps=True, covers=covers)
     log.warning("the cost curve stays provisional: the machine was busy while it was measured (%s); it is "
                 "measured again later in this process, and not saved", why)
-    return curve
+    return CostModel(sorted(capped_curve(fastest(every)).items()), provisional=True, steps=True, covers=covers)
 
 
 def step_timer(call, cache_factory, clock, max_rows: int, runner, context: int = 128):

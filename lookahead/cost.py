@@ -267,11 +267,10 @@ class Calibrations:
 
     def get(self, model, max_rows: int, measure: Callable[[tuple[int, ...]], CostModel] | None = None,
             variant: str = "", persist: bool | None = None) -> CostModel | None:
-        """``model``'s curve for ``max_rows``: pinned, kept, stored on disk, or measured now by ``measure(sizes)``
-        (None: not measured; None is returned).
-        ``variant``: what else it depends on (``"step"``: whole steps timed); a pinned curve applies to every variant.
-        ``persist``: this call's choice over the registry's (False for a measurement that is not the machine's, e.g. on
-        an injected clock). A measurement shows a progress bar (``measuring.announced_measurement``)."""
+        """``model``'s curve for ``max_rows``: pinned (for every ``variant``), kept, stored on disk, or measured now by
+        ``measure(sizes)`` with a progress bar (None: not measured, None returned). ``variant``: what else it depends on
+        (``"step"``: whole steps timed); ``persist``: this call's choice over the registry's (False for a measurement
+        that is not the machine's, e.g. on an injected clock)."""
         with self._lock:
             curves = self._curves.get(model, {})
             pinned = curves.get(model_key(model))

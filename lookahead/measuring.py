@@ -47,8 +47,7 @@ def estimate_calibration_seconds(model, sizes: Sequence[int], rounds: int = DEFA
     every weight once or computes ``2 * parameters * k`` operations, whichever takes longer."""
     params = sum(p.numel() for p in model.parameters())
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    gpu = model.device.type != "cpu"
-    bandwidth, flops, overhead = (1e12, 1e14, 0.01) if gpu else (1e10, 1e11, 0.0)
+    bandwidth, flops, overhead = (1e12, 1e14, 0.01) if model.device.type != "cpu" else (1e10, 1e11, 0.0)
 
     def forward(k: int) -> float:
         return overhead + max(nbytes / bandwidth, 2.0 * params * k / flops)
