@@ -28,14 +28,11 @@ def depth_rank(parents):
     return depth, place, True
 
 
-@njit(cache=True)
-def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
-    """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents): (int64[6, m]:
-    tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok: False when a kept
-    node's parent is not kept). Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` ->
-    tokens ``[5, 6, 8]``, parents ``[-1, -1, 1]``."""
-    n, m = parents.shape[0], keep.shape[0]
-    new_index = np.full(n, -1, np.int64)
+@njit(cache=True, inline="always")
+def _gather(keep, tokens, parents, origin, match, depth, rank, agreement):
+    """:func:`keep_nodes`, ``keep`` in any order that puts a parent before its children."""
+    m = keep.shape[0]
+    new_index = np.full(parents.shape[0], -1, np.int64)
     ints = np.empty((6, m), np.int64)
     out_origin = np.empty(m, origin.dtype)
     ok = True
@@ -50,6 +47,15 @@ def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
         ints[3, j], ints[4, j], ints[5, j] = depth[i], rank[i], agreement[i]
         out_origin[j] = origin[i]
     return ints, out_origin, ok
+
+
+@njit(cache=True)
+def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
+    """A draft's node arrays cut to the nodes ``keep`` int64[m] (increasing, closed under parents): (int64[6, m]:
+    tokens, parents re-indexed among the kept nodes, match, depth, rank, agreement; origin[m]; ok: False when a kept
+    node's parent is not kept). Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, -1, 0, 1]``, keep ``[0, 1, 3]`` ->
+    tokens ``[5, 6, 8]``, parents ``[-1, -1, 1]``."""
+    return _gather(keep, tokens, parents, origin, match, depth, rank, agreement)
 
 
 @njit(cache=True)
@@ -107,12 +113,10 @@ def shallowest_nodes(depth, count):
 
 @njit(cache=True)
 def window_step(levels, out, ngram, shift, draws, cursor):
-    """One Jacobi step of the window (``window.LookaheadWindow.advance``): levels int64[L, W] and the top level's
-    outputs int64[W] -> (new levels int64[L', W], harvested n-grams int64[W, N] ([0, N] while filling), the next
-    unread index of ``draws``). The outputs become the newest level (the oldest dropped once ``L == N - 1``); every
-    level slides ``shift`` columns left, its new right-hand columns taking ``draws[cursor:]`` row-major.
-    Example: levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``, N 3, shift 1, draws ``[20, 21]``, cursor 0
-    -> levels ``[[9, 4, 20], [2, 3, 21]]``, n-grams ``[[5, 8, 1], [6, 9, 2], [7, 4, 3]]``, cursor 2."""
+    """One Jacobi step of the window (``window.py``'s docstring): levels int64[L, W] and the top level's outputs
+    int64[W] -> (new levels int64[L', W], harvested n-grams int64[W, N] ([0, N] while filling), the next unread index
+    of ``draws``); the new right-hand columns after a ``shift`` take ``draws[cursor:]`` row-major. Example: that
+    docstring's with shift 1, draws ``[20, 21]``, cursor 0 -> levels ``[[9, 4, 20], [2, 3, 21]]``, cursor 2."""
     n_levels, width = levels.shape
     full = n_levels == ngram - 1
     kept = n_levels - 1 if full else n_levels  # old levels that stay, below the outputs
@@ -140,11 +144,11 @@ def merge_trees(tokens, parents, origin, match, starts, limit):
     ``sources.merge_proposals``."""
     n = tokens.shape[0]
     merged = np.empty(n, np.int64)  # node -> its path's first node
+    up = np.empty(n, np.int64)  # node -> its parent's path's first node (-1: the root)
     first_child = np.full(n + 1, -1, np.int64)  # per first node (+1; 0: the root)
     next_sibling = np.full(n, -1, np.int64)
     depth = np.zeros(n, np.int64)
     is_first = np.zeros(n, np.bool_)
-    tree = np.empty(n, np.int64)
     place = np.empty(n, np.int64)  # among its siblings in its own tree
     count = np.zeros(n, np.int64)  # children per node (global index), counted in its own tree
     agreement = np.zeros(n, np.int64)  # per first node: the later trees that hold its path
@@ -152,7 +156,6 @@ def merge_trees(tokens, parents, origin, match, starts, limit):
     for t in range(starts.shape[0] - 1):
         roots = 0
         for i in range(starts[t], starts[t + 1]):
-            tree[i] = t
             p = parents[i]
             if p >= 0:
                 place[i] = count[starts[t] + p]
@@ -160,7 +163,7 @@ def merge_trees(tokens, parents, origin, match, starts, limit):
             else:
                 place[i] = roots
                 roots += 1
-            mp = merged[starts[t] + p] if p >= 0 else -1
+            mp = up[i] = merged[starts[t] + p] if p >= 0 else -1
             c = first_child[mp + 1]
             while c != -1 and tokens[c] != tokens[i]:
                 c = next_sibling[c]
@@ -196,20 +199,5 @@ def merge_trees(tokens, parents, origin, match, starts, limit):
             c = next_sibling[c]
     if m > limit:  # the shallowest ``limit`` (parents are shallower: the kept nodes stay a tree)
         order = order[shallowest_nodes(depth[order], limit)]
-    new_index = np.full(n, -1, np.int64)
-    for j in range(order.shape[0]):
-        new_index[order[j]] = j
-    m = order.shape[0]
-    out = np.empty((6, m), np.int64)  # tokens, parents, match, depth, rank, agreement
-    new_origin = np.empty(m, np.int8)
-    for j in range(m):
-        i = order[j]
-        p = parents[i]
-        out[0, j] = tokens[i]
-        out[1, j] = new_index[merged[starts[tree[i]] + p]] if p >= 0 else -1
-        out[2, j] = match[i]
-        out[3, j] = depth[i]
-        out[4, j] = place[i]
-        out[5, j] = agreement[i]
-        new_origin[j] = origin[i]
-    return out, new_origin
+    ints, new_origin, _ = _gather(order, tokens, up, origin, match, depth, place, agreement)
+    return ints, new_origin
