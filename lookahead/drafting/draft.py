@@ -1,10 +1,8 @@
 """`Draft`: one step's immutable proposal, a tree of candidate tokens after the last context token with per-node
-features, plus optionally the window's rows.
-
-A merged draft is in depth-first preorder (each node's first-drafted child right after it), and every subset keeps
-that order, so the accepted path is most often the step's first rows. Example: tokens ``[5, 6, 7, 8]``, parents
-``[-1, 0, 0, -1]``: ``5 -> 6``, ``5 -> 7`` and ``8``; accepting ``5, 6`` keeps rows 0 and 1.
-"""
+features, plus optionally the window's rows. A merged draft is in depth-first preorder (each node's first-drafted
+child right after it), and every subset keeps that order, so the accepted path is most often the step's first rows.
+Example: tokens ``[5, 6, 7, 8]``, parents ``[-1, 0, 0, -1]``: ``5 -> 6``, ``5 -> 7`` and ``8``; accepting ``5, 6``
+keeps rows 0 and 1."""
 
 from __future__ import annotations
 

@@ -130,9 +130,8 @@ class DraftPolicy:
             from .window import WindowSource
 
             self.window = WindowSource(*self._window_spec, t.max_match, t.window_draws)
-            self.sources.append(self.window)
-            self._primary.append(self.window)
-            self._eager.append(self.window)
+            for group in (self.sources, self._primary, self._eager):
+                group.append(self.window)
         for source in self.sources:
             source.start(arr, model)
         self._context = arr.tolist()

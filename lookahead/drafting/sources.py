@@ -29,14 +29,10 @@ class Proposal:
 class DraftSource:
     """Base of every source: a subclass sets ``origin`` (an index into ``draft.ORIGINS``), ``max_nodes`` and
     ``max_depth`` and implements :meth:`propose`; the rest has do-nothing defaults. A source proposes a tree after the
-    context and learns the emitted tokens; what else it needs it declares, and the policy hands it over:
-
-    - ``priced``: proposing costs forwards of its own; :meth:`priced_depth` says how deep pays (0: skip);
-    - ``wants_rows``: it learns every verified row's top-k successors (:meth:`learn_rows`);
-    - ``wants_hidden``: it learns the accepted path's final hidden states (:meth:`observe_hidden`);
-    - ``learns_lazily``: its state depends on the tokens alone, so it learns them just before it next proposes;
-    - ``fallback``: asked only on a priced step no other source drafts for.
-    """
+    context and learns the emitted tokens; what else it needs it declares by a flag, and the policy hands it over:
+    ``priced`` (:meth:`priced_depth`), ``wants_rows`` (:meth:`learn_rows`), ``wants_hidden`` (:meth:`observe_hidden`),
+    ``learns_lazily`` (its state depends on the tokens alone: it learns them just before it next proposes) and
+    ``fallback`` (asked only on a priced step no other source drafts for)."""
 
     origin: int
     max_nodes: int
@@ -69,7 +65,8 @@ class DraftSource:
         """The step emitted ``emitted`` int64[k] (after :meth:`learn_rows` / :meth:`observe_hidden`)."""
 
     def priced_depth(self, depth: int, cost, margin: float) -> int:
-        """(``priced``) How deep to draft, at most ``depth``, on the cost curve ``cost`` (None: no budget); 0: skip."""
+        """(``priced``: proposing costs forwards of its own) How deep to draft, at most ``depth``, on the cost curve
+        ``cost`` (None: no budget); 0: skip."""
         return depth
 
     def learn_rows(self, draft, accepted_nodes, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
@@ -136,6 +133,8 @@ class CorpusSource(TrieSource):
 
     learns_lazily = False
     transient = ("trie",)
+    start = DraftSource.start
+    learn = DraftSource.learn
 
     def __init__(self, store: NgramTrie, max_match: int, max_nodes: int = 16, max_depth: int = 10):
         super().__init__(store, CORPUS, max_match, per_request=False, max_nodes=max_nodes, max_depth=max_depth)
@@ -149,12 +148,6 @@ class CorpusSource(TrieSource):
         other.bind(self.trie)
         memo[id(self)] = other
         return other
-
-    def start(self, prompt: np.ndarray, model=None) -> None:
-        pass
-
-    def learn(self, emitted: np.ndarray) -> None:
-        pass
 
 
 def _edges(values) -> np.ndarray:
@@ -299,3 +292,4 @@ def merge_proposals(proposals: list[tuple[int, Proposal]], window: WindowRows | 
     starts[-1] = a
     ints, origin = merge_trees(tokens, parents, origin, match, starts, total if limit is None else limit)
     return Draft(ints[0], ints[1], origin, ints[2], ints[3], ints[4], ints[5], window)
+
