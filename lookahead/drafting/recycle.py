@@ -94,9 +94,10 @@ def _learn_step(keys, ids, share, rows, prev, last, tokens, parents, path, top_i
 
 
 @njit(cache=True)
-def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
+def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, edges, out):
     """Best-first tree into ``out[0, :m]`` tokens, ``out[1, :m]`` parents, ``out[2, :m]`` shares (x 1000,
-    rounded); returns m (at most ``out.shape[1]``)."""
+    rounded), each replaced by 1 + how many of ``edges`` (increasing) it reaches unless ``edges`` is None; returns m
+    (at most ``out.shape[1]``)."""
     max_nodes = out.shape[1]
     k = ids.shape[1]
     size = 2 * max_nodes + 2
@@ -146,15 +147,9 @@ def _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out):
             e_score[x] = nb * calibration * share[nr, nk]
             e_tie[x] = -x  # equal scores and depths: the earlier entry first
             n_heap = heap_push(heap, n_heap, x, e_score, e_depth, e_tie)
-    return m
-
-
-@njit(cache=True)
-def _propose_buckets(keys, ids, share, rows, prev, last, max_depth, calibration, edges, out):
-    """:func:`_propose` with each share (to 1/1000) replaced by 1 + how many of ``edges`` (increasing) it reaches."""
-    m = _propose(keys, ids, share, rows, prev, last, max_depth, calibration, out)
-    for j in range(m):
-        out[2, j] = bucket(out[2, j] / 1000.0, edges)
+    if edges is not None:
+        for j in range(m):
+            out[2, j] = bucket(out[2, j] / 1000.0, edges)
     return m
 
 
@@ -213,21 +208,18 @@ class SuccessorTable:
 
     def propose(self, prev: int, last: int, max_nodes: int, max_depth: int):
         """(tokens int64[m], parents int64[m], shares float[m]): the best-first tree after ``prev, last``."""
-        if max_nodes <= 0:
-            return _EMPTY, _EMPTY, np.zeros(0)
-        out = np.empty((3, max_nodes), np.int64)
-        m = _propose(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
-                     float(self.calibration), out)
-        return out[0, :m], out[1, :m], out[2, :m] / 1000.0
+        tokens, parents, shares = self.propose_buckets(prev, last, max_nodes, max_depth, None)
+        return tokens, parents, shares / 1000.0
 
     def propose_buckets(self, prev: int, last: int, max_nodes: int, max_depth: int, edges: np.ndarray):
         """:meth:`propose` with each share bucketed in the same kernel call: (tokens, parents, buckets) int64[m],
-        a bucket ``1 + edges.searchsorted(share, side="right")`` (``edges`` float64, increasing)."""
+        a bucket ``1 + edges.searchsorted(share, side="right")`` (``edges`` float64, increasing; None: the shares
+        x 1000, rounded)."""
         if max_nodes <= 0:
             return _EMPTY, _EMPTY, _EMPTY
         out = np.empty((3, max_nodes), np.int64)
-        m = _propose_buckets(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
-                             float(self.calibration), edges, out)
+        m = _propose(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
+                     float(self.calibration), edges, out)
         return out[0, :m], out[1, :m], out[2, :m]
 
     # pickling: only the slots in use

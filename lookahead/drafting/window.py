@@ -99,8 +99,7 @@ class WindowSource(DraftSource):
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         if not self.candidates:
             return None
-        levels = self.ngram - 1
-        tokens, parents, match = self.trie.propose(context, self.candidates * levels, min(max_depth, levels),
+        tokens, parents, match = self.trie.propose(context, self.max_nodes, min(max_depth, self.max_depth),
                                                    self.max_match, with_match=True)
         return Proposal(tokens, parents, match) if len(tokens) else None
 
