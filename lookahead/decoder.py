@@ -29,10 +29,10 @@ from .checks import (
     with_stop_strings,
 )
 from .config import LookaheadConfig
-from .corpus import AUTO, DraftCorpus, corpus_for, heads_for
 from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, LearnedCurve
 from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
+from .kept import AUTO, find, kept_corpora, kept_heads
 from .kv import settle
 from .loop import Call
 from .numba_kernels import kernels_ready, paused
@@ -86,7 +86,7 @@ class LookaheadDecoder:
             check_draft_model(draft)
         if heads is not None and heads != AUTO and not callable(getattr(heads, "make_source", None)):
             raise TypeError(f"heads must be lookahead.heads.DraftHeads, \"auto\" or None, got {heads!r}")
-        if corpus is not None and not isinstance(corpus, DraftCorpus) and corpus != AUTO:
+        if corpus is not None and not (isinstance(corpus, str) and corpus == AUTO) and not _is_corpus(corpus):
             raise TypeError(f"corpus must be a lookahead.corpus.DraftCorpus (DraftCorpus.load(DIR) or "
                             f"DraftCorpus.bundled()), \"auto\" or None, got {corpus!r}")
         self.store, self.draft, self.tokenizer = store, draft, tokenizer
@@ -94,7 +94,7 @@ class LookaheadDecoder:
         self.heads_given = None if heads == AUTO else heads
         self.heads = self.heads_given  # the heads the last call drafted with ("auto": found per model at each call)
         self._corpus_auto = isinstance(corpus, str) and (heads is None or heads == AUTO)
-        self.corpus = corpus if isinstance(corpus, DraftCorpus) else None  # the one the last call drafted from
+        self.corpus = corpus if corpus is not None and _is_corpus(corpus) else None  # the one the last call drafted from
         self.trie = NgramTrie(max_n=self.tuning.ngram_size, capacity=self.tuning.trie_capacity)  # the request's
         self.clock = _clock
         self.calibrations = _calibrations if _calibrations is not None else DEFAULT_CALIBRATIONS
@@ -172,8 +172,8 @@ class LookaheadDecoder:
                 return out
             heads = self.heads_given
             if self.heads_setting == AUTO and self._heads_may_pay(model, b):
-                heads = heads_for(model, _load_heads)
-            self._use(corpus_for(model) if self._corpus_auto else self.corpus, heads)
+                heads = find(model, "heads", kept_heads, _load_heads)
+            self._use(find(model, "corpus", kept_corpora, _load_corpus) if self._corpus_auto else self.corpus, heads)
             self.stats.corpus = repr(self.corpus) if self.corpus is not None else None
             shape, compiles = OneRow, False
             if b > 1:
@@ -299,6 +299,21 @@ class LookaheadDecoder:
             learner = self._tp_curves[call.model] = LearnedCurve(self._slope(call.model))
         call.learner = learner
         return learner.curve()
+
+
+def _is_corpus(value) -> bool:
+    if isinstance(value, str):
+        return False
+    from .corpus import DraftCorpus  # given one, the caller has imported it
+
+    return isinstance(value, DraftCorpus)
+
+
+def _load_corpus(folder: str):
+    """The corpus kept in ``folder`` (``lookahead.corpus`` is imported only for a model it fits)."""
+    from .corpus import load_kept
+
+    return load_kept(folder)
 
 
 def _load_heads(folder: str):

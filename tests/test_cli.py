@@ -315,12 +315,13 @@ def test_build_corpus_command_writes_the_training_answers_and_the_demo_drafts_fr
     prompt held out), bound to the model and installed in the user cache, where the default decoder finds it;
     ``demo --corpus DIR`` decodes with them, identically to plain."""
     from lookahead import corpus as corpus_module
+    from lookahead import kept
     from lookahead.corpus import DraftCorpus, corpus_for
     from lookahead.tools import models
 
     folder, model, tok = chat_folder
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))  # the install goes into this test's own cache
-    monkeypatch.setattr(corpus_module, "_FOUND", weakref.WeakKeyDictionary())  # what is found here stays here
+    monkeypatch.setattr(kept, "_FOUND", weakref.WeakKeyDictionary())  # what is found here stays here
     monkeypatch.setattr(corpus_module, "_LOADED", {})
     lines = [f"abc{i} abc{i} def{i % 3} abc" for i in range(20)]
     prompts = tmp_path / "prompts.txt"

@@ -180,10 +180,11 @@ def own_cache(tmp_path, monkeypatch):
     import weakref
 
     from lookahead import corpus as corpus_module
+    from lookahead import kept
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("LOOKAHEAD_PERSIST", raising=False)
-    monkeypatch.setattr(corpus_module, "_FOUND", weakref.WeakKeyDictionary())  # what is found here stays here
+    monkeypatch.setattr(kept, "_FOUND", weakref.WeakKeyDictionary())  # what is found here stays here
     monkeypatch.setattr(corpus_module, "_LOADED", {})
     return tmp_path / "cache"
 
@@ -191,7 +192,8 @@ def own_cache(tmp_path, monkeypatch):
 def test_the_default_decoder_drafts_from_the_corpus_installed_for_its_model(llama, own_cache):
     """``build-corpus`` installs a corpus in the user cache; ``LookaheadDecoder()`` (``corpus="auto"``) then
     drafts from it for that model, with the same tokens, and ``corpus=None`` does not."""
-    from lookahead.corpus import corpus_for, install_folder
+    from lookahead.corpus import corpus_for
+    from lookahead.kept import install_folder
 
     prompts = [_prompt(seed) for seed in range(3)]
     answers = [_greedy(llama, p, 40)[0, p.shape[1]:] for p in prompts]
@@ -293,8 +295,9 @@ def test_installing_needs_a_corpus_bound_to_a_model_and_the_cache_on(llama, own_
 
 def test_the_bundled_corpus_is_found_for_no_tiny_model_without_hashing_it(monkeypatch, own_cache):
     """A model whose shape no kept corpus has is answered from the headers alone: its LM head is never hashed."""
-    from lookahead import corpus as corpus_module
-    from lookahead.corpus import BUNDLED, corpus_for, kept_corpora
+    from lookahead import kept
+    from lookahead.corpus import corpus_for
+    from lookahead.kept import BUNDLED, kept_corpora
 
     assert [folder for folder, _ in kept_corpora()] == [BUNDLED]
     model = tiny_model("llama")
@@ -302,9 +305,9 @@ def test_the_bundled_corpus_is_found_for_no_tiny_model_without_hashing_it(monkey
     def no_hash(m):
         raise AssertionError("hashed")
 
-    monkeypatch.setattr(corpus_module, "fingerprint", no_hash)
+    monkeypatch.setattr(kept, "fingerprint", no_hash)
     assert corpus_for(model) is None
-    assert corpus_module.heads_for(model, no_hash) is None  # nor bundled heads
+    assert kept.find(model, "heads", kept.kept_heads, no_hash) is None  # nor bundled heads
 
 
 def test_a_copied_decoder_shares_the_corpus_and_its_store(llama, own_cache):
