@@ -481,3 +481,23 @@ def test_onednn_forced_where_it_cannot_run_is_a_clear_error(tiny_models, monkeyp
         tiny_model("llama").to(torch.float32).generate(
             torch.tensor([REPETITIVE]), custom_generate=LookaheadDecoder(_tuning=Tuning(linear_layout="onednn")),
             max_new_tokens=4, eos_token_id=None)
+
+
+def test_a_kept_nn_linear_curve_without_kept_layout_curves_decodes_with_nn_linear(monkeypatch):
+    """The ``nn.Linear`` step curve is kept (a warm-up on a busy machine keeps no provisional layout curve), the
+    layouts' are not: a call that measures nothing reads what is kept, runs ``nn.Linear`` and gives plain's
+    tokens (it once called a missing measurement)."""
+    model = tiny_model("llama")
+    asked = []
+
+    def get(self, model, max_rows, measure, variant="", persist=None):
+        asked.append((variant, measure))
+        return _curve(LINEAR_MS) if len(asked) == 1 else None  # measure is None: nothing is timed in a call
+
+    monkeypatch.setattr(Calibrations, "get", get)
+    decoder = LookaheadDecoder(_calibrations=Calibrations(), _tuning=Tuning(layout_min_weights=0))
+    ids = torch.tensor([REPETITIVE])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    assert model.generate(ids, custom_generate=decoder, max_new_tokens=24, eos_token_id=None).tolist() == plain.tolist()
+    assert len(asked) >= 2 and all(measure is None for _, measure in asked)
+    assert decoder.stats.linear_layout == "nn.Linear"

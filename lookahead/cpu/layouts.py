@@ -161,8 +161,9 @@ def _check_onednn(kind: int, modules: Sequence[nn.Linear]) -> None:
 def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tuning: Tuning, persist, runner,
                variant: str = STEP_VARIANT):
     """(the step curve, what runs the steps, the plan in words) for ``model`` on a CPU: each layout's step curve is
-    timed (``measure(sizes, runner)``, kept in ``calibrations`` under ``variant``) and :func:`plan_layouts` compares
-    it with ``linear``, the ``nn.Linear`` curve of ``runner``; ``runner`` and ``linear`` where no layout pays."""
+    read from ``calibrations`` (kept under ``variant``) or timed by ``measure(sizes, runner)`` (None: only read) and
+    :func:`plan_layouts` compares it with ``linear``, the ``nn.Linear`` curve of ``runner``; ``runner`` and
+    ``linear`` where no layout pays or none was found."""
     modules = linear_modules(model)
     layout = tuning.linear_layout
     force = FORCED.get(layout)
@@ -171,9 +172,9 @@ def plan_steps(model, linear: CostModel, measure, calibrations, rows: int, tunin
         return linear, runner, KIND_NAMES[LINEAR]
     _check_onednn(force, modules)
 
-    def timed(kind: int, most: int, name: str) -> CostModel:
-        steps = shadow(model, whole_plan(kind), grouped)
-        return calibrations.get(model, most, lambda sizes: measure(sizes, steps), variant + name, persist=persist)
+    def timed(kind: int, most: int, name: str) -> CostModel | None:
+        run = None if measure is None else lambda sizes: measure(sizes, shadow(model, whole_plan(kind), grouped))
+        return calibrations.get(model, most, run, variant + name, persist=persist)
 
     transposed = onednn = None
     if layout in ("auto", "transposed"):
