@@ -69,9 +69,8 @@ class ContextLayer(nn.Module):
         self.fc = nn.Linear(2 * h, h)
         self.q, self.k, self.v, self.o = (nn.Linear(h, h, bias=False) for _ in range(4))
         self.up, self.down = nn.Linear(h, ffn * h), nn.Linear(ffn * h, h)
-        for layer in (self.o, self.down):
-            nn.init.zeros_(layer.weight)
-        nn.init.zeros_(self.down.bias)
+        for p in (self.o.weight, self.down.weight, self.down.bias):
+            nn.init.zeros_(p)
         self.drop = nn.Dropout(dropout)
 
     def inputs(self, feature: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:

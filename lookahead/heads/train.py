@@ -733,20 +733,19 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run_args(args: argparse.Namespace) -> int:
     """A training run from parsed :func:`add_arguments` options; prints the held-out accuracy."""
-    settings = _settings(args, kinds=parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind,
-                         num_heads=args.heads, tasks=not args.no_tasks)
-    report, seconds, _ = _run_loaded(args, settings, True)
+    kinds = parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind
+    report, seconds, _ = _run_loaded(args, True, kinds=kinds, num_heads=args.heads, tasks=not args.no_tasks)
+    k = TrainSettings.topk
     for kind, r in report["results"].items():
         acc = r["accuracy"]
-        print(f"{kind}: held-out top-1 {acc.get('top1')}, top-{settings.topk} {acc.get(f'top{settings.topk}')}, "
-              f"top-1 chain {acc.get('chain')}")
+        print(f"{kind}: held-out top-1 {acc.get('top1')}, top-{k} {acc.get(f'top{k}')}, top-1 chain {acc.get('chain')}")
     print(f"wrote {args.out} (default: {report['default']}) in {seconds:.0f} s", file=sys.stderr)
     return 0
 
 
 def run_corpus_args(args: argparse.Namespace) -> int:
     """``build-corpus`` from parsed :func:`add_corpus_arguments` options: the model's answers as ``OUT/corpus``."""
-    report, seconds, model = _run_loaded(args, _settings(args), False)
+    report, seconds, model = _run_loaded(args, False)
     c, written = report["corpus"], os.path.join(args.out, "corpus")
     print(f"wrote {written}: {c['streams']} answers, {c['tokens']} tokens, in {seconds:.0f} s; use it "
           "as LookaheadDecoder(corpus=DraftCorpus.load(...))", file=sys.stderr)
@@ -763,15 +762,12 @@ def run_corpus_args(args: argparse.Namespace) -> int:
     return 0
 
 
-def _settings(args: argparse.Namespace, **more) -> TrainSettings:
-    """The :class:`TrainSettings` of the options named as its fields, and ``more``."""
-    return TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings) if hasattr(args, f.name)},
-                         **more)
-
-
-def _run_loaded(args: argparse.Namespace, settings: TrainSettings, train: bool):
-    """(the report, seconds, the model): :func:`run` on the model ``--model``, ``--device``, ``--dtype`` and
-    ``--threads`` ask for (auto dtype: bfloat16 on CUDA or where the CPU multiplies it natively, AMX-BF16)."""
+def _run_loaded(args: argparse.Namespace, train: bool, **more):
+    """(the report, seconds, the model): :func:`run` with the :class:`TrainSettings` of the options named as its
+    fields and ``more``, on the model ``--model``, ``--device``, ``--dtype`` and ``--threads`` ask for (auto dtype:
+    bfloat16 on CUDA or where the CPU multiplies it natively, AMX-BF16)."""
+    settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings) if hasattr(args, f.name)},
+                             **more)
     from ..tools.console import set_threads
     from ..tools.models import load_model
 
