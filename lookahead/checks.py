@@ -31,7 +31,7 @@ REFUSAL = "lookahead_refusal"
 
 @contextlib.contextmanager
 def refusals():
-    """Mark every ``ValueError`` raised inside as a refusal (:data:`REFUSAL`) and re-raise it."""
+    """Mark every ``ValueError`` raised inside as a refusal (:func:`is_refusal`) and re-raise it."""
     try:
         yield
     except ValueError as err:
@@ -40,7 +40,6 @@ def refusals():
 
 
 def is_refusal(err: BaseException) -> bool:
-    """Whether ``err`` was raised inside :func:`refusals`."""
     return bool(getattr(err, REFUSAL, False))
 
 
@@ -69,21 +68,19 @@ def check_supported(model, batch: int, generation_config, synced_gpus: bool = Fa
         raise CacheNotRollbackable("LookaheadDecoder needs a dynamic or static KV cache it can roll back; "
                                    f"cache_implementation={impl!r} is neither. Remove cache_implementation (or use "
                                    "'static') or use plain generate().")
-    if batch > 1 and impl in STATIC_IMPLEMENTATIONS:
-        raise ValueError(f"LookaheadDecoder with a static cache (cache_implementation={impl!r}) decodes batch size 1; "
-                         "for a batch drop cache_implementation (the default dynamic cache), or call generate once "
-                         "per prompt.")
     if batch > 1:
+        if impl in STATIC_IMPLEMENTATIONS:
+            raise ValueError(f"LookaheadDecoder with a static cache (cache_implementation={impl!r}) decodes batch size "
+                             "1; for a batch drop cache_implementation (the default dynamic cache), or call generate "
+                             "once per prompt.")
         if gen is not None and gen.return_dict_in_generate and (gen.output_scores or gen.output_logits):
             raise ValueError("LookaheadDecoder with batch size > 1 does not return scores or logits (output_scores / "
                              "output_logits): plain generate's scores of a finished row come from forwards the "
                              "decoder never runs. Use batch size 1 or plain generate() for them.")
-        if decoder is not None and decoder.draft is not None:
-            raise ValueError("LookaheadDecoder(draft=...) decodes batch size 1 only; call generate once per "
-                             "prompt.")
-        if decoder is not None and decoder.heads_given is not None:
-            raise ValueError("LookaheadDecoder(heads=...) decodes batch size 1 only; call generate once per prompt, "
-                             "or use a decoder without heads for batches.")
+        for name in ("draft", "heads_given"):
+            if decoder is not None and getattr(decoder, name) is not None:
+                raise ValueError(f"LookaheadDecoder({name.split('_')[0]}=...) decodes batch size 1 only; call "
+                                 "generate once per prompt, or use a decoder without it for batches.")
 
 
 _OTHER_MODES = {
@@ -94,9 +91,9 @@ _OTHER_MODES = {
 
 
 def check_generation_mode(gen) -> None:
-    """Refuse a config whose ``get_generation_mode`` is neither greedy search nor sampling (silently dropped else).
-    Example: ``GenerationConfig(penalty_alpha=0.6, top_k=4)`` raises (contrastive search); with ``top_k=1``, which
-    plain ``generate`` decodes greedily, it passes."""
+    """Refuse a config whose ``get_generation_mode`` is neither greedy search nor sampling. Example:
+    ``GenerationConfig(penalty_alpha=0.6, top_k=4)`` raises (contrastive search); with ``top_k=1`` (greedy) it
+    passes."""
     mode = getattr(gen.get_generation_mode(), "value", None) if hasattr(gen, "get_generation_mode") else None
     if mode in _OTHER_MODES:
         what, flags = _OTHER_MODES[mode]
@@ -139,8 +136,6 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, v
                          f"of {vocab_size} ids (0 to {vocab_size - 1}): the ids come from another tokenizer")
     if attention_mask is None:
         return
-    if attention_mask.dim() != 2:
-        raise ValueError("attention_mask must be 2D [batch, sequence]")
     if tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids {tuple(input_ids.shape)}:"
                          " they must match")
@@ -149,8 +144,7 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, v
     if empty:
         raise ValueError(f"row {empty[0]} of attention_mask hides every token: nothing to decode from. Drop the row "
                          "or give it a visible token")
-    # left padding only: once a row shows a token, it shows every later one
-    after = visible.int().cummax(1).values.bool() & ~visible
+    after = visible.int().cummax(1).values.bool() & ~visible  # hidden after a shown token: not left padding
     bad = after.any(1).nonzero().flatten().tolist()
     if bad:
         raise ValueError(f"attention_mask has padding on the right of row {bad[0]} (or inside it): LookaheadDecoder "

@@ -154,7 +154,7 @@ def test_linear_plan_checks_its_bounds():
     assert LinearPlan(((4, TRANSPOSED), (8, LINEAR), (64, ONEDNN))).describe() == \
         "2-4 rows transposed, 9-64 rows oneDNN"
     assert LinearPlan().describe() == "nn.Linear" and not LinearPlan() and LinearPlan().kind(5) == LINEAR
-    assert LinearPlan.uniform(ONEDNN, 8).kind(1) == LINEAR  # one row: always nn.Linear
+    assert LinearPlan(((8, ONEDNN),)).kind(1) == LINEAR  # one row: always nn.Linear
     for bad in (((4, TRANSPOSED), (4, ONEDNN)), ((8, ONEDNN), (4, LINEAR)), ((0, ONEDNN),), ((4, 7),)):
         with pytest.raises(ValueError, match="LinearPlan.bounds"):
             LinearPlan(bad)

@@ -37,11 +37,6 @@ class LinearPlan:
             raise ValueError(f"LinearPlan.bounds={self.bounds!r} is invalid: each upto an int >= 1, increasing; each "
                              "kind LINEAR, TRANSPOSED or ONEDNN")
 
-    @classmethod
-    def uniform(cls, kind: int, max_rows: int) -> LinearPlan:
-        """Every step of 2 to ``max_rows`` rows in ``kind``."""
-        return cls(((max_rows, kind),))
-
     def kind(self, rows: int) -> int:
         """The layout of a step of ``rows`` rows."""
         if rows >= 2:
@@ -93,8 +88,7 @@ def onednn_available() -> bool:
 
 
 def onednn_fits(modules: Sequence[nn.Linear]) -> bool:
-    """Whether oneDNN's linear may compute ``modules``' products (from :func:`linear_modules`): fp32 weights, and
-    :func:`onednn_available`."""
+    """Whether oneDNN's linear may compute ``modules``' products: fp32 weights, and :func:`onednn_available`."""
     return bool(modules) and all(m.weight.dtype == torch.float32 for m in modules) and onednn_available()
 
 
@@ -141,7 +135,7 @@ def plan_layouts(linear: CostModel, transposed: CostModel | None = None, onednn:
 
 def whole_plan(kind: int) -> LinearPlan:
     """Every step a layout may compute: transposed up to ``layout_max_rows`` rows, oneDNN up to 4096."""
-    return LinearPlan.uniform(kind, DEFAULT.layout_max_rows if kind == TRANSPOSED else ONEDNN_MAX_ROWS)
+    return LinearPlan(((DEFAULT.layout_max_rows if kind == TRANSPOSED else ONEDNN_MAX_ROWS, kind),))
 
 
 def linear_modules(model) -> list[nn.Linear]:
@@ -198,7 +192,7 @@ def default_plan(model, tuning: Tuning, grouped: bool = False):
         return model if not grouped else shadow(model, grouped=True), KIND_NAMES[LINEAR]
     cap = min(DEFAULT_TRANSPOSED_ROWS, tuning.layout_max_rows)
     plan = (LinearPlan(((cap, TRANSPOSED), (ONEDNN_MAX_ROWS, ONEDNN))) if onednn_fits(modules)
-            else LinearPlan.uniform(TRANSPOSED, tuning.layout_max_rows))
+            else LinearPlan(((tuning.layout_max_rows, TRANSPOSED),)))
     return shadow(model, plan, grouped), plan.describe()
 
 
