@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from lookahead.verify import Verdict, sample_token
+from lookahead.verify import Verdict
+from lookahead.verify.sampled import sample_token
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-import lookahead.verify as verify_mod
+import lookahead.verify.sampled as verify_mod
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
 

@@ -20,7 +20,8 @@ from lookahead.passes.drafters import (
     modelled_speed,
     skip_set,
 )
-from lookahead.verify import Verdict, sample_token
+from lookahead.verify import Verdict
+from lookahead.verify.sampled import sample_token
 
 from sampling_reference import residual_distribution, speculative_accept, speculative_verify_chain
 from tiny import tiny_model

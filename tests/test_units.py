@@ -12,7 +12,8 @@ from lookahead._tuning import DEFAULT
 from lookahead.compat import cache_kwarg_name
 from lookahead.kv import column_moves, keep_entries
 from lookahead.packing import pack_step, tree_depths
-from lookahead.verify import children_lists, greedy_verify_argmax, verify
+from lookahead.verify import greedy_verify_argmax
+from lookahead.verify.sampled import children_lists, verify
 
 MAX_MOVES = DEFAULT.max_moves
 
