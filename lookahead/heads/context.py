@@ -87,16 +87,16 @@ class ContextLayer(nn.Module):
 
     def step(self, z: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
              mask: torch.Tensor | None = None, chain: tuple | None = None) -> torch.Tensor:
-        """float[B, Q, H]: the next feature of inputs ``z`` float[B, Q, H] at ``pos`` long[B, Q], their queries
-        attending as in :func:`attend` (``chain``: its ``(chain_k, chain_v)`` or None)."""
+        """float[B, Q, H]: the next feature of inputs ``z`` float[B, Q, H] at ``pos`` long[B, Q], attending as in
+        :func:`attend` (``chain``: its ``(chain_k, chain_v)``, or None)."""
         q = rope(self._split(self.q(rms(z))), pos)
         y = z + self.o(attend(q, keys, values, mask, *(chain or (None, None))).flatten(-2))
         return y + self.down(self.drop(nn.functional.silu(self.up(y))))
 
     def chain_step(self, feature: torch.Tensor, embedding: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor,
                    values: torch.Tensor, mask: torch.Tensor | None, chain: tuple | None) -> tuple:
-        """Level ``k >= 2``: (the next feature, ``chain`` grown by this level's keys and values) of the previous
-        level's ``feature`` float[B, Q, H] and its token's ``embedding``, at positions ``pos`` long[B, Q]."""
+        """Level ``k >= 2``: (the next feature, ``chain`` grown by this level's keys and values) from the previous
+        level's ``feature`` float[B, Q, H] and its token's ``embedding``, at ``pos``."""
         z = self.inputs(feature, embedding)
         k, v = (x[:, :, None] for x in self.keys(z, pos))
         chain = (k, v) if chain is None else (torch.cat([chain[0], k], 2), torch.cat([chain[1], v], 2))
@@ -130,8 +130,7 @@ class ContextCache:
     def __init__(self, window: int = CACHE_WINDOW):
         self.window = window
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # [2 * window, nh, hd] each
-        self._used = 0
-        self.count = 0
+        self._used = self.count = 0  # buffer rows in use; positions appended so far
         self.last_input: torch.Tensor | None = None  # [H]
         self._rows: torch.Tensor | None = None  # the last observed accepted rows [a, H], waiting for their tokens
         self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows [a, H], tokens long[a])

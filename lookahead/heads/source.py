@@ -323,24 +323,21 @@ def grow_tree(bound: Bound, state, emb, advance, select, max_nodes: int, max_dep
     device = bound.device
     parent_scores = torch.zeros(1, device=device)  # [m]: log-probability of each expanded path
     parent_index = torch.full((1,), -1, dtype=torch.long, device=device)  # [m]: its node index
-    toks, pars, logps, scores_all = [], [], [], []
+    levels = []  # per level: (vocabulary positions, parents, log-probabilities, path scores), each [m * k]
     count, k = 0, min(topk, len(bound.vocab))
     for level in range(1, max_depth + 1):
         feature, state = advance(level, state, emb)
         top = torch.log_softmax(bound.logits(feature) / bound.temperature(level), -1).topk(k, -1)  # [m, k]
-        scores = (parent_scores[:, None] + top.values).reshape(-1)  # [m * k]
-        toks.append(top.indices.reshape(-1))
-        pars.append(parent_index.repeat_interleave(k))
-        logps.append(top.values.reshape(-1))
-        scores_all.append(scores)
+        scores = (parent_scores[:, None] + top.values).reshape(-1)
+        levels.append((top.indices.reshape(-1), parent_index.repeat_interleave(k), top.values.reshape(-1), scores))
         if level == max_depth:
             break
         best = scores.topk(min(width, scores.shape[0])).indices
-        state, emb = select(state, best // k), bound.embed_tokens(bound.net.vocab_ids[toks[-1][best]])
+        state, emb = select(state, best // k), bound.embed_tokens(bound.net.vocab_ids[levels[-1][0][best]])
         parent_scores, parent_index = scores[best], count + best
         count += scores.shape[0]
-    tok, par = torch.cat(toks).cpu().numpy(), torch.cat(pars).cpu().numpy()
-    cond, score = torch.cat(logps).exp().cpu().numpy(), torch.cat(scores_all).cpu().numpy()
+    tok, par, logp, score = (torch.cat(x) for x in zip(*levels))
+    tok, par, cond, score = (x.cpu().numpy() for x in (tok, par, logp.exp(), score))
     keep = select_best(score, par, max_nodes)
     new_index = np.full(len(tok), -1, np.int64)
     new_index[keep] = np.arange(len(keep))

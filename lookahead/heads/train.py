@@ -401,22 +401,20 @@ def evaluate(heads: DraftHeads, rows: Rows, model, topk: int = 5, max_rows: int 
     with ``temperatures`` the mean negative log-likelihood of in-vocabulary targets at each (``nll`` [K, T])."""
     weight, bias, embed = frozen_parts(model, heads.vocab_ids.numpy())
     K, usable, temps = heads.num_heads, rows.usable()[:max_rows], [float(t) for t in temperatures]
-    hit1, hitk, count, covered = np.zeros(K), np.zeros(K), np.zeros(K), np.zeros(K)
+    counts = np.zeros((4, K))  # per level: right top-1, right top-k, valid, in the vocabulary (and valid)
     nll, chain_total, chain_rows = np.zeros((K, len(temps))), 0.0, 0
     heads.eval()
     for logits, target, valid in scored_batches(heads, rows, usable, weight, bias, embed, batch):
         top = logits.topk(min(topk, logits.shape[-1]), -1).indices  # [B, K, topk]
         right1, rightk = (top[..., 0] == target).numpy(), (top == target[..., None]).any(-1).numpy()
-        hit1 += (right1 & valid).sum(0)
-        hitk += (rightk & valid).sum(0)
-        count += valid.sum(0)
-        covered += ((target.numpy() >= 0) & valid).sum(0)
+        counts += (np.stack([right1, rightk, valid, target.numpy() >= 0]) & valid).sum(1)
         full = valid.all(1)  # rows whose K next tokens all exist: the chain is measured on them
         chain_total += float(np.cumprod(right1[full], 1).sum())
         chain_rows += int(full.sum())
         for j, temp in enumerate(temps):
             logp = torch.log_softmax(logits / temp, -1).gather(-1, target.clamp(min=0)[..., None])[..., 0]  # [B, K]
             nll[:, j] -= (logp * (target >= 0)).sum(0).numpy()
+    hit1, hitk, count, covered = counts
     n = np.maximum(count, 1)
     result = {"rows": int(len(usable)), "top1": (hit1 / n).round(4).tolist(),
               f"top{topk}": (hitk / n).round(4).tolist(), "coverage": (covered / n).round(4).tolist(),
