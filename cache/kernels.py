@@ -92,36 +92,12 @@ def _link_before(nodes, parent, x, b):
 
 
 @njit(cache=True, inline="always")
-def _link_last(nodes, parent, x, last):
-    """Link ``x`` into ``parent``'s child list after ``last``, its last child (0 if none)."""
-    nodes[x, PREV_SIBLING] = last
-    nodes[x, NEXT_SIBLING] = 0
-    nodes[parent, LAST_CHILD] = x
-    if last != 0:
-        nodes[last, NEXT_SIBLING] = x
-    else:
-        nodes[parent, FIRST_CHILD] = x
-
-
-@njit(cache=True, inline="always")
 def _free_node(nodes, stats, v, next_free):
     """Slot ``v`` made free, linked to ``next_free`` (its ``GROUP_HEAD`` is not touched)."""
     _init_node(nodes, stats, v, -1, 0, 0, 0)
     nodes[v, NEXT_SIBLING] = next_free
     nodes[v, PREV_SIBLING] = 0
     nodes[v, GROUP] = 0
-
-
-@njit(cache=True, inline="always")
-def _join_group(nodes, stats, prev, c, g_next):
-    """Put ``c``, just after ``prev`` (0: none) in a sorted child list, in ``prev``'s group if their counts are
-    equal, else in new group ``g_next``; returns the next unused group id."""
-    if prev != 0 and stats[prev, COUNT] == stats[c, COUNT]:
-        nodes[c, GROUP] = nodes[prev, GROUP]
-        return g_next
-    nodes[g_next, GROUP_HEAD] = c
-    nodes[c, GROUP] = g_next
-    return g_next + 1
 
 
 @njit(cache=True, inline="always")
@@ -286,8 +262,14 @@ def evict(nodes, stats, table, state):
                     nodes[v, FIRST_CHILD] = c
                 else:
                     nodes[prev, NEXT_SIBLING] = c
-                total += stats[c, COUNT]
-                g_next = _join_group(nodes, stats, prev, c, g_next)
+                cnt = stats[c, COUNT]
+                total += cnt
+                if prev != 0 and stats[prev, COUNT] == cnt:
+                    nodes[c, GROUP] = nodes[prev, GROUP]
+                else:
+                    nodes[g_next, GROUP_HEAD] = c
+                    nodes[c, GROUP] = g_next
+                    g_next += 1
                 prev = c
             c = nxt
         if prev == 0:
@@ -401,7 +383,13 @@ def insert(nodes, stats, table, state, tokens):
                     nodes[g, GROUP_HEAD] = x
                     nodes[x, GROUP] = g
                 else:
-                    _link_last(nodes, parent, x, last)
+                    nodes[x, PREV_SIBLING] = last
+                    nodes[x, NEXT_SIBLING] = 0
+                    if last != 0:
+                        nodes[last, NEXT_SIBLING] = x
+                    else:
+                        nodes[parent, FIRST_CHILD] = x
+                    nodes[parent, LAST_CHILD] = x
                     g = state[S_GROUP_FREE]
                     state[S_GROUP_FREE] = nodes[g, GROUP_HEAD]
                     nodes[g, GROUP_HEAD] = x
@@ -603,9 +591,20 @@ def build(nodes, stats, table, state, token, parent, count, last_used, step, n_e
         if last != 0 and (stats[last, COUNT] < c or (stats[last, COUNT] == c and stats[last, LAST_USED] < lu)):
             return BAD_ORDER, i
         _init_node(nodes, stats, v, t, p, c, lu)
-        _link_last(nodes, p, v, last)
+        nodes[v, PREV_SIBLING] = last
+        nodes[v, NEXT_SIBLING] = 0
+        nodes[p, LAST_CHILD] = v
         stats[p, CHILD_SUM] += c
-        g_next = _join_group(nodes, stats, last, v, g_next)
+        if last == 0:
+            nodes[p, FIRST_CHILD] = v
+        else:
+            nodes[last, NEXT_SIBLING] = v
+        if last != 0 and stats[last, COUNT] == c:
+            nodes[v, GROUP] = nodes[last, GROUP]
+        else:
+            nodes[g_next, GROUP_HEAD] = v
+            nodes[v, GROUP] = g_next
+            g_next += 1
     # free slots n + 1 .. cap and group ids g_next .. cap are chained as a new trie's
     state[S_N_LIVE] = n
     state[S_FREE_HEAD] = n + 1 if n < cap else 0

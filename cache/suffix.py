@@ -178,12 +178,10 @@ def extend(states, edges, table, info, tokens, new):
 
 
 @njit(cache=True)
-def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, bucket_edges,
-            out):
+def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out):
     """Draft tree into ``out[0, :k]`` (tokens), ``out[1, :k]`` (parents), ``out[2, :k]`` (match), ``out[3, :k]``
     (depth, 1 under the root); returns ``k <= out.shape[1]``. Candidates come from the first ``max_states`` states
-    of the match's suffix-link chain. Unless ``bucket_edges`` is None, each match is replaced by its bucket
-    (:meth:`SuffixIndex.propose_buckets`). Read-only."""
+    of the match's suffix-link chain. Read-only."""
     n = info[I_N]
     max_nodes = out.shape[1]
     if n == 0 or max_nodes <= 0 or max_depth <= 0 or max_branches <= 0 or max_states <= 0:
@@ -248,9 +246,16 @@ def propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, 
                 out[3, k] = d + 1
                 last[b] = k
                 k += 1
-    if bucket_edges is not None:
-        for j in range(k):
-            out[2, j] = bucket(out[2, j] + out[3, j] - 1, bucket_edges)
+    return k
+
+
+@njit(cache=True)
+def propose_buckets(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states,
+                    bucket_edges, out):
+    """:func:`propose`, each match replaced by its bucket (:meth:`SuffixIndex.propose_buckets`). Returns ``k``."""
+    k = propose(states, edges, info, tokens, max_depth, max_branches, branch_depth, min_match, max_states, out)
+    for j in range(k):
+        out[2, j] = bucket(out[2, j] + out[3, j] - 1, bucket_edges)
     return k
 
 
@@ -329,7 +334,7 @@ class SuffixIndex:
             return (_EMPTY,) * (4 if with_depth else 3)
         out = np.empty((4, max_nodes), np.int64)
         k = propose(self._states, self._edges, self._info, self._tokens, max_depth, max_branches, branch_depth,
-                    min_match, max_states, None, out)
+                    min_match, max_states, out)
         if with_depth:
             return out[0, :k], out[1, :k], out[2, :k], out[3, :k]
         return out[0, :k], out[1, :k], out[2, :k]
@@ -342,8 +347,8 @@ class SuffixIndex:
         if max_nodes <= 0:
             return _EMPTY, _EMPTY, _EMPTY
         out = np.empty((4, max_nodes), np.int64)
-        k = propose(self._states, self._edges, self._info, self._tokens, max_depth, max_branches, branch_depth,
-                    min_match, max_states, bucket_edges, out)
+        k = propose_buckets(self._states, self._edges, self._info, self._tokens, max_depth, max_branches,
+                            branch_depth, min_match, max_states, bucket_edges, out)
         return out[0, :k], out[1, :k], out[2, :k]
 
 
