@@ -1,10 +1,11 @@
-"""A batch (several rows) in the one step loop: :class:`Padded`, the step shape ``loop.Call`` runs for it.
+"""A batch (several rows) in the one step loop: :class:`Padded`, the step shape ``loop.Call`` runs for it, and
+:class:`BatchRows`, its rows.
 
 Each row drafts with its own policy; the batch chooses one *width* for all rows (dummy nodes pad the others) by what
 it saves until its last row ends (:func:`choose_width`, :func:`token_values`); a row that kept fewer entries holds
-masked *holes*, squeezed out once they pass ``hole_slack`` columns (:func:`realign_index`); finished rows leave the
-cache once the forwards they cost reach the copy's time; prompts of different lengths may be prefilled in groups
-(:func:`prefill_groups`).
+masked *holes* (:func:`keep_rows_entries`), squeezed out once they pass ``hole_slack`` columns
+(:func:`realign_index`); finished rows leave the cache once the forwards they cost reach the copy's time; prompts of
+different lengths may be prefilled in groups (:func:`prefill_groups`).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
 
 def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.ndarray, drafts: list[Draft],
                width: int, dtype: torch.dtype, device, fill_token: int = 0):
-    """The inputs of one batched step: (input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q])."""
+    """(input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q]) of a batched step."""
     b, p = pending.shape
     q = p + width
     past = col_visible.shape[1] - p
@@ -119,18 +120,17 @@ def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.nda
 
 @njit(cache=True)
 def fill_batch_masks(mask, p, parents, col_visible, neg):
-    """:func:`fill_step_mask` for every row of a batch: ``mask`` float[b, q, T + q], ``parents`` int64[b, w] (a
-    dummy node: -1, a child of the root that nothing else sees), ``col_visible`` bool[b, T + p]."""
+    """:func:`fill_step_mask` for every row: ``mask`` float[b, q, T + q], ``parents`` int64[b, w], ``col_visible``
+    bool[b, T + p]."""
     empty = np.zeros((0, 0), np.bool_)
     for i in range(mask.shape[0]):
         fill_step_mask(mask[i], p, parents[i], empty, col_visible[i], neg)
 
 
 def keep_rows_entries(cache, n_new: int, keeps: list[list[int]]) -> int:
-    """After a step of ``n_new`` query rows (the cache's last ``n_new`` columns): keep, per row, the step's columns
-    ``keeps[i]`` (increasing) at the front of the step's region and crop it to the longest row's; returns that width.
-    A shorter row has *holes* there (its last kept column repeated), which a batch masks. Example: ``keeps [[0, 2, 3],
-    [0]]``: row 0 keeps columns 0, 2, 3 of the step, row 1 column 0 and two holes; the region keeps 3 columns."""
+    """``kv.keep_entries`` per row: row ``i``'s step columns ``keeps[i]`` at the front of the step's region, cropped
+    to the longest row's; returns that width. A shorter row has *holes* there (its last kept column repeated). Example:
+    ``keeps [[0, 2, 3], [0]]``: row 0 keeps columns 0, 2, 3, row 1 column 0 and two holes; the region keeps 3."""
     most = max(len(k) for k in keeps)
     if len(keeps) == 1:
         keep_entries(cache, n_new, keeps[0])
@@ -142,8 +142,7 @@ def keep_rows_entries(cache, n_new: int, keeps: list[list[int]]) -> int:
 
 
 def gather_columns(cache, idx: np.ndarray, region: int) -> None:
-    """In every layer, row ``i``'s columns ``idx[i]`` (int64[b, w]) of the last ``region`` columns moved, in that
-    order, to the front of them, in place."""
+    """In every layer, row ``i``'s columns ``idx[i]`` (int64[b, w]) of the last ``region`` to their front, in place."""
     index, width = None, idx.shape[1]
     for layer in kv_layers(cache):
         for t in (layer.keys, layer.values):
@@ -391,14 +390,13 @@ ROW_COST = CostModel(((1, 1.0), (2, 1.0)))
 
 
 class Padded:
-    """Several rows on a dynamic cache (see the module docstring); ``T``: the cache's columns, ``vis`` bool[b, ...]:
-    which of them each active row sees (its padding and holes hidden)."""
+    """Several rows on a dynamic cache; ``T``: the cache's columns, ``vis`` bool[b, ...]: which of them each active row
+    sees."""
 
     static = False
 
     @staticmethod
     def processors(processors, b: int) -> list:
-        """Per row, the logits processors it is verified with (:func:`row_processors`)."""
         return [row_processors(processors, r, b) for r in range(b)]
 
     def __init__(self, call, input_ids, mask):
@@ -520,9 +518,8 @@ class Padded:
         return call.forward(step.ids, step.pos, step.mask, self.width + 1, extra=media)
 
     def prefill(self, groups: list[np.ndarray]) -> torch.Tensor:
-        """The prompt's forward in groups of rows, each padded only to its longest row, into caches of their own
-        whose entries are then placed, left-padded, into the batch's cache (the padding columns hold zeros, masked).
-        The float logits [b, 1, V] of every row's last prompt token."""
+        """The prompt's forward in groups of rows, each padded to its longest row, into caches of their own then
+        placed, left-padded (zeros, masked), into the batch's; the logits [b, 1, V] of every row's last prompt token."""
         rows, call = self.rows, self.call
         b, length = rows.pending.shape
         logits, full = None, None
@@ -565,9 +562,9 @@ class Padded:
         self.accepted = accepted
 
     def after_step(self) -> None:
-        """Finished rows stop drafting at once; their cache rows are dropped (a copy of the whole cache) once the
-        forwards they cost since, on the cost curve, reach that copy's estimated time (ski rental: at most twice the
-        better of dropping at once and never). Then every row's last token becomes pending."""
+        """Every row's last token becomes pending; finished rows' cache rows are dropped (a copy of the whole cache)
+        once the forwards they cost since, on the cost curve, reach that copy's estimated time (ski rental: at most
+        twice the better of dropping at once and never)."""
         rows, call = self.rows, self.call
         rows.next_pending(self.accepted, self.done_before)
         done = rows.done[rows.active]

@@ -2,9 +2,8 @@
 cache back as transformers made it.
 
 After a step the cache holds ``base`` old entries followed by ``n_new`` entries of the step's rows. ``keep`` lists, in
-order, which of those stay; they move to the front of the step's region and the rest is cropped (a batch: one gather per
-layer, the rows that kept fewer holding *holes*, which the batch masks). Example: base 10, n_new 5, keep ``[0, 2, 4]``:
-entries 12 and 14 move to 11 and 12, then the cache is cropped to 13 entries.
+order, which of those stay; they move to the front of the step's region and the rest is cropped. Example: base 10,
+n_new 5, keep ``[0, 2, 4]``: entries 12 and 14 move to 11 and 12, then the cache is cropped to 13 entries.
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ def check_rollbackable(cache: Cache) -> None:
 
 
 def keep_entries(cache: Cache, n_new: int, keep: list[int]) -> None:
-    """Of the step's last ``n_new`` entries keep those at ``keep`` (increasing), drop the others of the step. Mutates
-    ``cache``; the layers are read only when a kept column must move."""
+    """Of the step's last ``n_new`` entries keep those at ``keep`` (increasing), in place."""
     moves = column_moves(keep)
     if moves:
         layers = kv_layers(cache)
@@ -71,9 +69,8 @@ def column_moves(keep: list[int]) -> list[tuple[int, int, int]]:
 
 def move_kept(layers: list, firsts: list[int], keep: list[int], moves: list | None = None) -> None:
     """Move one row's kept step columns ``keep`` (increasing) to the front of each layer's step region (from column
-    ``firsts[i]`` of ``layers[i]``'s keys and values), in place: a slice copy per run (:func:`column_moves`;
-    ``moves`` when the caller has them) up to ``DEFAULT.max_moves`` runs, else one gather per tensor; the caller
-    crops the rest."""
+    ``firsts[i]`` of ``layers[i]``), in place: a slice copy per run (:func:`column_moves`) up to
+    ``DEFAULT.max_moves`` runs, else one gather per tensor; the caller crops the rest."""
     moves = column_moves(keep) if moves is None else moves
     if not moves:
         return
@@ -103,8 +100,8 @@ _NUMPY_FLOATS = (torch.float32, torch.float16, torch.float64)
 
 
 def host_view(t: torch.Tensor) -> np.ndarray | None:
-    """``t`` on a CPU as a NumPy array sharing its memory (a float dtype NumPy lacks, bf16, as same-width integers:
-    copying the bits copies the values); None otherwise (another device, gradients, not a float)."""
+    """``t`` on a CPU as a NumPy array sharing its memory (bf16 as same-width integers: copying the bits copies the
+    values); None otherwise (another device, gradients, not a float)."""
     if not t.is_cpu or t.requires_grad or t.layout != torch.strided:
         return None
     if t.dtype in _NUMPY_FLOATS:
@@ -121,8 +118,7 @@ def kv_layers(cache: Cache) -> list:
 
 class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` whose keys/values live in a buffer with spare columns, written in place. Example: a 5-token
-    prompt, then one token per step: the first update allocates 5 + 64 columns, the next 64 updates write one column
-    each, the 65th copies the 69 columns into a buffer of 134."""
+    prompt, then one token per step: the first update allocates 5 + 64 columns, the 65th step copies them into 134."""
 
     grow: int = DEFAULT.grow_columns
     replaces = None  # the layer it stands in for (a sliding one a widened cache keeps whole), or None: a plain one
@@ -170,7 +166,7 @@ class GrowingLayer(DynamicLayer):
         return self._entries
 
     def _views(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(keys, values) [b, heads, n, head_dim]: the buffers' first ``n`` columns."""
+        """The buffers' first ``n`` columns."""
         (keys, values), ((kb, kh, kd, ks), (vb, vh, vd, vs)) = self._storage, self._layout
         return keys.as_strided((kb, kh, n, kd), ks), values.as_strided((vb, vh, n, vd), vs)
 
@@ -198,8 +194,7 @@ class GrowingLayer(DynamicLayer):
 
 
 def grow_in_place(cache: Cache) -> Cache:
-    """``cache`` with its plain ``DynamicLayer``s that hold nothing yet turned into :class:`GrowingLayer`s, in place
-    (the cache ``generate`` made or the caller passed is the one returned); other layers stay."""
+    """``cache``, its empty plain ``DynamicLayer``s turned into :class:`GrowingLayer`s in place."""
     layers = getattr(cache, "layers", None)
     if layers:
         layers[:] = [GrowingLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
@@ -211,14 +206,14 @@ PLAIN_LAYERS = (DynamicLayer, GrowingLayer)
 
 
 def new_cache(model) -> DynamicCache:
-    """A ``DynamicCache`` for ``model`` whose plain layers are :class:`GrowingLayer` (:func:`grow_in_place`)."""
+    """A ``DynamicCache`` for ``model`` of :class:`GrowingLayer`s (:func:`grow_in_place`)."""
     return grow_in_place(DynamicCache(config=model.config))
 
 
 def settle(cache) -> None:
-    """Hand ``cache`` back as transformers made it, at the end of a call: a :class:`GrowingLayer` becomes a
-    ``DynamicLayer`` with the same entries; a layer that stood in for a sliding one (a widened cache's, a static cache's
-    ``FullLengthSlidingLayer``) gives it back, holding its window's last entries (``compat.refill_sliding``)."""
+    """At a call's end, ``cache`` as transformers made it: a :class:`GrowingLayer` becomes a ``DynamicLayer`` with the
+    same entries; a layer standing in for a sliding one (``replaces``) gives it back, holding its window's last
+    entries (``compat.refill_sliding``)."""
     layers = getattr(cache, "layers", None)
     for i, layer in enumerate(layers or ()):
         original = getattr(layer, "replaces", None)

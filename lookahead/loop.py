@@ -27,8 +27,7 @@ from .verify import PositionUniforms, Verdict, Verifier
 
 
 class Call:
-    """One ``generate`` call, set up once, then :meth:`run`. ``shape``: its step shape's class (``shapes.OneRow``,
-    ``batch.Padded`` or ``static.Bucketed``)."""
+    """One ``generate`` call, set up once, then :meth:`run`. ``shape``: its step shape's class."""
 
     def __init__(self, decoder, model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                  model_kwargs: dict, shape):
@@ -45,8 +44,7 @@ class Call:
         self.max_length = stop_length if stop_length is not None else gen.max_length
         self.eos, self.eos_ids = eos, np.array(sorted(eos), dtype=np.int64)
         self.pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria or ())
-        given = compat.cache_of(model_kwargs)
-        self.given_cache = given
+        given = self.given_cache = compat.cache_of(model_kwargs)
         if b > 1 and given is not None and given.get_seq_length():
             raise ValueError(f"LookaheadDecoder with batch size > 1 starts from an empty cache; this one holds "
                              f"{given.get_seq_length()} tokens. Pass no cache, or use plain generate().")
@@ -112,8 +110,6 @@ class Call:
         self.shape_class = shape
         self.shape = shape(self, input_ids, mask)
 
-    # -- pieces every shape uses -----------------------------------------------------------------------------------
-
     def forward(self, ids, pos, mask, keep: int, cache=None, extra: dict | None = None, runner=None) -> torch.Tensor:
         """One forward into ``cache`` (default: the call's) with extra inputs ``extra``: float logits [b, keep, V] of
         its last ``keep`` rows; heads' hidden states go to ``self.hidden``."""
@@ -137,10 +133,7 @@ class Call:
         """``seconds`` as rank 0 measured it, so every rank decides alike."""
         return seconds if self.sync is None else self.sync.broadcast(float(seconds))
 
-    # -- the loop ---------------------------------------------------------------------------------------------------
-
     def run(self):
-        """The decode loop: draft -> pack -> forward -> verify -> emit -> keep KV -> learn."""
         shape, rows, clock, verifier = self.shape, self.shape.rows, self.clock, self.verifier
         learn = self.learner is not None and rows.b == 1
         after = getattr(shape, "after_step", None)  # a batch's: finished rows leave, the next pending tokens
@@ -190,10 +183,10 @@ class Call:
 
 
 class Rows:
-    """The call's rows (one here; ``batch.BatchRows`` for several). Per row: ``seq`` long[b, max_length + 1];
-    ``length`` (left padding included); ``limit`` (the latest length it stops at); ``stops`` (the length where a
-    criterion first held, or None); ``done`` (drafts and emits no more); its policy, stats and sampling uniforms.
-    ``active``: the rows in the cache, in its batch order; the per-step methods take indices into it."""
+    """The call's row (``batch.BatchRows``: several). Per row: ``seq`` long[b, max_length + 1]; ``length`` (left
+    padding included); ``limit`` (the latest length it stops at); ``stops`` (the length where a criterion first held,
+    or None); ``done`` (drafts and emits no more); its policy, stats and sampling uniforms. ``active``: the rows in
+    the cache, in its batch order; the per-step methods take indices into it."""
 
     def __init__(self, call: Call, input_ids: torch.Tensor, attention_mask, policies, limits):
         self.call = call
@@ -250,8 +243,6 @@ class Rows:
     def processors(self, i: int):
         return self.call.processors[self.active[i]]
 
-    # -- the step --------------------------------------------------------------------------------------------------
-
     def running(self) -> bool:
         return not self.done[0]
 
@@ -301,10 +292,7 @@ class Rows:
         self.policies[0].learn(d, v.nodes, v.tokens[: emitted[0]], window_argmax, rows, seconds, successors, hidden)
 
     def record(self, drafts, accepted, emitted, t_draft, t_forward, t_verify, t_keep) -> None:
-        """The step in each row's statistics and the call's times."""
         self.stats[0].record_step(drafts[0], accepted[0], emitted[0], t_draft, t_forward, t_verify, t_keep)
-
-    # -- output ----------------------------------------------------------------------------------------------------
 
     def final_length(self) -> int:
         return int(self.length[0])

@@ -33,11 +33,10 @@ def pack_step(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndar
               col_visible: np.ndarray | None, past_len: int, dtype: torch.dtype,
               window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, device: torch.device | str = "cpu",
               tree_depth: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The model inputs of one step, built on the host and copied to ``device`` once. ``pending`` int[p]: token ids at
-    ``pending_pos`` int[p]; ``tree_tokens`` / ``tree_parents`` / ``tree_depth`` int[n] (depths computed when not given);
-    ``col_visible`` bool[past_len + p], False for padding, or None; ``window``: (tokens int[m], offsets from the last
-    pending position int[m], visibility bool[m, m]) or None. Returns ``input_ids`` long[1, q], ``position_ids``
-    long[1, q] and the additive ``mask`` of ``dtype`` [1, 1, q, past_len + q], q = p + n + m."""
+    """(``input_ids`` long[1, q], ``position_ids`` long[1, q], additive ``mask`` of ``dtype`` [1, 1, q, past_len + q])
+    of one step, q = p + n + m. ``pending`` int[p] at ``pending_pos``; the tree's ``tree_tokens`` / ``tree_parents``
+    / ``tree_depth`` int[n] (computed when None); ``col_visible`` bool[past_len + p], False for padding, or None;
+    ``window``: (tokens int[m], offsets from the last pending position int[m], visibility bool[m, m]) or None."""
     pending = np.asarray(pending, dtype=np.int64).reshape(-1)
     pending_pos = np.asarray(pending_pos, dtype=np.int64).reshape(-1)
     p, n = len(pending), len(tree_tokens)
@@ -56,9 +55,8 @@ def pack_step(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndar
 
 def step_inputs(pending: np.ndarray, pending_pos: np.ndarray, tree_tokens: np.ndarray, tree_depth: np.ndarray,
                 window=None, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """(input ids long[1, q], position ids long[1, q]) of one step: the pending tokens, the nodes at the last pending
-    position plus their depth, the window rows at their offsets. A plain step on a CPU returns views of ``pending`` /
-    ``pending_pos``, valid while those arrays are unchanged."""
+    """(input ids, position ids) long[1, q] of one step: the nodes at the last pending position plus their depth,
+    the window rows at their offsets. A plain step on a CPU returns views of ``pending`` / ``pending_pos``."""
     m = 0 if window is None else len(window[0])
     on_cpu = getattr(device, "type", device) == "cpu"
     p, n = len(pending), len(tree_tokens)
@@ -84,11 +82,10 @@ MASK_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class StepMask:
-    """One row's step masks in a preallocated buffer [1, 1, rows, columns] of the model's dtype, holding only 0 and the
-    dtype's minimum (written as same-width integer bit patterns: bf16 has no NumPy type): each step writes only its own
-    ``q x q`` block (on a GPU built on the host and copied in) and gets a view [1, 1, q, past + q]. Example:
-    ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]))`` -> a [1, 1, 3, 103] view:
-    every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``."""
+    """One row's step masks in a buffer [1, 1, rows, columns] of the model's dtype (0 and the dtype's minimum, written
+    as same-width integers: bf16 has no NumPy type): each step writes its own ``q x q`` block (on a GPU built on the
+    host and copied in). Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1,
+    0]))`` -> a [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``."""
 
     def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
         self.dtype, self.device = dtype, torch.device(device)
@@ -103,7 +100,6 @@ class StepMask:
         self._inputs: torch.Tensor | None = None  # [2, rows] on a CPU: a step's ids and positions (:meth:`step`)
 
     def _host_view(self) -> np.ndarray | None:
-        """The buffer's bits as a NumPy array sharing its memory (on a CPU), else None."""
         return self.buffer[0, 0].view(self.bits).numpy() if self.device.type == "cpu" else None
 
     def _hide(self, rows: slice, start: int, stop: int) -> None:
@@ -114,8 +110,8 @@ class StepMask:
 
     def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None
                  ) -> torch.Tensor:
-        """The additive mask [1, 1, q, past + q] of a step of ``pending`` tokens, the tree ``parents`` and the window
-        rows' visibility after ``past`` cached tokens: a view of the buffer, valid until the next call."""
+        """The mask [1, 1, q, past + q] of a step of ``pending`` tokens, the tree ``parents`` and the window rows'
+        visibility after ``past`` cached tokens: a view valid until the next call."""
         window = _NO_WINDOW if window_visible is None else window_visible
         q = pending + len(parents) + window.shape[0]
         if q > self.buffer.shape[2] or past + q > self.buffer.shape[3]:
@@ -135,9 +131,8 @@ class StepMask:
 
     def step(self, past: int, pending: np.ndarray, pending_pos: np.ndarray, tokens: np.ndarray, depth: np.ndarray,
              parents: np.ndarray, window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
-        """(input ids long[1, q], position ids long[1, q], mask as :meth:`__call__`) of a step; on a CPU written in one
-        kernel call into buffers kept across steps (views valid until the next call). Arguments as :func:`step_inputs`
-        and :meth:`__call__` take them; ``window``: a ``draft.WindowRows`` (tokens, offsets, visibility) or None."""
+        """:func:`step_inputs` and :meth:`__call__` of a step; on a CPU one kernel call into buffers kept across steps
+        (views valid until the next call). ``window``: a ``draft.WindowRows`` or None."""
         q = len(pending) + len(tokens) + (0 if window is None else len(window[0]))
         host = self._host
         if host is None or q > host.shape[0] or past + q > host.shape[1]:
@@ -181,9 +176,9 @@ class StepMask:
 
 @njit(cache=True)
 def fill_step_mask(mask, p, parents, window_visible, col_visible, neg):
-    """Write one step's additive mask ``mask`` float[q, past_len + q] in place, for ``q = p + n + m`` rows by the module
-    docstring's rules: 0 where a row sees a column, ``neg`` elsewhere. ``parents``: parent-first; ``window_visible``
-    bool[m, m]; ``col_visible`` bool[past_len + p], False for padding (empty: none)."""
+    """One step's additive mask ``mask`` float[q, past_len + q], q = p + n + m, in place by the module docstring's
+    rules. ``parents``: parent-first; ``window_visible`` bool[m, m]; ``col_visible`` bool[past_len + p] (empty: no
+    padding)."""
     q = mask.shape[0]
     past = mask.shape[1] - q
     mask[:, :past] = 0.0
@@ -225,10 +220,9 @@ def step_block(mask, past, p, parents, window_visible, neg):
 
 @njit(cache=True)
 def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used):
-    """One step's mask written in place into a buffer ``mask`` [rows, columns] (any integer or float view): columns
-    ``clean_from .. past - 1`` (the last step's block, now cached) of the first ``rows_used`` rows become visible again
-    but for padding (``col_visible`` False; empty: none), then the block ``mask[:q, past:past + q]`` is written as
-    :func:`fill_step_mask` writes it."""
+    """One step's mask in a buffer ``mask`` [rows, columns] (any integer or float view): columns ``clean_from .. past
+    - 1`` (the last step's block, now cached) of the first ``rows_used`` rows visible again but for padding, then
+    the block ``mask[:q, past:past + q]``."""
     for r in range(rows_used):
         for c in range(clean_from, past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
@@ -238,9 +232,8 @@ def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, cl
 @njit(cache=True)
 def fill_step(mask, inputs, past, pending, pending_pos, tokens, depth, parents, window_tokens, window_offsets,
               window_visible, col_visible, neg, clean_from, rows_used):
-    """:func:`fill_step_block` plus the step's inputs: ``inputs`` int64[2, >= q] gets the ids (row 0) and positions (row
-    1) as :func:`step_inputs` makes them. Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]``, no
-    window -> ``inputs[:, :3]`` = ``[[7, 5, 6], [9, 10, 11]]``."""
+    """:func:`fill_step_block` plus the ids (``inputs[0]``) and positions (``inputs[1]``) :func:`step_inputs` makes.
+    Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]`` -> ``inputs[:, :3] = [[7, 5, 6], [9, 10, 11]]``."""
     p = pending.shape[0]
     n = tokens.shape[0]
     fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)

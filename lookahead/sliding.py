@@ -2,10 +2,9 @@
 
 A dynamic cache's sliding layer keeps the last ``window - 1`` tokens, so a step of ``q`` rows would push cached tokens
 out before the verdict. As transformers' assisted decoding does, an unpadded row records the layers' past through each
-step (:meth:`~SlidingWindow.start`, :meth:`~SlidingWindow.restrict`, :meth:`~SlidingWindow.finish`). A batch or a
-padded row keeps every column (:meth:`~SlidingWindow.widen`), a static cache gives the layers its whole length
-(``static.full_length_layers``). A step's own 4D mask is then narrowed for those layers to each row's window, or chunk
-(Llama 4): :meth:`~SlidingWindow.masks`, :meth:`~SlidingWindow.static_masks`, :meth:`~SlidingWindow.batch_masks`.
+step (:meth:`~SlidingWindow.start`); a batch or a padded row keeps every column (:meth:`~SlidingWindow.widen`), a
+static cache gives the layers its whole length (``static.full_length_layers``). A step's 4D mask is then narrowed for
+those layers to each row's window, or chunk (Llama 4).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def is_sliding(layer) -> bool:
 @dataclass(frozen=True)
 class SlidingWindow:
     """How a call decodes past the ``window`` of its cache's sliding layers. ``layer_types``: the model's
-    ``config.layer_types`` (masks per type, a dict), or None (every layer slides: one mask). Raises ValueError for a
-    window under 2 and :class:`~lookahead.kv.CacheNotRollbackable` for unknown layer types."""
+    ``config.layer_types`` (masks per type, a dict), or None (every layer slides: one mask)."""
 
     window: int
     layer_types: tuple[str, ...] | None = None
@@ -50,8 +48,7 @@ class SlidingWindow:
 
     @classmethod
     def of(cls, model, cache) -> SlidingWindow:
-        """The plan for ``model`` and its ``cache``; raises :class:`~lookahead.kv.CacheNotRollbackable` when the
-        layers cannot keep their past, have several windows, cannot be told apart or are of unknown types."""
+        """The plan for ``model`` and its ``cache``, or :class:`~lookahead.kv.CacheNotRollbackable`."""
         layers = cache_layers(cache)
         sliding = [layer for layer in layers if is_sliding(layer)]
         if not all(hasattr(layer, "activate_past_recording") for layer in sliding):
@@ -107,15 +104,14 @@ class SlidingWindow:
         return self._per_type(mask, mask, columns[None, :], positions[0][:, None])
 
     def batch_masks(self, mask: torch.Tensor, positions: torch.Tensor, cached: torch.Tensor):
-        """A step on a widened cache (:meth:`widen`): ``mask`` [b, 1, q, T + q] (padding and holes hidden; not
-        changed), ``positions`` long[b, q] of the step's rows, ``cached`` long[b, T] of each row's cached columns (a
-        hidden one's: any). Keys outside a row's window are hidden by position, as plain batched ``generate`` does."""
+        """A step on a widened cache (:meth:`widen`): ``mask`` [b, 1, q, T + q] (not changed), ``positions`` long[b, q]
+        of the step's rows, ``cached`` long[b, T] of each row's cached columns (a hidden one's: any). Keys outside a
+        row's window are hidden by position, as plain batched ``generate`` does."""
         columns = torch.cat([cached, positions], dim=1)  # long[b, T + q]
         return self._per_type(mask, mask, columns[:, None, None, :], positions[:, None, :, None])
 
     def widen(self, cache) -> None:
-        """Before the first forward, replace each sliding layer of an empty cache by a plain one that keeps every
-        column (:meth:`check_widenable`); :meth:`batch_masks` masks them by the window."""
+        """Before the first forward, each sliding layer of an empty cache replaced by one that keeps every column."""
         cache.layers[:] = [GrowingLayer(replaces=layer) if is_sliding(layer) else layer
                            for layer in cache_layers(cache)]
 
@@ -129,7 +125,7 @@ class SlidingWindow:
 
     @staticmethod
     def start(cache) -> list:
-        """Make the sliding layers keep every entry until each step's crop (before the first forward); returns them."""
+        """Before the first forward, the sliding layers made to keep every entry until each step's crop; returns them."""
         layers = [layer for layer in cache_layers(cache) if is_sliding(layer)]
         for layer in layers:
             layer.activate_past_recording()

@@ -29,8 +29,8 @@ from .sliding import SlidingWindow
 
 class StaticMask:
     """The masks of a static-cache call's steps, in one buffer ``[1, 1, rows, max_cache_len]`` of the model's dtype
-    written in place (:func:`fill_static_block`): a step writes its block, restores the columns the last steps touched,
-    and returns the view of its bucket's rows; raises ValueError when the step does not fit.
+    written in place (:func:`fill_static_block`); a step gets the view of its bucket's rows, or ValueError when it
+    does not fit.
 
     Example: ``StaticMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1, 0]), q=8)`` ->
     a [1, 1, 8, 512] view whose rows p, a, b see the 100 cached columns and ``p``, ``p a``, ``p a b``; the five
@@ -74,14 +74,10 @@ def canonical(t: torch.Tensor) -> torch.Tensor:
 @njit(cache=True)
 def fill_static_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, dirty_to, rows_used,
                       q):
-    """One step's additive mask in ``mask`` [rows, max_cache_len] (only 0 and ``neg``; all ``neg`` when new; earlier
-    steps wrote columns ``clean_from .. dirty_to`` of its first ``rows_used`` rows): the step's ``q`` rows (pending
-    tokens, tree nodes, window rows, dummy rows up to the bucket) see the cached columns (not those ``col_visible``
-    hides, when given) and in the block ``mask[:q, past:past + q]`` what ``packing.fill_step_block`` gives them; a
-    dummy row sees the pending tokens and itself; every later column is hidden.
-
-    Example: past 2, p 1, parents ``[-1]``, q 3 (one dummy): rows ``p a d`` see columns ``0 1 p``, ``0 1 p a``,
-    ``0 1 p d``; every column from 5 on is hidden."""
+    """One step's additive mask in ``mask`` [rows, max_cache_len] (all ``neg`` when new; earlier steps wrote columns
+    ``clean_from .. dirty_to`` of its first ``rows_used`` rows): the step's ``q`` rows see the cached columns (but
+    padding) and their block as ``packing.fill_step_block`` writes it, dummy rows the pending tokens and themselves;
+    every later column is hidden."""
     for r in range(rows_used, q):  # rows never used: their cached columns
         for c in range(past):
             mask[r, c] = neg if (len(col_visible) and not col_visible[c]) else 0
@@ -110,17 +106,14 @@ def keep_static(cache, past: int, keep: list[int], q: int) -> None:
     Example: past 10, q 8, keep ``[0, 2, 5]``: columns 12, 15 go to 11, 12 and the cache holds 13 columns."""
     layers = cache_layers(cache)
     move_kept(layers, [past] * len(layers), keep)
-    if q > len(keep):
-        for layer in layers:
-            layer.crop(-(q - len(keep)))
+    compat.crop_cache(cache, q - len(keep))
 
 
 def full_length_layers(model, cache, length: int) -> SlidingWindow | None:
-    """Before any forward: replace a static cache's sliding-window layers (rings, whose rejected entries could not be
-    dropped) by :class:`FullLengthSlidingLayer`s of the cache's length (its full layers', else ``length``), a written
-    one holding its ring's tokens at their own columns (``compat.adopt_ring``), masked by the window every step
-    (:meth:`SlidingWindow.static_masks`). Returns that :class:`SlidingWindow`, or None when the cache has no such
-    layer; ``kv.settle`` puts the layers back."""
+    """Before any forward: replace a static cache's sliding-window layers (rings, which cannot drop rejected entries)
+    by :class:`FullLengthSlidingLayer`s of the cache's length (its full layers', else ``length``), holding a ring's
+    tokens at their own columns (``compat.adopt_ring``). Returns the :class:`SlidingWindow` that masks them, or None
+    without such layers; ``kv.settle`` puts the layers back."""
     layers = cache_layers(cache)
     config = compat.text_config(model)  # the window of its sliding layers, or the chunk of its chunked ones
     window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
@@ -145,9 +138,8 @@ _LOCK = threading.Lock()
 
 
 class Bucketed(OneRow):
-    """One row on a static cache (see the module docstring): the prompt's step runs eagerly at its own length, every
-    later step at the smallest bucket that holds its rows and fits the cache's room (a draft that does not fit is
-    cut: window rows first, then its deepest nodes)."""
+    """One row on a static cache: a later step runs the smallest bucket that holds its rows and fits the cache's
+    room (a draft that does not fit is cut: window rows first, then its deepest nodes)."""
 
     static = True
 
@@ -214,8 +206,7 @@ class Bucketed(OneRow):
                 pos = canonical(torch.arange(past, past + k, device=device)[None])
                 compat.last_logits(self.runner, canonical(ids[:, :k]), pos, self.masks(m, pos, past),
                                    call.forward_kwargs, call.keeps_logits, k)
-                for layer in cache_layers(self.cache):
-                    layer.crop(-k)
+                compat.crop_cache(self.cache, k)
 
             def time_one(k: int) -> float:
                 sync()

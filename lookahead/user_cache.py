@@ -20,8 +20,7 @@ CACHE_ENV = "LOOKAHEAD_CACHE"
 
 
 def cache_dir() -> str:
-    """The folder lookahead keeps its files in (not created here). Example: with ``LOOKAHEAD_CACHE`` unset and
-    ``XDG_CACHE_HOME=/tmp/c``: ``/tmp/c/lookahead``."""
+    """The folder lookahead keeps its files in (not created here)."""
     explicit = os.environ.get(CACHE_ENV)
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
@@ -35,8 +34,7 @@ def persist_enabled() -> bool:
 
 
 def write_json_atomic(path: str, data: dict) -> bool:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename; False (logged), never raising,
-    on failure (a read-only or full disk)."""
+    """Write ``data`` as JSON to ``path`` (see the module docstring); False (logged), never raising, on failure."""
     folder = os.path.dirname(path)
     tmp = None
     try:
