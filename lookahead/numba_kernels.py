@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import pathlib
 import pkgutil
 import subprocess
 import sys
@@ -24,15 +25,10 @@ def kernel_modules(core: bool = False) -> list:
         return [importlib.import_module(name) for name in CORE]
     names = {info.name for package in ("lookahead", "lookahead.cache")
              for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + ".")}
-    found = []
-    for name in sorted(names):
-        path = getattr(importlib.util.find_spec(name), "origin", None)
-        if name == __name__ or not path or not path.endswith(".py"):
-            continue
-        with open(path, encoding="utf-8") as f:
-            if "njit" in f.read():
-                found.append(importlib.import_module(name))
-    return found
+    origins = {name: getattr(importlib.util.find_spec(name), "origin", None) or ""
+               for name in sorted(names - {__name__})}
+    return [importlib.import_module(name) for name, path in origins.items()
+            if path.endswith(".py") and "njit" in pathlib.Path(path).read_text(encoding="utf-8")]
 
 
 def kernels(modules=None) -> list[tuple[str, object]]:
