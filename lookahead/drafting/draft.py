@@ -16,8 +16,7 @@ from .kernels import depth_rank, keep_nodes, shallowest_nodes
 ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model", "heads",
            "frequent", "corpus")
 """Draft sources by index (a node's ``origin``); "memory" is the shared store, "corpus" the model's own writing."""
-TRIE, WINDOW, MEMORY, COPY, MODEL = range(5)
-LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL, HEADS, FREQUENT, CORPUS = range(5, 12)
+TRIE, WINDOW, MEMORY, COPY, MODEL, LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL, HEADS, FREQUENT, CORPUS = range(12)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY8 = np.zeros(0, dtype=np.int8)
