@@ -23,7 +23,7 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
-import lookahead.verify as verify_mod
+import lookahead.verify.sampled as verify_mod
 from lookahead import LookaheadDecoder, NgramTrie
 from lookahead._tuning import DEFAULT, Tuning
 from lookahead.batch import (
