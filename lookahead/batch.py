@@ -209,39 +209,42 @@ class BatchRows(Rows):
 
     def emit(self, verdicts: list[Verdict | None]) -> list[int]:
         call = self.call
-        live = [i for i, v in enumerate(verdicts) if v is not None]
-        index, by_limit = _first_stops([verdicts[i].tokens for i in live],
-                                       np.array([self.length[self.active[i]] for i in live], dtype=np.int64),
-                                       np.array([self.limit[self.active[i]] for i in live], dtype=np.int64),
-                                       call.eos_ids)
         emitted = [0] * len(verdicts)
         others = [r for r in self.active if self.stops[r] is None]
-        for j, i in enumerate(live):
-            r, verdict = self.active[i], verdicts[i]
-            tokens, start = verdict.tokens, int(self.length[r])
+        for i, verdict in enumerate(verdicts):
+            if verdict is None:
+                continue
+            r = self.active[i]
+            tokens, start, limit = verdict.tokens, int(self.length[r]), int(self.limit[r])
             if self.seq_host is not None:
                 self.seq_host[r, start : start + len(tokens)] = tokens
             else:
                 self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=call.device)
-            n_emit, stop, by_length = len(tokens), int(index[j]), bool(by_limit[j])
+            n_emit = len(tokens)
             if self.stops[r] is not None:  # stopped already (no EOS criterion): only its length limit counts
-                stop, by_length = _limit_index(start, len(tokens), int(self.limit[r])), True
-            elif call.other_stops:  # the criteria on tensors, up to the host's stop
-                t = self.criteria_stop(r, start, verdict, stop + 1 if stop >= 0 else len(tokens))
-                if t >= 0 and (t < stop or stop < 0):
-                    stop, by_length = t, False
+                stop, by_length = _limit_index(start, len(tokens), limit), True
+            else:
+                stop, by_length = -1, False
+                for t, token in enumerate(tokens):  # the first token at the length limit or an EOS id
+                    if start + t + 1 >= limit or token in call.eos:
+                        stop, by_length = t, start + t + 1 >= limit
+                        break
+                if call.other_stops:  # the criteria on tensors, up to the host's stop
+                    first = self.criteria_stop(r, start, verdict, stop + 1 if stop >= 0 else n_emit)
+                    if first >= 0 and (first < stop or stop < 0):
+                        stop, by_length = first, False
             if stop >= 0 and by_length:
                 n_emit = stop + 1
             elif stop >= 0:  # it ends here with an EOS criterion or as the last row, else runs on to its limit
                 self.stops[r] = start + stop + 1
-                limit = _limit_index(start, len(tokens), int(self.limit[r]))
+                end = _limit_index(start, len(tokens), limit)
                 last = others == [r]
-                n_emit = stop + 1 if call.pads or last else (limit + 1 if limit >= 0 else len(tokens))
+                n_emit = stop + 1 if call.pads or last else (end + 1 if end >= 0 else len(tokens))
             if n_emit < len(tokens):  # past a row's end the buffer holds the padding again
                 self.seq[r, start + n_emit : start + len(tokens)] = self.fill
             self.length[r] = start + n_emit
             self.last[r] = tokens[n_emit - 1]
-            if self.length[r] >= self.limit[r] and self.stops[r] is None:
+            if self.length[r] >= limit and self.stops[r] is None:
                 self.stops[r] = int(self.length[r])
             if verdict.scores is not None:
                 self.scores.extend(verdict.scores[:n_emit])
@@ -345,44 +348,6 @@ def _limit_index(start: int, n: int, limit: int) -> int:
     """The index of the token at which a row of ``start`` tokens reaches ``limit``, or -1 within ``n``."""
     i = limit - start - 1
     return i if 0 <= i < n else -1
-
-
-def _first_stops(tokens: list[list[int]], starts: np.ndarray, limits: np.ndarray, eos_ids: np.ndarray):
-    sizes = [len(t) for t in tokens]
-    offsets = np.zeros(len(tokens) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    flat = np.fromiter((x for t in tokens for x in t), np.int64, int(offsets[-1]))
-    return first_stops(flat, offsets, starts, limits, eos_ids)
-
-
-@njit(cache=True, nogil=True)
-def first_stops(tokens, offsets, starts, limits, eos):
-    """Per row, the first emitted token where its length reaches ``limits`` or the token is in ``eos``.
-
-    ``tokens`` int64[total]: row ``i``'s at ``offsets[i]:offsets[i + 1]``; ``starts`` int64[b]: lengths before them.
-    Returns (index int64[b], -1 for none; by_limit bool[b]: stopped on length, not EOS). Example: tokens
-    ``[4, 2, 7, 5]``, offsets ``[0, 3, 4]``, starts ``[10, 18]``, limits ``[20, 19]``, eos ``[2]`` -> index
-    ``[1, 0]``, by_limit ``[False, True]``.
-    """
-    b = starts.shape[0]
-    index = np.full(b, -1, np.int64)
-    by_limit = np.zeros(b, np.bool_)
-    for i in range(b):
-        for j in range(offsets[i], offsets[i + 1]):
-            t = tokens[j]
-            end = starts[i] + j - offsets[i] + 1
-            hit = end >= limits[i]
-            if hit:
-                by_limit[i] = True
-            else:
-                for e in range(eos.shape[0]):
-                    if eos[e] == t:
-                        hit = True
-                        break
-            if hit:
-                index[i] = j - offsets[i]
-                break
-    return index, by_limit
 
 
 ROW_COST = CostModel(((1, 1.0), (2, 1.0)))

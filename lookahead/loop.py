@@ -40,9 +40,8 @@ class Call:
         self.vocab = vocabulary_size(model)
         check_inputs(input_ids, model_kwargs.get("attention_mask"), self.vocab)
         check_store(decoder.store, self.vocab)
-        stop_length, eos, self.other_stops = compat.host_stopping(stopping_criteria)
+        stop_length, self.eos, self.other_stops = compat.host_stopping(stopping_criteria)
         self.max_length = stop_length if stop_length is not None else gen.max_length
-        self.eos, self.eos_ids = eos, np.array(sorted(eos), dtype=np.int64)
         self.pads = any(hasattr(c, "eos_token_id") for c in stopping_criteria or ())
         given = self.given_cache = compat.cache_of(model_kwargs)
         if b > 1 and given is not None and given.get_seq_length():
@@ -84,8 +83,7 @@ class Call:
         self.device, self.dtype = input_ids.device, model.dtype
         self.keeps_logits = compat.supports_logits_to_keep(model)
         self.forward_kwargs = {"use_cache": True, self.cache_kwarg: cache}
-        processors = shape.processors(logits_processor, b)  # per row
-        self.processors = [compat.processors_as_function(p) for p in processors]
+        self.processors = [compat.processors_as_function(p) for p in shape.processors(logits_processor, b)]  # per row
         self.sampling = bool(gen.do_sample)
         self.keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
         self.keep_raw = bool(gen.return_dict_in_generate and gen.output_logits)

@@ -84,8 +84,9 @@ MASK_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 class StepMask:
     """One row's step masks in a buffer [1, 1, rows, columns] of the model's dtype (0 and the dtype's minimum, written
     as same-width integers: bf16 has no NumPy type): each step writes its own ``q x q`` block (on a GPU built on the
-    host and copied in). Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1, parents=array([-1,
-    0]))`` -> a [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see ``p``, ``p a``, ``p a b``."""
+    host and copied in). Example: ``StepMask(64, 512, torch.float32, "cpu")(past=100, pending=1,
+    parents=array([-1, 0]))`` -> a [1, 1, 3, 103] view: every row sees the 100 cached columns; rows p, a, b see
+    ``p``, ``p a``, ``p a b``."""
 
     def __init__(self, rows: int, columns: int, dtype: torch.dtype, device, col_visible: np.ndarray | None = None):
         self.dtype, self.device = dtype, torch.device(device)
@@ -233,7 +234,8 @@ def fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, cl
 def fill_step(mask, inputs, past, pending, pending_pos, tokens, depth, parents, window_tokens, window_offsets,
               window_visible, col_visible, neg, clean_from, rows_used):
     """:func:`fill_step_block` plus the ids (``inputs[0]``) and positions (``inputs[1]``) :func:`step_inputs` makes.
-    Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]`` -> ``inputs[:, :3] = [[7, 5, 6], [9, 10, 11]]``."""
+    Example: pending ``[7]`` at 9, tokens ``[5, 6]`` of depths ``[1, 2]`` -> ``inputs[:, :3]`` =
+    ``[[7, 5, 6], [9, 10, 11]]``."""
     p = pending.shape[0]
     n = tokens.shape[0]
     fill_step_block(mask, past, p, parents, window_visible, col_visible, neg, clean_from, rows_used)

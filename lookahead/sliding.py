@@ -125,7 +125,7 @@ class SlidingWindow:
 
     @staticmethod
     def start(cache) -> list:
-        """Before the first forward, the sliding layers made to keep every entry until each step's crop; returns them."""
+        """Before the first forward: the sliding layers keep every entry until each step's crop; returns them."""
         layers = [layer for layer in cache_layers(cache) if is_sliding(layer)]
         for layer in layers:
             layer.activate_past_recording()

@@ -1,9 +1,9 @@
 """The user's cache directory: what lookahead keeps between processes (each file validated on read).
 
-``curves/`` (cost curves, :mod:`lookahead.cost`), ``models/`` (the bundled model's weights, :mod:`lookahead.tools.models`),
-``corpora/`` (installed draft corpora, :mod:`lookahead.corpus`). The folder is ``$LOOKAHEAD_CACHE``, else
-``$XDG_CACHE_HOME/lookahead``, else ``~/.cache/lookahead``; ``LOOKAHEAD_PERSIST=0`` turns it off. Files are
-written to a temporary name and renamed, so a reader never sees half of one.
+``curves/`` (cost curves, :mod:`lookahead.cost`), ``models/`` (the bundled model's weights,
+:mod:`lookahead.tools.models`), ``corpora/`` (installed draft corpora, :mod:`lookahead.corpus`). The folder is
+``$LOOKAHEAD_CACHE``, else ``$XDG_CACHE_HOME/lookahead``, else ``~/.cache/lookahead``; ``LOOKAHEAD_PERSIST=0`` turns
+it off. Files are written to a temporary name and renamed, so a reader never sees half of one.
 """
 
 from __future__ import annotations
