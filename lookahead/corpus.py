@@ -30,7 +30,6 @@ from .kept import (
     BUNDLED,
     CORPUS_FORMAT,
     CORPUS_HEADER,
-    HEADS,  # noqa: F401  (lookahead.heads reads it here until it imports kept)
     check_model,
     fingerprint,
     install_folder,

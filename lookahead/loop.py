@@ -23,7 +23,7 @@ from .checks import (
 )
 from .kv import check_rollbackable, grow_in_place, new_cache
 from .stats import DecodeStats
-from .verify import PositionUniforms, Verdict, Verifier
+from .verify import Verdict, Verifier
 
 
 class Call:
@@ -213,8 +213,11 @@ class Rows:
         self.active = list(range(b))
         self.policies = policies
         self.stats = [call.stats] if b == 1 else [DecodeStats() for _ in range(b)]
-        self.uniform = ([PositionUniforms(s) for s in (call.sync.seeds(b) if call.sync else _seeds(b))]
-                        if call.sampling else [None] * b)
+        self.uniform = [None] * b
+        if call.sampling:
+            from .verify.sampled import PositionUniforms
+
+            self.uniform = [PositionUniforms(s) for s in (call.sync.seeds(b) if call.sync else _seeds(b))]
         self.scores: list[torch.Tensor] = []
         self.raw: list[torch.Tensor] = []
         self.streamed = length

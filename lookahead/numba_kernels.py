@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 
-CORE = ("lookahead.budget", "lookahead.loop", "lookahead.packing", "lookahead.verify", "lookahead.drafting.kernels",
+CORE = ("lookahead.budget", "lookahead.packing", "lookahead.verify", "lookahead.drafting.kernels",
         "lookahead.drafting.recycle", "lookahead.cache.kernels", "lookahead.cache.primitives", "lookahead.cache.suffix")
 """The modules whose kernels a default call runs (the optional subpackages have their own)."""
 

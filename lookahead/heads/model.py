@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..corpus import HEADS as BUNDLED
-from ..corpus import check_model, fingerprint
+from ..kept import HEADS as BUNDLED
+from ..kept import check_model, fingerprint
 from .context import ContextLayer, attention_heads, rms
 from .source import DTYPES, HeadsSource
 

@@ -473,10 +473,3 @@ def greedy_row(logits, rows, k, tokens, parents, depth, length, ban_ids, ban_off
 
 
 
-
-def __getattr__(name: str):
-    if name == "PositionUniforms":  # (its home is sampled.py; read here until the loop imports it from there)
-        from .sampled import PositionUniforms
-
-        return PositionUniforms
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
