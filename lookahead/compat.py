@@ -1,4 +1,6 @@
-"""Every place where lookahead relies on transformers beyond its documented public API, in one module.
+"""Every place where lookahead relies on transformers beyond its documented public API: here, and for the paths a
+default call does not take in :mod:`lookahead.compat_optional`, imported on the first use of one of its names (so
+``compat.NAME`` reaches both).
 
 A transformers upgrade that changes one breaks here, and ``tests/test_compat.py`` says which. Each function's
 docstring names what it relies on.
@@ -13,7 +15,6 @@ import sys
 
 import numpy as np
 import torch
-from transformers.cache_utils import StaticLayer
 
 TESTED_TRANSFORMERS = ("5.17", "5.24", "5.25")  # str.startswith takes the tuple
 
@@ -83,13 +84,6 @@ def last_logits(model, ids, pos, mask, forward_kwargs: dict, keeps_logits: bool,
     return logits if logits.dtype == torch.float32 else logits.float()
 
 
-def generation_config_for_call(model, generation_config, kwargs: dict):
-    """The ``GenerationConfig`` that ``model.generate(generation_config=..., **kwargs)`` would decode with (the
-    private ``_prepare_generation_config``)."""
-    config, _ = model._prepare_generation_config(generation_config, **kwargs)
-    return config
-
-
 def rollbackable_layer_types() -> tuple[type, type]:
     """(full-attention layer, sliding-window layer): the dynamic cache layers that can drop rejected entries. An
     exact list, since transformers also calls recurrent layers croppable."""
@@ -124,14 +118,6 @@ def crop_cache(cache, n: int) -> None:
     for layer in layers:
         if getattr(layer, "is_initialized", True):
             layer.crop(-n)
-
-
-def decoder_only_output(sequences, scores, logits, cache):
-    """``generate``'s ``return_dict_in_generate=True`` result for a decoder-only model (the cache field's name)."""
-    from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-    name = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
-    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, **{name: cache})
 
 
 def host_stopping(stopping_criteria) -> tuple[int | None, frozenset[int], list]:
@@ -200,59 +186,12 @@ def pad_token_id(gen) -> int | None:
     return None if pad is None else int(torch.as_tensor(pad).reshape(-1)[0])
 
 
-def compiles_on_all_devices(compile_config) -> bool:
-    """Whether a ``CompileConfig`` asks to compile on every device (the private ``_compile_all_devices``)."""
-    return bool(getattr(compile_config, "_compile_all_devices", False))
-
-
-def refill_sliding(layer, full) -> None:
-    """Fill the empty sliding layer ``layer`` from ``full`` (every token of the call, in order) as transformers
-    keeps it: a dynamic layer its last ``window - 1`` entries, a static ring its last ``max_cache_len`` oldest
-    first; both the total count (``cumulative_length_int``)."""
-    total = int(full.get_seq_length()) if full.is_initialized and full.keys is not None else 0
-    if not total:
-        return
-    keys, values = full.keys[:, :, :total], full.values[:, :, :total]
-    if isinstance(layer, StaticLayer):
-        layer.lazy_initialization(keys[:, :, :1], values[:, :, :1])
-        kept = min(total, layer.max_cache_len)
-        layer.keys[:, :, :kept] = keys[:, :, total - kept :]
-        layer.values[:, :, :kept] = values[:, :, total - kept :]
-        layer.cumulative_length_int = total
-        layer.cumulative_length.fill_(total)
-        return
-    kept = min(total, layer.sliding_window - 1)
-    layer.lazy_initialization(keys, values)
-    layer.keys, layer.values = keys[:, :, total - kept :].clone(), values[:, :, total - kept :].clone()
-    layer.cumulative_length = total
-
-
-def adopt_ring(full, ring) -> None:
-    """Fill the empty layer ``full`` from the static sliding layer ``ring``: its tokens at their own columns, the
-    earlier ones zero (the window's mask hides them), and the same length."""
-    total = int(ring.cumulative_length_int)
-    kept = min(total, ring.max_cache_len)
-    full.lazy_initialization(ring.keys[:, :, :1], ring.values[:, :, :1])
-    full.keys[:, :, total - kept : total] = ring.keys[:, :, :kept]
-    full.values[:, :, total - kept : total] = ring.values[:, :, :kept]
-    full.cumulative_length.fill_(total)
-
-
 def splits_head(model) -> bool:
     """Whether ``model``'s logits are its output layer over its decoder's last hidden state, with nothing after
-    (no soft-capping or scaling), so :func:`forward_with_hidden` gives the same logits."""
+    (no soft-capping or scaling), so ``forward_with_hidden`` gives the same logits."""
     config = text_config(model)
     return (callable(getattr(model, "get_decoder", None)) and model.get_output_embeddings() is not None
             and not getattr(config, "final_logit_softcapping", None) and getattr(config, "logit_scale", None) is None)
-
-
-def forward_with_hidden(model, ids, pos, mask, forward_kwargs: dict, keep: int):
-    """(float logits [b, keep, V], hidden [b, keep, H]) of one forward of a model that :func:`splits_head`."""
-    kwargs = {k: v for k, v in forward_kwargs.items() if k != "logits_to_keep"}
-    hidden = model.get_decoder()(input_ids=ids, position_ids=pos, attention_mask=mask, **kwargs).last_hidden_state
-    hidden = hidden[:, -keep:]
-    logits = model.get_output_embeddings()(hidden)
-    return (logits if logits.dtype == torch.float32 else logits.float()), hidden
 
 
 GROUPED_ATTENTION = "lookahead_grouped_sdpa"
@@ -299,10 +238,12 @@ def grouped_applies(model) -> bool:
     return getattr(text, "_attn_implementation", None) == "sdpa"
 
 
-def plain_sample(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
-                 model_kwargs: dict):
-    """transformers' own decoding loop for greedy and sampled search (``GenerationMixin._sample``): what plain
-    ``generate`` runs, with the arguments ``generate`` prepared for the decoder."""
-    return model._sample(input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                         generation_config=generation_config, synced_gpus=synced_gpus, streamer=streamer,
-                         **model_kwargs)
+def __getattr__(name: str):
+    if not name.startswith("_"):
+        from . import compat_optional
+
+        value = getattr(compat_optional, name, None)
+        if value is not None:
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module 'lookahead.compat' has no attribute {name!r}")
