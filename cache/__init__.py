@@ -24,14 +24,7 @@ which the only children ``(1, 2, 3, 1)`` and ``(1, 2, 4, 1)`` inherit. With two 
 ([3, 1], [-1, 0])
 
 When fewer than ``max_n`` slots are free before a token is inserted, the least recently used n-grams are evicted
-(``kernels.evict``). ``save`` writes the n-grams, counts, last-used steps and step counter (not the streams) to a
-checksummed file (:mod:`lookahead.cache.persist`): a loaded trie proposes and evicts as the saved one would.
-
->>> import os, tempfile
->>> path = os.path.join(tempfile.mkdtemp(), "store.ngt")
->>> trie.save(path, vocab_size=100, tokenizer_id="demo")
->>> NgramTrie.load(path, vocab_size=100, tokenizer_id="demo").propose([5, 1, 2], 2, 8)[0].tolist()
-[3, 1]
+(``kernels.evict``). ``save`` / ``load`` keep a trie in a file (:mod:`lookahead.cache.persist`).
 
 Threads: every public method holds the trie's lock, and ``insert`` and ``reset_stream`` act on the calling thread's
 own stream, so concurrent requests yield the n-grams and counts of decoding them one after the other. A paused

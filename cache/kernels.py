@@ -1,5 +1,5 @@
-"""Numba kernels of the n-gram trie, mutating in place four arrays :class:`~lookahead.cache.trie.NgramTrie`
-allocates once.
+"""Numba kernels of the n-gram trie, mutating in place the four arrays :func:`empty_arrays` allocates (once per
+:class:`~lookahead.cache.trie.NgramTrie`).
 
 ``nodes``  int32 ``(capacity + 1, 8)``, row 0 the root: ``TOKEN``, ``PARENT``, a doubly linked child list
            (``FIRST_CHILD``, ``LAST_CHILD``, ``NEXT_SIBLING``, ``PREV_SIBLING``), ``GROUP``, and ``GROUP_HEAD``
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .primitives import INT32_MAX, heap_pop, heap_push, pair_slot, place
+from .primitives import INT32_MAX, heap_pop, heap_push, pair_slot, place, table_size
 
 TOKEN, PARENT, FIRST_CHILD, LAST_CHILD, NEXT_SIBLING, PREV_SIBLING, GROUP, GROUP_HEAD = range(8)  # nodes
 NODE_COLUMNS = 8
@@ -27,15 +27,9 @@ COUNT, LAST_USED, CHILD_SUM = 0, 1, 2  # stats
 STAT_COLUMNS = 3
 S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE, S_HIGH = range(9)
 S_OPEN = 9  # state[S_OPEN + k]: node of the open path of length k + 1
-# Rows above S_HIGH count as a new trie's (``fresh_rows``) whatever they hold; ``_reach`` writes them when needed.
-REACH_ROWS = 512  # the fewest rows _reach writes at once
+# Rows above S_HIGH count as a new trie's (``fresh_rows``) whatever they hold; ``reach`` writes them when needed.
+REACH_ROWS = 512  # the fewest rows reach writes at once
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
-# ``build`` status codes (returned with the offending row), and what each says
-BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED, BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(9)
-BUILD_ERRORS = ("", "parent index not before the row", "token id out of range", "count < 1",
-                "last_used outside [1, step]", "n-gram longer than max_n",
-                "siblings not sorted by (count, last_used) descending", "duplicate n-gram",
-                "more n-grams than the capacity")
 
 
 @njit(cache=True)
@@ -49,7 +43,7 @@ def rehash(nodes, table, state):
 
 
 @njit(cache=True, inline="always")
-def _probe(nodes, table, mask, parent, token):
+def probe(nodes, table, mask, parent, token):
     """``(slot, node)``: where ``table`` (``mask + 1`` slots) holds the child of ``parent`` with ``token``, else the
     empty slot ending its probe sequence, and 0."""
     i = pair_slot(parent, token, mask)
@@ -63,11 +57,11 @@ def _probe(nodes, table, mask, parent, token):
 @njit(cache=True, inline="always")
 def find_child(nodes, table, parent, token):
     """Slot of the child of ``parent`` with ``token``, or 0 when there is none."""
-    return _probe(nodes, table, table.shape[0] - 1, parent, token)[1]
+    return probe(nodes, table, table.shape[0] - 1, parent, token)[1]
 
 
 @njit(cache=True, inline="always")
-def _init_node(nodes, stats, x, token, parent, count, last_used):
+def init_node(nodes, stats, x, token, parent, count, last_used):
     """Fill slot ``x`` as a childless node ``token`` under ``parent`` (sibling links are the caller's)."""
     nodes[x, TOKEN] = token
     nodes[x, PARENT] = parent
@@ -94,7 +88,7 @@ def _link_before(nodes, parent, x, b):
 @njit(cache=True, inline="always")
 def _free_node(nodes, stats, v, next_free):
     """Slot ``v`` made free, linked to ``next_free`` (its ``GROUP_HEAD`` is not touched)."""
-    _init_node(nodes, stats, v, -1, 0, 0, 0)
+    init_node(nodes, stats, v, -1, 0, 0, 0)
     nodes[v, NEXT_SIBLING] = next_free
     nodes[v, PREV_SIBLING] = 0
     nodes[v, GROUP] = 0
@@ -119,7 +113,7 @@ def _write_ahead(nodes, stats, state, v):
 
 
 @njit(cache=True, inline="always")
-def _reach(nodes, stats, state, v):
+def reach(nodes, stats, state, v):
     """Call before row ``v`` (<= capacity) is read: rows ``S_HIGH + 1 .. max(v, S_HIGH + REACH_ROWS)`` (<=
     capacity) are written as a new trie's, ``S_HIGH`` raised."""
     if v > state[S_HIGH]:
@@ -226,7 +220,7 @@ def evict(nodes, stats, table, state):
     max_n = state[S_MAX_N]
     cap = state[S_CAPACITY]
     s = state[S_STEP]
-    _reach(nodes, stats, state, cap)  # the passes below read every row
+    reach(nodes, stats, state, cap)  # the passes below read every row
     # 1. threshold (table as int64 scratch, room for capacity values)
     scratch = table.view(np.int64)
     n = 0
@@ -310,7 +304,7 @@ def insert(nodes, stats, table, state, tokens):
     cap = state[S_CAPACITY]
     # the at most n * max_n rows this call takes, written up front (the free list is in row order until an eviction)
     if state[S_FREE_HEAD] != 0:
-        _reach(nodes, stats, state, min(state[S_FREE_HEAD] + n * max_n, cap))
+        reach(nodes, stats, state, min(state[S_FREE_HEAD] + n * max_n, cap))
     mask = table.shape[0] - 1
     for j in range(n):
         t = tokens[j]
@@ -323,7 +317,7 @@ def insert(nodes, stats, table, state, tokens):
         # k > 0: extend the open path of length k by t; k = 0: the path (t,) below the root
         for k in range(min(n_open, max_n - 1), -1, -1):
             parent = state[S_OPEN + k - 1] if k > 0 else 0
-            i, x = _probe(nodes, table, mask, parent, t)
+            i, x = probe(nodes, table, mask, parent, t)
             if x != 0:
                 # existing node: count c -> c + 1, moved to the front of group c + 1 (just before its group g)
                 c = stats[x, COUNT]
@@ -374,7 +368,7 @@ def insert(nodes, stats, table, state, tokens):
                 state[S_FREE_HEAD] = nodes[x, NEXT_SIBLING]
                 state[S_N_LIVE] += 1
                 table[i] = x
-                _init_node(nodes, stats, x, t, parent, 1, s)
+                init_node(nodes, stats, x, t, parent, 1, s)
                 stats[parent, CHILD_SUM] += 1
                 last = nodes[parent, LAST_CHILD]
                 if last != 0 and stats[last, COUNT] == 1:
@@ -527,95 +521,6 @@ def propose(nodes, stats, table, state, ctx, max_depth, max_match, out_tokens, o
 
 
 @njit(cache=True)
-def export(nodes, stats, token, parent, count, last_used):
-    """Every live node, breadth-first with siblings in list order, into the outputs (length = live nodes);
-    ``parent[i] < i`` is the parent's output index, -1 under the root. Returns the number written, -1 when the
-    outputs are too short. Read-only."""
-    n_out = token.shape[0]
-    slots = np.empty(n_out, np.int64)
-    n = 0
-    h = -1
-    v = 0
-    while True:
-        c = nodes[v, FIRST_CHILD]
-        while c != 0:
-            if n >= n_out:
-                return -1
-            slots[n] = c
-            token[n] = nodes[c, TOKEN]
-            parent[n] = h
-            count[n] = stats[c, COUNT]
-            last_used[n] = stats[c, LAST_USED]
-            n += 1
-            c = nodes[c, NEXT_SIBLING]
-        h += 1
-        if h >= n:
-            return n
-        v = slots[h]
-
-
-@njit(cache=True)
-def build(nodes, stats, table, state, token, parent, count, last_used, step, n_evictions):
-    """Fill a just-``reset`` trie with what ``export`` wrote (node ``i`` to slot ``i + 1``); returns ``(status,
-    row)``, every row checked (``BUILD_ERRORS``; on a bad row the arrays are half-built). Starts a new stream."""
-    n = token.shape[0]
-    max_n = state[S_MAX_N]
-    cap = state[S_CAPACITY]
-    if n > cap:
-        return TOO_MANY, n
-    _reach(nodes, stats, state, n)  # the slots and group ids the nodes take
-    depth = np.zeros(n + 1, np.int64)
-    g_next = 1
-    for i in range(n):
-        v = i + 1
-        p = np.int64(parent[i]) + 1  # slot of the parent, 0 = root
-        if p < 0 or p > i:
-            return BAD_PARENT, i
-        t = np.int64(token[i])
-        if t < 0 or t > INT32_MAX:
-            return BAD_TOKEN, i
-        c = count[i]
-        if c < 1:
-            return BAD_COUNT, i
-        lu = last_used[i]
-        if lu < 1 or lu > step:
-            return BAD_LAST_USED, i
-        depth[v] = depth[p] + 1
-        if depth[v] > max_n:
-            return BAD_DEPTH, i
-        h, x = _probe(nodes, table, table.shape[0] - 1, p, t)
-        if x != 0:
-            return DUPLICATE, i
-        table[h] = v
-        last = nodes[p, LAST_CHILD]
-        if last != 0 and (stats[last, COUNT] < c or (stats[last, COUNT] == c and stats[last, LAST_USED] < lu)):
-            return BAD_ORDER, i
-        _init_node(nodes, stats, v, t, p, c, lu)
-        nodes[v, PREV_SIBLING] = last
-        nodes[v, NEXT_SIBLING] = 0
-        nodes[p, LAST_CHILD] = v
-        stats[p, CHILD_SUM] += c
-        if last == 0:
-            nodes[p, FIRST_CHILD] = v
-        else:
-            nodes[last, NEXT_SIBLING] = v
-        if last != 0 and stats[last, COUNT] == c:
-            nodes[v, GROUP] = nodes[last, GROUP]
-        else:
-            nodes[g_next, GROUP_HEAD] = v
-            nodes[v, GROUP] = g_next
-            g_next += 1
-    # free slots n + 1 .. cap and group ids g_next .. cap are chained as a new trie's
-    state[S_N_LIVE] = n
-    state[S_FREE_HEAD] = n + 1 if n < cap else 0
-    state[S_GROUP_FREE] = g_next if g_next <= cap else 0
-    state[S_STEP] = step  # (S_HIGH: set by the _reach above)
-    state[S_N_OPEN] = 0
-    state[S_N_EVICTIONS] = n_evictions
-    return BUILD_OK, n
-
-
-@njit(cache=True)
 def open_tail(nodes, state, out):
     """The current stream's last ``k = state[S_N_OPEN]`` tokens, oldest first, into ``out[:k]``; returns ``k``."""
     k = state[S_N_OPEN]
@@ -647,3 +552,15 @@ def reopen(nodes, table, state, tail):
         k += 1
     state[S_N_OPEN] = k
     return k
+
+
+def empty_arrays(max_n: int, capacity: int):
+    """``(nodes, stats, table, state)`` of an empty trie; node rows are left unwritten until used (``S_HIGH``)."""
+    nodes = np.empty((capacity + 1, NODE_COLUMNS), np.int32)
+    stats = np.empty((capacity + 1, STAT_COLUMNS), np.int64)
+    table = np.zeros(table_size(capacity), np.int32)
+    state = np.zeros(S_OPEN + max_n, np.int64)
+    state[S_MAX_N] = max_n
+    state[S_CAPACITY] = capacity
+    reset(nodes, stats, table, state)
+    return nodes, stats, table, state

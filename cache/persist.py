@@ -1,4 +1,7 @@
-"""Saving and loading an :class:`~cache.NgramTrie`: a versioned, checksummed file, written atomically.
+"""Saving, loading and pickling an :class:`~cache.NgramTrie` (its methods of those names call the functions here,
+which read and swap the trie's arrays under its lock). ``save`` writes the n-grams, counts, last-used steps and step
+counter (not the streams) to a versioned, checksummed file, atomically: a loaded trie proposes and evicts as the saved
+one would.
 
 File layout (all integers little-endian)::
 
@@ -20,6 +23,7 @@ bit in either reads as "corrupt"; only an intact header of a higher version asks
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -28,15 +32,16 @@ import threading
 import zlib
 
 import numpy as np
+from numba import njit
 
-from .primitives import int_at_least
+from . import kernels as K
+from .primitives import INT32_MAX, int_at_least
 
 MAGIC = b"\x89NGTRIE\n"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIII")  # magic, version, header_len, header_crc
 _MAX_HEADER = 1 << 20
 _MAGIC_SLACK = 4  # magic bytes at most this many bits off are a damaged store's
-_I32_MAX = 2**31 - 1
 # (name, allowed dtypes, in-memory dtype), in payload order: 8-byte arrays first
 _ARRAYS = (
     ("count", ("<u4", "<i8"), np.int64),
@@ -44,6 +49,13 @@ _ARRAYS = (
     ("token", ("<i4",), np.int32),
     ("parent", ("<i4",), np.int32),
 )
+# ``build`` status codes (returned with the offending row), and what each says
+BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED, BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(9)
+BUILD_ERRORS = ("", "parent index not before the row", "token id out of range", "count < 1",
+                "last_used outside [1, step]", "n-gram longer than max_n",
+                "siblings not sorted by (count, last_used) descending", "duplicate n-gram",
+                "more n-grams than the capacity")
+_NOT_PICKLED = ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview", "_whole")
 
 
 class TrieFileError(ValueError):
@@ -87,6 +99,113 @@ def check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity)
         why = f"the store holds {header['n_nodes']} n-grams, more than the capacity {capacity}"
     if why:
         raise TrieMismatchError(f"{path}: {why}")
+
+
+def ngrams(trie) -> dict[tuple[int, ...], tuple[int, int]]:
+    """``NgramTrie.ngrams``."""
+    _warm_up()
+    with trie._lock:
+        arrays = _export(trie)
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(arrays["token"].tolist(), arrays["parent"].tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return dict(zip(paths, zip(arrays["count"].tolist(), arrays["last_used"].tolist())))
+
+
+def save(trie, path, vocab_size: int | None, tokenizer_id: str | None) -> None:
+    """``NgramTrie.save``."""
+    if vocab_size is not None:
+        vocab_size = int_at_least(vocab_size, 1, "vocab_size", "a positive integer")
+    if tokenizer_id is not None and not isinstance(tokenizer_id, str):
+        raise TypeError(f"tokenizer_id: expected a str, got {type(tokenizer_id).__name__}")
+    _warm_up()
+    with trie._lock:
+        arrays = _export(trie)
+        meta = dict(max_n=trie.max_n, capacity=trie.capacity, n_nodes=len(trie), step=trie.step,
+                    n_evictions=trie.n_evictions, vocab_size=vocab_size, tokenizer_id=tokenizer_id)
+    if vocab_size is not None and meta["n_nodes"] and int(arrays["token"].max()) >= vocab_size:
+        raise ValueError(f"vocab_size={vocab_size}, but the trie holds token id {int(arrays['token'].max())}")
+    write_file(path, meta, arrays)
+
+
+def load(cls, path, vocab_size: int | None, tokenizer_id: str | None, capacity: int | None):
+    """``NgramTrie.load``: a new ``cls``."""
+    header, arrays = read_file(path)
+    cap = header["capacity"] if capacity is None else capacity
+    check_match(path, header, arrays, vocab_size, tokenizer_id, header["max_n"], cap)
+    trie = cls(max_n=header["max_n"], capacity=cap)
+    _install(trie, path, header, arrays)
+    return trie
+
+
+def load_into(trie, path, vocab_size: int | None, tokenizer_id: str | None) -> None:
+    """``NgramTrie.load_into``."""
+    header, arrays = read_file(path)
+    check_match(path, header, arrays, vocab_size, tokenizer_id, trie.max_n, trie.capacity)
+    _install(trie, path, header, arrays)
+
+
+def _install(trie, path, header, arrays) -> None:
+    """Build the file's n-grams into new arrays (checking every row), then swap them in."""
+    nodes, stats, table, state = K.empty_arrays(trie.max_n, trie.capacity)
+    status, row = build(nodes, stats, table, state, arrays["token"], arrays["parent"], arrays["count"],
+                        arrays["last_used"], header["step"], header["n_evictions"])
+    if status != BUILD_OK:
+        raise TrieFileError(f"{path}: corrupt: row {row}: {BUILD_ERRORS[status]}")
+    with trie._lock:
+        trie._nodes, trie._stats, trie._table, trie._state = nodes, stats, table, state
+        trie._use(len(table))  # built with the whole table
+        trie._epoch += 1
+
+
+def _export(trie) -> dict[str, np.ndarray]:
+    """:func:`export`'s ``token``, ``parent``, ``count`` and ``last_used`` of every live node. Caller holds the
+    trie's lock."""
+    n = len(trie)
+    arrays = _outputs(n)
+    got = export(trie._nodes, trie._stats, *arrays.values())
+    if got != n:
+        raise RuntimeError(f"NgramTrie: exported {got} nodes of {n} (invariant broken)")
+    return arrays
+
+
+def _outputs(n: int) -> dict[str, np.ndarray]:
+    return {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
+            "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
+
+
+@functools.cache
+def _warm_up() -> None:
+    """Compile (or load from Numba's cache) :func:`export` once per process, before a trie's lock is held."""
+    export(*K.empty_arrays(2, 16)[:2], *_outputs(0).values())
+
+
+def pickled(trie) -> dict:
+    """``NgramTrie.__getstate__`` (pickling, ``copy.deepcopy``): the scalars, the node rows up to ``S_HIGH`` and the
+    table's non-empty entries travel, the lock and the streams do not; the copy proposes, inserts and evicts exactly
+    as the original would."""
+    with trie._lock:
+        state = {k: v for k, v in trie.__dict__.items() if k not in _NOT_PICKLED}
+        used = int(trie._state[K.S_HIGH]) + 1
+        entries = np.flatnonzero(trie._table)
+        state.update(_state=trie._state.copy(), _pool_rows=used, _nodes_used=trie._nodes[:used].copy(),
+                     _stats_used=trie._stats[:used].copy(), _table_entries=entries,
+                     _table_values=trie._table[entries])
+        return state
+
+
+def unpickle(trie, state: dict) -> None:
+    """``NgramTrie.__setstate__`` of what :func:`pickled` returned."""
+    state = dict(state)
+    used, scalars = state.pop("_pool_rows"), state["_state"]
+    nodes, stats, table, _ = K.empty_arrays(int(scalars[K.S_MAX_N]), int(scalars[K.S_CAPACITY]))
+    nodes[:used] = state.pop("_nodes_used")
+    stats[:used] = state.pop("_stats_used")
+    table[state.pop("_table_entries")] = state.pop("_table_values")
+    slots = state.pop("_used")
+    trie.__dict__.update(state, _nodes=nodes, _stats=stats, _table=table)
+    trie._use(slots)
+    trie._init_threading()
 
 
 def write_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
@@ -223,7 +342,7 @@ def _check_header(h: dict, bad) -> dict:
         v = h.get(name)
         if (v is not None or name != "vocab_size") and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
             raise bad(f"corrupt: header field {name!r} = {v!r}")
-    if h["capacity"] > _I32_MAX - 1 or h["capacity"] < 4 * h["max_n"] ** 2 or h["n_nodes"] > h["capacity"]:
+    if h["capacity"] > INT32_MAX - 1 or h["capacity"] < 4 * h["max_n"] ** 2 or h["n_nodes"] > h["capacity"]:
         raise bad(f"corrupt: n_nodes {h['n_nodes']} / capacity {h['capacity']}")
     if h.get("tokenizer_id") is not None and not isinstance(h["tokenizer_id"], str):
         raise bad("corrupt: header field 'tokenizer_id' is not a string")
@@ -239,3 +358,93 @@ def _check_header(h: dict, bad) -> dict:
     if total != h["payload_bytes"]:
         raise bad(f"corrupt: payload_bytes {h['payload_bytes']} != {total} from the array specs")
     return h
+
+
+@njit(cache=True)
+def export(nodes, stats, token, parent, count, last_used):
+    """Every live node, breadth-first with siblings in list order, into the outputs (length = live nodes);
+    ``parent[i] < i`` is the parent's output index, -1 under the root. Returns the number written, -1 when the
+    outputs are too short. Read-only."""
+    n_out = token.shape[0]
+    slots = np.empty(n_out, np.int64)
+    n = 0
+    h = -1
+    v = 0
+    while True:
+        c = nodes[v, K.FIRST_CHILD]
+        while c != 0:
+            if n >= n_out:
+                return -1
+            slots[n] = c
+            token[n] = nodes[c, K.TOKEN]
+            parent[n] = h
+            count[n] = stats[c, K.COUNT]
+            last_used[n] = stats[c, K.LAST_USED]
+            n += 1
+            c = nodes[c, K.NEXT_SIBLING]
+        h += 1
+        if h >= n:
+            return n
+        v = slots[h]
+
+
+@njit(cache=True)
+def build(nodes, stats, table, state, token, parent, count, last_used, step, n_evictions):
+    """Fill a just-``reset`` trie with what ``export`` wrote (node ``i`` to slot ``i + 1``); returns ``(status,
+    row)``, every row checked (``BUILD_ERRORS``; on a bad row the arrays are half-built). Starts a new stream."""
+    n = token.shape[0]
+    max_n = state[K.S_MAX_N]
+    cap = state[K.S_CAPACITY]
+    if n > cap:
+        return TOO_MANY, n
+    K.reach(nodes, stats, state, n)  # the slots and group ids the nodes take
+    depth = np.zeros(n + 1, np.int64)
+    g_next = 1
+    for i in range(n):
+        v = i + 1
+        p = np.int64(parent[i]) + 1  # slot of the parent, 0 = root
+        if p < 0 or p > i:
+            return BAD_PARENT, i
+        t = np.int64(token[i])
+        if t < 0 or t > INT32_MAX:
+            return BAD_TOKEN, i
+        c = count[i]
+        if c < 1:
+            return BAD_COUNT, i
+        lu = last_used[i]
+        if lu < 1 or lu > step:
+            return BAD_LAST_USED, i
+        depth[v] = depth[p] + 1
+        if depth[v] > max_n:
+            return BAD_DEPTH, i
+        h, x = K.probe(nodes, table, table.shape[0] - 1, p, t)
+        if x != 0:
+            return DUPLICATE, i
+        table[h] = v
+        last = nodes[p, K.LAST_CHILD]
+        if last != 0 and (stats[last, K.COUNT] < c
+                          or (stats[last, K.COUNT] == c and stats[last, K.LAST_USED] < lu)):
+            return BAD_ORDER, i
+        K.init_node(nodes, stats, v, t, p, c, lu)
+        nodes[v, K.PREV_SIBLING] = last
+        nodes[v, K.NEXT_SIBLING] = 0
+        nodes[p, K.LAST_CHILD] = v
+        stats[p, K.CHILD_SUM] += c
+        if last == 0:
+            nodes[p, K.FIRST_CHILD] = v
+        else:
+            nodes[last, K.NEXT_SIBLING] = v
+        if last != 0 and stats[last, K.COUNT] == c:
+            nodes[v, K.GROUP] = nodes[last, K.GROUP]
+        else:
+            nodes[g_next, K.GROUP_HEAD] = v
+            nodes[v, K.GROUP] = g_next
+            g_next += 1
+    # free slots n + 1 .. cap and group ids g_next .. cap are chained as a new trie's
+    state[K.S_N_LIVE] = n
+    state[K.S_FREE_HEAD] = n + 1 if n < cap else 0
+    state[K.S_GROUP_FREE] = g_next if g_next <= cap else 0
+    state[K.S_STEP] = step  # (S_HIGH: set by the reach above)
+    state[K.S_N_OPEN] = 0
+    state[K.S_N_EVICTIONS] = n_evictions
+    return BUILD_OK, n

@@ -1,5 +1,6 @@
 """``NgramTrie``: owns the trie's arrays, validates inputs and serialises access; the algorithms are in
-:mod:`lookahead.cache.kernels`, the terms and threading rules in the package docstring."""
+:mod:`lookahead.cache.kernels`, the terms and threading rules in the package docstring, saving, loading and pickling
+in :mod:`lookahead.cache.persist` (imported only by them)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,7 @@ def _warm_up() -> None:
     t.propose(toks, 4, 2)
     t.insert_rows(toks[:4].reshape(2, 2))
     K.kth_smallest(np.array([3, 1, 2], np.int64), 3, 1)
-    K.fresh_rows(t._nodes, t._stats, 16, 17, 16)  # writes nothing; compiled for __setstate__
-    # persistence and stream switching (a thread compiling these would hold the trie's lock)
-    K.build(*_empty_arrays(2, 16), *t._export().values(), t.step, 0)
+    # stream switching (a thread compiling these would hold the trie's lock)
     tail = np.empty(2, np.int64)
     K.reopen(t._nodes, t._tview, t._state, tail[: K.open_tail(t._nodes, t._state, tail)])
     K.rehash(t._nodes, t._table, t._state)
@@ -57,7 +56,7 @@ class NgramTrie:
     def _setup(self, max_n: int, capacity: int) -> None:
         self._max_n = max_n
         self._capacity = capacity
-        self._nodes, self._stats, self._table, self._state = _empty_arrays(max_n, capacity)
+        self._nodes, self._stats, self._table, self._state = K.empty_arrays(max_n, capacity)
         self._use(min(MIN_TABLE, len(self._table)))
         self._init_threading()
 
@@ -88,37 +87,16 @@ class NgramTrie:
         self._loaded: _Stream | None = None  # the stream whose open path is in _state (None: unowned)
         self._epoch = 0  # bumped by clear/load: every stream starts anew
 
-    # pickling / copy.deepcopy: the contents travel (only the rows up to S_HIGH and the table's non-empty entries),
-    # the lock and the streams do not; the copy proposes, inserts and evicts exactly as the original would
-    def __getstate__(self) -> dict:
-        with self._lock:
-            state = {k: v for k, v in self.__dict__.items()
-                     if k not in ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview",
-                                  "_whole")}
-            used = int(self._state[K.S_HIGH]) + 1
-            entries = np.flatnonzero(self._table)
-            state.update(_state=self._state.copy(), _pool_rows=used, _nodes_used=self._nodes[:used].copy(),
-                         _stats_used=self._stats[:used].copy(), _table_entries=entries,
-                         _table_values=self._table[entries])
-            return state
+    def __getstate__(self) -> dict:  # pickling / copy.deepcopy
+        from . import persist
+
+        return persist.pickled(self)
 
     def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        if "_pool_rows" in state:  # the compact form above (older pickles carry the whole arrays)
-            used, scalars = state.pop("_pool_rows"), state["_state"]
-            cap, high = int(scalars[K.S_CAPACITY]), int(scalars[K.S_HIGH])
-            nodes, stats, table, _ = _empty_arrays(int(scalars[K.S_MAX_N]), cap)
-            nodes[:used] = state.pop("_nodes_used")
-            stats[:used] = state.pop("_stats_used")
-            if high >= used:  # older pickles dropped the new trie's rows below the high-water mark too
-                K.fresh_rows(nodes, stats, cap, used, high)
-            table[state.pop("_table_entries")] = state.pop("_table_values")
-            state.update(_nodes=nodes, _stats=stats, _table=table)
+        from . import persist
+
         _warm_up()
-        used = state.pop("_used", len(state["_table"]))  # older pickles: the whole table was in use
-        self.__dict__.update(state)
-        self._use(used)
-        self._init_threading()
+        persist.unpickle(self, state)
 
     max_n = property(lambda self: self._max_n)
     capacity = property(lambda self: self._capacity)
@@ -236,41 +214,16 @@ class NgramTrie:
 
     def ngrams(self) -> dict[tuple[int, ...], tuple[int, int]]:
         """``{path: (count, last_used)}`` for every live node (tests and debugging; not fast)."""
-        with self._lock:
-            arrays = self._export()
-        paths: list[tuple[int, ...]] = []
-        for token, parent in zip(arrays["token"].tolist(), arrays["parent"].tolist()):
-            paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-        return dict(zip(paths, zip(arrays["count"].tolist(), arrays["last_used"].tolist())))
+        from . import persist
 
-    def _export(self) -> dict[str, np.ndarray]:
-        """``K.export``'s ``token``, ``parent``, ``count`` and ``last_used`` of every live node. Caller holds the
-        lock."""
-        n = len(self)
-        arrays = {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
-                  "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
-        got = K.export(self._nodes, self._stats, *arrays.values())
-        if got != n:
-            raise RuntimeError(f"NgramTrie: exported {got} nodes of {n} (invariant broken)")
-        return arrays
+        return persist.ngrams(self)
 
-    # -- persistence (the file format: lookahead.cache.persist, imported only here) ---------------------
     def save(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
         """Write the trie to ``path`` atomically, with ``vocab_size`` and ``tokenizer_id`` (e.g.
         :func:`cache.tokenizer_identity`) for :meth:`load` to check. Streams are not saved."""
-        if vocab_size is not None:
-            vocab_size = int_at_least(vocab_size, 1, "vocab_size", "a positive integer")
-        if tokenizer_id is not None and not isinstance(tokenizer_id, str):
-            raise TypeError(f"tokenizer_id: expected a str, got {type(tokenizer_id).__name__}")
-        with self._lock:
-            arrays = self._export()
-            meta = dict(max_n=self._max_n, capacity=self._capacity, n_nodes=len(self), step=self.step,
-                        n_evictions=self.n_evictions, vocab_size=vocab_size, tokenizer_id=tokenizer_id)
-        if vocab_size is not None and meta["n_nodes"] and int(arrays["token"].max()) >= vocab_size:
-            raise ValueError(f"vocab_size={vocab_size}, but the trie holds token id {int(arrays['token'].max())}")
         from . import persist
 
-        persist.write_file(path, meta, arrays)
+        persist.save(self, path, vocab_size, tokenizer_id)
 
     @classmethod
     def load(cls, path, vocab_size: int | None = None, tokenizer_id: str | None = None,
@@ -279,12 +232,7 @@ class NgramTrie:
         :meth:`load_into` does."""
         from . import persist
 
-        header, arrays = persist.read_file(path)
-        cap = header["capacity"] if capacity is None else capacity
-        persist.check_match(path, header, arrays, vocab_size, tokenizer_id, header["max_n"], cap)
-        trie = cls(max_n=header["max_n"], capacity=cap)
-        trie._install(path, header, arrays)
-        return trie
+        return persist.load(cls, path, vocab_size, tokenizer_id, capacity)
 
     def load_into(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
         """Replace the contents with the file at ``path`` (same ``max_n``; its n-grams must fit the capacity).
@@ -295,23 +243,7 @@ class NgramTrie:
         """
         from . import persist
 
-        header, arrays = persist.read_file(path)
-        persist.check_match(path, header, arrays, vocab_size, tokenizer_id, self._max_n, self._capacity)
-        self._install(path, header, arrays)
-
-    def _install(self, path, header, arrays) -> None:
-        """Build the file's n-grams into new arrays (checking every row), then swap them in."""
-        nodes, stats, table, state = _empty_arrays(self._max_n, self._capacity)
-        status, row = K.build(nodes, stats, table, state, arrays["token"], arrays["parent"], arrays["count"],
-                              arrays["last_used"], header["step"], header["n_evictions"])
-        if status != K.BUILD_OK:
-            from . import persist
-
-            raise persist.TrieFileError(f"{path}: corrupt: row {row}: {K.BUILD_ERRORS[status]}")
-        with self._lock:
-            self._nodes, self._stats, self._table, self._state = nodes, stats, table, state
-            self._use(len(table))  # built with the whole table
-            self._epoch += 1
+        persist.load_into(self, path, vocab_size, tokenizer_id)
 
 
 @dataclasses.dataclass(slots=True)
@@ -320,15 +252,3 @@ class _Stream:
 
     tail: np.ndarray | None = None
     epoch: int = -1
-
-
-def _empty_arrays(max_n: int, capacity: int):
-    """``(nodes, stats, table, state)`` of an empty trie; node rows are left unwritten until used (``S_HIGH``)."""
-    nodes = np.empty((capacity + 1, K.NODE_COLUMNS), np.int32)
-    stats = np.empty((capacity + 1, K.STAT_COLUMNS), np.int64)
-    table = np.zeros(table_size(capacity), np.int32)
-    state = np.zeros(K.S_OPEN + max_n, np.int64)
-    state[K.S_MAX_N] = max_n
-    state[K.S_CAPACITY] = capacity
-    K.reset(nodes, stats, table, state)
-    return nodes, stats, table, state

@@ -217,10 +217,8 @@ def _export(trie):
     n = len(trie)
     arrays = {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
               "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
-    from lookahead.cache import kernels as K
-
-    assert K.export(trie._nodes, trie._stats, arrays["token"], arrays["parent"], arrays["count"],
-                    arrays["last_used"]) == n
+    assert persist.export(trie._nodes, trie._stats, arrays["token"], arrays["parent"], arrays["count"],
+                          arrays["last_used"]) == n
     meta = dict(max_n=trie.max_n, capacity=trie.capacity, n_nodes=n, step=trie.step, n_evictions=0,
                 vocab_size=None, tokenizer_id=None)
     return meta, arrays

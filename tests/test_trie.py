@@ -448,15 +448,13 @@ def test_clear_leaves_a_new_tries_arrays(capacity, tokens):
     """``clear`` writes the root's row and the state, and zeroes the live nodes' hash entries (all of the table past
     a quarter of the capacity): the arrays are then a new trie's as the kernels read them (the rows above ``S_HIGH``
     count as a new trie's), and it behaves as one."""
-    from lookahead.cache.trie import _empty_arrays
-
     rng = np.random.default_rng(capacity + tokens)
     trie = NgramTrie(max_n=6, capacity=capacity)
     new = NgramTrie(max_n=6, capacity=capacity)
     for _ in range(2):
         trie.insert(rng.integers(0, 50, tokens))
         trie.clear()
-        fresh = _empty_arrays(6, capacity)
+        fresh = K.empty_arrays(6, capacity)
         # (no open path)
         assert np.array_equal(trie._state[:K.S_OPEN], fresh[3][:K.S_OPEN]) and trie._state[K.S_HIGH] == 0
         for got, want in zip(_written(trie) + (trie._table,), _written(new) + (fresh[2],)):
