@@ -130,8 +130,7 @@ def fake_gguf(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path / "cache"))
     model, tok = _tiny_pair()
     conversions = []
-    monkeypatch.setattr(models, "_gguf_tokenizer", lambda f, n: tok)
-    monkeypatch.setattr(models, "_gguf_model", lambda f, n: conversions.append(n) or model)
+    monkeypatch.setattr(models, "_from_gguf", lambda f, n: conversions.append(n) or (tok, model))
     return folder / "tiny.Q4_1.gguf", model, tok, conversions
 
 
@@ -216,7 +215,7 @@ def test_the_real_converted_copy_is_bit_identical(hf_settings):
     except RuntimeError as err:
         pytest.skip(f"SmolLM2 not installed ({err})")
     with models.quiet_loading():
-        direct_tok, direct = models._gguf_tokenizer(folder, name), models._gguf_model(folder, name)
+        direct_tok, direct = models._from_gguf(folder, name)
     models._special_tokens_from_model(direct_tok, direct)
     models.load_smollm2()  # converts once in the test run's cache folder (or finds the copy already there)
     cached, cached_tok = models.load_smollm2()

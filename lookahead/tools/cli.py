@@ -43,12 +43,12 @@ def positive_int(text: str) -> int:
 
 
 def thread_count(text: str) -> int | str:
-    """``--threads``: ``auto`` or a positive integer."""
     return "auto" if text.strip().lower() == "auto" else positive_int(text)
 
 
 def name_list(kind: str, valid_names):
-    """An argparse type: comma-separated names, each one of ``valid_names()`` (called when parsing)."""
+    """An argparse type: comma-separated names, each one of ``valid_names()`` (called when parsing, so that a
+    registry of the bench is imported only when its option is given)."""
 
     def parse(text: str) -> list[str]:
         valid = list(valid_names())
@@ -62,11 +62,6 @@ def name_list(kind: str, valid_names):
         return names
 
     return parse
-
-
-def _registry(module: str, name: str):
-    """``valid_names`` for :func:`name_list`: a registry of the bench, imported when an option is parsed."""
-    return lambda: getattr(importlib.import_module(module, __package__), name)
 
 
 def _add(p: argparse.ArgumentParser, flag: str, help: str, **kw) -> None:
@@ -123,9 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "bench.json, bench.md and bench.png into --out.")
     _common(bench, None)
     _add(bench, "--workloads", "comma-separated workloads (default: all)",
-         type=name_list("workload", _registry(".bench.workloads", "WORKLOADS")))
+         type=name_list("workload", lambda: importlib.import_module(".bench.workloads", __package__).WORKLOADS))
     _add(bench, "--methods", "comma-separated methods (default: plain, prompt-lookup, lookahead, lookahead-small); "
-         "plain is always run", type=name_list("method", _registry(".bench.methods", "METHODS")))
+         "plain is always run",
+         type=name_list("method", lambda: importlib.import_module(".bench.methods", __package__).METHODS))
     _add(bench, "--max-new-tokens", f"new tokens per prompt (default: {DEFAULT_TOKENS}; {QUICK_TOKENS} with --quick)",
          type=positive_int)
     _add(bench, "--prompts-per-workload", f"prompts per workload (default: {DEFAULT_PROMPTS}; {QUICK_PROMPTS} with "

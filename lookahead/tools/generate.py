@@ -29,13 +29,13 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def run_generate(args, out=None, err=None) -> int:
+def run_generate(args) -> int:
     """The ``generate`` command on parsed ``args``; returns the exit status (2: a bad setting or request)."""
-    out, err = out or sys.stdout, err or sys.stderr
+    out, say = sys.stdout, functools.partial(print, file=sys.stderr, flush=True)
     try:
         overrides = parse_overrides(args.config or [])
     except ValueError as e:
-        print(f"error: {e}", file=err)
+        say(f"error: {e}")
         return 2
     import torch
     from transformers import TextStreamer
@@ -47,7 +47,6 @@ def run_generate(args, out=None, err=None) -> int:
     from .console import set_threads
     from .warmup import ensure_kernels
 
-    say = functools.partial(print, file=err, flush=True)
     set_threads(args.threads)
     t0 = time.perf_counter()
     model, tok = models.load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device, progress=True)

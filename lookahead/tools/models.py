@@ -46,7 +46,7 @@ def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, prog
     gguf = os.path.join(folder, name)
     target = converted_folder(gguf) if cache and user_cache.persist_enabled() else None
     t = time.perf_counter()
-    loaded = _load_converted(target, gguf, dtype) if target is not None else None
+    loaded = _load_converted(target, gguf, dtype)
     if loaded is not None:
         tok, model = loaded
         log.info("loaded %s from its converted weights in %.1f s (%s)", BUNDLED_NAME, time.perf_counter() - t,
@@ -55,8 +55,7 @@ def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, prog
         log.info("loading %s from its GGUF file%s (de-quantising) ...", BUNDLED_NAME,
                  f", once: the converted weights are kept in {target}" if target else "")
         with quiet_loading(progress):
-            tok = _gguf_tokenizer(folder, name)
-            model = _gguf_model(folder, name)  # float32: the form the copy keeps
+            tok, model = _from_gguf(folder, name)
         log.info("loaded %s in %.1f s", BUNDLED_NAME, time.perf_counter() - t)
         # read back what was kept: what later loads get; a copy that does not load is known at once
         kept = target is not None and save_converted(model, tok, target, weights_key(gguf))
@@ -71,17 +70,13 @@ def load_smollm2(dtype=None, device: str | None = None, cache: bool = True, prog
     return model.eval(), tok
 
 
-def _gguf_tokenizer(folder: str, name: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
-
-
-def _gguf_model(folder: str, name: str):
+def _from_gguf(folder: str, name: str):
+    """(tokenizer, model) de-quantised from the GGUF file, the model in float32 (the form the copy keeps)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return (AutoTokenizer.from_pretrained(folder, gguf_file=name),
+            AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32))
 
 
 def weights_key(gguf_path: str) -> dict:
@@ -106,9 +101,9 @@ def is_converted(folder: str, key: dict) -> bool:
         user_cache.read_json(os.path.join(folder, _MARKER)) == key)
 
 
-def _load_converted(folder: str, gguf: str, dtype):
+def _load_converted(folder: str | None, gguf: str, dtype):
     """(tokenizer, model) from a valid converted copy, else None (a broken one is logged and made again)."""
-    if not is_converted(folder, weights_key(gguf)):
+    if folder is None or not is_converted(folder, weights_key(gguf)):
         return None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

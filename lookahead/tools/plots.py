@@ -15,7 +15,7 @@ def _figure(width: float, height: float, ratios: list[int]):
     return fig, fig.subplots(1, 2, gridspec_kw={"width_ratios": ratios})
 
 
-def plot_budgets(stats, path: str, title: str | None = None) -> str:
+def plot_budgets(stats, path: str) -> str:
     """A PNG at ``path``: per step of ``stats`` (a ``DecodeStats``) the draft nodes verified, window rows and draft
     tokens accepted, beside the cost curve it priced with."""
     fig, (ax1, ax2) = _figure(12, 4, [3, 1])
@@ -29,7 +29,7 @@ def plot_budgets(stats, path: str, title: str | None = None) -> str:
     ax1.scatter(range(len(accepted)), accepted, s=10, color="C1", zorder=3, label="draft tokens accepted")
     ax1.set_xlabel("step (one target call each)")
     ax1.set_ylabel("tokens")
-    ax1.set_title(title or f"{stats.new_tokens} tokens in {stats.target_calls} target calls "
+    ax1.set_title(f"{stats.new_tokens} tokens in {stats.target_calls} target calls "
                   f"({stats.tokens_per_call:.2f} tokens/call)", fontsize=9)
     ax1.legend(fontsize=8)
     if stats.cost_curve:

@@ -43,9 +43,9 @@ def decoder_method(name: str, *, shown: dict | None = None, **kwargs) -> Method:
     from ...config import LookaheadConfig
     from ...decoder import LookaheadDecoder
 
-    if kwargs.get("heads") == "bundled" or isinstance(kwargs.get("heads"), dict):
-        changes = kwargs["heads"] if isinstance(kwargs["heads"], dict) else {}
-        kwargs["heads"] = _bundled_heads().with_settings(**changes) if changes else _bundled_heads()
+    heads = kwargs.get("heads")
+    if heads == "bundled" or isinstance(heads, dict):
+        kwargs["heads"] = _bundled_heads().with_settings(**heads) if heads != "bundled" else _bundled_heads()
     if kwargs.get("corpus") == "bundled":
         from ...corpus import DraftCorpus
 

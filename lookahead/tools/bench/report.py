@@ -115,10 +115,10 @@ def _per_prompt(result: dict) -> list[str]:
     return lines
 
 
-def write_reports(result: dict, out_dir: str, stem: str = "bench") -> dict[str, str]:
-    """Write ``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` into ``out_dir``; returns their paths by kind."""
+def write_reports(result: dict, out_dir: str) -> dict[str, str]:
+    """Write ``bench.json``, ``bench.md`` and ``bench.png`` into ``out_dir``; returns their paths by kind."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = {kind: os.path.join(out_dir, f"{stem}.{ext}") for kind, ext in
+    paths = {kind: os.path.join(out_dir, f"bench.{ext}") for kind, ext in
              (("json", "json"), ("markdown", "md"), ("plot", "png"))}
     with open(paths["json"], "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)

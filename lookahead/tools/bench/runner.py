@@ -53,8 +53,7 @@ def encode(prompt: Prompt, tokenizer, device) -> dict:
 
 
 def pad_kwargs(model) -> dict:
-    """``{"pad_token_id": EOS}`` for a model whose generation config has no padding token (generate warns without
-    it), else ``{}``."""
+    """``{"pad_token_id": EOS}`` where the generation config has no padding token (generate warns), else ``{}``."""
     eos = model.generation_config.eos_token_id
     if model.generation_config.pad_token_id is not None or eos is None:
         return {}
@@ -139,9 +138,7 @@ def summarise(records: list[dict], workloads: list[str], methods: list[str], sam
             ratios = [r["speedup_vs_plain"] for r in ok if r["speedup_vs_plain"] is not None]
             tokens, calls = sum(r["new_tokens"] for r in ok), sum(r["target_calls"] for r in ok)
             wall = sum(r["wall_s"] for r in ok)
-            hist: Counter = Counter()
-            for r in ok:
-                hist.update(r.get("accepted_hist") or {})
+            hist = sum((Counter(r.get("accepted_hist") or {}) for r in ok), Counter())
             quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
             row.update(
                 speedup_median=statistics.median(ratios) if ratios else None,
@@ -191,8 +188,7 @@ def run_bench(model, tokenizer, workloads: dict[str, Sequence],
     t_start, warm = time.perf_counter(), min(WARMUP_TOKENS, max_new_tokens)
 
     def call(method: Method, inputs: dict, kw: dict, seed_at: int) -> dict | None:
-        """One ``generate``'s figures, output (``out``) and decoder statistics, or None where the method refuses
-        this mode."""
+        """One ``generate``'s figures, output and statistics, or None where the method refuses this mode."""
         if method.name in unsupported:
             return None
         if sample:
