@@ -26,15 +26,8 @@ import numpy as np
 from . import kept
 from ._tuning import DEFAULT
 from .cache import NgramTrie
-from .kept import (
-    BUNDLED,
-    CORPUS_FORMAT,
-    CORPUS_HEADER,
-    check_model,
-    fingerprint,
-    install_folder,
-)
-from .user_cache import persist_enabled
+from .kept import BUNDLED, CORPUS_FORMAT, CORPUS_HEADER, INSTALLED, SHAPE_FIELDS, check_model, fingerprint
+from .user_cache import cache_dir, persist_enabled
 
 log = logging.getLogger("lookahead")
 
@@ -202,6 +195,14 @@ def corpus_for(model) -> DraftCorpus | None:
     """The kept corpus (``kept.kept_corpora``: the bundled one, then those installed) that fits ``model``, or None
     (``kept.find``). Example: the bundled SmolLM2 -> ``DraftCorpus.bundled()``; a tiny random Llama -> None."""
     return kept.find(model, "corpus", kept.kept_corpora, load_kept)
+
+
+def install_folder(target: dict) -> str:
+    """``<user cache>/corpora/<16 hex digits of the fingerprint's hash>``: where the corpus for ``target`` is
+    installed."""
+    key = {k: target.get(k) for k in ("architecture", *SHAPE_FIELDS, "lm_head_sha256")}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir(), INSTALLED, digest)
 
 
 def forget() -> None:

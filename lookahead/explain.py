@@ -5,13 +5,11 @@ from __future__ import annotations
 from ._tuning import DEFAULT
 from .cost import CostModel
 
-EXPLAIN_PAID, EXPLAIN_COSTLY = DEFAULT.explain_paid, DEFAULT.explain_costly
-
 
 def explain(stats) -> str:
     """Tokens per model call, then why, in the first case that applies: a fixed budget (no cost curve); drafting paid
-    (``EXPLAIN_PAID`` tokens per call); most steps *plain* (no draft token verified, no window row run) and a 2-token
-    step dear (``EXPLAIN_COSTLY[0]``); most steps plain otherwise; else the acceptance rate. Example::
+    (``Tuning.explain_paid`` tokens per call); most steps *plain* (no draft token verified, no window row run) and a
+    2-token step dear (``Tuning.explain_costly[0]``); most steps plain otherwise; else the acceptance rate. Example::
 
         DecodeStats(target_calls=4, new_tokens=4, budgets=[(0, 0)] * 4, accepted_per_step=[0] * 4,
                     cost_curve=((1, .010), (2, .017), (16, .024))).explain()
@@ -30,7 +28,7 @@ def explain(stats) -> str:
     plain = sum(1 for nodes, rows in stats.budgets if not nodes and not rows)
     drafting = steps - plain
     accepted = f"{stats.accepted} of {stats.drafted} drafted tokens were accepted ({stats.acceptance_rate:.0%})"
-    paid = stats.tokens_per_call >= EXPLAIN_PAID
+    paid = stats.tokens_per_call >= DEFAULT.explain_paid
     if stats.cost_curve is None:
         if not drafting:
             return (f"{head} No cost curve priced the drafts (a fixed budget), so every step would have "
@@ -49,7 +47,7 @@ def _why_adaptive(stats, plain: int, drafting: int, accepted: str, paid: bool) -
     steps = plain + drafting
     curve = CostModel(stats.cost_curve, steps=stats.cost_steps)
     r2, r16 = (float(curve(k) / curve(1)) for k in (2, 16))
-    short_dear = r2 >= EXPLAIN_COSTLY[0]
+    short_dear = r2 >= DEFAULT.explain_costly[0]
     dear = f"verifying even 2 tokens costs {r2:.1f}x a 1-token forward and 16 tokens {r16:.1f}x"
     if paid:
         why = f"{drafting} of {steps} steps verified a draft and {accepted}"
@@ -64,7 +62,7 @@ def _why_adaptive(stats, plain: int, drafting: int, accepted: str, paid: bool) -
         if short_dear:
             return (f"Drafting did not pay on this machine: {dear}, so the budget kept {plain} of {steps} "
                     f"steps plain{others}.")
-        long_cheap = r16 < EXPLAIN_COSTLY[1]
+        long_cheap = r16 < DEFAULT.explain_costly[1]
         cheap = f"verifying 2 tokens costs {r2:.1f}x a 1-token forward" + (
             f" and 16 tokens {r16:.1f}x" if long_cheap else f", though 16 tokens cost {r16:.1f}x")
         what = "extra tokens" if long_cheap else "a short draft"

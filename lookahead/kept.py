@@ -8,7 +8,6 @@ loads it only then (``lookahead.corpus`` and ``lookahead.heads`` stay unimported
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -29,7 +28,7 @@ BUNDLED = os.path.join(DATA, "corpus-smollm2")
 HEADS = os.path.join(DATA, "heads-smollm2")
 """The draft heads shipped for it; ``default.txt`` names the kind a default call uses."""
 INSTALLED = "corpora"
-"""The user cache's folder of installed corpora, one subfolder per model (:func:`install_folder`)."""
+"""The user cache's folder of installed corpora, one subfolder per model (``corpus.install_folder``)."""
 CORPUS_FORMAT, CORPUS_HEADER = "lookahead-draft-corpus", "corpus.json"
 SHAPE_FIELDS = ("model_type", "hidden_size", "vocab_size")
 PROBE_ENTRIES = 64
@@ -95,13 +94,6 @@ def check_model(saved: dict, model, what: str = "these draft heads were trained 
             f"{saved.get('hidden_size')}, vocabulary {saved.get('vocab_size')}): for this {type(model).__name__}, "
             f"{why}. Make one for this model with `python -m lookahead {command} --model PATH --out DIR` and load it."
         )
-
-
-def install_folder(target: dict, root: str | None = None) -> str:
-    """``<root>/<16 hex digits of the fingerprint's hash>``: where the corpus for ``target`` is installed."""
-    key = {k: target.get(k) for k in ("architecture", *SHAPE_FIELDS, "lm_head_sha256")}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(root or os.path.join(cache_dir(), INSTALLED), digest)
 
 
 def kept_corpora() -> list[tuple[str, dict]]:

@@ -192,8 +192,7 @@ def own_cache(tmp_path, monkeypatch):
 def test_the_default_decoder_drafts_from_the_corpus_installed_for_its_model(llama, own_cache):
     """``build-corpus`` installs a corpus in the user cache; ``LookaheadDecoder()`` (``corpus="auto"``) then
     drafts from it for that model, with the same tokens, and ``corpus=None`` does not."""
-    from lookahead.corpus import corpus_for
-    from lookahead.kept import install_folder
+    from lookahead.corpus import corpus_for, install_folder
 
     prompts = [_prompt(seed) for seed in range(3)]
     answers = [_greedy(llama, p, 40)[0, p.shape[1]:] for p in prompts]

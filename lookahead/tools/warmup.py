@@ -16,19 +16,19 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 PROMPT = [3, 10, 11, 12, 13, 14] * 5 + [3, 10, 11]  # repeats: the n-gram sources draft at once
 
 
-def ensure_kernels(progress: bool = True) -> None:
+def ensure_kernels() -> None:
     """Compile every kernel now, announced, when Numba's cache lacks any of them."""
     if kernels_compiled() is not False:
         return
     from .console import phase
 
     with phase("compiling the Numba kernels once (`python -m lookahead warmup` does it ahead)"):
-        compile_kernels(progress=progress)
+        compile_kernels(progress=True)
 
 
-def cache_counts(modules=None) -> tuple[int, int]:
+def cache_counts() -> tuple[int, int]:
     """(signatures compiled, signatures loaded from Numba's on-disk cache) in this process so far."""
-    found = [d for _, d in kernels(modules)]
+    found = [d for _, d in kernels()]
     return (sum(sum(d.stats.cache_misses.values()) for d in found),
             sum(sum(d.stats.cache_hits.values()) for d in found))
 
@@ -139,12 +139,12 @@ def compile_kernels(progress: bool = False) -> dict:
             "missed": missed_kernels(), "failed": failed}
 
 
-def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: bool = True, out=None) -> int:
-    """``python -m lookahead warmup``, each phase announced on ``out`` (stderr) and timed; the exit status."""
-    say, start = functools.partial(print, file=out or sys.stderr, flush=True), time.perf_counter()
+def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = ()) -> int:
+    """``python -m lookahead warmup``, each phase announced on stderr and timed; the exit status."""
+    say, start = functools.partial(print, file=sys.stderr, flush=True), time.perf_counter()
     say("compiling the Numba kernels" + (" (already compiled: checking)" if kernels_compiled() else
                                          " (once per install and CPU)") + " ...")
-    k = compile_kernels(progress=progress)
+    k = compile_kernels(progress=True)
     say(f"kernels: {k['kernels']} ready ({k['compiled']} compiled now, {k['loaded']} loaded from Numba's cache) "
         f"in {k['seconds']:.1f} s")
     for label, err in k["failed"].items():
@@ -166,7 +166,7 @@ def run(weights: bool = True, calibrate_dtypes: tuple[str, ...] = (), progress: 
         else:
             say(f"keeping the converted weights of {BUNDLED_NAME} ...")
             t = time.perf_counter()
-            model, _ = load_smollm2(progress=progress)
+            model, _ = load_smollm2(progress=True)
             say(f"weights: ready in {time.perf_counter() - t:.1f} s")
         for dtype in calibrate_dtypes:  # one short call measures and keeps (or reads back) the cost curve
             threads = torch.get_num_threads()
