@@ -14,7 +14,7 @@ File layout (all integers little-endian)::
 
 The header holds ``max_n``, ``capacity``, ``n_nodes``, ``step``, ``n_evictions``, ``vocab_size`` and
 ``tokenizer_id`` (either may be null), ``arrays`` as ``[name, dtype, length]``, ``payload_bytes`` and
-``payload_crc32``. The payload is ``kernels.export``'s breadth-first n-grams: ``count``, ``last_used`` (``<u4``
+``payload_crc32``. The payload is :func:`export`'s breadth-first n-grams: ``count``, ``last_used`` (``<u4``
 when all fit, else ``<i8``), ``token``, ``parent`` (``<i4``, parent's row or -1); no in-memory layout, no pickle.
 The version field is trusted only once the header's checksum matches and its ``format_version`` agrees: a flipped
 bit in either reads as "corrupt"; only an intact header of a higher version asks for an upgrade.

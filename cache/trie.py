@@ -88,15 +88,11 @@ class NgramTrie:
         self._epoch = 0  # bumped by clear/load: every stream starts anew
 
     def __getstate__(self) -> dict:  # pickling / copy.deepcopy
-        from . import persist
-
-        return persist.pickled(self)
+        return _persist().pickled(self)
 
     def __setstate__(self, state: dict) -> None:
-        from . import persist
-
         _warm_up()
-        persist.unpickle(self, state)
+        _persist().unpickle(self, state)
 
     max_n = property(lambda self: self._max_n)
     capacity = property(lambda self: self._capacity)
@@ -214,25 +210,19 @@ class NgramTrie:
 
     def ngrams(self) -> dict[tuple[int, ...], tuple[int, int]]:
         """``{path: (count, last_used)}`` for every live node (tests and debugging; not fast)."""
-        from . import persist
-
-        return persist.ngrams(self)
+        return _persist().ngrams(self)
 
     def save(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
         """Write the trie to ``path`` atomically, with ``vocab_size`` and ``tokenizer_id`` (e.g.
         :func:`cache.tokenizer_identity`) for :meth:`load` to check. Streams are not saved."""
-        from . import persist
-
-        persist.save(self, path, vocab_size, tokenizer_id)
+        _persist().save(self, path, vocab_size, tokenizer_id)
 
     @classmethod
     def load(cls, path, vocab_size: int | None = None, tokenizer_id: str | None = None,
              capacity: int | None = None) -> NgramTrie:
         """A new trie from the file at ``path``, with its ``max_n`` and (unless given) ``capacity``. Raises as
         :meth:`load_into` does."""
-        from . import persist
-
-        return persist.load(cls, path, vocab_size, tokenizer_id, capacity)
+        return _persist().load(cls, path, vocab_size, tokenizer_id, capacity)
 
     def load_into(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
         """Replace the contents with the file at ``path`` (same ``max_n``; its n-grams must fit the capacity).
@@ -241,9 +231,14 @@ class NgramTrie:
         newer, and its subclass :class:`cache.TrieMismatchError` for another ``vocab_size`` (or a token id >= it),
         ``tokenizer_id`` or ``max_n``, or too many n-grams. On any error the trie is unchanged.
         """
-        from . import persist
+        _persist().load_into(self, path, vocab_size, tokenizer_id)
 
-        persist.load_into(self, path, vocab_size, tokenizer_id)
+
+def _persist():
+    """:mod:`lookahead.cache.persist`, imported on first use: a default call never saves, loads or pickles."""
+    from . import persist
+
+    return persist
 
 
 @dataclasses.dataclass(slots=True)
