@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from .drafting.draft import tree_depth_rank
+from .drafting.trees import tree_depth_rank
 
 
 def tree_depths(parents: np.ndarray) -> np.ndarray:

@@ -1,8 +1,20 @@
-"""A plain-Python reference of merging draft trees, for the tests of ``drafting.sources.merge_proposals`` (Numba)."""
+"""A plain-Python reference of merging draft trees, for the tests of ``drafting.sources.merge_proposals`` (Numba),
+and :func:`build_draft`, a draft of one tree as given."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from lookahead.drafting.draft import Draft
+from lookahead.drafting.trees import tree_depth_rank
+
+
+def build_draft(tokens, parents, origin, match, window=None) -> Draft:
+    """A draft of one proposed tree in its own order (depth and rank computed, no agreement)."""
+    parents = np.asarray(parents, dtype=np.int64)
+    depth, rank = tree_depth_rank(parents)
+    return Draft(np.asarray(tokens, dtype=np.int64), parents, np.asarray(origin, dtype=np.int8),
+                 np.asarray(match, dtype=np.int64), depth, rank, np.zeros(len(parents), dtype=np.int64), window)
 
 
 def merge_trees(

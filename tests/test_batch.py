@@ -40,6 +40,7 @@ from lookahead.compat import cache_kwarg_name
 from lookahead.cost import CostModel
 from lookahead.drafting.draft import Draft
 
+from draft_reference import build_draft
 from tiny import peaky_llama
 
 REP = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]
@@ -370,7 +371,7 @@ def test_keep_rows_entries_docstring_example():
 
 
 def test_pack_batch_docstring_example():
-    drafts = [Draft.build([7, 8], [-1, 0], [0, 0], [1, 1]), Draft.empty()]
+    drafts = [build_draft([7, 8], [-1, 0], [0, 0], [1, 1]), Draft.empty()]
     ids, pos, mask = pack_batch(np.array([[5], [6]]), np.array([[3], [9]]), np.ones((2, 1), dtype=bool), drafts, 2,
                                 torch.float32, "cpu")
     assert ids.tolist() == [[5, 7, 8], [6, 0, 0]] and pos.tolist() == [[3, 4, 5], [9, 10, 10]]

@@ -14,7 +14,10 @@ from lookahead._tuning import Tuning
 from lookahead.budget import AcceptanceStats, Budget, CopyBelief, choose_nodes
 from lookahead.cost import CostModel
 from lookahead.drafting import kernels as DK
-from lookahead.drafting.draft import ORIGINS, Draft, WindowRows, tree_depth_rank
+from lookahead.drafting.draft import ORIGINS, Draft, WindowRows
+from lookahead.drafting.trees import depth_rank, tree_depth_rank
+
+from draft_reference import build_draft
 
 FLAT = CostModel([(1, 0.010), (64, 0.0105)])  # a datacenter GPU: 64 tokens cost as much as one
 STEEP = CostModel([(1, 0.036), (2, 0.041), (4, 0.057), (8, 0.067), (16, 0.075), (32, 0.114), (64, 0.136)])
@@ -26,7 +29,7 @@ def _draft(parents, match=1, window_rows=0) -> Draft:
     parents = np.asarray(parents, dtype=np.int64)
     window = WindowRows(np.zeros(window_rows, np.int64), np.ones(window_rows, np.int64),
                         np.eye(window_rows, dtype=bool)) if window_rows else None
-    return Draft.build(np.arange(len(parents)), parents, np.zeros(len(parents), dtype=np.int8),
+    return build_draft(np.arange(len(parents)), parents, np.zeros(len(parents), dtype=np.int8),
                        np.full(len(parents), match), window)
 
 
@@ -61,12 +64,12 @@ def test_choice_is_a_tree_prefix():
     keep = _nodes(probs, CostModel([(1, 1.0), (4, 1.05), (6, 3.0)]))
     # k=3: (1 + 0.9 + 0.8 + 0.7) / 1.05 = 3.24 tokens per unit beats k=4: 3.6 / 2.025 = 1.78
     assert keep.tolist() == [0, 2, 3]
-    kept = Draft.build(np.array([10, 11, 12, 13, 14]), parents, np.zeros(5), np.ones(5)).keep(keep)
+    kept = build_draft(np.array([10, 11, 12, 13, 14]), parents, np.zeros(5), np.ones(5)).keep(keep)
     assert kept.tokens.tolist() == [10, 12, 13] and kept.parents.tolist() == [-1, 0, 1]
 
 
 def test_keep_reindexes_and_rejects_orphans():
-    draft = Draft.build(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]), np.array([0, 1, 0, 1]), np.ones(4))
+    draft = build_draft(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]), np.array([0, 1, 0, 1]), np.ones(4))
     kept = draft.keep([0, 1, 3])
     assert kept.tokens.tolist() == [5, 6, 8] and kept.parents.tolist() == [-1, -1, 1]
     assert kept.origin.tolist() == [0, 1, 1]
@@ -77,7 +80,7 @@ def test_keep_reindexes_and_rejects_orphans():
     assert origin.dtype == np.int8 and origin.tolist() == [0, 1, 3]
     assert not DK.keep_nodes(ar, np.array([-1, -1, 0, 1]), ar.astype(np.int8), ar, ar, ar, ar, np.array([0, 3]))[-1]
     with pytest.raises(ValueError):
-        Draft.build(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), np.ones(2)).keep([1])
+        build_draft(np.array([5, 6]), np.array([-1, 0]), np.zeros(2), np.ones(2)).keep([1])
 
 
 def test_a_kept_node_keeps_its_proposed_depth_and_rank():
@@ -109,9 +112,9 @@ def test_acceptance_stats_learn():
 
 
 def test_kernel_examples():
-    depth, rank, ok = DK.depth_rank(np.array([-1, -1, 0, 0, 1]))
+    depth, rank, ok = depth_rank(np.array([-1, -1, 0, 0, 1]))
     assert ok and depth.tolist() == [1, 1, 2, 2, 2] and rank.tolist() == [1, 2, 1, 2, 0]
-    assert not DK.depth_rank(np.array([-1, 1]))[2]
+    assert not depth_rank(np.array([-1, 1]))[2]
     keep, rate = K.choose(np.array([0.9, 0.8, 0.1]), np.array([9.0, 1.0, 1.1, 1.2, 2.0]), 0, 0.0, 1.05, 3)
     assert keep.tolist() == [0, 1] and rate == pytest.approx(2.7 / 1.2)
     keep, rate = K.choose(np.array([0.5, 0.5]), np.array([9.0, 1.0, 1.0, 1.0]), 0, 0.0, 1.05, 2)

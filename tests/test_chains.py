@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicCache
 from lookahead import LookaheadDecoder, compat
 from lookahead._tuning import Tuning
 from lookahead.calibrate import step_timer
-from lookahead.drafting.kernels import best_chain
+from lookahead.drafting.trees import best_chain
 from lookahead.verify import Verifier
 
 from tiny import TINY_COST_CURVE

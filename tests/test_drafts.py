@@ -15,13 +15,14 @@ from lookahead import LookaheadConfig, LookaheadDecoder
 from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cache import NgramTrie
 from lookahead.cost import CostModel
-from lookahead.drafting.draft import COPY, FREQUENT, MODEL, ORIGINS, TRIE, Draft, tree_depth_rank
+from lookahead.drafting.draft import COPY, FREQUENT, MODEL, ORIGINS, TRIE, Draft
 from lookahead.drafting.policy import DraftPolicy, Limits
 from lookahead.drafting.recycle import SuccessorTable
 from lookahead.drafting.sources import CopySource, FrequentSource, ModelSource, Proposal, merge_proposals
+from lookahead.drafting.trees import tree_depth_rank
 from lookahead.packing import tree_depths
 
-from draft_reference import merge_trees
+from draft_reference import build_draft, merge_trees
 from tiny import TINY_ARCHS
 
 REPETITIVE = [3, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11]
@@ -521,7 +522,7 @@ def test_the_decoder_takes_topk_only_when_the_source_is_on(tiny_models, monkeypa
 
 
 def test_shallowest_cuts_to_the_breadth_of_the_tree_in_its_order():
-    draft = Draft.build(np.array([5, 6, 7, 8]), np.array([-1, 0, 1, -1]), np.zeros(4, np.int8), np.ones(4, np.int64))
+    draft = build_draft(np.array([5, 6, 7, 8]), np.array([-1, 0, 1, -1]), np.zeros(4, np.int8), np.ones(4, np.int64))
     cut = draft.shallowest(2)
     assert cut.tokens.tolist() == [5, 8] and cut.parents.tolist() == [-1, -1] and cut.depth.tolist() == [1, 1]
     assert draft.shallowest(3).tokens.tolist() == [5, 6, 8] and draft.shallowest(3).parents.tolist() == [-1, 0, -1]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lookahead.cache import SuffixIndex
 from lookahead.cache import suffix as S
-from lookahead.drafting import kernels as K
+from lookahead.drafting.trees import depth_rank
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -143,7 +143,7 @@ def _same(index: SuffixIndex, ref: ReferenceIndex, params) -> None:
         assert [a.tolist() for a in got] == list(ref.propose(*p)), (p, ref.context)
         *same, depth = index.propose(*p, with_depth=True)  # the same tree, and each node's depth from its parents
         assert [a.tolist() for a in same] == [a.tolist() for a in got]
-        assert depth.tolist() == K.depth_rank(got[1])[0].tolist()
+        assert depth.tolist() == depth_rank(got[1])[0].tolist()
 
 
 def test_worked_example_of_the_docstring():

@@ -76,7 +76,8 @@ def test_step_mask_steps_equal_pack_step(dtype, padded):
     """``StepMask.step`` (one kernel call into buffers kept across steps) gives each step of a decode what
     ``pack_step`` builds anew: ids, positions and mask, for random trees with and without window rows, while the
     context grows; a step larger than the buffer's rows takes the general path, and the next one the buffers again."""
-    from lookahead.drafting.draft import WindowRows, tree_depth_rank
+    from lookahead.drafting.draft import WindowRows
+    from lookahead.drafting.trees import tree_depth_rank
     from lookahead.packing import StepMask
 
     rng = np.random.default_rng(0)

@@ -45,7 +45,7 @@ def test_the_warm_up_reaches_every_kernel_of_the_package(warmed):
     names = {name for name, _ in numba_kernels.kernels()}
     assert {"lookahead.verify.rows_top", "lookahead.cache.kernels.insert", "lookahead.cache.suffix.propose",
             "lookahead.budget.choose", "lookahead.drafting.kernels.merge_trees", "lookahead.drafting.recycle._propose",
-            "lookahead.drafting.kernels.best_chain"} <= names
+            "lookahead.drafting.trees.best_chain"} <= names
 
 
 def test_missed_kernels_names_a_kernel_nothing_ran():

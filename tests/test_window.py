@@ -8,8 +8,7 @@ import torch
 
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
-from lookahead.drafting import kernels as K
-from lookahead.drafting.window import LookaheadWindow, window_layout
+from lookahead.drafting.window import LookaheadWindow, window_layout, window_step
 from lookahead.packing import pack_step
 
 from tiny import TINY_ARCHS
@@ -40,7 +39,7 @@ def harvest_ngrams(levels: np.ndarray, outputs: np.ndarray) -> np.ndarray:
 
 
 def test_harvest_docstring_example():
-    _, grams, _ = K.window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 0, np.zeros(0, np.int64), 0)
+    _, grams, _ = window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 0, np.zeros(0, np.int64), 0)
     assert grams.tolist() == harvest_ngrams(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3])).tolist()
     assert grams.tolist() == [[5, 8, 1], [6, 9, 2], [7, 4, 3]]
 
@@ -112,10 +111,10 @@ def test_window_with_sampling_is_reproducible(tiny_models):
 
 
 def test_window_step_equals_the_numpy_steps_it_replaces():
-    """``drafting.kernels.window_step`` (one call per step) against harvest, concatenations and fresh columns in
+    """``drafting.window.window_step`` (one call per step) against harvest, concatenations and fresh columns in
     NumPy."""
     rng = np.random.default_rng(0)
-    lv, grams, cursor = K.window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 1,
+    lv, grams, cursor = window_step(np.array([[5, 6, 7], [8, 9, 4]]), np.array([1, 2, 3]), 3, 1,
                                       np.array([20, 21]), 0)  # the docstring's example
     assert lv.tolist() == [[9, 4, 20], [2, 3, 21]] and grams.tolist() == [[5, 8, 1], [6, 9, 2], [7, 4, 3]]
     assert cursor == 2
@@ -132,7 +131,7 @@ def test_window_step_equals_the_numpy_steps_it_replaces():
         need = shift * len(want)
         if shift:
             want = np.concatenate([want[:, shift:], draws[cursor : cursor + need].reshape(len(want), shift)], axis=1)
-        got, grams, after = K.window_step(levels, out, ngram, shift, draws, cursor)
+        got, grams, after = window_step(levels, out, ngram, shift, draws, cursor)
         assert got.tolist() == want.tolist() and grams.tolist() == want_grams.tolist() and after == cursor + need
         assert grams.shape == want_grams.shape
 

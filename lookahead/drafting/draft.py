@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .kernels import depth_rank, keep_nodes, shallowest_nodes
+from .kernels import keep_nodes, shallowest_nodes
 
 ORIGINS = ("trie", "window", "memory", "copy", "model", "layer-skip", "early-exit", "low-rank", "draft-model", "heads",
            "frequent", "corpus")
@@ -20,17 +20,6 @@ TRIE, WINDOW, MEMORY, COPY, MODEL, LAYER_SKIP, EARLY_EXIT, LOW_RANK, DRAFT_MODEL
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY8 = np.zeros(0, dtype=np.int8)
-
-
-def tree_depth_rank(parents) -> tuple[np.ndarray, np.ndarray]:
-    """(depth, rank) int64[n] of a parent-first tree (:func:`~lookahead.drafting.kernels.depth_rank`); raises
-    ValueError otherwise."""
-    parents = np.asarray(parents, dtype=np.int64)
-    depth, rank, ok = depth_rank(parents)
-    if not ok:
-        bad = int(np.flatnonzero(parents >= np.arange(len(parents)))[0])
-        raise ValueError(f"parents must be parent-first (parents[i] < i); got parents[{bad}]={parents[bad]}")
-    return depth, rank
 
 
 class WindowRows(NamedTuple):
@@ -58,14 +47,6 @@ class Draft:
     rank: np.ndarray
     agreement: np.ndarray
     window: WindowRows | None = None
-
-    @classmethod
-    def build(cls, tokens, parents, origin, match, window: WindowRows | None = None) -> Draft:
-        """A draft from a proposed tree (depth and rank computed, no agreement)."""
-        parents = np.asarray(parents, dtype=np.int64)
-        depth, rank = tree_depth_rank(parents)
-        return cls(np.asarray(tokens, dtype=np.int64), parents, np.asarray(origin, dtype=np.int8),
-                   np.asarray(match, dtype=np.int64), depth, rank, np.zeros(len(parents), dtype=np.int64), window)
 
     @classmethod
     def empty(cls, window: WindowRows | None = None) -> Draft:

@@ -1,31 +1,10 @@
-"""Numba kernels of drafting: tree shape, subsets, the merge of the sources' trees, the window's Jacobi step.
-Arrays in, arrays out; a tree is parent-first (``parents[i] < i``, -1 for a child of the root)."""
+"""Numba kernels of drafting: subsets of a draft and the merge of the sources' trees. Arrays in, arrays out; a tree
+is parent-first (``parents[i] < i``, -1 for a child of the root)."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
-
-
-@njit(cache=True)
-def depth_rank(parents):
-    """(depth int64[n], rank int64[n], ok): depth 1 for a child of the root; rank 0 for an only child, else 1 + its
-    place among its siblings; ``ok`` False when ``parents`` is not parent-first.
-    Example: parents ``[-1, -1, 0, 0, 1]`` -> depths ``[1, 1, 2, 2, 2]``, ranks ``[1, 2, 1, 2, 0]``."""
-    n = len(parents)
-    depth = np.zeros(n, np.int64)
-    place = np.zeros(n, np.int64)
-    count = np.zeros(n + 1, np.int64)  # children seen so far per parent (index 0: the root)
-    for i in range(n):
-        p = parents[i]
-        if p >= i:
-            return depth, place, False
-        depth[i] = 1 if p < 0 else depth[p] + 1
-        place[i] = count[p + 1]
-        count[p + 1] += 1
-    for i in range(n):  # place -> rank
-        place[i] = place[i] + 1 if count[parents[i] + 1] > 1 else 0
-    return depth, place, True
 
 
 @njit(cache=True, inline="always")
@@ -59,29 +38,6 @@ def keep_nodes(tokens, parents, origin, match, depth, rank, agreement, keep):
 
 
 @njit(cache=True)
-def best_chain(parents, weights):
-    """The nodes (sorted) of the root-to-node path whose summed ``weights`` float[n] is the largest (equal sums: the
-    node met first); empty for an empty tree. With acceptance probabilities as weights the sum is the path's expected
-    accepted tokens; with ones, its depth. Example: parents ``[-1, 0, -1, 2, 3]``, weights ``[0.9, 0.1, 0.5, 0.4,
-    0.3]`` -> path sums ``[0.9, 1.0, 0.5, 0.9, 1.2]`` -> ``[2, 3, 4]``."""
-    n = parents.shape[0]
-    total = np.empty(n)
-    best = -1
-    for i in range(n):
-        p = parents[i]
-        total[i] = weights[i] + (total[p] if p >= 0 else 0.0)
-        if best < 0 or total[i] > total[best]:
-            best = i
-    path = np.empty(n, np.int64)  # from the node up to the root
-    count = 0
-    while best >= 0:
-        path[count] = best
-        count += 1
-        best = parents[best]
-    return path[:count][::-1].copy()
-
-
-@njit(cache=True)
 def shallowest_nodes(depth, count):
     """int64[min(count, n)]: ``np.sort(np.argsort(depth, kind="stable")[:count])`` in linear time, the ``count``
     shallowest nodes (equal depths: the earlier first); in a parent-first tree they are closed under parents.
@@ -109,29 +65,6 @@ def shallowest_nodes(depth, count):
             m += 1
             at_cut -= 1
     return out
-
-
-@njit(cache=True)
-def window_step(levels, out, ngram, shift, draws, cursor):
-    """One Jacobi step of the window (``window.py``'s docstring): levels int64[L, W] and the top level's outputs
-    int64[W] -> (new levels int64[L', W], harvested n-grams int64[W, N] ([0, N] while filling), the next unread index
-    of ``draws``); the new right-hand columns after a ``shift`` take ``draws[cursor:]`` row-major. Example: that
-    docstring's with shift 1, draws ``[20, 21]``, cursor 0 -> levels ``[[9, 4, 20], [2, 3, 21]]``, cursor 2."""
-    n_levels, width = levels.shape
-    full = n_levels == ngram - 1
-    kept = n_levels - 1 if full else n_levels  # old levels that stay, below the outputs
-    first = n_levels - kept
-    grams = np.empty((width if full else 0, ngram), np.int64)
-    if full:
-        grams[:, :n_levels] = levels.T
-        grams[:, n_levels] = out
-    new = np.empty((kept + 1, width), np.int64)
-    new[:kept, : width - shift] = levels[first:, shift:]
-    new[kept, : width - shift] = out[shift:]
-    for lev in range(kept + 1):
-        new[lev, width - shift :] = draws[cursor : cursor + shift]
-        cursor += shift
-    return new, grams, cursor
 
 
 @njit(cache=True)

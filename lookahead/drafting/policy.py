@@ -14,7 +14,6 @@ from ..cache import NgramTrie
 from ..config import LookaheadConfig
 from ..cost import CostModel
 from .draft import MEMORY, TRIE, Draft
-from .kernels import best_chain
 from .sources import (
     CopySource,
     CorpusSource,
@@ -194,6 +193,8 @@ class DraftPolicy:
         if draft.window is not None and last_pos + int(draft.window.offsets.max()) > limits.max_length - 2:
             draft = draft.without_window()  # no row beyond the last position plain generate would feed
         if limits.chains:  # one chain, verified causally: the path expected to accept the most
+            from .trees import best_chain
+
             weights = self.budget.probabilities_of(draft) if self.budget is not None else np.ones(len(draft))
             draft = draft.without_window().keep(best_chain(draft.parents, weights))
         if limits.kv_window is not None:  # stay below the sliding window, where rollback still works

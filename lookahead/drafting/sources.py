@@ -27,12 +27,15 @@ class Proposal:
 
 
 class DraftSource:
-    """Base of every source: a subclass sets ``origin`` (an index into ``draft.ORIGINS``), ``max_nodes`` and
-    ``max_depth`` and implements :meth:`propose`; the rest has do-nothing defaults. A source proposes a tree after the
-    context and learns the emitted tokens; what else it needs it declares by a flag, and the policy hands it over:
-    ``priced`` (:meth:`priced_depth`), ``wants_rows`` (:meth:`learn_rows`), ``wants_hidden`` (:meth:`observe_hidden`),
-    ``learns_lazily`` (its state depends on the tokens alone: it learns them just before it next proposes) and
-    ``fallback`` (asked only on a priced step no other source drafts for)."""
+    """Base of every source: a subclass sets ``origin`` (an index into ``draft.ORIGINS``), ``max_nodes``, ``max_depth``
+    and ``propose(context, max_nodes, max_depth) -> Proposal | None`` (a tree after ``context``, int64[c]: the
+    context's last ``max_match`` tokens). What else it needs it declares by a flag, and the policy hands it over:
+    ``priced``: ``priced_depth(depth, cost, margin)``, how deep to draft (at most ``depth``; 0: skip) on the cost
+    curve ``cost`` (None: no budget); ``wants_rows``: ``learn_rows(draft, accepted_nodes, top_ids, top_logits)``,
+    the last token's row and each node's top-k ids int64[1 + n, k] and logits; ``wants_hidden``:
+    ``observe_hidden(hidden)``, final hidden states float[a, H] of the root's row and each accepted node's (both
+    before :meth:`learn`); ``learns_lazily``: its state depends on the tokens alone, so it learns them just before
+    it next proposes; ``fallback``: asked only on a priced step no other source drafts for."""
 
     origin: int
     max_nodes: int
@@ -57,23 +60,8 @@ class DraftSource:
             return self.max_nodes, self.max_depth
         return self.wide_nodes * self.max_nodes, self.max_depth + int(self.wide_depth * self.max_depth)
 
-    def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
-        """A tree continuing ``context`` (int64[c], the context's last ``max_match`` tokens), or None."""
-        raise NotImplementedError
-
     def learn(self, emitted: np.ndarray) -> None:
-        """The step emitted ``emitted`` int64[k] (after :meth:`learn_rows` / :meth:`observe_hidden`)."""
-
-    def priced_depth(self, depth: int, cost, margin: float) -> int:
-        """(``priced``: proposing costs forwards of its own) How deep to draft, at most ``depth``, on the cost curve
-        ``cost`` (None: no budget); 0: skip."""
-        return depth
-
-    def learn_rows(self, draft, accepted_nodes, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
-        """(``wants_rows``) The last token's row and each node's, with their top-k ids int64[1 + n, k] and logits."""
-
-    def observe_hidden(self, hidden) -> None:
-        """(``wants_hidden``) Final hidden states float[a, H] of the root's row and each accepted node's."""
+        """The step emitted ``emitted`` int64[k]."""
 
 
 class TrieSource(DraftSource):
@@ -111,20 +99,12 @@ class ReadOnlyStore:
     own when the call ends (rows interleaved in one stream would join their n-grams)."""
 
     def __init__(self, store: NgramTrie):
-        self.store = store
+        self.store, self.max_n, self.propose = store, store.max_n, store.propose
 
-    @property
-    def max_n(self) -> int:
-        return self.store.max_n
+    def insert(self, *_) -> None:
+        """Writes nothing, nor begins a stream (``reset_stream``)."""
 
-    def propose(self, *args, **kwargs):
-        return self.store.propose(*args, **kwargs)
-
-    def insert(self, tokens) -> None:
-        pass
-
-    def reset_stream(self) -> None:
-        pass
+    reset_stream = insert
 
 
 class CorpusSource(TrieSource):

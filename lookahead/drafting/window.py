@@ -15,10 +15,10 @@ Example, W=3, N=3, levels ``[[5, 6, 7], [8, 9, 4]]``, outputs ``[1, 2, 3]``: 3-g
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ..cache import NgramTrie
 from .draft import WINDOW, WindowRows
-from .kernels import window_step
 from .sources import DraftSource, Proposal
 
 
@@ -30,6 +30,29 @@ def window_layout(levels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     earlier = (level[None, :] == 0) & (column[None, :] < column[:, None])  # level-0 tokens of earlier columns
     own = (column[None, :] == column[:, None]) & (level[None, :] <= level[:, None])  # own column, itself included
     return 1 + level + column, earlier | own
+
+
+@njit(cache=True)
+def window_step(levels, out, ngram, shift, draws, cursor):
+    """One Jacobi step of the window (the module docstring): levels int64[L, W] and the top level's outputs
+    int64[W] -> (new levels int64[L', W], harvested n-grams int64[W, N] ([0, N] while filling), the next unread index
+    of ``draws``); the new right-hand columns after a ``shift`` take ``draws[cursor:]`` row-major. Example: that
+    docstring's with shift 1, draws ``[20, 21]``, cursor 0 -> levels ``[[9, 4, 20], [2, 3, 21]]``, cursor 2."""
+    n_levels, width = levels.shape
+    full = n_levels == ngram - 1
+    kept = n_levels - 1 if full else n_levels  # old levels that stay, below the outputs
+    first = n_levels - kept
+    grams = np.empty((width if full else 0, ngram), np.int64)
+    if full:
+        grams[:, :n_levels] = levels.T
+        grams[:, n_levels] = out
+    new = np.empty((kept + 1, width), np.int64)
+    new[:kept, : width - shift] = levels[first:, shift:]
+    new[kept, : width - shift] = out[shift:]
+    for lev in range(kept + 1):
+        new[lev, width - shift :] = draws[cursor : cursor + shift]
+        cursor += shift
+    return new, grams, cursor
 
 
 class LookaheadWindow:

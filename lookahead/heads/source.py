@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..drafting.draft import HEADS, tree_depth_rank
+from ..drafting.draft import HEADS
 from ..drafting.sources import DraftSource, Proposal
+from ..drafting.trees import tree_depth_rank
 from ..passes import Probing
 from .context import ContextCache
 

@@ -97,9 +97,8 @@ def exercise_other_paths() -> None:
     import numpy as np
 
     from ..cache import NgramTrie, SuffixIndex
-    from ..drafting.draft import tree_depth_rank
-    from ..drafting.kernels import best_chain
     from ..drafting.recycle import SuccessorTable
+    from ..drafting.trees import best_chain, tree_depth_rank
 
     trie = NgramTrie(max_n=4, capacity=64)
     trie.insert(np.random.default_rng(0).integers(0, 50, 400))  # far more than fits: evicts
