@@ -35,7 +35,7 @@ from .drafting.sources import ReadOnlyStore
 from .kept import AUTO, find, kept_corpora, kept_heads
 from .kv import settle
 from .loop import Call
-from .numba_kernels import kernels_ready, paused
+from .numba_kernels import kernels_ready
 from .shapes import OneRow
 from .stats import DecodeStats
 
@@ -163,6 +163,8 @@ class LookaheadDecoder:
         try:
             self.stats = DecodeStats()
             if not kernels_ready():  # compiling in the background: this call decodes as plain generate() does
+                from .kernel_compiler import paused
+
                 self.stats.plain_reason = "the Numba kernels were still compiling in the background"
                 with paused():
                     out = compat.plain_sample(model, input_ids, logits_processor, stopping_criteria,

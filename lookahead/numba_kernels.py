@@ -3,14 +3,10 @@ holds them (for ``python -m lookahead warmup`` and the first call's notice). Imp
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
-import os
 import pathlib
 import pkgutil
-import subprocess
-import sys
 import threading
 
 CORE = ("lookahead.budget", "lookahead.packing", "lookahead.verify", "lookahead.drafting.kernels",
@@ -68,18 +64,16 @@ def kernels_compiled(modules=None) -> bool | None:
         return None
 
 
-class _Background:
-    """This process's view of the kernels: ready, compiled here on first use, or compiled by a background process."""
+class _Kernels:
+    """This process's view of the :data:`CORE` kernels."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.ready = False  # every CORE kernel compiled or in Numba's cache (never False again)
         self.inline = False  # compile on first use, inside the call (``warmup``, the tests)
-        self.process = None  # the background compiler this process started
-        self.pausing = 0  # calls running that keep it stopped
 
 
-_STATE = _Background()
+_STATE = _Kernels()
 
 
 def compile_inline() -> None:
@@ -91,8 +85,8 @@ def compile_inline() -> None:
 def kernels_ready() -> bool:
     """Whether a call may run the :data:`CORE` kernels now without compiling one: they are compiled in this process,
     held by Numba's cache, or this process compiles inline (:func:`compile_inline`; also when the cache cannot be
-    read). Otherwise a background process compiles them into Numba's cache, at the lowest priority, once per machine
-    at a time (a lock file in the user's cache); False until it is done, so the call decodes plain meanwhile."""
+    read). Otherwise a background process compiles them into Numba's cache (:mod:`lookahead.kernel_compiler`), at the
+    lowest priority, once per machine at a time; False until it is done, so the call decodes plain meanwhile."""
     if _STATE.ready or _STATE.inline:
         return True
     with _STATE.lock:
@@ -100,84 +94,9 @@ def kernels_ready() -> bool:
         if not missed_kernels(modules) or kernels_compiled(modules) is not False:
             _STATE.ready = True
             return True
-        if _STATE.process is None or _STATE.process.poll() is not None:
-            _STATE.process = _start_compiler()
-            if _STATE.process is None and not lock_held():  # none started, and no live process holds the lock
-                _STATE.inline = True  # nothing will compile them elsewhere: compile on first use
-                return True
+        from .kernel_compiler import compiling
+
+        if not compiling():  # nothing will compile them elsewhere: compile on first use
+            _STATE.inline = True
+            return True
     return False
-
-
-def lock_path() -> str:
-    from .user_cache import cache_dir
-
-    return os.path.join(cache_dir(), "compiling-kernels.lock")
-
-
-def lock_held() -> bool:
-    """Whether a live process holds the compile lock (a stale lock, its process gone, is removed)."""
-    path = lock_path()
-    try:
-        with open(path, encoding="utf-8") as f:
-            pid = int(f.read().strip() or 0)
-        os.kill(pid, 0)
-        return True
-    except (OSError, ValueError):
-        with contextlib.suppress(OSError):
-            os.remove(path)
-        return False
-
-
-def _start_compiler():
-    """Start ``python -m lookahead.tools.warmup`` (``warmup.compile_in_background``) at the lowest CPU priority, or
-    None when another live process compiles already or none can be started."""
-    if lock_held():
-        return None
-    try:
-        os.makedirs(os.path.dirname(lock_path()), exist_ok=True)
-        process = subprocess.Popen([sys.executable, "-m", "lookahead.tools.warmup"], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-    except OSError:
-        return None
-    import logging
-
-    logging.getLogger("lookahead").warning(
-        "lookahead: compiling the Numba kernels in a background process (once per machine, lowest priority); "
-        "until they are ready, calls decode as plain generate() does. `python -m lookahead warmup` compiles them "
-        "ahead.")
-    return process
-
-
-def _die_with_parent() -> None:
-    """In the child, before it runs (Linux): killed when the thread that started it ends, so that a compiler paused by
-    :func:`paused` never outlives it (the kernels it compiled stay in the cache)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@contextlib.contextmanager
-def paused():
-    """While entered, this process's background compiler (if one runs) is stopped, so that it takes no CPU from the
-    call: a multi-threaded forward slows by several times when any other process runs on its cores."""
-    import signal
-
-    process = _STATE.process
-    if process is None or process.poll() is not None or not hasattr(signal, "SIGSTOP"):
-        yield
-        return
-    with _STATE.lock:
-        _STATE.pausing += 1
-        with contextlib.suppress(OSError):
-            os.kill(process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        with _STATE.lock:
-            _STATE.pausing -= 1
-            if not _STATE.pausing:  # the last call running: it may go on
-                with contextlib.suppress(OSError):
-                    os.kill(process.pid, signal.SIGCONT)

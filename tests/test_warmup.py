@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from lookahead import numba_kernels
+from lookahead import kernel_compiler, numba_kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,10 +134,11 @@ def _not_compiled(monkeypatch, started: list, alive: bool = True):
         started.append(True)
         return Process()
 
-    monkeypatch.setattr(numba_kernels, "_STATE", numba_kernels._Background())
+    monkeypatch.setattr(numba_kernels, "_STATE", numba_kernels._Kernels())
+    monkeypatch.setattr(kernel_compiler, "_STATE", kernel_compiler._Compiler())
     monkeypatch.setattr(numba_kernels, "missed_kernels", lambda modules=None: ["a kernel"])
     monkeypatch.setattr(numba_kernels, "kernels_compiled", lambda modules=None: False)
-    monkeypatch.setattr(numba_kernels, "_start_compiler", start)
+    monkeypatch.setattr(kernel_compiler, "_start_compiler", start)
 
 
 def test_uncompiled_kernels_compile_in_the_background_and_the_call_decodes_plain(monkeypatch, tiny_models):
@@ -171,15 +172,15 @@ def test_a_compile_lock_left_by_a_dead_process_is_taken_over(monkeypatch, tmp_pa
     """The lock file names the compiling process; when that process is gone the lock is stale and removed, so a
     new compiler can start; while it lives, nobody else starts one."""
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
-    path = numba_kernels.lock_path()
+    path = kernel_compiler.lock_path()
     with open(path, "w") as f:
         f.write(str(os.getpid()))  # this process: alive
-    assert numba_kernels.lock_held() and numba_kernels._start_compiler() is None
+    assert kernel_compiler.lock_held() and kernel_compiler._start_compiler() is None
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with open(path, "w") as f:
         f.write(str(dead.pid))
-    assert not numba_kernels.lock_held() and not os.path.exists(path)
+    assert not kernel_compiler.lock_held() and not os.path.exists(path)
 
 
 def test_the_background_compiler_waits_for_a_live_lock_and_takes_over_a_stale_one(monkeypatch, tmp_path):
@@ -189,7 +190,7 @@ def test_the_background_compiler_waits_for_a_live_lock_and_takes_over_a_stale_on
 
     monkeypatch.setenv("LOOKAHEAD_CACHE", str(tmp_path))
     monkeypatch.setattr(os, "nice", lambda n: 0)  # not this test process's priority
-    path = numba_kernels.lock_path()
+    path = kernel_compiler.lock_path()
     compiled: list = []
     monkeypatch.setattr(warmup, "compile_kernels", lambda: compiled.append(open(path).read()))
     with open(path, "w") as f:

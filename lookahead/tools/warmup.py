@@ -185,7 +185,7 @@ def compile_in_background() -> None:
     while another live process holds the lock."""
     import contextlib
 
-    from ..numba_kernels import lock_held, lock_path
+    from ..kernel_compiler import lock_held, lock_path
 
     path = lock_path()
     if lock_held():
