@@ -31,7 +31,7 @@ def parse_overrides(items: list[str]) -> dict:
 
 def run_generate(args) -> int:
     """The ``generate`` command on parsed ``args``; returns the exit status (2: a bad setting or request)."""
-    out, say = sys.stdout, functools.partial(print, file=sys.stderr, flush=True)
+    say = functools.partial(print, file=sys.stderr, flush=True)
     try:
         overrides = parse_overrides(args.config or [])
     except ValueError as e:
@@ -58,16 +58,13 @@ def run_generate(args) -> int:
     say(f"[decoder set-up in {time.perf_counter() - t0:.2f} s (Numba kernels loaded from their on-disk cache)]")
     kw = {"max_new_tokens": args.max_new_tokens, "do_sample": args.sample, **pad_kwargs(model),
           **({"temperature": args.temperature, "top_p": args.top_p} if args.sample else {})}
-    class Streamer(TextStreamer):  # into ``out``, remembering whether any new text arrived
+
+    class Streamer(TextStreamer):  # to stdout, remembering whether any new text arrived
         got_tokens = False
 
         def put(self, value):
             self.got_tokens = self.got_tokens or not (self.skip_prompt and self.next_tokens_are_prompt)
             super().put(value)
-
-        def on_finalized_text(self, text: str, stream_end: bool = False):
-            out.write(text + ("\n" if stream_end else ""))
-            out.flush()
 
     streamer = Streamer(tok, skip_prompt=True, skip_special_tokens=True)
     t0 = time.perf_counter()
@@ -79,8 +76,7 @@ def run_generate(args) -> int:
         return 2
     seconds = time.perf_counter() - t0
     if not streamer.got_tokens:
-        out.write(tok.decode(seq[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True) + "\n")
-        out.flush()
+        print(tok.decode(seq[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True), flush=True)
         say("[note: the decoder streamed nothing, so the text was printed at the end]")
     s = decoder.stats
     phases = s.time_propose + s.time_forward + s.time_verify + s.time_bookkeeping

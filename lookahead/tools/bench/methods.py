@@ -90,8 +90,7 @@ _DECODERS = {  # name -> decoder_method's keyword arguments
     "lookahead-small": {"_tuning": Tuning(tree_nodes=6, tree_depth=4, copy_nodes=8, recycle_nodes=8)},
     "lookahead-window": {"window": 4},  # the Jacobi window on, W=4
     "lookahead-fixed": {"_tuning": Tuning(adaptive=False)},  # every draft verified whole: no budget
-    # the default decoder on a flat cost curve: the GPU regime, where tokens per call is the speed-up
-    "lookahead-flat": {"cost_curve": "flat"},
+    "lookahead-flat": {"cost_curve": "flat"},  # the GPU regime, where tokens per call is the speed-up
     "no-drafts": {"max_draft_tokens": 0, "window": 0},  # no draft at all: the decoder's own cost, every step plain
     "self-layer-skip": {"draft": "layer-skip", **_ALONE},  # draft passes alone (lookahead.passes)
     "self-early-exit": {"draft": "early-exit", **_ALONE},
@@ -116,7 +115,6 @@ _DECODERS = {  # name -> decoder_method's keyword arguments
 
 METHODS: dict[str, Callable[[], Method]] = {
     BASELINE: functools.partial(Method, BASELINE, "plain model.generate (one target call per token)"),
-    # plain again: an A/A control, whose spread over prompts shows how far a per-prompt ratio moves by chance
     "plain-again": functools.partial(Method, "plain-again",
                                      "plain model.generate again (A/A control: the timing noise)"),
     "prompt-lookup": functools.partial(Method, "prompt-lookup", "transformers prompt lookup decoding, "
@@ -125,8 +123,7 @@ METHODS: dict[str, Callable[[], Method]] = {
     **{name: functools.partial(decoder_method, name, **kwargs) for name, kwargs in _DECODERS.items()},
 }
 
-DEFAULT_METHODS = [BASELINE, "prompt-lookup", "lookahead", "lookahead-small"]
-"""What ``python -m lookahead bench`` runs unless told otherwise."""
+DEFAULT_METHODS = [BASELINE, "prompt-lookup", "lookahead", "lookahead-small"]  # what the bench runs by default
 
 
 def make_methods(names: list[str], registry: dict[str, Callable[[], Method]] | None = None) -> list[Method]:
