@@ -1,5 +1,5 @@
-"""Numba kernels of the n-gram trie, mutating in place the four arrays :func:`empty_arrays` allocates (once per
-:class:`~lookahead.cache.trie.NgramTrie`).
+"""Numba kernels of the n-gram trie, mutating in place the four arrays :func:`empty_arrays` allocates (once
+per :class:`~lookahead.cache.trie.NgramTrie`).
 
 ``nodes``  int32 ``(capacity + 1, 8)``, row 0 the root: ``TOKEN``, ``PARENT``, a doubly linked child list
            (``FIRST_CHILD``, ``LAST_CHILD``, ``NEXT_SIBLING``, ``PREV_SIBLING``), ``GROUP``, and ``GROUP_HEAD``
@@ -27,7 +27,7 @@ COUNT, LAST_USED, CHILD_SUM = 0, 1, 2  # stats
 STAT_COLUMNS = 3
 S_MAX_N, S_CAPACITY, S_N_LIVE, S_FREE_HEAD, S_STEP, S_N_OPEN, S_N_EVICTIONS, S_GROUP_FREE, S_HIGH = range(9)
 S_OPEN = 9  # state[S_OPEN + k]: node of the open path of length k + 1
-# Rows above S_HIGH count as a new trie's (``fresh_rows``) whatever they hold; ``reach`` writes them when needed.
+# Rows above S_HIGH count as a new trie's (``fresh_rows``) whatever they hold; ``reach`` writes them.
 REACH_ROWS = 512  # the fewest rows reach writes at once
 OK, ERR_TOKEN, ERR_EVICT = 0, -1, -2
 
@@ -555,7 +555,7 @@ def reopen(nodes, table, state, tail):
 
 
 def empty_arrays(max_n: int, capacity: int):
-    """``(nodes, stats, table, state)`` of an empty trie; node rows are left unwritten until used (``S_HIGH``)."""
+    """``(nodes, stats, table, state)`` of an empty trie; node rows stay unwritten until used (``S_HIGH``)."""
     nodes = np.empty((capacity + 1, NODE_COLUMNS), np.int32)
     stats = np.empty((capacity + 1, STAT_COLUMNS), np.int64)
     table = np.zeros(table_size(capacity), np.int32)

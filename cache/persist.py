@@ -1,7 +1,7 @@
-"""Saving, loading and pickling an :class:`~cache.NgramTrie` (its methods of those names call the functions here,
-which read and swap the trie's arrays under its lock). ``save`` writes the n-grams, counts, last-used steps and step
-counter (not the streams) to a versioned, checksummed file, atomically: a loaded trie proposes and evicts as the saved
-one would.
+"""Saving, loading and pickling an :class:`~cache.NgramTrie`: its methods of those names call the functions
+here, which read and swap the trie's arrays under its lock. ``save`` writes the n-grams, counts, last-used
+steps and step counter (not the streams) to a versioned, checksummed file, atomically: a loaded trie proposes
+and evicts as the saved one would.
 
 File layout (all integers little-endian)::
 
@@ -50,7 +50,8 @@ _ARRAYS = (
     ("parent", ("<i4",), np.int32),
 )
 # ``build`` status codes (returned with the offending row), and what each says
-BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED, BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(9)
+BUILD_OK, BAD_PARENT, BAD_TOKEN, BAD_COUNT, BAD_LAST_USED = range(5)
+BAD_DEPTH, BAD_ORDER, DUPLICATE, TOO_MANY = range(5, 9)
 BUILD_ERRORS = ("", "parent index not before the row", "token id out of range", "count < 1",
                 "last_used outside [1, step]", "n-gram longer than max_n",
                 "siblings not sorted by (count, last_used) descending", "duplicate n-gram",
@@ -102,7 +103,6 @@ def check_match(path, header, arrays, vocab_size, tokenizer_id, max_n, capacity)
 
 
 def ngrams(trie) -> dict[tuple[int, ...], tuple[int, int]]:
-    """``NgramTrie.ngrams``."""
     _warm_up()
     with trie._lock:
         arrays = _export(trie)
@@ -113,7 +113,6 @@ def ngrams(trie) -> dict[tuple[int, ...], tuple[int, int]]:
 
 
 def save(trie, path, vocab_size: int | None, tokenizer_id: str | None) -> None:
-    """``NgramTrie.save``."""
     if vocab_size is not None:
         vocab_size = int_at_least(vocab_size, 1, "vocab_size", "a positive integer")
     if tokenizer_id is not None and not isinstance(tokenizer_id, str):
@@ -129,7 +128,6 @@ def save(trie, path, vocab_size: int | None, tokenizer_id: str | None) -> None:
 
 
 def load(cls, path, vocab_size: int | None, tokenizer_id: str | None, capacity: int | None):
-    """``NgramTrie.load``: a new ``cls``."""
     header, arrays = read_file(path)
     cap = header["capacity"] if capacity is None else capacity
     check_match(path, header, arrays, vocab_size, tokenizer_id, header["max_n"], cap)
@@ -139,7 +137,6 @@ def load(cls, path, vocab_size: int | None, tokenizer_id: str | None, capacity: 
 
 
 def load_into(trie, path, vocab_size: int | None, tokenizer_id: str | None) -> None:
-    """``NgramTrie.load_into``."""
     header, arrays = read_file(path)
     check_match(path, header, arrays, vocab_size, tokenizer_id, trie.max_n, trie.capacity)
     _install(trie, path, header, arrays)
@@ -148,8 +145,8 @@ def load_into(trie, path, vocab_size: int | None, tokenizer_id: str | None) -> N
 def _install(trie, path, header, arrays) -> None:
     """Build the file's n-grams into new arrays (checking every row), then swap them in."""
     nodes, stats, table, state = K.empty_arrays(trie.max_n, trie.capacity)
-    status, row = build(nodes, stats, table, state, arrays["token"], arrays["parent"], arrays["count"],
-                        arrays["last_used"], header["step"], header["n_evictions"])
+    status, row = build(nodes, stats, table, state, step=header["step"], n_evictions=header["n_evictions"],
+                        **arrays)
     if status != BUILD_OK:
         raise TrieFileError(f"{path}: corrupt: row {row}: {BUILD_ERRORS[status]}")
     with trie._lock:
@@ -159,31 +156,25 @@ def _install(trie, path, header, arrays) -> None:
 
 
 def _export(trie) -> dict[str, np.ndarray]:
-    """:func:`export`'s ``token``, ``parent``, ``count`` and ``last_used`` of every live node. Caller holds the
-    trie's lock."""
+    """:func:`export` of every live node, as :func:`read_file` returns them. Caller holds the trie's lock."""
     n = len(trie)
-    arrays = _outputs(n)
-    got = export(trie._nodes, trie._stats, *arrays.values())
+    arrays = {name: np.empty(n, dtype) for name, _, dtype in _ARRAYS}
+    got = export(trie._nodes, trie._stats, **arrays)
     if got != n:
         raise RuntimeError(f"NgramTrie: exported {got} nodes of {n} (invariant broken)")
     return arrays
 
 
-def _outputs(n: int) -> dict[str, np.ndarray]:
-    return {"token": np.empty(n, np.int32), "parent": np.empty(n, np.int32),
-            "count": np.empty(n, np.int64), "last_used": np.empty(n, np.int64)}
-
-
 @functools.cache
 def _warm_up() -> None:
     """Compile (or load from Numba's cache) :func:`export` once per process, before a trie's lock is held."""
-    export(*K.empty_arrays(2, 16)[:2], *_outputs(0).values())
+    export(*K.empty_arrays(2, 16)[:2], **{name: np.empty(0, dtype) for name, _, dtype in _ARRAYS})
 
 
 def pickled(trie) -> dict:
-    """``NgramTrie.__getstate__`` (pickling, ``copy.deepcopy``): the scalars, the node rows up to ``S_HIGH`` and the
-    table's non-empty entries travel, the lock and the streams do not; the copy proposes, inserts and evicts exactly
-    as the original would."""
+    """``NgramTrie.__getstate__`` (pickling, ``copy.deepcopy``): the scalars, the node rows up to ``S_HIGH``
+    and the table's non-empty entries travel, the lock and the streams do not; the copy proposes, inserts and
+    evicts exactly as the original would."""
     with trie._lock:
         state = {k: v for k, v in trie.__dict__.items() if k not in _NOT_PICKLED}
         used = int(trie._state[K.S_HIGH]) + 1
@@ -390,8 +381,9 @@ def export(nodes, stats, token, parent, count, last_used):
 
 @njit(cache=True)
 def build(nodes, stats, table, state, token, parent, count, last_used, step, n_evictions):
-    """Fill a just-``reset`` trie with what ``export`` wrote (node ``i`` to slot ``i + 1``); returns ``(status,
-    row)``, every row checked (``BUILD_ERRORS``; on a bad row the arrays are half-built). Starts a new stream."""
+    """Fill a just-``reset`` trie with what ``export`` wrote (node ``i`` to slot ``i + 1``); returns
+    ``(status, row)``, every row checked (``BUILD_ERRORS``; a bad row leaves the arrays half-built). Starts a
+    new stream."""
     n = token.shape[0]
     max_n = state[K.S_MAX_N]
     cap = state[K.S_CAPACITY]

@@ -1,6 +1,6 @@
-"""Helpers the stores share: a pair hash and its probing ``place``, a best-first heap and ``bucket`` (Numba, inlined
-into their callers), ``table_size`` and the argument checks. :data:`MIX1` / :data:`MIX2` (splitmix64 multipliers)
-serve ``lookahead.recycle`` too."""
+"""Helpers of the stores and ``lookahead.drafting.recycle``: a pair hash (splitmix64 multipliers :data:`MIX1`,
+:data:`MIX2`) and its probing ``place``, a best-first heap and ``bucket`` (Numba, inlined into their callers),
+``table_size`` and the argument checks."""
 
 from __future__ import annotations
 

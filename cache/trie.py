@@ -1,6 +1,6 @@
 """``NgramTrie``: owns the trie's arrays, validates inputs and serialises access; the algorithms are in
-:mod:`lookahead.cache.kernels`, the terms and threading rules in the package docstring, saving, loading and pickling
-in :mod:`lookahead.cache.persist` (imported only by them)."""
+:mod:`lookahead.cache.kernels`, the terms and threading rules in the package docstring, saving, loading and
+pickling in :mod:`lookahead.cache.persist` (imported only by them)."""
 
 from __future__ import annotations
 

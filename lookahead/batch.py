@@ -25,9 +25,9 @@ from .drafting.draft import Draft
 from .drafting.policy import Limits
 from .kv import PLAIN_LAYERS, cache_layers, keep_entries, kv_layers, new_cache
 from .loop import Rows
-from .packing import fill_step_mask
 from .shapes import Step
 from .verify import Verdict
+from .whole_step import fill_step_mask
 
 
 def prefill_groups(lengths: np.ndarray, cost, margin: float = DEFAULT.prefill_margin) -> list[np.ndarray] | None:

@@ -13,7 +13,7 @@ from .drafting.draft import Draft
 from .drafting.policy import Limits
 from .kv import keep_entries
 from .loop import Rows
-from .packing import StepMask, pack_step, step_inputs
+from .packing import StepMask, step_inputs
 
 
 class Step(NamedTuple):
@@ -92,7 +92,9 @@ class OneRow:
                                           self.col_visible)
             ids, pos, mask = self.step_mask.step(self.past, pending, pending_pos, d.tokens, d.depth, d.parents,
                                                  d.window)
-        else:
+        else:  # the prompt's step
+            from .whole_step import pack_step
+
             length = int(self.rows.length[0])
             columns = None if self.col_visible is None else self.col_visible[:length]
             ids, pos, mask = pack_step(pending, pending_pos, d.tokens, d.parents, columns, self.past, call.dtype,

@@ -22,9 +22,10 @@ from .cost import CostModel
 from .drafting.draft import Draft
 from .drafting.policy import Limits
 from .kv import CacheNotRollbackable, cache_layers, move_kept
-from .packing import MASK_BITS, fill_step_block, pack_step, step_inputs
+from .packing import MASK_BITS, fill_step_block, step_inputs
 from .shapes import OneRow, Step
 from .sliding import SlidingWindow
+from .whole_step import pack_step
 
 
 class StaticMask:

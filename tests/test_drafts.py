@@ -20,7 +20,6 @@ from lookahead.drafting.policy import DraftPolicy, Limits
 from lookahead.drafting.recycle import SuccessorTable
 from lookahead.drafting.sources import CopySource, FrequentSource, ModelSource, Proposal, merge_proposals
 from lookahead.drafting.trees import tree_depth_rank
-from lookahead.packing import tree_depths
 
 from draft_reference import build_draft, merge_trees
 from tiny import TINY_ARCHS
@@ -50,7 +49,7 @@ def _policy(config: LookaheadConfig | None = None, **tuning) -> DraftPolicy:
 def _random_tree(rng, n: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """A parent-first tree without two siblings of the same token (what every source proposes)."""
     parents = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)])
-    order = np.argsort(tree_depths(parents), kind="stable")
+    order = np.argsort(tree_depth_rank(parents)[0], kind="stable")
     index = np.empty(n, np.int64)
     index[order] = np.arange(n)
     bfs = np.where(parents[order] >= 0, index[np.maximum(parents[order], 0)], -1)

@@ -18,8 +18,8 @@ from transformers import CompileConfig, GenerationConfig, StaticCache
 from lookahead import LookaheadDecoder
 from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cost import CostModel
-from lookahead.packing import pack_step
 from lookahead.static import StaticMask, bucket_of, bucketed_curve, buckets_for, keep_static
+from lookahead.whole_step import pack_step
 
 from tiny import TINY_COST_CURVE, peaky_llama, tiny_model
 

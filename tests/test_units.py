@@ -10,10 +10,11 @@ from transformers import DynamicCache, LogitsProcessorList
 from lookahead import kv
 from lookahead._tuning import DEFAULT
 from lookahead.compat import cache_kwarg_name
+from lookahead.drafting.trees import tree_depth_rank
 from lookahead.kv import column_moves, keep_entries
-from lookahead.packing import pack_step, tree_depths
 from lookahead.verify import greedy_verify_argmax
 from lookahead.verify.sampled import children_lists, verify
+from lookahead.whole_step import pack_step
 
 MAX_MOVES = DEFAULT.max_moves
 
@@ -22,7 +23,7 @@ MAX_MOVES = DEFAULT.max_moves
 
 def test_depths_and_visibility():
     parents = np.array([-1, -1, 0, 2, 1])
-    assert tree_depths(parents).tolist() == [1, 1, 2, 3, 2]
+    assert tree_depth_rank(parents)[0].tolist() == [1, 1, 2, 3, 2]
     _, _, mask = pack_step(np.array([1]), np.array([0]), np.arange(5), parents, None, 0, torch.float32)
     assert (mask[0, 0, 1:, 1:] == 0).int().tolist() == [  # among the nodes: itself and its ancestors
         [1, 0, 0, 0, 0],
@@ -35,7 +36,7 @@ def test_depths_and_visibility():
 
 def test_depths_reject_non_parent_first():
     with pytest.raises(ValueError, match="parent-first"):
-        tree_depths(np.array([1, -1]))
+        tree_depth_rank(np.array([1, -1]))
 
 
 def test_pack_step_docstring_example():
@@ -77,7 +78,6 @@ def test_step_mask_steps_equal_pack_step(dtype, padded):
     ``pack_step`` builds anew: ids, positions and mask, for random trees with and without window rows, while the
     context grows; a step larger than the buffer's rows takes the general path, and the next one the buffers again."""
     from lookahead.drafting.draft import WindowRows
-    from lookahead.drafting.trees import tree_depth_rank
     from lookahead.packing import StepMask
 
     rng = np.random.default_rng(0)

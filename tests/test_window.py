@@ -9,7 +9,7 @@ import torch
 from lookahead import LookaheadDecoder
 from lookahead._tuning import Tuning
 from lookahead.drafting.window import LookaheadWindow, window_layout, window_step
-from lookahead.packing import pack_step
+from lookahead.whole_step import pack_step
 
 from tiny import TINY_ARCHS
 
