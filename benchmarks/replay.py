@@ -47,7 +47,7 @@ from lookahead.cache import NgramTrie
 from lookahead.config import FLAT_CURVE, LookaheadConfig
 from lookahead.cost import CostModel
 from lookahead.drafting.policy import DraftPolicy, Limits
-from lookahead.verify import greedy_verify_argmax
+from lookahead.verify.sampled import greedy_verify_argmax
 
 FLAT_METHODS = {
     "trie": {"copy_nodes": 0, "recycle_k": 0},

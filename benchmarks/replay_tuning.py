@@ -40,7 +40,7 @@ from lookahead.config import LookaheadConfig
 from lookahead.cost import CostModel
 from lookahead.drafting.draft import ORIGINS
 from lookahead.drafting.policy import DraftPolicy, Limits
-from lookahead.verify import greedy_verify_argmax
+from lookahead.verify.sampled import greedy_verify_argmax
 
 STEP_FP32 = ((1, 0.0559), (2, 0.1019), (16, 0.1019), (32, 0.1212), (64, 0.1756))
 """fp32 step curve of SmolLM2-135M, 2 threads, 2-core AMD EPYC (AVX-512, no AMX): t(2..16) = 1.83 t(1)."""

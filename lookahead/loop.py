@@ -88,7 +88,10 @@ class Call:
         self.keep_scores = bool(gen.return_dict_in_generate and gen.output_scores)
         self.keep_raw = bool(gen.return_dict_in_generate and gen.output_logits)
         self.return_dict = bool(gen.return_dict_in_generate)
-        self.verifier = Verifier(self.device, getattr(model.config, "vocab_size", 0), self.processors,
+        verifier = Verifier
+        if b > 1:
+            from .verify.batch import BatchVerifier as verifier
+        self.verifier = verifier(self.device, getattr(model.config, "vocab_size", 0), self.processors,
                                  compat.token_bans(logits_processor), self.sampling, self.keep_scores, self.keep_raw)
         self.sync = None
         if sharded(model):

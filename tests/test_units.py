@@ -12,8 +12,7 @@ from lookahead._tuning import DEFAULT
 from lookahead.compat import cache_kwarg_name
 from lookahead.drafting.trees import tree_depth_rank
 from lookahead.kv import column_moves, keep_entries
-from lookahead.verify import greedy_verify_argmax
-from lookahead.verify.sampled import children_lists, verify
+from lookahead.verify.sampled import children_lists, greedy_verify_argmax, verify
 from lookahead.whole_step import pack_step
 
 MAX_MOVES = DEFAULT.max_moves

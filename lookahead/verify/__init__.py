@@ -9,9 +9,9 @@ Every emitted token has exactly the target's distribution, and a seed gives the 
 Example (greedy): tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``, argmax of the rows (root, nodes) ``[5, 9, 3, 4]``:
 accept node 0 (5), then node 2 (9), then emit 4: nodes ``[0, 2]``, tokens ``[5, 9, 4]``.
 
-On a CPU, Numba kernels read every row's argmax (``torch.argmax``'s) and top-k (:func:`rows_top`), apply processors
-that only ban tokens from the top-k (:func:`apply_bans`) and walk the tree: a greedy verdict runs no tensor code.
-Processed scores and sampling walk the tree in ``sampled.py``, imported by the calls that need it.
+On a CPU, Numba kernels read every row's argmax and top-k (:func:`rows_top`), apply processors that only ban tokens
+from the top-k (:func:`apply_bans`) and walk the tree: a greedy verdict runs no tensor code. Processed scores and
+sampling walk the tree in ``sampled.py``; a batch verifies in ``batch.py``.
 """
 
 from __future__ import annotations
@@ -34,28 +34,12 @@ class Verdict:
     raw: list[torch.Tensor] | None = None
 
 
-def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
-    """:func:`greedy_walk` given every row's argmax (root, then nodes 0..n-1); lists or int64 arrays."""
-    nodes, tokens = greedy_walk(*(np.asarray(a, dtype=np.int64) for a in (argmax, tree_tokens, tree_parents)))
+def greedy_verdict(argmax: np.ndarray, draft) -> Verdict:
+    """One row's greedy verdict from its rows' argmax int64[>= 1 + n] (its root, then its nodes)."""
+    if not len(draft):
+        return Verdict([], [int(argmax[0])])
+    nodes, tokens = greedy_walk(argmax, draft.tokens, draft.parents)
     return Verdict(nodes.tolist(), tokens.tolist())
-
-
-def greedy_verdicts(argmax: np.ndarray, drafts) -> list[Verdict]:
-    """Every row's greedy verdict from its rows' argmax int64[b, q] (row ``i``: its root, then its nodes)."""
-    if len(drafts) == 1:
-        d = drafts[0]
-        if not len(d):
-            return [Verdict([], [int(argmax[0, 0])])]
-        nodes, tokens = greedy_walk(argmax[0], d.tokens, d.parents)
-        return [Verdict(nodes.tolist(), tokens.tolist())]
-    counts = np.array([len(d) for d in drafts], dtype=np.int64)  # the trees, padded to the widest
-    w = max(int(counts.max()) if len(counts) else 0, 1)
-    tokens, parents = np.zeros((len(drafts), w), np.int64), np.full((len(drafts), w), -2, np.int64)
-    for i, d in enumerate(drafts):
-        tokens[i, : len(d)] = d.tokens
-        parents[i, : len(d)] = d.parents
-    nodes, accepted, emitted = greedy_walks(argmax, tokens, parents, counts)
-    return [Verdict(nodes[i, :a].tolist(), emitted[i, : a + 1].tolist()) for i, a in enumerate(accepted.tolist())]
 
 
 def _ban_arrays(rules) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -70,9 +54,9 @@ _NO_BANS = (np.zeros(0, np.int64),) * 4
 
 
 class Verifier:
-    """One call's verification, for one row or a batch. ``processors``: per row (in the call's row order), its
-    processors as one function or None; ``rules``: the processors as token bans (``compat.token_bans``) or None;
-    ``keep_scores`` / ``keep_raw``: verdicts carry the processed scores / raw logits."""
+    """One row's verification (a batch's: ``batch.BatchVerifier``). ``processors``: per row (in the call's row
+    order), its processors as one function or None; ``rules``: the processors as token bans (``compat.token_bans``)
+    or None; ``keep_scores`` / ``keep_raw``: verdicts carry the processed scores / raw logits."""
 
     def __init__(self, device: torch.device, vocab: int, processors: list, rules, sampling: bool,
                  keep_scores: bool = False, keep_raw: bool = False):
@@ -107,69 +91,44 @@ class Verifier:
         return (logits.argmax(-1).cpu().numpy() if argmax_rows is not None else None), tops
 
     def verify(self, logits: torch.Tensor, drafts: list, rows, k: int):
-        """(per row its verdict, None for a finished row; a one-row step's window rows' argmax int64[m], else None; the
-        top-``k`` (ids, logits) [b, 1 + w, k] of every row's root and nodes, None when ``k`` is 0) from ``logits``
-        [b, q, V] (row ``i``: its root, its nodes, then window rows). ``rows``: ``loop.Rows`` in the cache's order
-        (``length_of``, ``is_done``, ``prefix``, ``uniforms``, ``processors``)."""
+        """([the row's verdict]; its window rows' argmax int64[m], or None; the top-``k`` (ids, logits) [1, 1 + n, k]
+        of its root and nodes, None when ``k`` is 0) from ``logits`` [1, q, V] (its root, its nodes, then window
+        rows). ``rows``: ``loop.Rows`` (``length_of``, ``is_done``, ``prefix``, ``uniforms``, ``processors``)."""
         width = max(k, self.ban_width)  # the top-k read per verified row
-        if len(drafts) == 1:  # one row: the root's row, the nodes', then the window's
-            d = drafts[0]
-            n, m = len(d), d.n_window_rows
-            if self.argmax_verdicts and self.on_cpu and width:  # one kernel call: read, bans, walk
-                arr = (logits.detach() if logits.requires_grad else logits).numpy()
-                q = arr.shape[1]
-                argmax = np.empty((1, q), np.int64)
-                ids, vals = np.empty((1, q, width), np.int64), np.empty((1, q, width), np.float32)
-                decided, nodes, tokens = greedy_row(arr, 1 + n + m, width, d.tokens, d.parents, d.depth,
-                                                    rows.length_of(0), *(self.bans or _NO_BANS), argmax, ids, vals)
-                if decided:
-                    verdict = Verdict(nodes.tolist(), tokens.tolist())
-                else:  # its top-k could not decide: its processed scores
-                    verdict = self._processed(logits[0], d, rows, 0)
-                return [verdict], (argmax[0, n + 1 :] if m else None), _cut((ids, vals), k)
-            argmax, tops = self.read_rows(logits, np.array([1 + n + m]) if self.argmax_verdicts else None,
-                                          np.array([n + 1]), width)
-            if self.argmax_verdicts:
-                window = argmax[0, n + 1 :] if m else None  # (bans rewrite the verified rows only)
-                if self.bans is None or apply_bans(argmax, *tops, np.array([n + 1]), _lengths(rows, drafts),
-                                                   *self.bans):
-                    return greedy_verdicts(argmax, drafts), window, _cut(tops, k)
-                return [self._processed(logits[0], d, rows, 0)], window, _cut(tops, k)
-            window = logits[0, n + 1 :].argmax(-1).cpu().numpy() if m else None
-            return [self._processed(logits[0], d, rows, 0)], window, _cut(tops, k)
-        done = [rows.is_done(i) for i in range(len(drafts))]
-        counts = np.array([0 if gone else len(d) + 1 for d, gone in zip(drafts, done)], dtype=np.int64)
-        argmax, tops = self.read_rows(logits, counts if self.argmax_verdicts else None, counts, width)
-        live = [i for i, gone in enumerate(done) if not gone]
-        verdicts: list[Verdict | None] = [None] * len(drafts)
-        if self.argmax_verdicts and (self.bans is None or apply_bans(argmax, *tops, counts, _lengths(rows, drafts),
-                                                                     *self.bans)):
-            for i, v in zip(live, greedy_verdicts(argmax[live], [drafts[i] for i in live])):
-                verdicts[i] = v
+        d = drafts[0]
+        n, m = len(d), d.n_window_rows
+        if self.argmax_verdicts and self.on_cpu and width:  # one kernel call: read, bans, walk
+            arr = (logits.detach() if logits.requires_grad else logits).numpy()
+            q = arr.shape[1]
+            argmax = np.empty((1, q), np.int64)
+            tops = np.empty((1, q, width), np.int64), np.empty((1, q, width), np.float32)
+            decided, nodes, tokens = greedy_row(arr, 1 + n + m, width, d.tokens, d.parents, d.depth,
+                                                rows.length_of(0), *(self.bans or _NO_BANS), argmax, *tops)
+            window = argmax[0, n + 1 :] if m else None
+            if decided:
+                return [Verdict(nodes.tolist(), tokens.tolist())], window, cut_tops(tops, k)
+        elif self.argmax_verdicts:
+            argmax, tops = self.read_rows(logits, np.array([1 + n + m]), np.array([n + 1]), width)
+            window = argmax[0, n + 1 :] if m else None  # (bans rewrite the verified rows only)
+            if self.bans is None or apply_bans(argmax, *tops, np.array([n + 1]), row_lengths(rows, drafts),
+                                               *self.bans):
+                return [greedy_verdict(argmax[0], d)], window, cut_tops(tops, k)
         else:
-            for i in live:
-                verdicts[i] = self._processed(logits[i], drafts[i], rows, i)
-        return verdicts, None, _cut(tops, k)
+            tops = self.read_rows(logits, None, np.array([n + 1]), width)[1]
+            window = logits[0, n + 1 :].argmax(-1).cpu().numpy() if m else None
+        from .sampled import processed_verdict  # processed scores decide, or the top-k could not
 
-    def _processed(self, logits: torch.Tensor, draft, rows, i: int) -> Verdict:
-        """Row ``i``'s verdict from its processed scores: ``logits`` float[1 + n (+ more), V]."""
-        from .sampled import verify
-
-        n = len(draft)
-        uniforms = rows.uniforms(i, n + 1) if self.sampling else None
-        return verify(logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(), rows.prefix(i),
-                      rows.processors(i), do_sample=self.sampling, keep_scores=self.keep_scores,
-                      keep_raw=self.keep_raw, uniforms=uniforms)
+        return [processed_verdict(self, logits[0], d, rows, 0)], window, cut_tops(tops, k)
 
 
-def _cut(tops, k: int):
+def cut_tops(tops, k: int):
     """The sources' top-``k`` of a wider top-k the bans needed (None when ``k`` is 0)."""
     if tops is None or not k or tops[0].shape[2] == k:
         return tops if k else None
     return tops[0][:, :, :k], tops[1][:, :, :k]
 
 
-def _lengths(rows, drafts) -> np.ndarray:
+def row_lengths(rows, drafts) -> np.ndarray:
     """int64[b, 1 + w]: the sequence length each verified row continues (its root's, then each node's)."""
     width = max((len(d) for d in drafts), default=0)
     lengths = np.zeros((len(drafts), 1 + width), np.int64)
@@ -370,7 +329,7 @@ def rows_top(logits, argmax_rows, top_rows, k, argmax, ids, vals):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _walk_tree(argmax, tokens, parents, n, nodes, out):
+def walk_tree(argmax, tokens, parents, n, nodes, out):
     """The module docstring's walk over the first ``n`` nodes of a parent-first tree (the first matching child), given
     its rows' argmax (row 0: the root, row ``1 + i``: node ``i``): accepted nodes into ``nodes``, emitted tokens into
     ``out``; returns how many nodes were accepted."""
@@ -393,26 +352,12 @@ def _walk_tree(argmax, tokens, parents, n, nodes, out):
 
 @njit(cache=True, nogil=True)
 def greedy_walk(argmax, tokens, parents):
-    """(accepted nodes int64[a], emitted tokens int64[a + 1]) of a parent-first tree (:func:`_walk_tree`)."""
+    """(accepted nodes int64[a], emitted tokens int64[a + 1]) of a parent-first tree (:func:`walk_tree`)."""
     n = tokens.shape[0]
     nodes = np.empty(n, np.int64)
     out = np.empty(n + 1, np.int64)
-    a = _walk_tree(argmax, tokens, parents, n, nodes, out)
+    a = walk_tree(argmax, tokens, parents, n, nodes, out)
     return nodes[:a], out[: a + 1]
-
-
-@njit(cache=True, nogil=True)
-def greedy_walks(argmax, tokens, parents, counts):
-    """:func:`greedy_walk` over a batch: row ``i``'s tree is ``tokens[i, :counts[i]]`` / ``parents[i, :counts[i]]``
-    (int64[b, w]), its argmax ``argmax[i, :1 + counts[i]]``. Returns (nodes int64[b, w], accepted int64[b], emitted
-    int64[b, w + 1]): row ``i`` accepts ``nodes[i, :accepted[i]]`` and emits ``emitted[i, :accepted[i] + 1]``."""
-    b, w = tokens.shape
-    nodes = np.empty((b, w), np.int64)
-    accepted = np.zeros(b, np.int64)
-    emitted = np.empty((b, w + 1), np.int64)
-    for i in range(b):
-        accepted[i] = _walk_tree(argmax[i], tokens[i], parents[i], counts[i], nodes[i], emitted[i])
-    return nodes, accepted, emitted
 
 
 @njit(cache=True, nogil=True)

@@ -1,5 +1,6 @@
 """The acceptance rule of ``lookahead.verify`` where processed scores or sampling decide: a walk down the tree that
-processes only the rows on the accepted path. Greedy rows whose processors are token bans never come here.
+processes only the rows on the accepted path. Greedy rows whose processors are token bans come here only when their
+top-k cannot decide.
 """
 
 from __future__ import annotations
@@ -7,7 +8,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import Verdict, greedy_verify_argmax
+from . import Verdict, greedy_walk
+
+
+def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
+    """``verify.greedy_walk`` given every row's argmax (root, then nodes 0..n-1); lists or int64 arrays."""
+    nodes, tokens = greedy_walk(*(np.asarray(a, dtype=np.int64) for a in (argmax, tree_tokens, tree_parents)))
+    return Verdict(nodes.tolist(), tokens.tolist())
+
+
+def processed_verdict(verifier, logits: torch.Tensor, draft, rows, i: int) -> Verdict:
+    """Row ``i``'s verdict from its processed scores (sampled, kept as ``verifier`` says): ``logits``
+    float[1 + n (+ more), V]; ``rows`` as ``Verifier.verify`` takes them."""
+    n = len(draft)
+    uniforms = rows.uniforms(i, n + 1) if verifier.sampling else None
+    return verify(logits[: n + 1], draft.tokens.tolist(), draft.parents.tolist(), rows.prefix(i),
+                  rows.processors(i), do_sample=verifier.sampling, keep_scores=verifier.keep_scores,
+                  keep_raw=verifier.keep_raw, uniforms=uniforms)
 
 
 def children_lists(tree_tokens: list[int], tree_parents: list[int]) -> list[dict[int, int]]:
