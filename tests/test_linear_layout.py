@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import lookahead.cpu.layouts as layouts_module
-import lookahead.shadow as shadow_module
+import lookahead.cpu.linear as linear_module
 from lookahead import LookaheadDecoder
 from lookahead._tuning import DEFAULT, Tuning
 from lookahead.cost import STEP_VARIANT, Calibrations, CostModel
@@ -25,15 +25,8 @@ from lookahead.cpu.layouts import (
     plan_layouts,
     whole_plan,
 )
-from lookahead.shadow import (
-    LINEAR,
-    ONEDNN,
-    TRANSPOSED,
-    LayoutLinear,
-    onednn_linear,
-    shadow,
-    transposed_linear,
-)
+from lookahead.cpu.linear import LINEAR, ONEDNN, TRANSPOSED, LayoutLinear, onednn_linear, transposed_linear
+from lookahead.shadow import shadow
 
 from tiny import TINY_ARCHS, TINY_COST_CURVE, tiny_model
 
@@ -93,7 +86,7 @@ def test_two_to_max_rows_come_out_transposed_and_the_others_untouched(bias, monk
     head = _linear(bias)
     calls, products = [], []
     head.register_forward_hook(lambda m, a, o: calls.append(a[0].shape[-2]))  # the user's hook: it acts
-    monkeypatch.setattr(shadow_module, "transposed_linear", lambda x, w, b: products.append(x.shape[-2]) or
+    monkeypatch.setattr(linear_module, "transposed_linear", lambda x, w, b: products.append(x.shape[-2]) or
                         transposed_linear(x, w, b))
     step = LayoutLinear(head, whole_plan(TRANSPOSED))
     assert step.weight is head.weight and step.bias is head.bias  # the same parameters, not copies
@@ -428,7 +421,7 @@ def test_greedy_decoding_with_the_linears_transposed_equals_plain(tiny_models, a
     ids = torch.tensor([REPETITIVE])
     plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
     products = []
-    monkeypatch.setattr(shadow_module, "transposed_linear",
+    monkeypatch.setattr(linear_module, "transposed_linear",
                         lambda x, w, b: products.append(x.shape) or transposed_linear(x, w, b))
     decoder = LookaheadDecoder(_tuning=Tuning(linear_layout="transposed"))
     ours = model.generate(ids, custom_generate=decoder, max_new_tokens=40, eos_token_id=None)
@@ -458,7 +451,7 @@ def test_greedy_decoding_with_the_linears_through_onednn_equals_plain(arch, monk
     ids = torch.tensor([REPETITIVE])
     plain = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
     products = []
-    monkeypatch.setattr(shadow_module, "onednn_linear", lambda x, w, b: products.append(x.shape) or onednn_linear(x, w, b))
+    monkeypatch.setattr(linear_module, "onednn_linear", lambda x, w, b: products.append(x.shape) or onednn_linear(x, w, b))
     # a pinned curve: a measured one would make the drafting (and target_calls) depend on the machine's load
     decoder = LookaheadDecoder(cost_curve=TINY_COST_CURVE, _tuning=Tuning(linear_layout="onednn"))
     ours = model.generate(ids, custom_generate=decoder, max_new_tokens=40, eos_token_id=None)

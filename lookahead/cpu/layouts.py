@@ -12,7 +12,8 @@ from torch import nn
 
 from .._tuning import DEFAULT, Tuning
 from ..cost import STEP_VARIANT, CostModel
-from ..shadow import LINEAR, ONEDNN, TRANSPOSED, onednn_linear, shadow
+from ..shadow import shadow
+from .linear import LINEAR, ONEDNN, TRANSPOSED, onednn_linear
 
 KIND_NAMES = ("nn.Linear", "transposed", "oneDNN")
 ONEDNN_MAX_ROWS = 1 << 12
