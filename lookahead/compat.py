@@ -62,9 +62,8 @@ def supports_logits_to_keep(model) -> bool:
 
 def text_config(model):
     """The config of ``model``'s text decoder: its own, or a multimodal model's text part (``get_text_config``)."""
-    config = model.config
-    get = getattr(config, "get_text_config", None)
-    return get() if get is not None else config
+    get = getattr(model.config, "get_text_config", None)
+    return get() if get is not None else model.config
 
 
 def takes_tree_masks(model) -> bool:
@@ -99,11 +98,7 @@ def cache_kwarg_name(model) -> str:
 
 def cache_of(model_kwargs: dict):
     """The cache in ``generate``'s ``model_kwargs`` (under any of :data:`CACHE_KWARGS`), or None."""
-    for name in CACHE_KWARGS:
-        cache = model_kwargs.get(name)
-        if cache is not None:
-            return cache
-    return None
+    return next((model_kwargs[name] for name in CACHE_KWARGS if model_kwargs.get(name) is not None), None)
 
 
 def crop_cache(cache, n: int) -> None:

@@ -196,9 +196,8 @@ def _model_of(target):
 
 
 def enable(target, default: LookaheadDecoder | None = None):
-    """Let ``target.generate`` (a decoder-only model's, or a text-generation pipeline's model's) take ``assistant=``
-    and ``lookahead=`` flags, on that one instance; returns ``target``. ``default``: the decoder of ``lookahead=True``
-    and of calls without a flag (where it supports them); calling it again replaces it. Undo with :func:`disable`."""
+    """Let ``target.generate`` (a decoder-only model's, or a text-generation pipeline's model's) take the flags the
+    module docstring describes, on that one instance; returns ``target``. Calling it again replaces ``default``."""
     model = _model_of(target)
     if default is not None and not isinstance(default, LookaheadDecoder):
         raise TypeError(f"default= takes a LookaheadDecoder or None, got {type(default).__name__}")

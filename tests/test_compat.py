@@ -111,6 +111,20 @@ def test_a_users_own_cache_and_benchmarks_packages_do_not_shadow_ours(tmp_path):
     assert run.stdout.strip().endswith("ok")
 
 
+def test_the_optional_paths_private_api_loads_on_first_use():
+    """``compat.NAME`` reaches ``compat_optional``'s names too, importing that module only then."""
+    script = textwrap.dedent("""
+        import sys
+        from lookahead import compat
+        assert "lookahead.compat_optional" not in sys.modules
+        assert compat.adopt_ring is sys.modules["lookahead.compat_optional"].adopt_ring
+        assert not hasattr(compat, "no_such_name") and not hasattr(compat, "__path__")
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
 def test_the_decoder_reads_no_private_transformers_api_outside_compat():
     """A transformers upgrade breaks in one place: no module but compat.py and compat_optional.py reaches into
     private names."""
