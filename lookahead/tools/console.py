@@ -79,7 +79,7 @@ def busy_cores(interval: float = 0.25) -> float | None:
                 fields = [int(x) for x in f.readline().split()[1:]]
         except (OSError, ValueError):
             return None
-        return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
+        return sum(fields[:8]), sum(fields[3:5])  # all, idle + iowait
 
     first = sample()
     if first is not None:

@@ -88,11 +88,11 @@ def weights_key(gguf_path: str) -> dict:
             "mtime_ns": st.st_mtime_ns, "transformers": transformers.__version__}
 
 
-def converted_folder(gguf_path: str, root: str | None = None) -> str:
+def converted_folder(gguf_path: str) -> str:
     """Where the converted copy of ``gguf_path`` lives: ``<cache>/models/<file stem>-<hash of its key>``."""
     key = weights_key(gguf_path)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return os.path.join(root or user_cache.cache_dir(), "models", f"{os.path.splitext(key['gguf'])[0]}-{digest}")
+    return os.path.join(user_cache.cache_dir(), "models", f"{os.path.splitext(key['gguf'])[0]}-{digest}")
 
 
 def is_converted(folder: str, key: dict) -> bool:
