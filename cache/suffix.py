@@ -330,14 +330,10 @@ class SuffixIndex:
         """``(tokens, parents, match)``, int64[k]: the draft tree (module docstring); empty when the match is shorter
         than ``min_match``. ``max_states`` bounds the suffix-link states searched for candidates. ``with_depth``
         adds each node's depth (1 under the root)."""
-        if max_nodes <= 0:
-            return (_EMPTY,) * (4 if with_depth else 3)
-        out = np.empty((4, max_nodes), np.int64)
+        out = np.empty((4, max(max_nodes, 0)), np.int64)
         k = propose(self._states, self._edges, self._info, self._tokens, max_depth, max_branches, branch_depth,
                     min_match, max_states, out)
-        if with_depth:
-            return out[0, :k], out[1, :k], out[2, :k], out[3, :k]
-        return out[0, :k], out[1, :k], out[2, :k]
+        return tuple(out[: 4 if with_depth else 3, :k])
 
     def propose_buckets(self, max_nodes: int, max_depth: int, max_branches: int, branch_depth: int,
                         bucket_edges: np.ndarray, min_match: int = 1,

@@ -29,7 +29,6 @@ def _warm_up() -> None:
     t.insert(toks)  # enough distinct tokens to run an eviction
     t.propose(toks, 4, 2)
     t.insert_rows(toks[:4].reshape(2, 2))
-    K.kth_smallest(np.array([3, 1, 2], np.int64), 3, 1)
     # stream switching (a thread compiling these would hold the trie's lock)
     tail = np.empty(2, np.int64)
     K.reopen(t._nodes, t._tview, t._state, tail[: K.open_tail(t._nodes, t._state, tail)])
