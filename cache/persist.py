@@ -64,7 +64,8 @@ class TrieFileError(ValueError):
 
 
 class TrieMismatchError(TrieFileError):
-    """The file is a valid store, but for another vocabulary, tokenizer or ``max_n``, or too big."""
+    """The file is a valid store, but for another vocabulary (or holding a token id outside it), tokenizer or
+    ``max_n``, or too big."""
 
 
 def tokenizer_identity(tokenizer) -> str:

@@ -225,11 +225,8 @@ class NgramTrie:
 
     def load_into(self, path, vocab_size: int | None = None, tokenizer_id: str | None = None) -> None:
         """Replace the contents with the file at ``path`` (same ``max_n``; its n-grams must fit the capacity).
-
-        Raises :class:`cache.TrieFileError` (a ``ValueError``) for a file that is not a store, truncated, corrupt or
-        newer, and its subclass :class:`cache.TrieMismatchError` for another ``vocab_size`` (or a token id >= it),
-        ``tokenizer_id`` or ``max_n``, or too many n-grams. On any error the trie is unchanged.
-        """
+        Raises :class:`cache.TrieFileError` (a ``ValueError``) or its subclass :class:`cache.TrieMismatchError`;
+        on any error the trie is unchanged."""
         _persist().load_into(self, path, vocab_size, tokenizer_id)
 
 
