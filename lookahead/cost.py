@@ -63,11 +63,6 @@ class CostModel:
             t = np.interp(k, self._ks, self._ts)
         return np.where(k > self._ks[-1], self._ts[-1] + self._slope * (k - self._ks[-1]), t)
 
-    def scaled(self, factors: np.ndarray) -> CostModel:
-        """A new curve with each point's seconds multiplied by ``factors`` (float[points]); the flags are kept."""
-        return CostModel(list(zip(self._ks.astype(int).tolist(), (self._ts * factors).tolist())), self.provisional,
-                         self.steps, self.covers)
-
     def __eq__(self, other) -> bool:
         return (isinstance(other, CostModel) and self.points == other.points
                 and (self.provisional, self.steps, self.covers) == (other.provisional, other.steps, other.covers))
@@ -75,62 +70,6 @@ class CostModel:
     def __repr__(self) -> str:
         return ("CostModel(" + ", ".join(f"{k}: {t * 1e3:.1f} ms" for k, t in self.points)
                 + (", steps" if self.steps else "") + (", provisional" if self.provisional else "") + ")")
-
-
-class LearnedCurve:
-    """A cost curve learned from calls' own steps: per step size ``k`` the fastest time seen (load only adds time),
-    from its second timing on (a size's first step in a process pays one-time set-up costs). Shared by a model's calls
-    (under ``lock``) and kept on disk between processes.
-
-    :meth:`curve`: the fastest times, each lowered to that of any larger size and capped at ``k`` one-row steps. A
-    size not seen costs ``slope`` one-row steps per token more than the largest size seen below it (never more than a
-    larger size seen): a cautious prior, so a first call drafts little and learns upward. Example: ``slope=0.25``,
-    seen ``{1: 10 ms, 4: 12 ms}``: ``t(2) = 12.5 ms``, ``t(3) = 12 ms``, ``t(8) = 12 + 4 * 2.5 = 22 ms``."""
-
-    def __init__(self, slope: float, points: Sequence[tuple[int, float]] = ()):
-        if not slope > 0:
-            raise ValueError(f"LearnedCurve needs slope > 0; got {slope}")
-        self.slope = float(slope)
-        self.fastest: dict[int, float] = {int(k): float(t) for k, t in points}
-        self.timed: set[int] = set(self.fastest)  # sizes timed at least once in this process (or kept)
-        self.lock = threading.Lock()
-        self.seen = 0  # steps observed in this process
-        self._curve = self._make()
-
-    def observe(self, k: int, seconds: float) -> bool:
-        """Fold one step of ``k`` rows that took ``seconds``; True when the curve changed."""
-        if k < 1 or not seconds > 0:
-            return False
-        with self.lock:
-            self.seen += 1
-            if k not in self.timed:
-                self.timed.add(k)
-                return False
-            if seconds >= self.fastest.get(k, math.inf):
-                return False
-            self.fastest[k] = seconds
-            self._curve = self._make()
-            return True
-
-    def curve(self) -> CostModel:
-        return self._curve
-
-    def _make(self) -> CostModel:
-        seen = sorted(self.fastest.items())
-        if not seen:
-            return CostModel([(1, 1.0), (2, 1.0 + self.slope)])  # seconds unknown yet: only ratios matter
-        ks = np.array([k for k, _ in seen])
-        ts = np.minimum.accumulate(np.array([t for _, t in seen])[::-1])[::-1]  # no larger size costs less
-        t1 = float(ts[0]) if ks[0] == 1 else float(ts[0]) / (1.0 + self.slope * (ks[0] - 1))
-        top = int(ks[-1])
-        k = np.arange(1, 2 * top + 2)
-        below = np.searchsorted(ks, k, side="right") - 1  # the largest size seen <= k (-1: none)
-        base_k = np.where(below >= 0, ks[np.maximum(below, 0)], 1)
-        base_t = np.where(below >= 0, ts[np.maximum(below, 0)], t1)
-        t = base_t + self.slope * t1 * (k - base_k)  # unseen: the prior's price from the size seen below
-        above = np.minimum(np.searchsorted(ks, k, side="left"), len(ks) - 1)
-        t = np.where(k <= top, np.minimum(t, ts[above]), t)  # and never above a larger size seen
-        return CostModel(list(zip(k.tolist(), np.minimum(t, k * t1).tolist())), steps=True, covers=1 << 12)
 
 
 def describe(curve: CostModel) -> str:
@@ -221,7 +160,9 @@ class CurveStore:
                 "points": [[k, t] for k, t in curve.points], "steps": curve.steps, "covers": curve.covers,
                 "measured": datetime.datetime.now().isoformat(timespec="seconds"),
                 "seconds": round(seconds, 3)}
-        return path if user_cache.write_json_atomic(path, data) else None
+        from .measuring import write_json_atomic
+
+        return path if write_json_atomic(path, data) else None
 
 
 def _parse_curve(data: dict, fingerprint: dict) -> CostModel | None:
@@ -303,30 +244,14 @@ class Calibrations:
                      f"; saved to {path}" if path else "; provisional" if curve.provisional else "")
             return curve
 
-    def learner(self, model, variant: str, slope: float, persist: bool | None = None) -> LearnedCurve:
-        """The :class:`LearnedCurve` of ``model`` for ``variant``: kept in this process, else read back from disk (what
-        an earlier process learnt), else a new one pricing with ``slope``."""
-        key = model_key(model) + (variant + "+learned",)
+    def kept(self, model, key: tuple, make: Callable[[], object]):
+        """What this registry keeps for ``model`` under ``key``, else ``make()``'s, kept from now on
+        (``learned.py``'s curves)."""
         with self._lock:
-            found = self._curves.get(model, {}).get(key)
+            found = self._curves.setdefault(model, {}).get(key)
             if found is None:
-                store = self.store(persist)
-                stored = store.load(curve_fingerprint(model, key[-1]), 1) if store is not None else None
-                found = LearnedCurve(slope, stored.curve.points[:-1] if stored is not None else ())
-                if stored is not None:
-                    log.info("using the cost curve learnt for this model on %s (%s)", stored.measured, stored.path)
-                else:
-                    log.info("no cost curve is known for this model here: calls price drafts cautiously and learn "
-                             "the curve from their own steps (kept for later calls and processes)")
-                self._curves.setdefault(model, {})[key] = found
+                found = self._curves[model][key] = make()
             return found
-
-    def keep_learned(self, model, variant: str, learner: LearnedCurve, min_steps: int,
-                     persist: bool | None = None) -> None:
-        """Write ``learner``'s curve to disk, for the next process, once this process's steps taught it enough."""
-        store = self.store(persist)
-        if store is not None and learner.seen >= min_steps and learner.fastest:
-            store.save(curve_fingerprint(model, variant + "+learned"), learner.curve(), 0.0)
 
     def pin(self, model, points: Sequence[tuple[int, float]]) -> CostModel:
         curve = points if isinstance(points, CostModel) else CostModel(points)
@@ -334,32 +259,10 @@ class Calibrations:
             self._curves.setdefault(model, {})[model_key(model)] = _Entry(curve, True)
         return curve
 
-    def known(self, model, variant: str | None = None) -> CostModel | None:
-        """The curve kept for ``model`` (``variant``: what was timed; None: a pinned curve, else the one a
-        ``LookaheadDecoder`` measures, :data:`STEP_VARIANT`), or None."""
-        curves = self._curves.get(model, {})
-        entry = curves.get(model_key(model))
-        if variant is None and entry is None:  # the decoder's: with grouped attention on a CPU, else plain steps
-            entry = curves.get(model_key(model) + (STEP_VARIANT + "+grouped",))
-            variant = None if entry is not None else STEP_VARIANT
-        if variant:
-            entry = curves.get(model_key(model) + (variant,))
-        if entry is None:  # what the decoder's steps taught, where nothing was measured
-            learned = [v for k, v in curves.items() if k[-1].endswith("+learned")]
-            return learned[0].curve() if learned else None
-        return entry.curve
-
     def __reduce__(self):
         """Pickle / deepcopy: the default registry stays the default one; another becomes an empty one with the same
         persistence (its keys are live model objects)."""
         return "DEFAULT_CALIBRATIONS" if self is DEFAULT_CALIBRATIONS else (Calibrations, (self.persist, self.folder))
-
-    def forget(self, model=None) -> None:
-        with self._lock:
-            if model is None:
-                self._curves = weakref.WeakKeyDictionary()
-            else:
-                self._curves.pop(model, None)
 
 
 DEFAULT_CALIBRATIONS = Calibrations(persist=True)

@@ -29,7 +29,7 @@ from .checks import (
     with_stop_strings,
 )
 from .config import LookaheadConfig
-from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel, LearnedCurve
+from .cost import DEFAULT_CALIBRATIONS, STEP_VARIANT, Calibrations, CostModel
 from .drafting.policy import DraftPolicy
 from .drafting.sources import ReadOnlyStore
 from .kept import AUTO, find, kept_corpora, kept_heads
@@ -191,8 +191,10 @@ class LookaheadDecoder:
                             streamer, model_kwargs, shape)
             out = call.run()
             if call.learned is not None:
-                self.calibrations.keep_learned(model, call.learned[0], call.learner, self.tuning.learn_keep_after,
-                                               call.learned[1])
+                from .learned import keep_learned
+
+                keep_learned(self.calibrations, model, call.learned[0], call.learner, self.tuning.learn_keep_after,
+                             call.learned[1])
             return out
         finally:
             if cache is not None and b == 1:
@@ -288,14 +290,17 @@ class LookaheadDecoder:
 
             call.runner, self.stats.linear_layout = default_plan(model, self.tuning, base is not model)
             variant += "+" + self.stats.linear_layout
+        from .learned import learner
+
+        found = learner(self.calibrations, model, variant, self._slope(model), persist)
         if not call.shape_class.static:
-            call.learner = self.calibrations.learner(model, variant, self._slope(model), persist)
-            call.learned = (variant, persist)
-            return call.learner.curve()
-        return self.calibrations.learner(model, variant, self._slope(model), persist).curve()
+            call.learner, call.learned = found, (variant, persist)
+        return found.curve()
 
     def _sharded_curve(self, call) -> CostModel:
         """Under tensor parallelism: a curve the calls' steps teach on rank 0's timings (every rank decides alike)."""
+        from .learned import LearnedCurve
+
         learner = self._tp_curves.get(call.model)
         if learner is None:
             learner = self._tp_curves[call.model] = LearnedCurve(self._slope(call.model))

@@ -1,10 +1,14 @@
-"""What an explicit cost-curve measurement shows the user: its size, a forecast of its seconds and a progress bar.
-Imported only when a curve is measured (``cost.Calibrations.get`` with a ``measure``; ``calibrate.py``)."""
+"""What measuring a cost curve does besides the timing: the sizes, a forecast of its seconds and a progress
+bar shown to the user, and the write that keeps it on disk. Imported only when a curve is measured
+(``cost.Calibrations.get`` with a ``measure``; ``calibrate.py``) or saved (``cost.CurveStore.save``)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -73,3 +77,24 @@ def announced_measurement(model, max_rows: int, measure: Callable[[tuple[int, ..
     with calibration_progress(f"lookahead calibration ({variant or 'forwards'}), once per model"):
         curve = measure(sizes)
     return curve, time.perf_counter() - t
+
+
+def write_json_atomic(path: str, data: dict) -> bool:
+    """Write ``data`` as JSON to ``path`` (through a temporary file, renamed); False (logged), never raising,
+    on failure."""
+    folder = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return True
+    except OSError as err:
+        log.warning("could not write %s (%s); it will be measured again next time", path, err)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return False

@@ -9,11 +9,7 @@ it off. Files are written to a temporary name and renamed, so a reader never see
 from __future__ import annotations
 
 import json
-import logging
 import os
-import tempfile
-
-log = logging.getLogger("lookahead")
 
 PERSIST_ENV = "LOOKAHEAD_PERSIST"
 CACHE_ENV = "LOOKAHEAD_CACHE"
@@ -31,26 +27,6 @@ def cache_dir() -> str:
 def persist_enabled() -> bool:
     """False when ``LOOKAHEAD_PERSIST`` is 0 / false / no / off: the cache is then neither read nor written."""
     return os.environ.get(PERSIST_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def write_json_atomic(path: str, data: dict) -> bool:
-    """Write ``data`` as JSON to ``path`` (see the module docstring); False (logged), never raising, on failure."""
-    folder = os.path.dirname(path)
-    tmp = None
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return True
-    except OSError as err:
-        log.warning("could not write %s (%s); it will be measured again next time", path, err)
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        return False
 
 
 def read_json(path: str) -> dict | None:
