@@ -1,2 +1,1 @@
-"""``python -m lookahead bench``: ``workloads`` (prompts), ``methods`` (decoding methods by name), ``runner``
-(``run_bench``: interleaved runs, per-prompt figures) and ``report`` (``write_reports``: JSON, Markdown, PNG)."""
+"""``python -m lookahead bench``: ``workloads`` and ``methods`` side by side (``runner``), then ``report``."""
