@@ -56,7 +56,6 @@ BUILD_ERRORS = ("", "parent index not before the row", "token id out of range", 
                 "last_used outside [1, step]", "n-gram longer than max_n",
                 "siblings not sorted by (count, last_used) descending", "duplicate n-gram",
                 "more n-grams than the capacity")
-_NOT_PICKLED = ("_lock", "_local", "_loaded", "_epoch", "_nodes", "_stats", "_table", "_tview", "_whole")
 
 
 class TrieFileError(ValueError):
@@ -177,13 +176,11 @@ def pickled(trie) -> dict:
     and the table's non-empty entries travel, the lock and the streams do not; the copy proposes, inserts and
     evicts exactly as the original would."""
     with trie._lock:
-        state = {k: v for k, v in trie.__dict__.items() if k not in _NOT_PICKLED}
         used = int(trie._state[K.S_HIGH]) + 1
         entries = np.flatnonzero(trie._table)
-        state.update(_state=trie._state.copy(), _pool_rows=used, _nodes_used=trie._nodes[:used].copy(),
-                     _stats_used=trie._stats[:used].copy(), _table_entries=entries,
-                     _table_values=trie._table[entries])
-        return state
+        return dict(_max_n=trie.max_n, _capacity=trie.capacity, _used=trie._used, _state=trie._state.copy(),
+                    _pool_rows=used, _nodes_used=trie._nodes[:used].copy(), _stats_used=trie._stats[:used].copy(),
+                    _table_entries=entries, _table_values=trie._table[entries])
 
 
 def unpickle(trie, state: dict) -> None:
