@@ -184,12 +184,6 @@ def test_linear_modules_are_the_plain_cpu_linears(tiny_models):
         Tuning(linear_layout="sideways")
 
 
-def test_weights_count_a_shared_weight_once():
-    a, b = _linear(), _linear()
-    b.weight = a.weight
-    assert layouts_module.weights([a, b]) == layouts_module.weights([a]) == 24 * 40
-
-
 # -- the shadow ----------------------------------------------------------------------------------------------------
 
 

@@ -66,11 +66,6 @@ class LinearPlan:
         return bool(self.ranges())
 
 
-def weights(modules: Sequence[nn.Linear]) -> int:
-    """The weights of ``modules`` together (a weight shared by several, as a tied output layer, counted once)."""
-    return sum(w.numel() for w in {id(m.weight): m.weight for m in modules}.values())
-
-
 @functools.cache
 def onednn_available() -> bool:
     """Whether this torch (built with oneDNN, as the x86 and ARM CPU wheels are) has oneDNN's linear and it computes
