@@ -151,8 +151,7 @@ class LookaheadDecoder:
                 raise ValueError(f"LookaheadDecoder(heads=...) reads the input of the model's output layer; this "
                                  f"{type(model).__name__} computes its logits otherwise. Drop heads= for it.")
         _warn_if_row_dependent(model)
-        if streamer is None:
-            streamer = given_streamer
+        streamer = streamer if streamer is not None else given_streamer
         if stop_strings:
             stopping_criteria = with_stop_strings(stopping_criteria, stop_strings, tokenizer or self.tokenizer)
         if not self._busy.acquire(blocking=False):

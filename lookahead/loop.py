@@ -220,7 +220,7 @@ class Rows:
         if call.sampling:
             from .verify.sampled import PositionUniforms
 
-            self.uniform = [PositionUniforms(s) for s in (call.sync.seeds(b) if call.sync else _seeds(b))]
+            self.uniform = [PositionUniforms(s) for s in (call.sync.seeds(b) if call.sync else [None] * b)]
         self.scores: list[torch.Tensor] = []
         self.raw: list[torch.Tensor] = []
         self.streamed = length
@@ -327,11 +327,6 @@ class Rows:
         return compat.decoder_only_output(sequences, tuple(self.scores) if call.keep_scores else None,
                                           tuple(self.raw) if call.keep_raw else None,
                                           call.given_cache if self.b == 1 else None)
-
-
-def _seeds(count: int) -> list[int]:
-    """Sampling seeds from torch's default generator (``torch.manual_seed`` makes a run repeatable)."""
-    return [int(torch.randint(0, 2**62, (1,)).item()) for _ in range(count)]
 
 
 def _mask_shapes(mask):

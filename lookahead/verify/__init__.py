@@ -9,9 +9,8 @@ Every emitted token has exactly the target's distribution, and a seed gives the 
 Example (greedy): tokens ``[5, 7, 9]``, parents ``[-1, -1, 0]``, argmax of the rows (root, nodes) ``[5, 9, 3, 4]``:
 accept node 0 (5), then node 2 (9), then emit 4: nodes ``[0, 2]``, tokens ``[5, 9, 4]``.
 
-On a CPU, Numba kernels read every row's argmax and top-k (:func:`rows_top`), apply processors that only ban tokens
-from the top-k (:func:`apply_bans`) and walk the tree: a greedy verdict runs no tensor code. Processed scores and
-sampling walk the tree in ``sampled.py``; a batch verifies in ``batch.py``.
+Here Numba kernels read the rows (:func:`rows_top`), apply token bans (:func:`apply_bans`) and walk the tree;
+processed scores and sampling walk it in ``sampled.py``; a batch verifies in ``batch.py``.
 """
 
 from __future__ import annotations

@@ -11,12 +11,6 @@ import torch
 from . import Verdict, greedy_walk
 
 
-def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
-    """``verify.greedy_walk`` given every row's argmax (root, then nodes 0..n-1); lists or int64 arrays."""
-    nodes, tokens = greedy_walk(*(np.asarray(a, dtype=np.int64) for a in (argmax, tree_tokens, tree_parents)))
-    return Verdict(nodes.tolist(), tokens.tolist())
-
-
 def processed_verdict(verifier, logits: torch.Tensor, draft, rows, i: int) -> Verdict:
     """Row ``i``'s verdict from its processed scores (sampled, kept as ``verifier`` says): ``logits``
     float[1 + n (+ more), V]; ``rows`` as ``Verifier.verify`` takes them."""
@@ -108,10 +102,14 @@ def verify(logits: torch.Tensor, tree_tokens: list[int], tree_parents: list[int]
     """One row's verdict, greedy or sampled: ``logits`` float[n + 1, V] (row 0 the root, row ``i + 1`` node ``i``),
     ``prefix`` long[1, L] its context; processors run only on the walked path; ``uniforms``: one per emittable
     position."""
-    if do_sample:
-        uniforms = torch.rand(len(tree_tokens) + 1).tolist() if uniforms is None else uniforms
-        return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_sampled, keep_scores,
-                     keep_raw, uniforms)
-    if not logits_processor and not keep_scores and not keep_raw:
-        return greedy_verify_argmax(logits.argmax(-1).tolist(), tree_tokens, tree_parents)
-    return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor, _choose_greedy, keep_scores, keep_raw)
+    if do_sample and uniforms is None:
+        uniforms = torch.rand(len(tree_tokens) + 1).tolist()
+    return _walk(logits, tree_tokens, tree_parents, prefix, logits_processor,
+                 _choose_sampled if do_sample else _choose_greedy, keep_scores, keep_raw, uniforms)
+
+
+def greedy_verify_argmax(argmax, tree_tokens, tree_parents) -> Verdict:
+    """:func:`verify`'s greedy verdict without processors, given every row's argmax (root, then nodes 0..n-1): lists
+    or int64 arrays (``verify.greedy_walk``)."""
+    nodes, tokens = greedy_walk(*(np.asarray(a, dtype=np.int64) for a in (argmax, tree_tokens, tree_parents)))
+    return Verdict(nodes.tolist(), tokens.tolist())
