@@ -264,7 +264,7 @@ class Budget:
     """One row's per-step choices and what it learns from each verified step: the acceptance estimates (fresh per call,
     or an earlier call's capped at ``carry_trials``), the copy belief, the window's worth (a running mean of window-made
     tokens accepted per step, re-tried every ``window_probe_every`` steps while off) and a prober. ``learner``: a
-    ``cost.LearnedCurve`` that each step's time teaches (None: ``cost`` is fixed for the call)."""
+    ``learned.LearnedCurve`` that each step's time teaches (None: ``cost`` is fixed for the call)."""
 
     def __init__(self, cost: CostModel, tuning: Tuning = DEFAULT, cost_rows: int = 1024, learner=None):
         self.tuning = tuning
