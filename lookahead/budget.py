@@ -282,9 +282,8 @@ class Budget:
     def drafting_can_pay(self) -> bool:
         return can_pay(self._table[1:], self.tuning.margin)
 
-    def node_probabilities(self, draft: Draft, scaled: bool = True) -> np.ndarray:
-        probs = self.acceptance.node_probabilities(draft)
-        return probs * self.belief.scale() if scaled else probs
+    def node_probabilities(self, draft: Draft) -> np.ndarray:
+        return self.acceptance.node_probabilities(draft) * self.belief.scale()
 
     def probabilities_of(self, draft: Draft) -> np.ndarray:
         """:meth:`node_probabilities` of ``draft``, from the last :meth:`plan` when it returned ``draft``."""

@@ -219,8 +219,8 @@ class Calibrations:
                 return pinned.curve
             key = model_key(model) + ((variant,) if variant else ())
             entry = curves.get(key)
-            fits = entry is not None and (entry.pinned or entry.curve.covers >= max_rows)
-            if fits and not (entry.curve.provisional and not entry.pinned  # a provisional curve is retried
+            fits = entry is not None and entry.curve.covers >= max_rows
+            if fits and not (entry.curve.provisional  # a provisional curve is retried
                              and self.clock() - entry.measured_at >= self.retry_after * 2 ** entry.retries):
                 return entry.curve
             store = self.store(persist)

@@ -1,6 +1,5 @@
-"""What measuring a cost curve does besides the timing: the sizes, a forecast of its seconds and a progress
-bar shown to the user, and the write that keeps it on disk. Imported only when a curve is measured
-(``cost.Calibrations.get`` with a ``measure``; ``calibrate.py``) or saved (``cost.CurveStore.save``)."""
+"""What measuring a cost curve does besides timing it: its sizes, a forecast of its seconds, a progress bar,
+and the write that saves it. Imported only to measure a curve (``calibrate.py``) or save one."""
 
 from __future__ import annotations
 

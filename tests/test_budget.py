@@ -327,7 +327,7 @@ def test_plan_with_a_node_cap_equals_cutting_to_the_most_probable_first(window_r
             b.record(draft, [0] if trial % 2 else [])
         cut = draft
         if n > cap:
-            probs = two.node_probabilities(draft, scaled=False)
+            probs = two.acceptance.node_probabilities(draft)
             cut = draft.keep(np.sort(np.argsort(-probs, kind="stable")[:cap]))
         got, want = one.plan(draft, cap), two.plan(cut)
         assert got.tokens.tolist() == want.tokens.tolist() and got.parents.tolist() == want.parents.tolist()
