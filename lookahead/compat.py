@@ -233,7 +233,7 @@ def grouped_applies(model) -> bool:
     return getattr(text, "_attn_implementation", None) == "sdpa"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str):  # compat_optional's names, imported on the first use of one
     if not name.startswith("_"):
         from . import compat_optional
 
