@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -21,15 +22,6 @@ class _Compiler:
 
 
 _STATE = _Compiler()
-
-
-def compiling() -> bool:
-    """Whether a background process compiles the kernels: the one this process started (started now unless it
-    runs), or another live process holding the lock."""
-    if _STATE.process is None or _STATE.process.poll() is not None:
-        _STATE.process = _start_compiler()
-        return _STATE.process is not None or lock_held()
-    return True
 
 
 def lock_path() -> str:
@@ -52,25 +44,26 @@ def lock_held() -> bool:
         return False
 
 
-def _start_compiler():
-    """Start ``python -m lookahead.tools.warmup`` (``warmup.compile_in_background``) at the lowest CPU priority, or
-    None when another live process compiles already or none can be started."""
-    if lock_held():
-        return None
+def compiling() -> bool:
+    """Whether a background process compiles the kernels: the one this process started, another live process
+    that holds the lock, or one started now (``python -m lookahead.tools.warmup``, whose
+    ``warmup.compile_in_background`` runs at the lowest CPU priority); False when none could be started."""
+    process = _STATE.process
+    if process is not None and process.poll() is None or lock_held():
+        return True
     try:
         os.makedirs(os.path.dirname(lock_path()), exist_ok=True)
-        process = subprocess.Popen([sys.executable, "-m", "lookahead.tools.warmup"], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        _STATE.process = subprocess.Popen(
+            [sys.executable, "-m", "lookahead.tools.warmup"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, close_fds=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     except OSError:
-        return None
-    import logging
-
+        return False
     logging.getLogger("lookahead").warning(
         "lookahead: compiling the Numba kernels in a background process (once per machine, lowest priority); "
         "until they are ready, calls decode as plain generate() does. `python -m lookahead warmup` compiles them "
         "ahead.")
-    return process
+    return True
 
 
 def _die_with_parent() -> None:

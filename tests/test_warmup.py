@@ -138,7 +138,7 @@ def _not_compiled(monkeypatch, started: list, alive: bool = True):
     monkeypatch.setattr(kernel_compiler, "_STATE", kernel_compiler._Compiler())
     monkeypatch.setattr(numba_kernels, "missed_kernels", lambda modules=None: ["a kernel"])
     monkeypatch.setattr(numba_kernels, "kernels_compiled", lambda modules=None: False)
-    monkeypatch.setattr(kernel_compiler, "_start_compiler", start)
+    monkeypatch.setattr(kernel_compiler.subprocess, "Popen", lambda *args, **kwargs: start())
 
 
 def test_uncompiled_kernels_compile_in_the_background_and_the_call_decodes_plain(monkeypatch, tiny_models):
@@ -175,7 +175,8 @@ def test_a_compile_lock_left_by_a_dead_process_is_taken_over(monkeypatch, tmp_pa
     path = kernel_compiler.lock_path()
     with open(path, "w") as f:
         f.write(str(os.getpid()))  # this process: alive
-    assert kernel_compiler.lock_held() and kernel_compiler._start_compiler() is None
+    monkeypatch.setattr(kernel_compiler, "_STATE", kernel_compiler._Compiler())
+    assert kernel_compiler.lock_held() and kernel_compiler.compiling() and kernel_compiler._STATE.process is None
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with open(path, "w") as f:
