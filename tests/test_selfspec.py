@@ -219,7 +219,7 @@ def test_self_draft_greedy_identical(deep_models, arch, kind):
     for decoder in (alone, merged):
         out = model.generate(ids, max_new_tokens=32, do_sample=False, custom_generate=decoder)
         assert torch.equal(out, ref), (arch, kind)
-    report = _draft_pass(alone).report()
+    report = _draft_pass(alone).stats
     assert report["forwards"] > 0 and report["tried"] > 0
     assert alone.stats.drafted_by_origin[kind] > 0
 
@@ -293,7 +293,7 @@ def test_stays_off_where_it_does_not_pay():
     decoder = _decoder("layer-skip", draft_cost=0.5, **ALONE)
     out = model.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=decoder)
     assert torch.equal(out, ref)
-    report = _draft_pass(decoder).report()
+    report = _draft_pass(decoder).stats
     assert report["drafting_steps"] <= 1 and report["forwards"] <= 2  # at most one depth-2 probe in 24 steps
 
 

@@ -46,10 +46,10 @@ def test_harvest_docstring_example():
 
 def test_window_fill_then_harvest_then_slide():
     win = LookaheadWindow(3, 3, [10, 11, 12, 13])
-    assert len(win.levels) == 1 and not win.full
+    assert len(win.levels) == 1
     first = win.levels.copy()
     grams = win.advance(np.array([5, 6, 7]), emitted=1)  # filling: no harvest, a level is added
-    assert grams.shape == (0, 3) and win.full
+    assert grams.shape == (0, 3) and len(win.levels) == 2  # full: N - 1 levels
     assert win.levels.tolist() == [first[0].tolist(), [5, 6, 7]]
     grams = win.advance(np.array([0, 0, 0, 1, 2, 3]), emitted=1)  # full: harvest, shift levels up
     assert grams.tolist() == [[first[0, 0], 5, 1], [first[0, 1], 6, 2], [first[0, 2], 7, 3]]

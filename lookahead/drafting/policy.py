@@ -14,15 +14,7 @@ from ..cache import NgramTrie
 from ..config import LookaheadConfig
 from ..cost import CostModel
 from .draft import MEMORY, TRIE, Draft
-from .sources import (
-    CopySource,
-    CorpusSource,
-    DraftSource,
-    FrequentSource,
-    ModelSource,
-    TrieSource,
-    merge_proposals,
-)
+from .sources import CopySource, CorpusSource, FrequentSource, ModelSource, TrieSource, merge_proposals
 
 
 @dataclass(frozen=True)
@@ -75,7 +67,7 @@ class DraftPolicy:
         """The corpus source drafts from ``store`` again (a pickle leaves the store behind)."""
         for source in self.sources:
             if isinstance(source, CorpusSource):
-                source.bind(store)
+                source.trie = store
 
     def learn_prompt(self, tokens: np.ndarray, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
         """Before the first step, when :attr:`prompt_rows`: the pending prompt's rows but the last (row ``j``: input
@@ -246,13 +238,13 @@ class DraftPolicy:
 
 
 def make_sources(config: LookaheadConfig, tuning: Tuning, trie: NgramTrie, memory: NgramTrie | None, draft=None,
-                 heads=None, successors=None, corpus: NgramTrie | None = None) -> list[DraftSource]:
+                 heads=None, successors=None, corpus: NgramTrie | None = None) -> list:
     """The sources in merge order: the request's trie, the copy, a shared store, the corpus, the model's predictions,
     the draft passes (``lookahead.passes``), the heads, the frequent tokens; the window comes last, made by
     :meth:`DraftPolicy.start`. ``successors``: a model-prediction table a batch's rows share."""
     t = tuning
     tree = {"max_nodes": t.tree_nodes, "max_depth": t.tree_depth}
-    sources: list[DraftSource] = [TrieSource(trie, TRIE, t.max_match, per_request=True, **tree)]
+    sources = [TrieSource(trie, TRIE, t.max_match, per_request=True, **tree)]
     if t.copy_nodes:
         sources.append(CopySource(t.copy_capacity, t.copy_nodes, t.copy_depth, t.copy_branches, t.copy_branch_depth,
                                   t.copy_buckets))

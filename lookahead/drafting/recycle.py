@@ -186,10 +186,6 @@ class SuccessorTable:
             _clear_keys(self.keys)
             self.written = False
 
-    def __len__(self) -> int:
-        """Keys (tokens and pairs) with a row."""
-        return int(np.count_nonzero(self.keys))
-
     def update(self, prevs: np.ndarray, inputs: np.ndarray, top_ids: np.ndarray, top_logits: np.ndarray) -> None:
         """Row ``i``: input ``inputs[i]`` after ``prevs[i]`` (-1: none), its top-k successor ids ``top_ids[i]``
         (likeliest first; -1 in column 0: unknown, skipped) and logits; a later row of a key replaces an earlier."""
@@ -206,21 +202,14 @@ class SuccessorTable:
         _learn_step(self.keys, self.ids, self.share, self.rows, int(prev), int(last), tokens, parents, path,
                     np.ascontiguousarray(top_ids, dtype=np.int64), np.ascontiguousarray(top_logits, dtype=np.float32))
 
-    def propose(self, prev: int, last: int, max_nodes: int, max_depth: int):
-        """(tokens int64[m], parents int64[m], shares float[m]): the best-first tree after ``prev, last``."""
-        tokens, parents, shares = self.propose_buckets(prev, last, max_nodes, max_depth, None)
-        return tokens, parents, shares / 1000.0
-
-    def propose_buckets(self, prev: int, last: int, max_nodes: int, max_depth: int, edges: np.ndarray):
-        """:meth:`propose` with each share bucketed in the same kernel call: (tokens, parents, buckets) int64[m],
-        a bucket ``1 + edges.searchsorted(share, side="right")`` (``edges`` float64, increasing; None: the shares
-        x 1000, rounded)."""
-        if max_nodes <= 0:
-            return _EMPTY, _EMPTY, _EMPTY
-        out = np.empty((3, max_nodes), np.int64)
+    def propose(self, prev: int, last: int, max_nodes: int, max_depth: int, edges: np.ndarray | None = None):
+        """(tokens int64[m], parents int64[m], shares float[m]): the best-first tree after ``prev, last``; with
+        ``edges`` (float64, increasing) each share is bucketed in the same kernel call, ``1 + edges.searchsorted(share,
+        side="right")`` (int64[m])."""
+        out = np.empty((3, max(max_nodes, 0)), np.int64)
         m = _propose(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
                      float(self.calibration), edges, out)
-        return out[0, :m], out[1, :m], out[2, :m]
+        return out[0, :m], out[1, :m], (out[2, :m] if edges is not None else out[2, :m] / 1000.0)
 
     # pickling: only the slots in use
     def __getstate__(self) -> dict:
@@ -236,5 +225,3 @@ class SuccessorTable:
         self.keys[used], self.ids[used], self.share[used] = keys, state["ids"], state["share"]
         self.written = bool(len(used))
 
-
-_EMPTY = np.zeros(0, np.int64)

@@ -119,13 +119,9 @@ class CorpusSource(TrieSource):
     def __init__(self, store: NgramTrie, max_match: int, max_nodes: int = 16, max_depth: int = 10):
         super().__init__(store, CORPUS, max_match, per_request=False, max_nodes=max_nodes, max_depth=max_depth)
 
-    def bind(self, store: NgramTrie) -> None:
-        """Draft from ``store`` again (a pickle leaves it behind)."""
-        self.trie = store
-
     def __deepcopy__(self, memo) -> CorpusSource:
         other = copy.copy(self)  # shares the read-only store (a copy would cost its size)
-        other.bind(self.trie)
+        other.trie = self.trie
         memo[id(self)] = other
         return other
 
@@ -195,7 +191,7 @@ class ModelSource(DraftSource):
     def propose(self, context: np.ndarray, max_nodes: int, max_depth: int) -> Proposal | None:
         if self.last < 0:
             return None
-        tokens, parents, match = self.table.propose_buckets(self.prev, self.last, max_nodes, max_depth, self.buckets)
+        tokens, parents, match = self.table.propose(self.prev, self.last, max_nodes, max_depth, self.buckets)
         return Proposal(tokens, parents, match) if len(tokens) else None
 
     def learn(self, emitted: np.ndarray) -> None:

@@ -77,11 +77,6 @@ class LookaheadWindow:
             drawn = self._pool[self._rng.integers(0, len(self._pool), size=max(k, self.draws))]
             self._draws, self._cursor = np.concatenate([self._draws[self._cursor:], drawn]), 0
 
-    @property
-    def full(self) -> bool:
-        """True once ``N - 1`` levels exist (from then on every step harvests ``W`` n-grams)."""
-        return len(self.levels) == self.ngram - 1
-
     def rows(self) -> WindowRows:
         """This step's rows: tokens, position offsets, visibility (:func:`window_layout`)."""
         levels = len(self.levels)

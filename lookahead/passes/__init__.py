@@ -205,11 +205,6 @@ class DraftPassSource(Probing, DraftSource):
                 crop_cache(self.cache, len(self.cached) - keep)
                 del self.cached[keep:]
 
-    def report(self) -> dict:
-        """This call's :data:`STATS`, the drafter's settings and the estimates (JSON-safe)."""
-        return {**self.stats, "info": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.info.items()},
-                "cost_ratio": self.ratio, "alpha": self.alpha, "hopeless": self.hopeless}
-
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
