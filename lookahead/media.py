@@ -9,18 +9,13 @@ from .checks import MEDIA_KWARG, MEDIA_TYPE_KWARGS, given
 from .kv import cache_layers
 
 
-def media_token_ids(config) -> set[int]:
-    """The ids of the media placeholder tokens ``config`` names (``image_token_id``, ``video_token_index``, ...)."""
-    names = [f"{kind}_token_{suffix}" for kind in ("image", "video", "audio") for suffix in ("id", "index")]
-    return {int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)}
-
-
 def check_media(model, input_ids: torch.Tensor, model_kwargs: dict, cache, static: bool, windowed: bool) -> None:
     """Before any forward: raise ValueError for a call with media features that the decoder would not decode as plain
     ``generate`` does (``windowed``: the model has a sliding window shorter than the call)."""
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
-    placeholders = media_token_ids(model.config)
+    names = [f"{kind}_token_{suffix}" for kind in ("image", "video", "audio") for suffix in ("id", "index")]
+    placeholders = {int(v) for v in (getattr(model.config, n, None) for n in names) if isinstance(v, int)}
     types = [k for k in MEDIA_TYPE_KWARGS if given(model_kwargs.get(k))]
     why = None
     if static and any(type(layer) is not StaticLayer for layer in cache_layers(cache)):
