@@ -1,5 +1,5 @@
-"""Numba kernels of drafting: subsets of a draft and the merge of the sources' trees. Arrays in, arrays out; a tree
-is parent-first (``parents[i] < i``, -1 for a child of the root)."""
+"""Numba kernels of drafting: subsets of a draft and the merge of the sources' trees. Arrays in, arrays
+out; a tree is parent-first (``parents[i] < i``, -1 for a child of the root)."""
 
 from __future__ import annotations
 

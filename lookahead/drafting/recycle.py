@@ -203,9 +203,9 @@ class SuccessorTable:
                     np.ascontiguousarray(top_ids, dtype=np.int64), np.ascontiguousarray(top_logits, dtype=np.float32))
 
     def propose(self, prev: int, last: int, max_nodes: int, max_depth: int, edges: np.ndarray | None = None):
-        """(tokens int64[m], parents int64[m], shares float[m]): the best-first tree after ``prev, last``; with
-        ``edges`` (float64, increasing) each share is bucketed in the same kernel call, ``1 + edges.searchsorted(share,
-        side="right")`` (int64[m])."""
+        """(tokens int64[m], parents int64[m], shares float[m]): the best-first tree after ``prev, last``;
+        with ``edges`` (float64, increasing) each share is bucketed in the same kernel call, ``1 +
+        edges.searchsorted(share, side="right")`` (int64[m])."""
         out = np.empty((3, max(max_nodes, 0)), np.int64)
         m = _propose(self.keys, self.ids, self.share, self.rows, int(prev), int(last), int(max_depth),
                      float(self.calibration), edges, out)

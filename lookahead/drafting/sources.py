@@ -27,15 +27,16 @@ class Proposal:
 
 
 class DraftSource:
-    """Base of every source: a subclass sets ``origin`` (an index into ``draft.ORIGINS``), ``max_nodes``, ``max_depth``
-    and ``propose(context, max_nodes, max_depth) -> Proposal | None`` (a tree after ``context``, int64[c]: the
-    context's last ``max_match`` tokens). What else it needs it declares by a flag, and the policy hands it over:
-    ``priced``: ``priced_depth(depth, cost, margin)``, how deep to draft (at most ``depth``; 0: skip) on the cost
-    curve ``cost`` (None: no budget); ``wants_rows``: ``learn_rows(draft, accepted_nodes, top_ids, top_logits)``,
-    the last token's row and each node's top-k ids int64[1 + n, k] and logits; ``wants_hidden``:
-    ``observe_hidden(hidden)``, final hidden states float[a, H] of the root's row and each accepted node's (both
-    before :meth:`learn`); ``learns_lazily``: its state depends on the tokens alone, so it learns them just before
-    it next proposes; ``fallback``: asked only on a priced step no other source drafts for."""
+    """Base of every source: a subclass sets ``origin`` (an index into ``draft.ORIGINS``), ``max_nodes``,
+    ``max_depth`` and ``propose(context, max_nodes, max_depth) -> Proposal | None`` (a tree after ``context``,
+    int64[c]: the context's last ``max_match`` tokens). What else it needs it declares by a flag, and the
+    policy hands it over: ``priced``: ``priced_depth(depth, cost, margin)``, how deep to draft (at most
+    ``depth``; 0: skip) on the cost curve ``cost`` (None: no budget); ``wants_rows``: ``learn_rows(draft,
+    accepted_nodes, top_ids, top_logits)``, the last token's row and each node's top-k ids int64[1 + n, k] and
+    logits; ``wants_hidden``: ``observe_hidden(hidden)``, final hidden states float[a, H] of the root's row
+    and each accepted node's (both before :meth:`learn`); ``learns_lazily``: its state depends on the tokens
+    alone, so it learns them just before it next proposes; ``fallback``: asked only on a priced step no other
+    source drafts for."""
 
     origin: int
     max_nodes: int

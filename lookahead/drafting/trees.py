@@ -1,5 +1,6 @@
-"""Measures of a parent-first tree (``parents[i] < i``, -1 for a child of the root) that only the optional paths
-take: each node's depth and rank (step masks, the heads) and the best chain (a model that takes no tree mask)."""
+"""Measures of a parent-first tree (``parents[i] < i``, -1 for a child of the root) that only the optional
+paths take: each node's depth and rank (step masks, the heads) and the best chain (a model that takes no tree
+mask)."""
 
 from __future__ import annotations
 
