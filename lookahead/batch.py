@@ -216,36 +216,25 @@ class BatchRows(Rows):
                 continue
             r = self.active[i]
             tokens, start, limit = verdict.tokens, int(self.length[r]), int(self.limit[r])
+            n = len(tokens)
             if self.seq_host is not None:
-                self.seq_host[r, start : start + len(tokens)] = tokens
+                self.seq_host[r, start : start + n] = tokens
             else:
-                self.seq[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=call.device)
-            n_emit = len(tokens)
-            if self.stops[r] is not None:  # stopped already (no EOS criterion): only its length limit counts
-                stop, by_length = _limit_index(start, len(tokens), limit), True
-            else:
-                stop, by_length = -1, False
-                for t, token in enumerate(tokens):  # the first token at the length limit or an EOS id
-                    if start + t + 1 >= limit or token in call.eos:
-                        stop, by_length = t, start + t + 1 >= limit
-                        break
+                self.seq[r, start : start + n] = torch.tensor(tokens, dtype=torch.long, device=call.device)
+            n_emit = min(n, limit - start) if limit > start else n  # a stopped row runs on to its length limit
+            if self.stops[r] is None:  # the first token at the length limit, an EOS id or another criterion
+                stop = next((t for t, token in enumerate(tokens) if start + t + 1 >= limit or token in call.eos), -1)
                 if call.other_stops:  # the criteria on tensors, up to the host's stop
-                    first = self.criteria_stop(r, start, verdict, stop + 1 if stop >= 0 else n_emit)
-                    if first >= 0 and (first < stop or stop < 0):
-                        stop, by_length = first, False
-            if stop >= 0 and by_length:
-                n_emit = stop + 1
-            elif stop >= 0:  # it ends here with an EOS criterion or as the last row, else runs on to its limit
-                self.stops[r] = start + stop + 1
-                end = _limit_index(start, len(tokens), limit)
-                last = others == [r]
-                n_emit = stop + 1 if call.pads or last else (end + 1 if end >= 0 else len(tokens))
-            if n_emit < len(tokens):  # past a row's end the buffer holds the padding again
-                self.seq[r, start + n_emit : start + len(tokens)] = self.fill
+                    first = self.criteria_stop(r, start, verdict, stop + 1 if stop >= 0 else n)
+                    stop = first if first >= 0 else stop
+                if stop >= 0:  # it ends here at its limit, with an EOS criterion or as the last row, else runs on
+                    self.stops[r] = start + stop + 1
+                    if call.pads or others == [r] or start + stop + 1 >= limit:
+                        n_emit = stop + 1
+            if n_emit < n:  # past a row's end the buffer holds the padding again
+                self.seq[r, start + n_emit : start + n] = self.fill
             self.length[r] = start + n_emit
             self.last[r] = tokens[n_emit - 1]
-            if self.length[r] >= limit and self.stops[r] is None:
-                self.stops[r] = int(self.length[r])
             if verdict.scores is not None:
                 self.scores.extend(verdict.scores[:n_emit])
             if verdict.raw is not None:
@@ -342,12 +331,6 @@ class BatchRows(Rows):
             stats.new_tokens += st.new_tokens
             stats.drafted_by_origin.update(st.drafted_by_origin)
             stats.accepted_by_origin.update(st.accepted_by_origin)
-
-
-def _limit_index(start: int, n: int, limit: int) -> int:
-    """The index of the token at which a row of ``start`` tokens reaches ``limit``, or -1 within ``n``."""
-    i = limit - start - 1
-    return i if 0 <= i < n else -1
 
 
 ROW_COST = CostModel(((1, 1.0), (2, 1.0)))

@@ -255,8 +255,7 @@ class Bucketed(OneRow):
         if len(pending) > 1:
             self.bucket = 0
             if not d.rows and self.col_visible is None:  # plain: the model's own (static-aware) causal mask
-                return Step(torch.from_numpy(pending[None]).to(call.device),
-                            torch.from_numpy(pending_pos[None]).to(call.device), None, 1)
+                return Step(*step_inputs(pending, pending_pos, d.tokens, d.depth, None, call.device), None, 1)
             columns = None if self.col_visible is None else self.col_visible[: int(rows.length[0])]
             ids, pos, mask = pack_step(pending, pending_pos, d.tokens, d.parents, columns, self.past, call.dtype,
                                        d.window, call.device, d.depth)
