@@ -39,23 +39,6 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           chain_k: torch.Tensor | None = None, chain_v: torch.Tensor | None = None) -> torch.Tensor:
-    """float[B, Q, nh, hd]: queries ``q`` [B, Q, nh, hd] attending to shared keys ``k``, ``v`` [B, T, nh, hd] where
-    ``mask`` bool[B, Q, T] (None: all) and to their own chains ``chain_k``, ``chain_v`` [B, Q, c, nh, hd] or None."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = torch.einsum("bqhd,bthd->bqht", q, k) * scale  # [B, Q, nh, T]
-    if mask is not None:
-        scores = scores.masked_fill(~mask[:, :, None, :], float("-inf"))
-    if chain_k is None or chain_k.shape[2] == 0:
-        return torch.einsum("bqht,bthd->bqhd", torch.softmax(scores, -1), v)
-    chain = torch.einsum("bqhd,bqchd->bqhc", q, chain_k) * scale  # [B, Q, nh, c]
-    weights = torch.softmax(torch.cat([scores, chain], -1), -1)
-    t = k.shape[1]
-    return (torch.einsum("bqht,bthd->bqhd", weights[..., :t], v)
-            + torch.einsum("bqhc,bqchd->bqhd", weights[..., t:], chain_v))
-
-
 class ContextLayer(nn.Module):
     """The trainable part: ``fc`` [2H -> H], attention ``q``, ``k``, ``v``, ``o`` [H -> H] and the residual SiLU
     MLP ``up`` [H -> ffn H], ``down`` (``o`` and ``down`` zero-initialised: an untrained layer maps ``z`` to itself)."""
@@ -87,10 +70,23 @@ class ContextLayer(nn.Module):
 
     def step(self, z: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
              mask: torch.Tensor | None = None, chain: tuple | None = None) -> torch.Tensor:
-        """float[B, Q, H]: the next feature of inputs ``z`` float[B, Q, H] at ``pos`` long[B, Q], attending as in
-        :func:`attend` (``chain``: its ``(chain_k, chain_v)``, or None)."""
+        """float[B, Q, H]: the next feature of inputs ``z`` float[B, Q, H] at ``pos`` long[B, Q], attending to
+        the shared ``keys``, ``values`` [B, T, nh, hd] where ``mask`` bool[B, Q, T] (None: all) and to each
+        query's own ``chain`` (``(keys, values)`` [B, Q, c, nh, hd], or None)."""
         q = rope(self._split(self.q(rms(z))), pos)
-        y = z + self.o(attend(q, keys, values, mask, *(chain or (None, None))).flatten(-2))
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = torch.einsum("bqhd,bthd->bqht", q, keys) * scale  # [B, Q, nh, T]
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, :, None, :], float("-inf"))
+        if chain is None or chain[0].shape[2] == 0:
+            attended = torch.einsum("bqht,bthd->bqhd", torch.softmax(scores, -1), values)
+        else:
+            own = torch.einsum("bqhd,bqchd->bqhc", q, chain[0]) * scale  # [B, Q, nh, c]
+            weights = torch.softmax(torch.cat([scores, own], -1), -1)
+            t = keys.shape[1]
+            attended = (torch.einsum("bqht,bthd->bqhd", weights[..., :t], values)
+                        + torch.einsum("bqhc,bqchd->bqhd", weights[..., t:], chain[1]))
+        y = z + self.o(attended.flatten(-2))
         return y + self.down(self.drop(nn.functional.silu(self.up(y))))
 
     def chain_step(self, feature: torch.Tensor, embedding: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor,

@@ -120,17 +120,12 @@ def bind(heads, model, dtype: torch.dtype = torch.float32) -> Bound:
 
 def heads_dtypes(setting: str, kind: str, device: torch.device, measured: bool) -> tuple[torch.dtype, ...]:
     """The dtypes a source may compute in: a fixed one's alone; for ``"auto"`` float32 and bfloat16 on a CPU when
-    the cost is measured (the cheaper is kept: :func:`cheapest`), else float32; a context head always float32."""
+    the cost is measured (the cheaper is kept), else float32; a context head always float32."""
     if kind == "context":
         return (torch.float32,)
     if DTYPES[setting] is not None:
         return (DTYPES[setting],)
     return (torch.float32, torch.bfloat16) if measured and device.type == "cpu" else (torch.float32,)
-
-
-def cheapest(costs: dict, depth: int):
-    """The key of ``costs`` ({key: (base, per level)}) whose tree ``depth`` deep costs least (the first of equals)."""
-    return min(costs, key=lambda k: costs[k][0] + costs[k][1] * depth)
 
 
 class HeadsSource(Probing, DraftSource):
@@ -209,7 +204,8 @@ class HeadsSource(Probing, DraftSource):
                     self.bound = bind(h, model, dtype)
                     costs[(*shape, dtype)] = measure_cost(self)
                 options[dtype] = costs[(*shape, dtype)]
-        best = cheapest(options, self.limits()[1])
+        depth = self.limits()[1]
+        best = min(options, key=lambda k: options[k][0] + options[k][1] * depth)  # the first of equals
         self.bound, self.cost = bind(h, model, best), options[best]
 
     def priced_depth(self, depth: int, cost, margin: float = 1.05) -> int:

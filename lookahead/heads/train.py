@@ -37,10 +37,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..kept import DATA
 from .context import unrolled_features
 from .model import KINDS, DraftHeads, check_ints, invalid
 
-TOPICS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "topics.txt")
+TOPICS = os.path.join(DATA, "topics.txt")
 HELD_OUT_EVERY = 10  # every this-many-th topic (or --prompts line) is held out
 CORPUS_QUESTIONS = 2  # build-corpus's questions per topic (more of the model's own writing drafts more)
 # what the model is asked to write a prompt about a topic itself, per topic kind; the prompt made of the topic
@@ -173,11 +174,8 @@ def answers_of(model, tokenizer, texts: Sequence[str], chat: bool, max_new_token
         texts = [tokenizer.apply_chat_template([{"role": ("user", "assistant")[i % 2], "content": c}
                                                 for i, c in enumerate(chat)], add_generation_prompt=True,
                                                tokenize=False) for chat in turns]
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        enc = tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=special)
-    finally:
-        tokenizer.padding_side = side
+    enc = tokenizer(list(texts), return_tensors="pt", padding=True, padding_side="left",
+                    add_special_tokens=special)
     ids, mask = enc["input_ids"].to(model.device), enc["attention_mask"].to(model.device)
     return generate_rows(model, ids, mask, max_new_tokens, eos, pad, **sample)
 
@@ -202,9 +200,7 @@ def code_prefix(answer: str, max_lines: int = 12) -> str | None:
     start = answer.find("```")
     if start < 0:
         return None
-    body = answer[answer.find("\n", start) + 1:]
-    end = body.find("```")
-    lines = (body if end < 0 else body[:end]).split("\n")
+    lines = answer[answer.find("\n", start) + 1:].split("```")[0].split("\n")
     if len([line for line in lines if line.strip()]) < 3:
         return None
     cut = None
@@ -708,8 +704,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = TrainSettings()
     _add_data_arguments(p, "heads, corpus/", d.questions)
     _option(p, "--kind", "feature", f"heads to train: one of {', '.join(KINDS)}, several joined by commas, 'both' "
-            "(medusa,feature) or 'all'", type=parse_kinds)
-    _option(p, "--heads", d.num_heads, "K")
+            "(medusa,feature) or 'all'", type=parse_kinds, dest="kinds")
+    _option(p, "--heads", d.num_heads, "K", dest="num_heads", metavar="HEADS")
     _option(p, "--vocab", d.vocab, "tokens the heads predict")
     _option(p, "--raw-tokens", d.raw_tokens, "raw code continuation length, 0: none")
     _option(p, "--no-tasks", False, "no tasks stage: only the answers to the topics' requests (default: off, the "
@@ -731,8 +727,7 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run_args(args: argparse.Namespace) -> int:
     """A training run from parsed :func:`add_arguments` options; prints the held-out accuracy."""
-    kinds = parse_kinds(args.kind) if isinstance(args.kind, str) else args.kind
-    report, seconds, _ = _run_loaded(args, True, kinds=kinds, num_heads=args.heads, tasks=not args.no_tasks)
+    report, seconds, _ = _run_loaded(args, True, tasks=not args.no_tasks)
     k = TrainSettings.topk
     for kind, r in report["results"].items():
         acc = r["accuracy"]
@@ -771,14 +766,15 @@ def _run_loaded(args: argparse.Namespace, train: bool, **more):
 
     set_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.dtype)
-    if dtype is None and not device.startswith("cuda"):
+    dtype = args.dtype
+    if dtype == "auto":
         try:
             with open("/proc/cpuinfo", encoding="utf-8") as f:
-                dtype = torch.bfloat16 if "amx_bf16" in f.read() else torch.float32
+                amx = "amx_bf16" in f.read()
         except OSError:
-            dtype = torch.float32
-    dtype = dtype or torch.bfloat16
+            amx = False
+        dtype = "bfloat16" if amx or device.startswith("cuda") else "float32"
+    dtype = getattr(torch, dtype)
     print(f"loading {args.model or 'the bundled SmolLM2-135M-Instruct'} ({str(dtype).replace('torch.', '')}, "
           f"{device}) ...", file=sys.stderr, flush=True)
     model, tok = load_model(args.model, dtype=dtype, device=device)
