@@ -169,7 +169,7 @@ def answers_of(model, tokenizer, texts: Sequence[str], chat: bool, max_new_token
     """:func:`generate_rows` of ``texts``, left-padded; ``chat``: through the chat template, where a text may also
     be a list of turns, the user's first."""
     special = not (chat and getattr(tokenizer, "chat_template", None))
-    if not special:  # a text is a request, or a chat's turns (the user's first)
+    if not special:
         turns = [[t] if isinstance(t, str) else list(t) for t in texts]
         texts = [tokenizer.apply_chat_template([{"role": ("user", "assistant")[i % 2], "content": c}
                                                 for i, c in enumerate(chat)], add_generation_prompt=True,
@@ -757,8 +757,7 @@ def run_corpus_args(args: argparse.Namespace) -> int:
 
 def _run_loaded(args: argparse.Namespace, train: bool, **more):
     """(the report, seconds, the model): :func:`run` with the :class:`TrainSettings` of the options named as its
-    fields and ``more``, on the model ``--model``, ``--device``, ``--dtype`` and ``--threads`` ask for (auto dtype:
-    bfloat16 on CUDA or where the CPU multiplies it natively, AMX-BF16)."""
+    fields and ``more``, on the model ``--model``, ``--device``, ``--dtype`` and ``--threads`` ask for."""
     settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings) if hasattr(args, f.name)},
                              **more)
     from ..tools.console import set_threads
