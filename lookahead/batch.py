@@ -93,27 +93,23 @@ def top_nodes(probs: np.ndarray, k: int) -> np.ndarray:
 
 
 def pack_batch(pending: np.ndarray, pending_pos: np.ndarray, col_visible: np.ndarray, drafts: list[Draft],
-               width: int, dtype: torch.dtype, device, fill_token: int = 0):
-    """(input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q]) of a batched step."""
+               width: int, dtype: torch.dtype, device):
+    """(input ids long[b, q], position ids long[b, q], mask [b, 1, q, T + q]) of a batched step; a dummy node is
+    token 0 one past the last pending position, a child of the root nothing else sees."""
     b, p = pending.shape
     q = p + width
-    past = col_visible.shape[1] - p
-    host_dtype = np.float64 if dtype == torch.float64 else np.float32
-    neg = float(torch.finfo(dtype).min)
-    mask = np.empty((b, q, past + q), dtype=host_dtype)
-    ids = np.full((b, q), fill_token, dtype=np.int64)
-    pos = np.empty((b, q), dtype=np.int64)
-    parents = np.full((b, width), -1, dtype=np.int64)  # a dummy node: a child of the root nothing else sees
+    ids = np.zeros((b, q), dtype=np.int64)
+    pos = np.repeat(pending_pos[:, -1:] + 1, q, axis=1)
+    parents = np.full((b, width), -1, dtype=np.int64)
     ids[:, :p] = pending
     pos[:, :p] = pending_pos
-    pos[:, p:] = pending_pos[:, -1:] + 1
     for i, d in enumerate(drafts):
         n = len(d)
-        if n:
-            parents[i, :n] = d.parents
-            ids[i, p : p + n] = d.tokens
-            pos[i, p : p + n] = pending_pos[i, -1] + d.depth
-    fill_batch_masks(mask, p, parents, col_visible, neg)
+        parents[i, :n] = d.parents
+        ids[i, p : p + n] = d.tokens
+        pos[i, p : p + n] = pending_pos[i, -1] + d.depth
+    mask = np.empty((b, q, col_visible.shape[1] + width), dtype=np.float64 if dtype == torch.float64 else np.float32)
+    fill_batch_masks(mask, p, parents, col_visible, float(torch.finfo(dtype).min))
     return (torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device),
             torch.from_numpy(mask[:, None]).to(device, dtype))
 
@@ -245,20 +241,15 @@ class BatchRows(Rows):
 
     def finish_rows(self) -> None:
         """Mark rows done: stopped (with an EOS criterion), else at the length the last row stopped at."""
+        active = self.active
         if self.call.pads:
-            for r in self.active:
-                if self.stops[r] is not None:
-                    self.done[r] = True
+            self.done[[r for r in active if self.stops[r] is not None]] = True
             return
-        for r in self.active:
-            if self.length[r] >= self.call.max_length:
-                self.done[r] = True
+        self.done[active] |= self.length[active] >= self.call.max_length
         if all(s is not None for s in self.stops):
             final = max(self.stops)
-            for r in self.active:
-                self.limit[r] = final
-                if self.length[r] >= final:
-                    self.done[r] = True
+            self.limit[active] = final
+            self.done[active] |= self.length[active] >= final
 
     def learn(self, drafts, verdicts, emitted, window_argmax, tops, rows: int, seconds: float, hidden) -> None:
         for i, (d, v, n_emit) in enumerate(zip(drafts, verdicts, emitted)):
