@@ -49,10 +49,9 @@ class StaticMask:
             self._host = np.full((rows, columns), self.neg, dtype=np.dtype(f"int{torch.finfo(dtype).bits}"))
         self.clean = self.dirty = self.rows_used = 0
 
-    def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None = None,
-                 q: int | None = None) -> torch.Tensor:
+    def __call__(self, past: int, pending: int, parents: np.ndarray, window_visible: np.ndarray | None,
+                 q: int) -> torch.Tensor:
         window = np.zeros((0, 0), dtype=bool) if window_visible is None else window_visible
-        q = pending + len(parents) + window.shape[0] if q is None else q
         if q > self._host.shape[0] or past + q > self._host.shape[1]:
             raise ValueError(f"a step of {q} rows after {past} cached columns does not fit the static cache's "
                              f"{self._host.shape[1]} columns")
