@@ -72,9 +72,7 @@ def choose_width(gains: list[np.ndarray], values: np.ndarray, cost: np.ndarray, 
         saved[len(g):] += g[-1]
     extra = np.asarray(cost, dtype=np.float64) - float(cost[0])
     best = int(np.argmax(saved - extra))
-    if best and saved[best] < margin * extra[best]:
-        return 0
-    return best
+    return 0 if best and saved[best] < margin * extra[best] else best
 
 
 def token_values(remaining: np.ndarray, paces: np.ndarray, step: float, single: float) -> np.ndarray:
