@@ -106,7 +106,7 @@ class Call:
         self.runner = self.eager  # what runs a step's forward: the model, a shadow of it, or a compiled step
         self.wants_hidden = decoder.heads is not None
         self.cost = None
-        self.learner = None  # a cost.LearnedCurve the steps teach (set by the decoder's price)
+        self.learner = None  # a learned.LearnedCurve the steps teach (set by the decoder's price)
         self.learned = None  # (variant, persist) under which the decoder keeps it
         self.shape_class = shape
         self.shape = shape(self, input_ids, mask)

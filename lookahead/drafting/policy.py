@@ -105,7 +105,7 @@ class DraftPolicy:
     def start(self, prompt: Sequence[int], limits: Limits, cost: CostModel | None = None, model=None,
               learner=None) -> None:
         """Begin a call: the sources learn the prompt; a fresh budget prices with ``cost`` (None: no budget), taught
-        by ``learner`` (a ``cost.LearnedCurve``) when given; ``model``: the target model (the model-prediction table is
+        by ``learner`` (a ``learned.LearnedCurve``) when given; ``model``: the target model (the model-prediction table is
         kept per model)."""
         t = self.tuning
         arr = np.asarray(prompt, dtype=np.int64)
