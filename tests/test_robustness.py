@@ -307,6 +307,18 @@ def test_sliding_window_up_to_its_length_is_exact(windowed, kw):
     assert plain[0] == "ok" and ours == plain
 
 
+def test_a_batch_up_to_the_window_is_exact_and_its_last_steps_are_narrowed(windowed):
+    """Two left-padded rows decoded up to the 40-token window: near its end the batch re-aligns its rows and cuts
+    each draft to the columns left below the window (``Padded.fit_kv_window``), so no forward reaches it."""
+    ids = torch.tensor([PROMPT, [0, 0, 0] + [(7 * i) % 90 + 3 for i in range(len(PROMPT) - 3)]])
+    mask = (ids != 0).long()  # the rows accept different counts, so the batch's columns get holes
+    kw = dict(attention_mask=mask, pad_token_id=0, max_new_tokens=40 - len(PROMPT), eos_token_id=None)
+    decoder = LookaheadDecoder(window=4, _tuning=Tuning(tree_nodes=20, adaptive=False))
+    plain, ours = _plain_and_ours(windowed, ids, decoder, **kw)
+    assert plain[0] == "ok" and ours == plain
+    assert decoder.stats.target_calls < kw["max_new_tokens"]
+
+
 def test_sliding_window_shorter_than_max_length_decodes(windowed):
     """Past the window a row and a batch decode exactly (``tests/test_sliding.py``)."""
     plain, ours = _plain_and_ours(windowed, max_new_tokens=60 - len(PROMPT), eos_token_id=None)
