@@ -56,7 +56,6 @@ class Tuning:
     pool_weight: float = 2.0  # trials a cell's pooled-over-depths mean weighs as
     depth_lift: float = 0.95  # a deep cell borrows 1 - (1 - pooled) * depth_lift ** (depth - 1)
     decay: float = 0.97  # per-step decay of every count
-    carry_trials: float = 0.0  # a decoder's next call starts from its estimates, each cell capped at this many trials
     # -- the budget: the copy belief (one number per call coupling all cells) --
     belief_prior: float = 0.9
     belief_off_scale: float = 0.3

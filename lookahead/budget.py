@@ -170,18 +170,6 @@ class AcceptanceStats:
         self._tried_pool = np.zeros((origins, CONTEXTS, t.rank_cells))
         self._accepted_pool = np.zeros((origins, CONTEXTS, t.rank_cells))
 
-    def carried(self, trials: float) -> tuple[np.ndarray, ...]:
-        """The counts a later call starts from, each cell capped at ``trials`` trials (its rate kept)."""
-        def cap(tried, accepted):
-            scale = np.minimum(1.0, trials / np.maximum(tried, 1e-12))
-            return tried * scale, accepted * scale
-
-        return (*cap(self.tried, self.accepted), *cap(self._tried_pool, self._accepted_pool))
-
-    def start_from(self, counts: tuple[np.ndarray, ...]) -> None:
-        self.tried, self.accepted, self._tried_pool, self._accepted_pool = (np.array(c, dtype=np.float64)
-                                                                            for c in counts)
-
     def node_probabilities(self, draft) -> np.ndarray:
         """float[n]: P(node accepted) for each node of ``draft``."""
         return node_probabilities(draft.parents, draft.origin, draft.match, draft.agreement, draft.depth,
@@ -261,8 +249,8 @@ def choose_nodes(probs: np.ndarray, cost, extra_rows: int = 0, extra_gain: float
 
 
 class Budget:
-    """One row's per-step choices and what it learns from each verified step: the acceptance estimates (fresh per call,
-    or an earlier call's capped at ``carry_trials``), the copy belief, the window's worth (a running mean of window-made
+    """One row's per-step choices and what it learns from each verified step: the acceptance estimates (fresh per call),
+    the copy belief, the window's worth (a running mean of window-made
     tokens accepted per step, re-tried every ``window_probe_every`` steps while off) and a prober. ``learner``: a
     ``learned.LearnedCurve`` that each step's time teaches (None: ``cost`` is fixed for the call)."""
 

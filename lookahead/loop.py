@@ -319,7 +319,7 @@ class Rows:
         if call.streamer is not None:
             call.streamer.end()
         for policy in self.policies:
-            policy.finish()
+            policy.catch_up()
         self.hand_over(final)
         sequences = self.seq[:, :final].clone()
         if not call.return_dict:

@@ -48,7 +48,6 @@ class DraftPolicy:
         self._lazy = [s for s in self.sources if s.learns_lazily]
         self._eager = [s for s in self.sources if not s.learns_lazily]
         self._unlearned: list[np.ndarray] = []  # emitted tokens the lazy sources have not learned yet
-        self._carried = None  # the acceptance estimates the last call ended with (carry_trials)
         columns = config.window_columns(tuning)
         self._window_spec = (columns, tuning.window_ngram, tuning.window_candidates) if columns else None
         self.window = None  # the window's source, made when a call first runs it (window.py is imported then)
@@ -141,8 +140,6 @@ class DraftPolicy:
                 self.step_nodes = narrow
                 self._widen(False)
         self.budget = None if cost is None else Budget(cost, t, self.max_rows(), learner)
-        if self.budget is not None and self._carried is not None:
-            self.budget.acceptance.start_from(self._carried)
         # no tree can pay on this curve (and no window needs drafting): skip proposing
         self._propose = self.budget is None or self.window_on or learner is not None or self.budget.drafting_can_pay
 
@@ -197,14 +194,9 @@ class DraftPolicy:
                     draft = draft.shallowest(spare)
         return draft
 
-    def finish(self) -> None:
-        """The call ended: the lazy sources learn the rest of the output; the estimates are kept for the next call."""
-        self.catch_up()
-        if self.budget is not None and self.tuning.carry_trials > 0:
-            self._carried = self.budget.acceptance.carried(self.tuning.carry_trials)
-
     def catch_up(self) -> None:
-        """Hand the lazy sources the tokens emitted since they last learned."""
+        """Hand the lazy sources the tokens emitted since they last learned (and, when the call ends, the rest of
+        its output)."""
         if self._unlearned:
             arr = self._unlearned[0] if len(self._unlearned) == 1 else np.concatenate(self._unlearned)
             self._unlearned = []
