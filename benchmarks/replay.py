@@ -122,7 +122,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], max_new_tokens: int, co
         calls += 1
         accepted += min(len(verdict.nodes), len(emitted))
         i += len(emitted)
-    policy.finish()
+    policy.catch_up()
     plain = (len(output) - 1) * float(cost(1))
     return {"target_calls": calls, "new_tokens": len(output), "tokens_per_call": len(output) / calls,
             "accepted": accepted, "budgets": budgets, "seconds": seconds,
